@@ -1,0 +1,100 @@
+"""Tiny built-in policies, a character tokenizer, and loading any local Hugging Face causal LM.
+
+Nothing here downloads: presets are random-init Llama-architecture models built from a config, the tokenizer
+is built from a fixed character set, and a real model loads only from a local directory. Every
+model rollyard exports loads back with ``AutoModelForCausalLM.from_pretrained(dir)`` and
+``AutoTokenizer.from_pretrained(dir)``.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, LlamaConfig
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIALS = [PAD, BOS, EOS, UNK]
+CHARS = string.digits + string.ascii_letters + " +-*/=()<>?.,:;!'\"#[]{}_|^%&$@~\n"
+
+# name -> LlamaConfig fields (Llama, not Qwen2: transformers 5 forces its own BPE tokenizer on
+# a qwen2 directory, which would drop the character tokenizer's spaces on reload). Parameter counts are printed by `rollyard train` at start.
+PRESETS: dict[str, dict] = {
+    # ~0.5M parameters: the default for tests and the CPU demo.
+    "tiny": dict(hidden_size=96, intermediate_size=256, num_hidden_layers=5,
+                 num_attention_heads=4, num_key_value_heads=2),
+    # ~4M parameters: the "real but still CPU" size used by benchmarks.
+    "small": dict(hidden_size=256, intermediate_size=640, num_hidden_layers=6,
+                  num_attention_heads=8, num_key_value_heads=4),
+}
+
+
+def char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer in Hugging Face format (one token per character)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK
+    )
+    return fast
+
+
+def build_preset(name: str, tokenizer, seed: int = 0, max_position_embeddings: int = 512):
+    """Random-init Llama-architecture causal LM of preset ``name`` sized to ``tokenizer``'s vocabulary."""
+    if name not in PRESETS:
+        raise ValueError(
+            f"unknown model preset {name!r}: expected one of {sorted(PRESETS)} or a local "
+            f"Hugging Face model directory"
+        )
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **PRESETS[name],
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    return model
+
+
+def load_policy(name_or_path: str, seed: int = 0, max_position_embeddings: int = 512):
+    """Return ``(model, tokenizer)`` for a preset name or a local HF model directory."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(
+                f"{path} is not a Hugging Face model directory: config.json is missing. "
+                f"Point model.name at a directory written by save_pretrained, or use a preset "
+                f"({sorted(PRESETS)})."
+            )
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return model, tokenizer
+    tokenizer = char_tokenizer()
+    return build_preset(name_or_path, tokenizer, seed, max_position_embeddings), tokenizer
+
+
+def context_length(model) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 2048))
+
+
+def export(model, tokenizer, out_dir: str | Path) -> Path:
+    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def num_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,88 @@
+"""The run directory format: the one place that names its files and record fields.
+
+A run writes these files and ``rollyard review`` reads them; both sides import the names from
+here so the format cannot drift.
+
+```
+RUN_DIR/
+  config.yaml        the resolved config (every default filled in)
+  metrics.jsonl      one JSON object per step: {"step": int, "<group>/<name>": float, ...}
+  spans.jsonl        one JSON object per span:  {"role", "step", "worker", "start", "end"}
+                     (seconds, wall clock ``time.time()``), plus optional "version" fields
+  traffic.jsonl      one JSON object per (step, edge): {"step", "edge", "bytes", "count"}
+                     written every step for every edge in EDGES, zero bytes included
+  trace.json         Chrome trace event format (loads in Perfetto), made from spans.jsonl
+  deadletter.jsonl   prompts and samples that were set aside, with their reason
+  summary.json       written at the end: eval accuracy before/after, role shares, totals
+  checkpoints/step_NNNNNN/   model, optimizer, RNG, step, weight version, dataset cursor
+  model/             the final policy as a Hugging Face directory
+```
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+SPANS = "spans.jsonl"
+TRAFFIC = "traffic.jsonl"
+TRACE = "trace.json"
+DEADLETTER = "deadletter.jsonl"
+SUMMARY = "summary.json"
+CHECKPOINTS = "checkpoints"
+MODEL = "model"
+
+# The roles that get a span every step (seed 002: per-role wall-clock attribution).
+ROLES = ("rollout", "reward", "reference", "algorithm", "train", "sync")
+
+# Every edge of the step's data path (runbook step 1): name -> (source, destination, payload,
+# trigger). The traffic ledger has one row per edge per step; the planner predicts the same names.
+EDGES: dict[str, tuple[str, str, str, str]] = {
+    "prompts": ("dataset", "rollout", "prompt token ids (int32)", "per step"),
+    "samples": ("rollout", "trainer", "token ids (int32) + logprobs (fp32) + versions (int32)", "per step"),
+    "rewards": ("reward", "trainer", "one fp32 reward per sample", "per step"),
+    "ref_logprobs": ("reference", "trainer", "fp32 logprob per completion token", "per step"),
+    "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
+    "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
+}
+
+# Metric keys that review and the progress display rely on.
+TIME_KEY = "time/{role}"          # seconds spent in the role this step
+STEP_TIME = "time/step"           # wall-clock seconds of the whole step
+STALENESS_MAX = "staleness/max"   # largest (trainer version - sample version) in the batch
+
+
+class RunDirError(ValueError):
+    """A run directory is missing, truncated or not a rollyard run."""
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield records; a line that does not parse is an error naming file and line."""
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise RunDirError(
+                    f"{path}:{lineno}: not valid JSON ({e.msg}); the file is truncated or was "
+                    f"written by something else. Re-run the step or remove the broken line."
+                ) from None
+
+
+def require(run_dir: str | Path, *names: str) -> Path:
+    """Check ``run_dir`` exists and holds ``names``; return it as a Path."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise RunDirError(f"run directory {run} does not exist; pass the directory `rollyard train` wrote")
+    missing = [n for n in names if not (run / n).exists()]
+    if missing:
+        raise RunDirError(
+            f"{run} is not a complete rollyard run: missing {', '.join(missing)} "
+            f"(expected files: {', '.join(names)}); the run may have crashed before its first step"
+        )
+    return run

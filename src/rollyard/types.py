@@ -1,0 +1,97 @@
+"""The shared vocabulary of a step: requests, samples, weight updates.
+
+Every role speaks these types and nothing else, so a placement can move a role to another
+process (Ray) without changing what crosses the edge. Plain dataclasses of Python lists and
+tensors: they pickle, they have an obvious byte size (``payload_bytes``), and tests can build
+them by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+SyncMode = Literal["inprocess", "full", "delta", "lora"]
+
+
+@dataclass
+class Request:
+    """One prompt to sample ``n`` completions for (one GRPO group).
+
+    ``id`` is unique within a run (the dataset's prompt id, plus a round suffix if a prompt is
+    re-issued); each of the ``n`` samples gets the id ``f"{id}#{k}"``. ``meta`` travels unchanged
+    to the samples (task fields the verifier needs: the answer, the task name).
+    """
+
+    id: str
+    prompt_ids: list[int]
+    n: int = 1
+    max_new_tokens: int = 64
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Sample:
+    """One completion with everything the trainer needs to correct for how it was sampled.
+
+    ``logprobs[i]`` is the sampling-time log-probability of ``completion_ids[i]`` under the
+    engine's (unmodified: temperature 1, no top-p) distribution at weight version ``versions[i]``.
+    A partial rollout that spans a weight update carries more than one version.
+    """
+
+    id: str
+    request_id: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+    meta: dict[str, Any] = field(default_factory=dict)
+    # Filled in by later roles.
+    reward: float = 0.0
+    reward_flag: str | None = None  # "timeout" | "error: ..." when the verifier failed
+    ref_logprobs: list[float] | None = None
+    advantage: float = 0.0
+
+    @property
+    def version(self) -> int:
+        """Oldest weight version any token was sampled under (what staleness is measured by)."""
+        return min(self.versions) if self.versions else -1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    def payload_bytes(self) -> int:
+        """Bytes this sample puts on the rollout->trainer edge: int32 ids + fp32 logprobs.
+
+        Matches the runbook's rollout payload model (4 + 4 bytes per generated token) plus the
+        prompt ids (4 bytes each) and the per-token version stamps (4 bytes each).
+        """
+        return 4 * len(self.prompt_ids) + 12 * len(self.completion_ids)
+
+
+@dataclass
+class WeightUpdate:
+    """What the trainer publishes and the rollout side applies, at a version.
+
+    ``mode``:
+      - ``inprocess``: colocated; the engine shares the trainer's module, ``tensors`` is empty
+        and zero bytes move. The engine must refresh anything it derived from the weights.
+      - ``full``: ``tensors`` maps every parameter name to its new value.
+      - ``delta``: ``tensors`` maps ``name -> values`` and ``indices[name]`` holds flat int64
+        indices of the elements that changed in the rollout dtype.
+      - ``lora``: ``tensors`` holds adapter weights only.
+    ``nbytes`` counts what crossed the wire (values + indices); ``checksum`` is over the full
+    weights after the update, so the receiver can prove its copy equals the trainer's.
+    """
+
+    version: int
+    mode: SyncMode
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    indices: dict[str, torch.Tensor] = field(default_factory=dict)
+    nbytes: int = 0
+    checksum: str | None = None
