@@ -37,9 +37,11 @@ class Request:
 class Sample:
     """One completion with everything the trainer needs to correct for how it was sampled.
 
-    ``logprobs[i]`` is the sampling-time log-probability of ``completion_ids[i]`` under the
-    engine's (unmodified: temperature 1, no top-p) distribution at weight version ``versions[i]``.
-    A partial rollout that spans a weight update carries more than one version.
+    ``logprobs[i]`` is the sampling-time log-probability of ``completion_ids[i]`` under
+    ``log_softmax(logits / T)`` (T the sampling temperature, 1 when greedy; before any top-p
+    truncation) at weight version ``versions[i]``; the trainer recomputes the same quantity, so the
+    two are comparable token by token. A partial rollout spanning a weight update carries more
+    than one version.
     """
 
     id: str
@@ -66,12 +68,13 @@ class Sample:
         return len(self.prompt_ids) + len(self.completion_ids)
 
     def payload_bytes(self) -> int:
-        """Bytes this sample puts on the rollout->trainer edge: int32 ids + fp32 logprobs.
+        """Bytes this sample puts on the rollout->trainer ``samples`` edge.
 
-        Matches the runbook's rollout payload model (4 + 4 bytes per generated token) plus the
-        prompt ids (4 bytes each) and the per-token version stamps (4 bytes each).
+        The runbook's payload model exactly: int32 token id + fp32 logprob per generated token.
+        (Prompt ids are counted on the ``prompts`` edge; version stamps are run-length encoded
+        in practice and left out so plan and ledger agree.)
         """
-        return 4 * len(self.prompt_ids) + 12 * len(self.completion_ids)
+        return 8 * len(self.completion_ids)
 
 
 @dataclass

@@ -12,6 +12,8 @@ RUN_DIR/
   traffic.jsonl      one JSON object per (step, edge): {"step", "edge", "bytes", "count"}
                      written every step for every edge in EDGES, zero bytes included
   trace.json         Chrome trace event format (loads in Perfetto), made from spans.jsonl
+  lengths.jsonl      one JSON object per step: {"step", "response_lengths": [int, ...]}
+  run.json           written at start: the facts `plan`/`review` need (RUN_INFO_KEYS)
   deadletter.jsonl   prompts and samples that were set aside, with their reason
   summary.json       written at the end: eval accuracy before/after, role shares, totals
   checkpoints/step_NNNNNN/   model, optimizer, RNG, step, weight version, dataset cursor
@@ -32,6 +34,8 @@ TRAFFIC = "traffic.jsonl"
 TRACE = "trace.json"
 DEADLETTER = "deadletter.jsonl"
 SUMMARY = "summary.json"
+LENGTHS = "lengths.jsonl"
+RUN_INFO = "run.json"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 
@@ -47,6 +51,22 @@ EDGES: dict[str, tuple[str, str, str, str]] = {
     "ref_logprobs": ("reference", "trainer", "fp32 logprob per completion token", "per step"),
     "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
     "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
+}
+
+# run.json: key -> meaning. Written once at start by the driver; `review` builds its default
+# plan from these when no --plan is given.
+RUN_INFO_KEYS = {
+    "policy_params": "number of policy parameters",
+    "bytes_per_param": "bytes per parameter in the synced (rollout) dtype",
+    "placement": "colocated | disaggregated | async",
+    "sync_mode": "inprocess | full | delta | lora",
+    "dp": "trainer data-parallel width",
+    "prompts_per_step": "prompts per step",
+    "samples_per_prompt": "samples per prompt (GRPO group size)",
+    "max_new_tokens": "response token cap",
+    "staleness_bound": "largest allowed (trainer version - sample version); 0 = on-policy",
+    "lora_fraction": "adapter parameters / base parameters (null when not LoRA)",
+    "steps": "optimizer steps the run was configured for",
 }
 
 # Metric keys that review and the progress display rely on.
