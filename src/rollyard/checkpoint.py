@@ -1,0 +1,101 @@
+"""Atomic checkpoints: model, optimizer, RNG states, step, weight version, dataset cursor.
+
+A checkpoint is written into ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` only when every
+file is on disk, so a crash mid-write leaves the previous checkpoint as the latest valid one (a
+``.tmp`` directory is never read and is cleaned up by the next save).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from rollyard.telemetry import rundir
+
+STATE = "state.json"
+MODEL = "model.safetensors"
+OPTIM = "optimizer.pt"
+RNG = "rng.pt"
+
+
+@dataclass
+class TrainState:
+    """What besides tensors a resume needs: where the loop was and what it had handed out."""
+
+    step: int = 0                      # next step to run
+    version: int = 0                   # weight version of the policy after `step` steps
+    cursor: dict[str, Any] = field(default_factory=dict)  # the prompt stream's position
+    eval_before: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2,
+         extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write checkpoint ``state.step`` atomically; keep the newest ``keep``; return its path."""
+    root = Path(run_dir) / rundir.CHECKPOINTS
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{state.step:06d}"
+    tmp = root / f"step_{state.step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    # Tied embeddings share storage; safetensors refuses shared tensors, so clone them apart.
+    save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / MODEL))
+    torch.save(optimizer.state_dict(), tmp / OPTIM)
+    torch.save({**_rng_state(), "extra": extra_rng or {}}, tmp / RNG)
+    (tmp / STATE).write_text(json.dumps(asdict(state), indent=1))
+    for f in tmp.iterdir():  # make the files durable before the rename publishes them
+        with open(f, "rb") as fh:
+            os.fsync(fh.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in sorted(p for p in root.iterdir() if p.name.startswith("step_"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    """Newest complete checkpoint directory, or None."""
+    root = Path(run_dir) / rundir.CHECKPOINTS
+    if not root.is_dir():
+        return None
+    done = sorted(p for p in root.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
+                  and (p / STATE).exists())
+    return done[-1] if done else None
+
+
+def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
+    """Restore model, optimizer and RNG from ``path``; return the TrainState and extra RNG states."""
+    p = Path(path)
+    state = TrainState(**json.loads((p / STATE).read_text()))
+    tensors = load_file(str(p / MODEL))
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {}) and "lm_head" not in k]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if "lm_head.weight" not in tensors and hasattr(model, "tie_weights"):
+        model.tie_weights()
+    optimizer.load_state_dict(torch.load(p / OPTIM, weights_only=False))
+    rng = torch.load(p / RNG, weights_only=False)
+    _set_rng_state(rng)
+    return state, rng.get("extra", {})

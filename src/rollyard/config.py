@@ -1,0 +1,211 @@
+"""Typed run configuration: one pydantic model per role, loaded from TOML/YAML plus overrides.
+
+Every field has a description (shown by ``rollyard train --help-config``) and bounds. An unknown
+key anywhere is an error naming the key and the closest valid one; a resolved copy (every default
+filled in) is written to the run directory as ``config.yaml``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is wrong; the message says which, and the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    name: str = Field("tiny", description="built-in preset (tiny ~0.5M, small ~4M params) or a local Hugging Face causal-LM directory")
+    context: int = Field(128, ge=16, le=32768, description="context length (max_position_embeddings) of a built-in preset; ignored for a directory")
+    seed: int = Field(0, ge=0, description="seed of a preset's random init")
+
+
+class DataConfig(Section):
+    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); null when `path` is set")
+    path: str | None = Field(None, description="prompt dataset file (.jsonl or .parquet); replaces `task`")
+    fields: dict[str, str] = Field(default_factory=dict, description="rollyard name -> dataset column, e.g. {prompt: question, answer: solution}")
+    on_error: Literal["raise", "deadletter"] = Field("raise", description="a malformed dataset line stops the run (raise) or goes to deadletter.jsonl")
+    train_size: int = Field(4000, ge=1, description="number of built-in task prompts in the train split")
+    eval_size: int = Field(200, ge=1, description="number of held-out prompts for greedy eval")
+    eval_path: str | None = Field(None, description="held-out prompt file for a dataset run; none: eval uses the built-in task's eval split or is skipped")
+    seed: int = Field(0, ge=0, description="seed of task generation and of the shuffle order")
+
+
+class RolloutConfig(Section):
+    prompts_per_step: int = Field(8, ge=1, le=4096, description="prompts (GRPO groups) per step")
+    samples_per_prompt: int = Field(8, ge=1, le=256, description="samples per prompt (group size n)")
+    max_new_tokens: int = Field(16, ge=1, le=32768, description="response token cap")
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature; 0 = greedy")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    max_concurrent: int = Field(256, ge=1, description="engine: sequences decoded at once (KV slots)")
+    max_cache_tokens: int = Field(1 << 17, ge=64, description="engine: KV-cache budget in tokens across all slots")
+
+
+class RewardConfig(Section):
+    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function, fn(completion, prompt, meta) -> float; none: the task's verifier")
+    num_workers: int = Field(2, ge=1, le=256, description="verifier worker processes")
+    timeout_s: float = Field(5.0, gt=0.0, description="per-call verifier timeout; a timeout scores 0 and is flagged")
+
+
+class AlgoConfig(Section):
+    normalize_std: bool = Field(True, description="GRPO: divide advantages by the group's reward std")
+    clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip: ratio lower bound is 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO clip: ratio upper bound is 1 + clip_high")
+    loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="loss aggregation over tokens")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the reference model; 0 skips the reference entirely")
+    tis_cap: float = Field(2.0, ge=1.0, description="truncated importance sampling cap on pi_old/pi_rollout")
+
+
+class TrainerConfig(Section):
+    lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
+    micro_batch_tokens: int = Field(4096, ge=16, description="tokens per packed micro-batch (gradient accumulation beyond)")
+    logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
+    device: str = Field("auto", description="auto | cpu | cuda")
+
+
+class SFTConfig(Section):
+    auto: bool = Field(True, description="warm-start a built-in preset with SFT on task demos before RL (cached)")
+    steps: int = Field(300, ge=0, description="maximum SFT steps")
+    batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
+    lr: float = Field(3e-3, gt=0.0, description="SFT learning rate")
+    target_accuracy: float = Field(0.3, ge=0.0, le=1.0, description="stop SFT once greedy eval accuracy reaches this")
+    eval_every: int = Field(50, ge=1, description="SFT steps between evals")
+    cache_dir: str = Field(".cache/warmstart", description="where warm-started models are cached, keyed by model+task+sft config")
+
+
+class RunConfig(Section):
+    out_dir: str = Field("runs/demo", description="run directory")
+    steps: int = Field(40, ge=1, description="RL optimizer steps")
+    seed: int = Field(0, ge=0, description="seed of sampling and training")
+    placement: Literal["colocated"] = Field("colocated", description="where the roles run (colocated today)")
+    checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints (and one at the end)")
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    eval_every: int = Field(0, ge=0, description="steps between held-out evals during the run; 0: only before and after")
+    progress: bool = Field(True, description="live progress bar with the step breakdown")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        if self.data.task is None and self.data.path is None:
+            raise ValueError("data.task and data.path are both null: set one (a built-in task name or a dataset file)")
+        if self.rollout.samples_per_prompt < 2:
+            raise ValueError(
+                f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
+                f"{self.rollout.samples_per_prompt}; set rollout.samples_per_prompt=8"
+            )
+        return self
+
+
+def _closest(key: str, valid: list[str]) -> str:
+    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
+    return match[0] if match else "?"
+
+
+def check_keys(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "") -> None:
+    """Reject unknown keys anywhere in ``data``, naming the key and the closest valid one."""
+    fields = model.model_fields
+    for key, value in data.items():
+        if key not in fields:
+            valid = sorted(fields)
+            raise ConfigError(
+                f"unknown config key {prefix + key!r}: did you mean {prefix + _closest(key, valid)!r}? "
+                f"Valid keys here: {', '.join(valid)}"
+            )
+        sub = fields[key].annotation
+        if isinstance(value, dict) and isinstance(sub, type) and issubclass(sub, BaseModel):
+            check_keys(value, sub, prefix + key + ".")
+
+
+def _set_dotted(data: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is a value, not a section")
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"rollout.temperature=0.7"`` -> ``("rollout.temperature", 0.7)`` (value parsed as YAML)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value; write e.g. rollout.temperature=0.7")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def read_file(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        if p.suffix == ".toml":
+            data = tomllib.loads(p.read_text())
+        elif p.suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(p.read_text()) or {}
+        else:
+            raise ConfigError(f"config file {p}: expected a .toml, .yaml or .yml file, got {p.suffix!r}")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"config file {p} does not parse: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
+    """File (optional) + ``key.sub=value`` overrides -> validated RunConfig, or ConfigError."""
+    data = read_file(path) if path else {}
+    for text in overrides:
+        key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    check_keys(data)
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            if err["loc"]:
+                loc = ".".join(str(x) for x in err["loc"])
+                lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+            else:  # a cross-field check: its message already names the fields and values
+                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+
+
+def dump_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+
+def describe(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
+    """One line per field: dotted key, default, description (for --help-config)."""
+    out = []
+    for name, f in model.model_fields.items():
+        sub = f.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += describe(sub, prefix + name + ".")
+        else:
+            default = f.default_factory() if f.default_factory else f.default
+            out.append(f"{prefix + name} = {default!r}  # {f.description}")
+    return out

@@ -1,0 +1,114 @@
+"""Spans, the traffic ledger and step metrics, written as the run goes (format: rundir.py).
+
+``Telemetry`` is the only writer of a run's measurement files. Records are appended and flushed
+per step, so a crash loses at most the step in progress, and a resumed run appends to the same
+files (review then sees one continuous history).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from rollyard.telemetry import rundir
+
+
+class Telemetry:
+    """``span(role, step)``, ``traffic(step, edge, nbytes)``, ``metrics(step, values)``."""
+
+    def __init__(self, run_dir: str | Path, worker: str = "driver"):
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._spans = open(self.run_dir / rundir.SPANS, "a")
+        self._metrics = open(self.run_dir / rundir.METRICS, "a")
+        self._traffic_file = open(self.run_dir / rundir.TRAFFIC, "a")
+        self._lengths = open(self.run_dir / rundir.LENGTHS, "a")
+        self._pending: dict[int, dict[str, list[int]]] = {}
+        self.step_seconds: dict[int, dict[str, float]] = {}
+
+    @contextmanager
+    def span(self, role: str, step: int, worker: str | None = None, **fields: Any) -> Iterator[dict]:
+        """Time a role's work in ``step``; extra ``fields`` (and keys set on the yielded dict) are recorded."""
+        extra: dict[str, Any] = dict(fields)
+        start = time.time()
+        try:
+            yield extra
+        finally:
+            end = time.time()
+            rec = {"role": role, "step": step, "worker": worker or self.worker, "start": start, "end": end, **extra}
+            with self._lock:
+                self._spans.write(json.dumps(rec) + "\n")
+                per = self.step_seconds.setdefault(step, {})
+                per[role] = per.get(role, 0.0) + (end - start)
+
+    def traffic(self, step: int, edge: str, nbytes: int, count: int = 1) -> None:
+        """Count ``nbytes`` moved on ``edge`` (a name in rundir.EDGES) during ``step``."""
+        if edge not in rundir.EDGES:
+            raise ValueError(f"traffic edge {edge!r} is not in the ledger's edges {sorted(rundir.EDGES)}")
+        with self._lock:
+            row = self._pending.setdefault(step, {}).setdefault(edge, [0, 0])
+            row[0] += int(nbytes)
+            row[1] += int(count)
+
+    def lengths(self, step: int, response_lengths: list[int]) -> None:
+        self._lengths.write(json.dumps({"step": step, "response_lengths": list(response_lengths)}) + "\n")
+
+    def end_step(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
+        """Write the step's ledger (every edge, zeros included) and metrics; return the metrics row."""
+        with self._lock:
+            pending = self._pending.pop(step, {})
+            for edge in rundir.EDGES:
+                nbytes, count = pending.get(edge, [0, 0])
+                self._traffic_file.write(json.dumps({"step": step, "edge": edge, "bytes": nbytes, "count": count}) + "\n")
+            for edge, (nbytes, count) in pending.items():
+                values[f"bytes/{edge}"] = nbytes
+            row = {"step": step}
+            for role, secs in self.step_seconds.get(step, {}).items():
+                row[rundir.TIME_KEY.format(role=role)] = secs
+            row.update(values)
+            self._metrics.write(json.dumps(row, default=float) + "\n")
+            for f in (self._spans, self._metrics, self._traffic_file, self._lengths):
+                f.flush()
+        return row
+
+    def close(self) -> None:
+        for f in (self._spans, self._metrics, self._traffic_file, self._lengths):
+            f.close()
+        export_trace(self.run_dir)
+
+
+def export_trace(run_dir: str | Path) -> Path:
+    """spans.jsonl -> trace.json (Chrome trace event format; opens in Perfetto / chrome://tracing).
+
+    One process per worker, one thread (track) per role, complete ("X") events in microseconds
+    relative to the first span; span fields go into ``args``.
+    """
+    run = Path(run_dir)
+    spans = list(rundir.read_jsonl(run / rundir.SPANS)) if (run / rundir.SPANS).exists() else []
+    t0 = min((s["start"] for s in spans), default=0.0)
+    workers = sorted({s["worker"] for s in spans})
+    roles = sorted({s["role"] for s in spans}, key=lambda r: (rundir.ROLES + (r,)).index(r))
+    events: list[dict] = []
+    for pid, w in enumerate(workers):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": w}})
+        for tid, r in enumerate(roles):
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": r}})
+    for s in spans:
+        args = {k: v for k, v in s.items() if k not in ("role", "worker", "start", "end")}
+        events.append({
+            "name": f"{s['role']} {s['step']}", "cat": s["role"], "ph": "X",
+            "ts": (s["start"] - t0) * 1e6, "dur": max(s["end"] - s["start"], 0.0) * 1e6,
+            "pid": workers.index(s["worker"]), "tid": roles.index(s["role"]), "args": args,
+        })
+    out = run / rundir.TRACE
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    os.replace(tmp, out)
+    return out
