@@ -1,0 +1,32 @@
+# Two entry points (see README): `make demo` and `make test`. Both create .venv on first use and
+# reuse it afterwards. torch is installed first, pinned to the local CPU wheel, so that nothing
+# that depends on torch pulls a multi-GB CUDA build from PyPI.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.rollyard-installed
+TORCH ?= torch==2.13.0
+export RAY_AUTH_MODE ?= disabled
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH) || $(BIN)/pip install -q --disable-pip-version-check torch
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/rollyard train --config examples/demo.toml
+
+test: setup
+	$(BIN)/python -m pytest -q -x --durations=10
+
+bench: setup
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf runs .cache

@@ -1,0 +1,112 @@
+"""`rollyard train | sft | plan | review | config`.
+
+Bad input (an unknown config key, a dataset line that does not parse, a reward hook that does not
+import, a run directory that is not one) prints one clear message and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+USAGE = """rollyard <command> [args]
+
+commands:
+  train   [--config FILE] [--resume RUN_DIR] [key.sub=value ...]   RL training (colocated)
+  sft     [--config FILE] [--out DIR] [key.sub=value ...]           warm-start a preset on task demos
+  plan    [FILE] [--json] [--out DIR] ...                           price a configuration (bytes, steps/hour)
+  review  RUN_DIR [--plan FILE] ...                                 hold a measured run against its plan
+  config                                                            list every config key with its default
+"""
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from rollyard.config import ConfigError
+    from rollyard.tasks.base import DataError, HookError
+    from rollyard.telemetry.rundir import RunDirError
+    return ConfigError, DataError, HookError, RunDirError, FileNotFoundError
+
+
+def _train_parser(name: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"rollyard {name}")
+    p.add_argument("--config", help="TOML or YAML config file")
+    p.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. rollout.temperature=0.7")
+    return p
+
+
+def cmd_train(argv: list[str]) -> int:
+    from rollyard.config import load_config
+    from rollyard.placement import colocated
+    from rollyard.telemetry import rundir
+
+    p = _train_parser("train")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
+    args = p.parse_args(argv)
+    if args.resume:
+        if args.config:
+            raise SystemExit("rollyard train: --resume uses the run's saved config; pass overrides, not --config")
+        cfg = load_config(Path(args.resume) / rundir.CONFIG, args.overrides + [f"out_dir={args.resume}"])
+        colocated.train(cfg, args.resume, resume=True)
+    else:
+        cfg = load_config(args.config, args.overrides)
+        colocated.train(cfg, cfg.out_dir, resume=False)
+    return 0
+
+
+def cmd_sft(argv: list[str]) -> int:
+    from rollyard import roles
+    from rollyard.config import load_config
+    from rollyard.models import export
+    from rollyard.sft import train_sft
+
+    p = _train_parser("sft")
+    p.add_argument("--out", default="runs/sft", help="where to write the warm-started model")
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, args.overrides)
+    device = roles.device_of(cfg)
+    train, held = roles.prompts(cfg, [])
+    model, tokenizer, context = roles.policy(cfg, device)
+    with roles.rewards(cfg, tokenizer) as rewards:
+        info = train_sft(model, tokenizer, train, held, rewards, cfg, context, device)
+    export(model, tokenizer, Path(args.out))
+    print(f"warm-started model written to {args.out}: {info}")
+    return 0
+
+
+def cmd_config(argv: list[str]) -> int:
+    from rollyard.config import describe
+    print("\n".join(describe()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "plan":
+        from rollyard.plan.command import plan_main
+        return plan_main(rest)
+    if cmd == "review":
+        from rollyard.plan.command import review_main
+        return review_main(rest)
+    commands = {"train": cmd_train, "sft": cmd_sft, "config": cmd_config}
+    if cmd not in commands:
+        print(f"rollyard: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return commands[cmd](rest)
+    except _bad_input_errors() as e:
+        print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rollyard {cmd}: interrupted; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

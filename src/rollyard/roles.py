@@ -1,0 +1,75 @@
+"""Build each role from the typed config: small functions a placement driver calls at start-up.
+
+Everything that can be wrong with the inputs fails here, before the first step: the model
+directory, the dataset lines, the reward hook, a sync checksum.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rollyard.config import RunConfig
+from rollyard.models import context_length, load_policy
+from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.rollout.engine import RolloutEngine
+from rollyard.tasks import builtin_verifier, load_task
+from rollyard.tasks.base import HookError, Prompt
+from rollyard.tasks.dataset import load_prompts
+from rollyard.trainer.trainer import Trainer
+
+
+def device_of(cfg: RunConfig) -> str:
+    if cfg.trainer.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu or auto")
+    return cfg.trainer.device
+
+
+def prompts(cfg: RunConfig, deadletter: list[dict]) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, eval) prompts from the built-in task or the dataset files."""
+    d = cfg.data
+    if d.path:
+        train = load_prompts(d.path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter)
+        held = load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter) if d.eval_path else []
+        if not held and d.task:
+            held = load_task(d.task, "eval", d.eval_size, d.seed)
+        return train, held
+    return load_task(d.task, "train", d.train_size, d.seed), load_task(d.task, "eval", d.eval_size, d.seed)
+
+
+def reward_hook(cfg: RunConfig) -> str:
+    if cfg.reward.hook:
+        return cfg.reward.hook
+    if cfg.data.path and not cfg.data.task:
+        raise HookError(
+            f"data.path={cfg.data.path!r} has no built-in verifier: set reward.hook=module:function "
+            f"(a function fn(completion, prompt, meta) -> float)"
+        )
+    return builtin_verifier(cfg.data.task)
+
+
+def rewards(cfg: RunConfig, tokenizer) -> RewardDispatcher:
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    return RewardDispatcher(reward_hook(cfg), num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
+                            decode=decode)
+
+
+def policy(cfg: RunConfig, device: str):
+    model, tokenizer = load_policy(cfg.model.name, seed=cfg.model.seed, max_position_embeddings=cfg.model.context)
+    return model.to(device), tokenizer, context_length(model)
+
+
+def engine(cfg: RunConfig, model, tokenizer, version: int = 0) -> RolloutEngine:
+    r = cfg.rollout
+    return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0,
+                         temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
+                         max_cache_tokens=r.max_cache_tokens, seed=cfg.seed, version=version)
+
+
+def trainer(cfg: RunConfig, model, device: str) -> Trainer:
+    t, a = cfg.trainer, cfg.algo
+    return Trainer(model, lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
+                   micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature or 1.0,
+                   logprob_chunk=t.logprob_chunk, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
+                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device)

@@ -1,0 +1,77 @@
+"""Which prompts a round takes: the prompt stream and the plain scheduler.
+
+``PromptStream`` hands out prompts in a seeded order, epoch after epoch, and its ``state()`` is
+the dataset cursor a checkpoint carries: a resumed run continues with exactly the prompts the
+uninterrupted run would have taken next. Every prompt handed out is trained on, dead-lettered with
+a reason, or (after a crash) handed out again from the checkpoint's cursor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rollyard.tasks.base import Prompt
+from rollyard.types import Request
+
+
+class PromptStream:
+    """Seeded, resumable, endless order over ``prompts`` (reshuffled every epoch)."""
+
+    def __init__(self, prompts: list[Prompt], seed: int = 0):
+        if not prompts:
+            raise ValueError("the prompt set is empty: check data.path / data.task and the dead-letter file")
+        self.prompts = prompts
+        self.seed = seed
+        self.epoch = 0
+        self.index = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+        return torch.randperm(len(self.prompts), generator=g).tolist()
+
+    def take(self, k: int) -> list[Prompt]:
+        out = []
+        while len(out) < k:
+            if self.index == len(self._order):
+                self.epoch += 1
+                self.index = 0
+                self._order = self._permutation(self.epoch)
+            out.append(self.prompts[self._order[self.index]])
+            self.index += 1
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "index": self.index, "size": len(self.prompts), "seed": self.seed}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        if state.get("size") != len(self.prompts):
+            raise ValueError(
+                f"cannot resume: the checkpoint's prompt set had {state.get('size')} prompts, this one "
+                f"has {len(self.prompts)}; resume with the same data config the run started with"
+            )
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._permutation(self.epoch)
+
+
+def to_requests(prompts: list[Prompt], tokenizer, n: int, max_new_tokens: int, context: int,
+                suffix: str = "") -> tuple[list[Request], list[dict]]:
+    """Tokenize prompts into requests; those that cannot fit the context are dead-lettered.
+
+    A prompt whose length plus one generated token exceeds ``context`` cannot be sampled at all:
+    it goes to the dead-letter list with its reason. Otherwise ``max_new_tokens`` is clamped so
+    prompt + response fits.
+    """
+    requests, dead = [], []
+    for p in prompts:
+        ids = tokenizer(p.text, add_special_tokens=True)["input_ids"]
+        room = context - len(ids)
+        if room < 1:
+            dead.append({"source": p.id, "reason": f"prompt is {len(ids)} tokens, longer than the model context "
+                         f"of {context} (needs at least one free position to generate)", "prompt": p.text[:200]})
+            continue
+        requests.append(Request(id=p.id + suffix, prompt_ids=ids, n=n, max_new_tokens=min(max_new_tokens, room),
+                                meta={**p.meta, "prompt": p.text}))
+    return requests, dead

@@ -1,0 +1,67 @@
+"""Checkpoints are atomic, complete, and restore model, optimizer, RNG and state."""
+
+import os
+
+import torch
+
+from rollyard import checkpoint
+from rollyard.models import build_preset, char_tokenizer
+
+
+def _model_and_opt():
+    model = build_preset("tiny", char_tokenizer(), max_position_embeddings=32)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = model(torch.tensor([[5, 6, 7, 8]]), labels=torch.tensor([[5, 6, 7, 8]])).loss
+    loss.backward()
+    opt.step()
+    return model, opt
+
+
+def test_save_load_round_trip(tmp_path):
+    model, opt = _model_and_opt()
+    state = checkpoint.TrainState(step=3, version=3, cursor={"epoch": 1, "index": 5, "size": 10, "seed": 0})
+    torch.manual_seed(123)
+    path = checkpoint.save(tmp_path, state, model, opt, extra_rng={"engine": torch.Generator().manual_seed(9).get_state()})
+    expected_draw = torch.rand(3)
+
+    model2, opt2 = _model_and_opt()
+    with torch.no_grad():
+        for p in model2.parameters():
+            p.add_(1.0)
+    torch.manual_seed(999)
+    got, extra = checkpoint.load(path, model2, opt2)
+    assert got == state
+    for (n, a), (_, b) in zip(model.state_dict().items(), model2.state_dict().items()):
+        assert torch.equal(a, b), n
+    assert model2.lm_head.weight.data_ptr() == model2.model.embed_tokens.weight.data_ptr()  # still tied
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
+    assert torch.equal(torch.rand(3), expected_draw)  # RNG restored
+    assert torch.equal(extra["engine"], torch.Generator().manual_seed(9).get_state())
+
+
+def test_crash_mid_write_keeps_previous(tmp_path, monkeypatch):
+    model, opt = _model_and_opt()
+    first = checkpoint.save(tmp_path, checkpoint.TrainState(step=1), model, opt)
+
+    def crash(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.os, "replace", crash)
+    try:
+        checkpoint.save(tmp_path, checkpoint.TrainState(step=2), model, opt)
+    except OSError:
+        pass
+    assert checkpoint.latest(tmp_path) == first  # the half-written step_000002.tmp is ignored
+    assert (tmp_path / "checkpoints" / "step_000002.tmp").exists()
+    monkeypatch.undo()
+    second = checkpoint.save(tmp_path, checkpoint.TrainState(step=2), model, opt)
+    assert checkpoint.latest(tmp_path) == second
+    assert not (tmp_path / "checkpoints" / "step_000002.tmp").exists()
+
+
+def test_keeps_newest(tmp_path):
+    model, opt = _model_and_opt()
+    for step in range(1, 5):
+        checkpoint.save(tmp_path, checkpoint.TrainState(step=step), model, opt, keep=2)
+    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000003", "step_000004"]
