@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/rollyard train --config examples/demo.toml
+	$(BIN)/rollyard train --config examples/demo.toml out_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup
 	$(BIN)/python -m pytest -q -x --durations=10

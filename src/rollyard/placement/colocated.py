@@ -29,7 +29,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             ctx.dead_letter(dead, step)
             tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
-            with tel.span("rollout", step, version=ctx.state.version):
+            with tel.span("rollout", step, version=ctx.state.version, requests=[q.id for q in requests]):
                 samples, rejected = engine.generate(requests)
             ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
             tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
