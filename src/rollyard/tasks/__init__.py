@@ -1,0 +1,57 @@
+"""Built-in synthetic tasks, generated locally from a seed, each with its verifier.
+
+``load_task(name, split, n, seed)`` returns ``n`` prompts of the ``train`` or ``eval`` split;
+the splits are disjoint by construction (a fixed hash of the problem text decides its split) and
+the same arguments always give the same prompts. ``builtin_verifier(name)`` is the task's reward
+function as a ``module:function`` path, ready for :class:`rollyard.reward.dispatcher.RewardDispatcher`.
+
+Tasks: ``arithmetic`` (``"23+45="`` -> ``"68"``) and ``repeat`` (``"rep 3 ab:"`` -> ``"ababab"``,
+long-tailed response lengths).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+from rollyard.tasks import arithmetic, repeat
+from rollyard.tasks.base import DataError, Prompt
+
+TASKS = {arithmetic.NAME: arithmetic, repeat.NAME: repeat}
+SPLITS = ("train", "eval")
+
+
+def _task(name: str):
+    if name not in TASKS:
+        close = difflib.get_close_matches(str(name), list(TASKS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise DataError(f"unknown built-in task {name!r}: {hint}built-in tasks are {', '.join(sorted(TASKS))}; "
+                        f"set data.task to one of them, or data.path to a dataset file")
+    return TASKS[name]
+
+
+def load_task(name: str, split: str, n: int, seed: int, **kwargs: Any) -> list[Prompt]:
+    """``n`` prompts of built-in task ``name``'s ``split`` ("train" or "eval"), deterministic in ``seed``.
+
+    ``kwargs`` are the task's difficulty knobs (``arithmetic``: ``max_operand``, ``ops``;
+    ``repeat``: ``max_times``, ``max_unit``).
+    """
+    task = _task(name)
+    if split not in SPLITS:
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    knobs = [k for k in inspect.signature(task.generate).parameters if k not in ("split", "n", "seed")]
+    unknown = sorted(set(kwargs) - set(knobs))
+    if unknown:
+        raise DataError(f"task {name!r} has no option {unknown[0]!r}; its options are {', '.join(knobs)}")
+    return task.generate(split, n, seed, **kwargs)
+
+
+def builtin_verifier(name: str) -> str:
+    """The ``module:function`` path of built-in task ``name``'s verifier."""
+    return _task(name).VERIFIER
+
+
+__all__ = ["TASKS", "load_task", "builtin_verifier", "Prompt"]

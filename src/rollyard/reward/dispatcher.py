@@ -1,0 +1,596 @@
+"""Reward dispatcher: verifiers run in long-lived worker processes, each call under a timeout.
+
+A verifier is any ``fn(completion: str, prompt: str, meta: dict) -> float`` named by a
+``"module:function"`` or ``"path/to/file.py:function"`` path. The dispatcher validates the hook in
+the parent when it is built (a hook that does not import is a :class:`HookError` before the first
+step, not an hour in), decodes completions in the parent, and ships only strings and ``meta`` to
+the workers; each worker imports the hook itself by the same path.
+
+Nothing a verifier does stops the run:
+  - it raises: reward 0, ``reward_flag = "error: <ExcType>: <msg>"``;
+  - it runs past ``timeout_s``: reward 0, ``reward_flag = "timeout"``; its worker (and anything the
+    worker started) is killed and replaced, so the pool keeps its size;
+  - its worker dies (segfault, ``os._exit``): reward 0, ``reward_flag = "error: worker died (...)"``,
+    and a replacement starts;
+  - it returns something that is not a finite number: reward 0, an ``error: TypeError/ValueError`` flag.
+``stats`` counts them (``scored``, ``timeouts``, ``errors``, ``worker_restarts``).
+
+Workers are started as ``python rollyard/reward/worker.py``: a fresh interpreter that imports the
+standard library and the hook's module only (not torch, not the parent's ``__main__``), so start
+cost is the interpreter start plus the hook's own imports. A background thread feeds them, so
+``submit`` returns at once and verification overlaps whatever the caller does next.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from rollyard.reward import worker as _worker
+from rollyard.tasks.base import HookError
+
+if TYPE_CHECKING:
+    from rollyard.types import Sample
+
+WORKER_SCRIPT = os.path.abspath(_worker.__file__)
+_HEADER = struct.Struct(">I")
+RULE = ("a reward hook is 'module:function' (an importable module) or 'path/to/file.py:function', "
+        "naming fn(completion: str, prompt: str, meta: dict) -> float")
+MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (and flags every call)
+
+Spec = tuple  # (kind, target, attr) as parsed by worker.parse_hook
+
+
+# --------------------------------------------------------------------------------------------- hooks
+def _load(path: str) -> tuple[Callable, Spec]:
+    try:
+        kind, target, attr = _worker.parse_hook(path)
+    except ValueError:
+        raise HookError(f"reward hook {path!r} is malformed: {RULE}; e.g. reward.hook=my_rewards:score "
+                        f"or reward.hook=hooks/reward.py:score") from None
+    if kind == "file" and not os.path.isfile(target):
+        raise HookError(f"reward hook {path!r}: file {target} does not exist; {RULE} (relative paths are "
+                        f"from the working directory {os.getcwd()})")
+    try:
+        module = _import(kind, target)
+    except ModuleNotFoundError as e:
+        if e.name and (target == e.name or target.startswith(e.name + ".")):
+            raise HookError(f"reward hook {path!r}: no module named {e.name!r} on the Python path; install it, "
+                            f"run from the folder that holds it, or name the file: "
+                            f"reward.hook=path/to/{target.replace('.', '/')}.py:{attr}") from None
+        raise HookError(f"reward hook {path!r}: importing {target} failed: {type(e).__name__}: {e}; "
+                        f"install the missing package or fix the module's imports") from None
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - any import-time failure of user code is bad input
+        raise HookError(f"reward hook {path!r}: importing {target} raised {type(e).__name__}: {e}; "
+                        f"fix the module so it imports cleanly") from None
+    try:
+        fn = _worker.get_attr(module, attr)
+    except AttributeError:
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise HookError(f"reward hook {path!r}: {target} has no function {attr!r}; {hint}"
+                        f"its functions: {', '.join(names[:12]) or '(none)'}") from None
+    if not callable(fn):
+        raise HookError(f"reward hook {path!r}: {attr} is a {type(fn).__name__}, not a function; {RULE}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins have no signature: let the call decide
+        sig = None
+    if sig is not None:
+        try:
+            sig.bind("completion", "prompt", {})
+        except TypeError as e:
+            raise HookError(f"reward hook {path!r}: {attr}{sig} cannot be called as fn(completion, prompt, meta) "
+                            f"({e}); give it exactly those three positional parameters") from None
+    return fn, (kind, target, attr)
+
+
+def _import(kind: str, target: str):
+    try:
+        return _worker.import_target(kind, target)
+    except ModuleNotFoundError as e:
+        # A console script does not put the working directory on sys.path; a hook module sitting in
+        # it should still import (the workers get the same sys.path).
+        cwd = os.getcwd()
+        if kind == "module" and e.name == target.split(".")[0] and cwd not in sys.path and "" not in sys.path:
+            sys.path.append(cwd)
+            return _worker.import_target(kind, target)
+        raise
+
+
+def load_hook(path: str) -> Callable:
+    """Resolve ``"module:function"`` or ``"path/to/file.py:function"`` to the callable; :class:`HookError` otherwise."""
+    return _load(path)[0]
+
+
+# --------------------------------------------------------------------------------------- dispatcher
+@dataclass
+class _Job:
+    seq: int
+    sample: Any
+    completion: str
+    prompt: str
+    meta: dict
+
+
+@dataclass(eq=False)
+class _Worker:
+    proc: subprocess.Popen
+    spawned_at: float
+    start_deadline: float
+    state: str = "starting"  # starting | idle | busy
+    job: _Job | None = None
+    sent_at: float = 0.0
+    deadline: float = 0.0
+    buf: bytearray = field(default_factory=bytearray)
+
+    @property
+    def fd(self) -> int:
+        return self.proc.stdout.fileno()
+
+
+def _describe_exit(rc: int | None) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the worker's whole process group (it runs in its own session), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
+        pass
+    for f in (proc.stdin, proc.stdout):
+        try:
+            f.close()
+        except OSError:
+            pass
+
+
+def _kill_all(procs: set) -> None:
+    for p in list(procs):
+        _kill(p)
+    procs.clear()
+
+
+def _percentile(sorted_xs: list[float], q: float) -> float:
+    if not sorted_xs:
+        return 0.0
+    return sorted_xs[min(len(sorted_xs) - 1, int(q * len(sorted_xs)))]
+
+
+class RewardDispatcher:
+    """Score samples with ``hook`` in ``num_workers`` worker processes, ``timeout_s`` per call.
+
+    ``decode(ids) -> str`` turns ``completion_ids`` (trailing ``eos_token_id`` removed when given)
+    into the completion text, in the parent; the prompt text is ``meta["prompt"]`` when present,
+    else ``decode(prompt_ids)``. ``submit`` queues a sample, ``results`` yields finished samples as
+    they complete, ``score`` does both for a list and returns it in input order. Samples are
+    updated in place (``reward``, ``reward_flag``). Use as a context manager or call ``close``.
+    """
+
+    def __init__(self, hook: str, *, num_workers: int = 2, timeout_s: float = 5.0,
+                 decode: Callable[[list[int]], str], eos_token_id: int | None = None,
+                 start_timeout_s: float = 60.0):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.hook = hook
+        self.fn, self._spec = _load(hook)  # HookError here, in the parent, before any worker starts
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self._decode = decode
+        self._eos = eos_token_id
+        self.stats: dict[str, float] = {
+            "scored": 0, "timeouts": 0, "errors": 0, "worker_restarts": 0,
+            "worker_start_s": 0.0, "latency_p50_s": 0.0, "latency_p99_s": 0.0, "verify_p50_s": 0.0,
+        }
+        self._cond = threading.Condition()
+        self._pending: deque[_Job] = deque()
+        self._done: OrderedDict[int, Any] = OrderedDict()
+        self._outstanding = 0
+        self._seq = 0
+        self._latencies: list[float] = []
+        self._verify: list[float] = []
+        self._stop = False
+        self._closed = False
+        self._crash: BaseException | None = None
+        self._broken: str | None = None
+        self._start_failures = 0
+        self._start_times: list[float] = []
+        self._procs: set[subprocess.Popen] = set()
+        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._workers: list[_Worker] = []
+        try:
+            self._workers = [self._spawn() for _ in range(num_workers)]
+            self._wait_ready()
+        except BaseException:
+            self._shutdown_workers()
+            self._close_wake()
+            raise
+        self._thread = threading.Thread(target=self._loop, name="rollyard-reward-dispatcher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------ public API
+    def submit(self, sample: "Sample") -> None:
+        """Queue ``sample`` for scoring; returns at once."""
+        self._submit(sample)
+
+    def results(self) -> Iterator["Sample"]:
+        """Yield submitted samples as they finish (any order) until none is outstanding."""
+        while True:
+            with self._cond:
+                while not self._done and self._outstanding > 0:
+                    self._wait()
+                if not self._done:
+                    self._batch_stats()
+                    return
+                _, sample = self._done.popitem(last=False)
+                self._outstanding -= 1
+            yield sample
+
+    def score(self, samples: list["Sample"]) -> list["Sample"]:
+        """Score ``samples`` and return them (the same objects, rewards set) in input order."""
+        seqs = [self._submit(s) for s in samples]
+        with self._cond:
+            for seq in seqs:
+                while seq not in self._done:
+                    self._wait()
+            for seq in seqs:
+                del self._done[seq]
+            self._outstanding -= len(seqs)
+            self._batch_stats()
+        return samples
+
+    def close(self) -> None:
+        """Stop the feeder thread and the workers (idempotent). Unfinished submissions are flagged."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._cond:
+            self._stop = True
+        self._wake()
+        if getattr(self, "_thread", None) is not None:
+            self._thread.join(timeout=10)
+        with self._cond:
+            leftovers = list(self._pending) + [w.job for w in self._workers if w.job is not None]
+            self._pending.clear()
+        for job in leftovers:
+            self._finish(job, 0.0, "error: dispatcher closed before this sample was scored", "error")
+        for w in self._workers:
+            w.job = None
+        self._shutdown_workers()
+        self._close_wake()
+
+    def __enter__(self) -> "RewardDispatcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------- submission
+    def _submit(self, sample) -> int:
+        if self._closed:
+            raise RuntimeError("RewardDispatcher is closed")
+        with self._cond:
+            self._raise_if_crashed()
+            seq = self._seq
+            self._seq += 1
+            self._outstanding += 1
+        try:
+            ids = list(sample.completion_ids)
+            if self._eos is not None:
+                while ids and ids[-1] == self._eos:
+                    ids.pop()
+            completion = self._decode(ids)
+            prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
+            if not isinstance(prompt, str):
+                prompt = self._decode(list(sample.prompt_ids))
+            job = _Job(seq, sample, completion, prompt, dict(sample.meta or {}))
+        except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
+            self._finish(_Job(seq, sample, "", "", {}), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
+            return seq
+        with self._cond:
+            broken = self._broken
+            if not broken:
+                self._pending.append(job)
+        if broken:
+            self._finish(job, 0.0, f"error: {broken}", "error")
+        else:
+            self._wake()
+        return seq
+
+    def _wait(self) -> None:
+        """Wait on the condition (caller holds it), surfacing a crashed feeder thread instead of hanging."""
+        self._raise_if_crashed()
+        if self._closed:
+            raise RuntimeError("RewardDispatcher was closed while samples were outstanding")
+        self._cond.wait(timeout=1.0)
+        self._raise_if_crashed()
+
+    def _raise_if_crashed(self) -> None:
+        if self._crash is not None:
+            raise RuntimeError(f"reward dispatcher thread crashed: {type(self._crash).__name__}: {self._crash}") \
+                from self._crash
+
+    def _batch_stats(self) -> None:
+        """Latency percentiles of the calls finished since the last batch (caller holds the lock)."""
+        if self._latencies:
+            lat, ver = sorted(self._latencies), sorted(self._verify)
+            self.stats["latency_p50_s"] = _percentile(lat, 0.5)
+            self.stats["latency_p99_s"] = _percentile(lat, 0.99)
+            self.stats["verify_p50_s"] = _percentile(ver, 0.5)
+            self._latencies.clear()
+            self._verify.clear()
+
+    def _finish(self, job: _Job, reward: float, flag: str | None, kind: str | None,
+                latency: float | None = None, verify_s: float | None = None) -> None:
+        job.sample.reward = float(reward)
+        job.sample.reward_flag = flag
+        with self._cond:
+            self.stats["scored"] += 1
+            if kind == "timeout":
+                self.stats["timeouts"] += 1
+            elif kind == "error":
+                self.stats["errors"] += 1
+            if latency is not None:
+                self._latencies.append(latency)
+            if verify_s is not None:
+                self._verify.append(verify_s)
+            self._done[job.seq] = job.sample
+            self._cond.notify_all()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _close_wake(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # ------------------------------------------------------------------------------- workers
+    def _spawn(self) -> _Worker:
+        t0 = time.monotonic()
+        proc = subprocess.Popen([sys.executable, WORKER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                start_new_session=True, close_fds=True, bufsize=0)
+        self._procs.add(proc)
+        w = _Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
+        if not self._send(w, {"hook": self._spec, "sys_path": list(sys.path)}):
+            w.start_deadline = t0  # died at once: the loop notices it on EOF
+        return w
+
+    def _send(self, w: _Worker, obj) -> bool:
+        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = _HEADER.pack(len(body)) + body
+        try:
+            fd = w.proc.stdin.fileno()
+            while data:
+                data = data[os.write(fd, data):]
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def _read(self, w: _Worker) -> list | None:
+        """Frames now readable from ``w``, or None at EOF (the worker is gone)."""
+        try:
+            data = os.read(w.fd, 1 << 16)
+        except OSError:
+            data = b""
+        if not data:
+            return None
+        w.buf += data
+        frames = []
+        while len(w.buf) >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(w.buf)
+            if len(w.buf) < _HEADER.size + n:
+                break
+            frames.append(pickle.loads(bytes(w.buf[_HEADER.size:_HEADER.size + n])))
+            del w.buf[:_HEADER.size + n]
+        return frames
+
+    def _wait_ready(self) -> None:
+        """Block until every initial worker has imported the hook; HookError if one cannot."""
+        deadline = time.monotonic() + self.start_timeout_s
+        while any(w.state == "starting" for w in self._workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise HookError(f"reward hook {self.hook!r}: worker processes did not finish importing it within "
+                                f"{self.start_timeout_s:.0f}s; make the module faster to import")
+            starting = [w for w in self._workers if w.state == "starting"]
+            ready, _, _ = select.select([w.fd for w in starting], [], [], left)
+            for w in starting:
+                if w.fd not in ready:
+                    continue
+                frames = self._read(w)
+                if frames is None:
+                    rc = w.proc.wait()
+                    raise HookError(f"reward hook {self.hook!r}: a worker process exited while importing it "
+                                    f"({_describe_exit(rc)}); check that the module imports in a fresh "
+                                    f"interpreter: {sys.executable} -c 'import ...'")
+                for fr in frames:
+                    self._on_start_frame(w, fr, initial=True)
+        self.stats["worker_start_s"] = max(self._start_times) if self._start_times else 0.0
+
+    def _on_start_frame(self, w: _Worker, fr, initial: bool) -> None:
+        if fr[0] == "ready":
+            w.state = "idle"
+            self._start_failures = 0
+            elapsed = time.monotonic() - w.spawned_at
+            if initial:
+                self._start_times.append(elapsed)
+            else:
+                self.stats["worker_start_s"] = elapsed
+        elif fr[0] == "init_error":
+            if initial:
+                raise HookError(f"reward hook {self.hook!r} imports in this process but not in a worker "
+                                f"process: {fr[1]}; make the module importable from a fresh interpreter")
+            self._start_failed(w, fr[1])
+
+    def _start_failed(self, w: _Worker, why: str) -> None:
+        self._start_failures += 1
+        if self._start_failures >= MAX_START_FAILURES:
+            self._broken = f"reward workers cannot start ({why})"
+            print(f"rollyard: {self._broken}; every further reward call scores 0 with an error flag",
+                  file=sys.stderr)
+        self._replace(w)
+
+    def _replace(self, w: _Worker) -> None:
+        """Kill ``w`` and start a fresh worker in its place (unless shutting down or broken)."""
+        _kill(w.proc)
+        self._procs.discard(w.proc)
+        idx = self._workers.index(w)
+        if self._stop or self._broken:
+            self._workers.pop(idx)
+            if self._broken:
+                with self._cond:
+                    jobs = list(self._pending)
+                    self._pending.clear()
+                for job in jobs:
+                    self._finish(job, 0.0, f"error: {self._broken}", "error")
+            return
+        self._workers[idx] = self._spawn()
+        with self._cond:
+            self.stats["worker_restarts"] += 1
+
+    def _shutdown_workers(self) -> None:
+        """Close every worker's stdin (it exits on EOF), give them a moment, then kill what is left."""
+        for w in self._workers:
+            try:
+                w.proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + 1.0
+        for w in self._workers:
+            try:
+                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _kill(w.proc)
+            self._procs.discard(w.proc)
+        self._workers = []
+
+    # ---------------------------------------------------------------------------- feeder loop
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._stop:
+                        return
+                self._assign()
+                now = time.monotonic()
+                deadlines = [w.deadline for w in self._workers if w.job is not None]
+                deadlines += [w.start_deadline for w in self._workers if w.state == "starting"]
+                timeout = max(0.0, min(deadlines) - now) if deadlines else None
+                fds = [self._wake_r] + [w.fd for w in self._workers]
+                ready, _, _ = select.select(fds, [], [], timeout)
+                if self._wake_r in ready:
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                for w in list(self._workers):
+                    if w in self._workers and w.fd in ready:
+                        self._on_readable(w)
+                now = time.monotonic()
+                for w in list(self._workers):
+                    if w.job is not None and now >= w.deadline:
+                        job, w.job = w.job, None
+                        self._finish(job, 0.0, "timeout", "timeout", latency=now - w.sent_at)
+                        self._replace(w)
+                    elif w.state == "starting" and now >= w.start_deadline:
+                        self._start_failed(w, f"no worker finished importing the hook within {self.start_timeout_s:.0f}s")
+        except BaseException as e:  # noqa: BLE001 - surfaced to every waiter instead of a silent hang
+            with self._cond:
+                self._crash = e
+                self._cond.notify_all()
+
+    def _assign(self) -> None:
+        while True:
+            idle = [w for w in self._workers if w.state == "idle"]
+            if not idle:
+                return
+            with self._cond:
+                if not self._pending:
+                    return
+                job = self._pending.popleft()
+            w = idle[0]
+            try:
+                frame = (job.seq, job.completion, job.prompt, job.meta)
+                pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:  # noqa: BLE001
+                self._finish(job, 0.0, f"error: meta is not picklable: {type(e).__name__}: {e}", "error")
+                continue
+            w.sent_at = time.monotonic()
+            if self._send(w, frame):
+                w.job, w.state, w.deadline = job, "busy", w.sent_at + self.timeout_s
+            else:  # the worker died while idle: not this job's fault, requeue it
+                with self._cond:
+                    self._pending.appendleft(job)
+                self._replace(w)
+
+    def _on_readable(self, w: _Worker) -> None:
+        frames = self._read(w)
+        if frames is None:
+            rc = w.proc.wait()
+            job, w.job = w.job, None
+            if job is not None:
+                self._finish(job, 0.0, f"error: worker died ({_describe_exit(rc)})", "error",
+                             latency=time.monotonic() - w.sent_at)
+            if w.state == "starting":
+                self._start_failed(w, f"worker exited while importing the hook ({_describe_exit(rc)})")
+            else:
+                self._replace(w)
+            return
+        now = time.monotonic()
+        for fr in frames:
+            if w.state == "starting":
+                self._on_start_frame(w, fr, initial=False)
+                if w not in self._workers:
+                    return
+                continue
+            seq, status, value, verify_s = fr
+            job = w.job
+            if job is None or seq != job.seq:
+                continue  # a stale reply (cannot happen with one job in flight per worker)
+            w.job, w.state = None, "idle"
+            if status == "ok":
+                self._finish(job, value, None, None, latency=now - w.sent_at, verify_s=verify_s)
+            else:
+                self._finish(job, 0.0, f"error: {value}"[:500], "error", latency=now - w.sent_at, verify_s=verify_s)

@@ -1,0 +1,47 @@
+"""What a task hands the rest of rollyard: prompts, and the errors bad input raises.
+
+A :class:`Prompt` is the unit every loader produces (built-in task generators and the dataset
+loader alike). ``DataError`` and ``HookError`` are the two "your input is wrong" exceptions of this
+layer; the CLI maps both to exit code 2 and prints their message, so each message says where
+(file:line or the hook path), which rule was broken, and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Prompt:
+    """One prompt.
+
+    ``id`` is unique within a prompt set and stable across runs (dataset ``file:line`` or the id
+    column; ``task/split/index`` for built-ins). ``text`` is fed to the model as-is (built-ins use
+    no chat template). ``meta`` holds the verifier's inputs (``{"task": "arithmetic", "answer":
+    "19"}``) and must be JSON-serialisable. ``demo`` is a correct completion (without EOS) for the
+    SFT warm start; built-in tasks always set it.
+    """
+
+    id: str
+    text: str
+    meta: dict[str, Any]
+    demo: str | None = None
+
+
+class DataError(ValueError):
+    """Bad dataset input: the message names ``file:line``, the rule broken, and the fix."""
+
+
+class HookError(ValueError):
+    """A ``module:function`` reward hook that does not import, is not callable, or has the wrong shape."""
+
+
+def stable_bucket(text: str, buckets: int) -> int:
+    """A bucket in ``[0, buckets)`` for ``text`` that never changes between runs or machines.
+
+    Built-in tasks put a problem in the eval split when its bucket is 0, so train and eval are
+    disjoint by construction, for every seed and every ``n``.
+    """
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % buckets
