@@ -44,3 +44,12 @@ def pid(completion, prompt, meta):
 
 
 NOT_CALLABLE = 3
+
+
+def torch_loaded(completion, prompt, meta):
+    import sys
+    return 1.0 if "torch" in sys.modules else 0.0
+
+
+def echo_prompt(completion, prompt, meta):
+    return 1.0 if prompt == meta.get("expect_prompt") and completion == meta.get("expect_completion") else 0.0

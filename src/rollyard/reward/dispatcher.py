@@ -532,8 +532,8 @@ class RewardDispatcher:
                 for w in list(self._workers):
                     if w.job is not None and now >= w.deadline:
                         job, w.job = w.job, None
+                        self._replace(w)  # first, so stats and pool are settled when the caller sees the flag
                         self._finish(job, 0.0, "timeout", "timeout", latency=now - w.sent_at)
-                        self._replace(w)
                     elif w.state == "starting" and now >= w.start_deadline:
                         self._start_failed(w, f"no worker finished importing the hook within {self.start_timeout_s:.0f}s")
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiter instead of a silent hang
@@ -570,13 +570,13 @@ class RewardDispatcher:
         if frames is None:
             rc = w.proc.wait()
             job, w.job = w.job, None
-            if job is not None:
-                self._finish(job, 0.0, f"error: worker died ({_describe_exit(rc)})", "error",
-                             latency=time.monotonic() - w.sent_at)
             if w.state == "starting":
                 self._start_failed(w, f"worker exited while importing the hook ({_describe_exit(rc)})")
             else:
                 self._replace(w)
+            if job is not None:
+                self._finish(job, 0.0, f"error: worker died ({_describe_exit(rc)})", "error",
+                             latency=time.monotonic() - w.sent_at)
             return
         now = time.monotonic()
         for fr in frames:
