@@ -32,6 +32,7 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); null when `path` is set")
+    task_options: dict[str, int | str] = Field(default_factory=dict, description="built-in task knobs, e.g. {max_operand: 30} (arithmetic) or {max_times: 8} (repeat)")
     path: str | None = Field(None, description="prompt dataset file (.jsonl or .parquet); replaces `task`")
     fields: dict[str, str] = Field(default_factory=dict, description="rollyard name -> dataset column, e.g. {prompt: question, answer: solution}")
     on_error: Literal["raise", "deadletter"] = Field("raise", description="a malformed dataset line stops the run (raise) or goes to deadletter.jsonl")

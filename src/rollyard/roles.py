@@ -33,9 +33,10 @@ def prompts(cfg: RunConfig, deadletter: list[dict]) -> tuple[list[Prompt], list[
         train = load_prompts(d.path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter)
         held = load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter) if d.eval_path else []
         if not held and d.task:
-            held = load_task(d.task, "eval", d.eval_size, d.seed)
+            held = load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options)
         return train, held
-    return load_task(d.task, "train", d.train_size, d.seed), load_task(d.task, "eval", d.eval_size, d.seed)
+    return (load_task(d.task, "train", d.train_size, d.seed, **d.task_options),
+            load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options))
 
 
 def reward_hook(cfg: RunConfig) -> str:
