@@ -19,10 +19,12 @@ CHARS = set("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ +-*/
 def test_task_splits_disjoint_and_deterministic(name):
     train = load_task(name, "train", 3000, seed=0)
     held = load_task(name, "eval", 200, seed=0)
-    assert len(train) == 3000 and len(held) == 200
+    assert len(train) == 3000 and 100 <= len(held) <= 200
+    assert len({p.text for p in held}) == len(held)  # an eval set never repeats a problem
     assert not {p.text for p in train} & {p.text for p in held}
     # disjoint across seeds too: the split is a property of the problem, not of the draw
     assert not {p.text for p in load_task(name, "train", 3000, seed=1)} & {p.text for p in held}
+    assert [p.text for p in load_task(name, "eval", 50, seed=0)] == [p.text for p in held[:50]]
     assert [(p.id, p.text, p.meta, p.demo) for p in load_task(name, "train", 3000, seed=0)] == \
            [(p.id, p.text, p.meta, p.demo) for p in train]
     assert [p.text for p in load_task(name, "train", 50, seed=1)] != [p.text for p in train[:50]]
@@ -57,6 +59,13 @@ def test_repeat_lengths_are_long_tailed():
     p = load_task("repeat", "train", 1, seed=0)[0]
     k, unit = p.text[len("rep "):-1].split(" ")
     assert p.meta["answer"] == unit * int(k)
+
+
+def test_tiny_problem_spaces_terminate():
+    held = load_task("repeat", "eval", 100, seed=0, max_times=1, max_unit=1)
+    assert len(held) < 26 and len({p.text for p in held}) == len(held)
+    assert len(load_task("repeat", "train", 100, seed=0, max_times=1, max_unit=1)) == 100
+    assert len(load_task("arithmetic", "train", 100, seed=0, max_operand=3)) == 100
 
 
 def test_unknown_task_and_option_are_data_errors():

@@ -4,8 +4,10 @@ Addition and subtraction of integers in ``[0, max_operand]``; subtraction keeps 
 every answer is a non-negative integer. The completion is the answer followed by EOS; the
 verifier (:func:`rollyard.reward.verifiers.arithmetic`) compares the stripped completion with the
 answer string. The whole problem space is enumerated, a fixed hash of each problem's text puts
-~10% of it in the eval split, and a seeded shuffle picks ``n`` problems from the split (cycling,
-with a fresh shuffle per pass, when ``n`` exceeds the split).
+~10% of it in the eval split, and a seeded shuffle picks ``n`` problems from the split. The train
+split cycles (a fresh shuffle per pass) when ``n`` exceeds it; the eval split never repeats a
+problem, so asking for more than it holds returns all of it (138 problems at the default
+``max_operand``; the train split holds 1319).
 
 Default ``max_operand=30``: prompts of at most 6 characters, answers of 1-2 digits; a warm-started
 ~0.5M-parameter character model lands in the 20-40% range, leaving RL room to improve.
@@ -46,6 +48,8 @@ def generate(split: str, n: int, seed: int, max_operand: int = DEFAULT_MAX_OPERA
     if not pool:
         raise ValueError(f"arithmetic: max_operand={max_operand} leaves the {split} split empty; raise max_operand")
     rng = random.Random(f"{NAME}/{split}/{seed}/{max_operand}/{ops}")
+    if want_eval:
+        n = min(n, len(pool))  # an eval set never repeats a problem
     out: list[Prompt] = []
     while len(out) < n:
         order = pool[:]

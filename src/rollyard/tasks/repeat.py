@@ -8,7 +8,8 @@ across prompts, which is what tail-aware batching has to cope with. Set
 longest answers are cut off and score 0.
 
 Verifier: :func:`rollyard.reward.verifiers.repeat` (exact match of the stripped completion). A
-fixed hash of the prompt text puts ~10% of the problem space in the eval split.
+fixed hash of the prompt text puts ~10% of the problem space in the eval split; the eval split
+never repeats a problem (train may).
 """
 
 from __future__ import annotations
@@ -34,12 +35,17 @@ def generate(split: str, n: int, seed: int, max_times: int = 8, max_unit: int = 
     times = list(range(1, max_times + 1))
     weights = [k ** -1.3 for k in times]
     out: list[Prompt] = []
-    while len(out) < n:
+    seen: set[str] = set()
+    misses = 0
+    while len(out) < n and misses < 10_000:
         k = rng.choices(times, weights)[0]
         unit = "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, max_unit)))
         text = f"rep {k} {unit}:"
-        if (stable_bucket(text, EVAL_BUCKETS) == 0) != want_eval:
+        if (stable_bucket(text, EVAL_BUCKETS) == 0) != want_eval or (want_eval and text in seen):
+            misses += 1
             continue
+        misses = 0
+        seen.add(text)
         answer = unit * k
         out.append(Prompt(id=f"{NAME}/{split}/{len(out)}", text=text,
                           meta={"task": NAME, "answer": answer}, demo=answer))
