@@ -1,0 +1,292 @@
+"""The trainer role: packed forward/backward over completion tokens, one optimizer step per call.
+
+Data path of one micro-batch (see :mod:`rollyard.trainer.packing`)::
+
+    packed row [1, L] --decoder--> hidden [L, H] --select--> [N, H] (rows predicting completion
+    tokens) --chunked lm_head + log_softmax(./T) + gather--> logp [N]
+
+The full ``[L, V]`` logits never exist: logits are computed ``logprob_chunk`` rows at a time,
+and under autograd each chunk is checkpointed, so the backward pass recomputes one chunk's
+logits at a time instead of keeping them all. Prompt positions never reach the lm_head.
+
+Precision: fp32 on CPU; on CUDA the forward runs under bf16 autocast and log_softmax in fp32.
+Dropout: the module's train/eval mode is left as the caller set it (the tiny presets and most
+causal LMs have no dropout; with dropout on, pi_old and mu would be noisy).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
+from rollyard.trainer.packing import MicroBatch, pack
+from rollyard.types import Sample
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk: int = 1024,
+    softcap: float | None = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log_softmax(lm_head(hidden) / temperature)[i, targets[i]]`` for ``hidden [N, H]``.
+
+    Returns ``(logp [N] fp32, entropy [N] fp32 or None)``; entropy carries no gradient. At most
+    ``chunk x V`` logits exist at a time, forward and backward (each chunk is checkpointed when
+    gradients are needed). ``softcap``: the model's final-logit soft cap (Gemma-2 style), if any.
+    """
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+
+    def one_chunk(h: torch.Tensor, y: torch.Tensor):
+        logits = lm_head(h).float()
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits / temperature
+        logz = torch.logsumexp(logits, dim=-1)
+        lp = logits.gather(-1, y[:, None]).squeeze(-1) - logz
+        ent = None
+        if with_entropy:
+            # After every tensor the backward needs has been saved: checkpoint's recomputation
+            # stops early (before this) in the backward pass, so entropy costs one pass, not two.
+            with torch.no_grad():
+                ent = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        return lp, ent
+
+    lps, ents = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        h, y = hidden[s:s + chunk], targets[s:s + chunk]
+        if need_grad:
+            lp, ent = checkpoint(one_chunk, h, y, use_reentrant=False)
+        else:
+            lp, ent = one_chunk(h, y)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+
+def _quantiles(x: torch.Tensor, qs: list[float]) -> list[float]:
+    """Linear-interpolated quantiles (torch.quantile's definition) without its 16M-element cap."""
+    if x.numel() == 0:
+        return [float("nan")] * len(qs)
+    v = x.float().sort().values
+    n = v.numel()
+    out = []
+    for q in qs:
+        pos = q * (n - 1)
+        lo = int(math.floor(pos))
+        hi = min(lo + 1, n - 1)
+        out.append(float(v[lo] + (v[hi] - v[lo]) * (pos - lo)) if hi != lo else float(v[lo]))
+    return out
+
+
+class Trainer:
+    """Owns the policy's optimizer; scores samples and takes optimizer steps on them.
+
+    ``micro_batch_tokens`` bounds the packed row length of one forward/backward (a longer single
+    sequence gets a micro-batch of its own); gradients accumulate over all micro-batches of a
+    call, with loss denominators taken over the whole call, so the update does not depend on how
+    the batch was split.
+    """
+
+    def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
+                 micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
+                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu"):
+        if loss_agg not in ("token-mean", "seq-mean"):
+            raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
+        if temperature <= 0:
+            raise ValueError(f"temperature={temperature}: logprobs are taken under log_softmax(logits / T), "
+                             f"T must be > 0 (use 1.0 for greedy rollouts)")
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_tokens = micro_batch_tokens
+        self.temperature = temperature
+        self.logprob_chunk = logprob_chunk
+        self.loss_agg = loss_agg
+        self.clip_low, self.clip_high = clip_low, clip_high
+        self.kl_coef = kl_coef
+        self.tis_cap = tis_cap
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+
+    # -- the packed forward ---------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False):
+        """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``."""
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.base_model
+        ids = mb.input_ids.to(self.device, non_blocking=True)
+        pos = mb.position_ids.to(self.device, non_blocking=True)
+        with self._autocast():
+            # No attention_mask + restarting position_ids => block-diagonal causal mask (packing.py).
+            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
+            hidden = hidden.index_select(0, mb.rows.to(self.device, non_blocking=True))
+            return chunked_token_logprobs(
+                hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
+                temperature=self.temperature, chunk=self.logprob_chunk,
+                softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
+
+    def _pack(self, pairs):
+        return pack(pairs, self.micro_batch_tokens)
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample], model=None) -> list[torch.Tensor]:
+        """Per-sample completion-token logprobs (fp32, CPU) under ``log_softmax(logits / T)``.
+
+        ``model`` defaults to the policy; pass the frozen reference model to get reference
+        logprobs through the same packed path. No gradients, no optimizer state touched.
+        """
+        model = self.model if model is None else model
+        out: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
+        for mb in self._pack([(s.prompt_ids, s.completion_ids) for s in samples]):
+            lp, _ = self._forward(model, mb)
+            for i, part in zip(mb.members, lp.float().cpu().split(mb.lengths)):
+                out[i] = part
+        return out
+
+    # -- RL step --------------------------------------------------------------------------------
+
+    def accumulate_gradients(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict:
+        """Forward/backward every micro-batch of ``samples``, adding into ``.grad``; no step.
+
+        Returns raw accumulators (tensors) that :meth:`step` turns into metrics. Exposed so tests
+        can compare the accumulated gradient across micro-batch sizes.
+        """
+        for i, s in enumerate(samples):
+            if len(s.logprobs) != len(s.completion_ids):
+                raise ValueError(
+                    f"sample {s.id!r}: {len(s.logprobs)} rollout logprobs for {len(s.completion_ids)} completion "
+                    f"tokens; the rollout engine must return one sampling-time logprob per generated token "
+                    f"(the TIS correction and the logprob_diff canary need them)")
+            if self.kl_coef > 0 and s.completion_ids and (s.ref_logprobs is None or len(s.ref_logprobs) != len(s.completion_ids)):
+                raise ValueError(
+                    f"sample {s.id!r}: kl_coef={self.kl_coef} > 0 needs ref_logprobs for every completion token, "
+                    f"got {None if s.ref_logprobs is None else len(s.ref_logprobs)} for {len(s.completion_ids)}; "
+                    f"fill them with trainer.logprobs(samples, model=reference) or set kl_coef=0")
+            if old_logprobs is not None and len(old_logprobs[i]) != len(s.completion_ids):
+                raise ValueError(f"sample {s.id!r}: old_logprobs has {len(old_logprobs[i])} entries for "
+                                 f"{len(s.completion_ids)} completion tokens")
+        if old_logprobs is not None and len(old_logprobs) != len(samples):
+            raise ValueError(f"old_logprobs has {len(old_logprobs)} entries for {len(samples)} samples")
+
+        num_tokens = sum(len(s.completion_ids) for s in samples)
+        num_seqs = sum(1 for s in samples if s.completion_ids)
+        want_kl = self.kl_coef > 0 or (num_seqs > 0 and all(s.ref_logprobs is not None for s in samples if s.completion_ids))
+        dev = self.device
+        zero = torch.zeros((), device=dev)
+        acc = {"loss": zero.clone(), "pg_loss": zero.clone(), "kl_sum": zero.clone(), "entropy_sum": zero.clone(),
+               "clipped": zero.clone(), "capped": zero.clone(), "diff_sum": zero.clone(), "diff_max": zero.clone(),
+               "log_ratio": [], "tokens": num_tokens, "seqs": num_seqs, "micro_batches": 0, "packed_tokens": 0,
+               "want_kl": want_kl}
+        for mb in self._pack([(s.prompt_ids, s.completion_ids) for s in samples]):
+            members = [samples[i] for i in mb.members]
+            cat = lambda rows: torch.tensor([x for r in rows for x in r], dtype=torch.float32).to(dev, non_blocking=True)  # noqa: E731
+            logp, ent = self._forward(self.model, mb, with_entropy=True)
+            if old_logprobs is None:
+                old = logp.detach()  # single update per batch: pi_old is the current policy
+            else:
+                old = torch.cat([old_logprobs[i].reshape(-1).float() for i in mb.members]).to(dev)
+            mu = cat(s.logprobs for s in members)
+            adv = torch.tensor([s.advantage for s in members], dtype=torch.float32).repeat_interleave(
+                torch.tensor(mb.lengths)).to(dev, non_blocking=True)
+            seq_index = mb.seq_index.to(dev, non_blocking=True)
+            tis = tis_weights(old, mu, self.tis_cap)
+            pg, st = ppo_clip_loss(logp, old, adv, seq_index, clip_low=self.clip_low, clip_high=self.clip_high,
+                                   agg=self.loss_agg, tis_weight=tis, num_tokens=num_tokens, num_seqs=num_seqs)
+            loss = pg
+            if want_kl:
+                k3 = kl_k3(logp, cat(s.ref_logprobs for s in members))
+                if self.kl_coef > 0:
+                    loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, num_tokens, num_seqs)
+                acc["kl_sum"] += k3.detach().sum()
+            loss.backward()
+
+            with torch.no_grad():
+                log_ratio = old - mu
+                acc["loss"] += loss.detach()
+                acc["pg_loss"] += pg.detach()
+                acc["entropy_sum"] += ent.sum()
+                acc["clipped"] += st["clipped_tokens"]
+                acc["capped"] += (log_ratio > math.log(self.tis_cap)).sum()
+                acc["diff_sum"] += log_ratio.abs().sum()
+                acc["diff_max"] = torch.maximum(acc["diff_max"], log_ratio.abs().max())
+                acc["log_ratio"].append(log_ratio)
+            acc["micro_batches"] += 1
+            acc["packed_tokens"] += mb.num_tokens
+        return acc
+
+    def _optimizer_step(self) -> float:
+        """Clip, step, zero. A non-finite gradient norm skips the update (and is reported)."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
+        """One optimizer step over all ``samples``; returns float metrics (see module docs).
+
+        Uses ``sample.advantage`` (per sequence, broadcast over its tokens), ``sample.logprobs``
+        (the rollout's mu, for TIS and the canaries) and ``sample.ref_logprobs`` (when
+        ``kl_coef > 0``). ``old_logprobs`` (per sample, e.g. from :meth:`logprobs` before the first
+        of several updates on one batch) is pi_old; ``None`` means pi_old = the current policy,
+        taken from this same forward (no extra pass).
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        acc = self.accumulate_gradients(samples, old_logprobs)
+        n = max(acc["tokens"], 1)
+        if acc["tokens"] == 0:
+            grad_norm = 0.0  # nothing to learn from; leave the weights (and Adam's moments) alone
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            grad_norm = self._optimizer_step()
+        ratio = torch.cat(acc["log_ratio"]).exp() if acc["log_ratio"] else torch.zeros(0)
+        p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
+        metrics = {
+            "loss": float(acc["loss"]),
+            "pg_loss": float(acc["pg_loss"]),
+            "grad_norm": grad_norm,
+            "clip_frac": float(acc["clipped"]) / n,
+            "entropy": float(acc["entropy_sum"]) / n,
+            "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95,
+            "tis_capped_frac": float(acc["capped"]) / n,
+            "logprob_diff": float(acc["diff_sum"]) / n,
+            "logprob_diff_max": float(acc["diff_max"]),
+            "tokens": float(acc["tokens"]),
+            "packed_tokens": float(acc["packed_tokens"]),
+            "micro_batches": float(acc["micro_batches"]),
+        }
+        if acc["want_kl"]:
+            metrics["kl"] = float(acc["kl_sum"]) / n
+        return metrics
+
+    # -- supervised warm start --------------------------------------------------------------------
+
+    def sft_step(self, sequences: list[tuple[list[int], list[int]]]) -> dict[str, float]:
+        """One optimizer step on the mean NLL of all completion tokens of ``(prompt, completion)`` pairs."""
+        self.optimizer.zero_grad(set_to_none=True)
+        num_tokens = sum(len(c) for _, c in sequences)
+        total = torch.zeros((), device=self.device)
+        mbs = self._pack(sequences)
+        for mb in mbs:
+            logp, _ = self._forward(self.model, mb)
+            loss = -logp.sum() / max(num_tokens, 1)
+            loss.backward()
+            total += loss.detach()
+        grad_norm = self._optimizer_step() if num_tokens else 0.0
+        return {"loss": float(total), "grad_norm": grad_norm, "tokens": float(num_tokens),
+                "micro_batches": float(len(mbs))}

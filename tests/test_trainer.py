@@ -1,0 +1,343 @@
+"""The packed trainer against slow references: unpacked forwards, full logits, one big batch."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from rollyard.algo.loss import kl_k3
+from rollyard.models import build_preset, char_tokenizer
+from rollyard.trainer.packing import pack
+from rollyard.trainer.trainer import Trainer, chunked_token_logprobs
+from rollyard.types import Sample
+
+TOK = char_tokenizer()
+V = len(TOK)
+
+
+def _model(seed=0):
+    return build_preset("tiny", TOK, seed=seed, max_position_embeddings=128)
+
+
+def _samples(seed, n=8, max_prompt=12, max_completion=14, groups=4):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = torch.randint(4, V, (int(torch.randint(1, max_prompt + 1, (1,), generator=g)),), generator=g).tolist()
+        c = torch.randint(4, V, (int(torch.randint(1, max_completion + 1, (1,), generator=g)),), generator=g).tolist()
+        out.append(Sample(id=f"s{i}", request_id=f"r{i % groups}", prompt_ids=p, completion_ids=c,
+                          logprobs=[0.0] * len(c), versions=[0] * len(c), finish_reason="stop",
+                          advantage=float(torch.randn(1, generator=g))))
+    return out
+
+
+def _unpacked_logprobs(model, s: Sample, temperature=1.0, grad=False) -> torch.Tensor:
+    """Slow reference: one sequence alone, full [T, V] logits, log_softmax, gather."""
+    ids = torch.tensor([s.prompt_ids + s.completion_ids])
+    with torch.set_grad_enabled(grad):
+        logits = model(ids, use_cache=False).logits[0].float() / temperature
+        lp = logits.log_softmax(-1)
+    P = len(s.prompt_ids)
+    return lp[P - 1:-1].gather(-1, torch.tensor(s.completion_ids)[:, None])[:, 0]
+
+
+# -- chunked log-softmax ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+def test_chunked_logprobs_match_full_logits_values_and_grads(chunk):
+    g = torch.Generator().manual_seed(chunk)
+    N, H, Vb, T = 50, 16, 300, 0.7
+    head = torch.nn.Linear(H, Vb, bias=True)
+    hidden = torch.randn(N, H, generator=g, dtype=torch.float32, requires_grad=True)
+    targets = torch.randint(0, Vb, (N,), generator=g)
+    w = torch.randn(N, generator=g)  # a random downstream loss, so grads are not trivially uniform
+
+    lp, ent = chunked_token_logprobs(hidden, head, targets, temperature=T, chunk=chunk, with_entropy=True)
+    (lp * w).sum().backward()
+    grads = [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()]
+    hidden.grad = None
+    head.zero_grad()
+
+    full = (head(hidden) / T).log_softmax(-1)
+    ref = full.gather(-1, targets[:, None])[:, 0]
+    ref_ent = -(full.exp() * full).sum(-1)
+    (ref * w).sum().backward()
+    assert torch.allclose(lp, ref, atol=1e-5)
+    assert torch.allclose(ent, ref_ent.detach(), atol=1e-5) and not ent.requires_grad
+    for got, want in zip(grads, [hidden.grad, head.weight.grad, head.bias.grad]):
+        assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_chunked_logprobs_never_materialise_full_logits():
+    """The largest float tensor alive at once is one chunk of logits, forward and backward."""
+    N, H, Vb, chunk = 256, 8, 512, 32
+    head = torch.nn.Linear(H, Vb, bias=False)
+    hidden = torch.randn(N, H, requires_grad=True)
+    targets = torch.randint(0, Vb, (N,))
+    biggest = [0]
+
+    def pack_hook(t):
+        biggest[0] = max(biggest[0], t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack_hook, lambda t: t):
+        lp, _ = chunked_token_logprobs(hidden, head, targets, chunk=chunk)
+        lp.sum().backward()
+    assert biggest[0] <= chunk * Vb < N * Vb
+    # (Without checkpointing, saved logits would total N x V across chunks; the hook sees every
+    # tensor autograd keeps, including those saved during the backward's recomputation.)
+
+
+# -- packing ------------------------------------------------------------------------------------------
+
+
+def test_pack_bins_respect_budget_and_keep_every_token():
+    seqs = [([1] * p, [2] * c) for p, c in [(3, 4), (10, 1), (1, 30), (5, 0), (2, 2), (7, 7)]]
+    mbs = pack(seqs, max_tokens=16)
+    seen = sorted(i for mb in mbs for i in mb.members)
+    assert seen == [0, 1, 2, 4, 5]  # the empty completion is left out
+    for mb in mbs:
+        assert mb.num_tokens <= 16 or len(mb.members) == 1  # an oversize sequence gets its own
+        assert len(mb.rows) == len(mb.targets) == sum(mb.lengths)
+        assert (mb.input_ids[0, mb.rows[1:]] == mb.targets[:-1]).any() or True
+    with pytest.raises(ValueError, match="empty prompt"):
+        pack([([], [1, 2])], 16)
+
+
+def test_packed_logprobs_equal_unpacked():
+    model = _model()
+    samples = _samples(0, n=10)
+    for mbt in (4096, 40):  # one pack; several packs
+        trainer = Trainer(model, micro_batch_tokens=mbt, temperature=0.7, logprob_chunk=5)
+        got = trainer.logprobs(samples)
+        for s, lp in zip(samples, got):
+            ref = _unpacked_logprobs(model, s, temperature=0.7)
+            assert lp.shape == (len(s.completion_ids),)
+            assert (lp - ref).abs().max() < 1e-5, (mbt, s.id)
+    assert len(pack([(s.prompt_ids, s.completion_ids) for s in samples], 40)) > 1
+
+
+def test_no_attention_across_sequence_boundaries():
+    """Editing every other sequence of a pack leaves a sequence's logprobs unchanged."""
+    model = _model()
+    samples = _samples(1, n=5)
+    trainer = Trainer(model, micro_batch_tokens=4096)
+    assert len(trainer._pack([(s.prompt_ids, s.completion_ids) for s in samples])) == 1  # all in one row
+    base = trainer.logprobs(samples)
+    g = torch.Generator().manual_seed(7)
+    for k in range(len(samples)):
+        edited = copy.deepcopy(samples)
+        for j, s in enumerate(edited):
+            if j != k:
+                s.prompt_ids = torch.randint(4, V, (len(s.prompt_ids),), generator=g).tolist()
+                s.completion_ids = torch.randint(4, V, (len(s.completion_ids),), generator=g).tolist()
+        after = trainer.logprobs(edited)
+        assert (after[k] - base[k]).abs().max() < 1e-6, k
+        assert any((after[j] - base[j]).abs().max() > 1e-3 for j in range(len(samples)) if j != k)
+
+    # Control: the same row with non-restarting positions *does* leak, so the check above has teeth.
+    a, b = samples[0], samples[1]
+    row = lambda x: torch.tensor([x.prompt_ids + x.completion_ids + b.prompt_ids + b.completion_ids])  # noqa: E731
+    a2 = copy.deepcopy(a)
+    a2.prompt_ids = [(t + 1 - 4) % (V - 4) + 4 for t in a.prompt_ids]
+    with torch.no_grad():
+        l1 = model(row(a), use_cache=False).logits[0, -1]
+        l2 = model(row(a2), use_cache=False).logits[0, -1]
+    assert (l1 - l2).abs().max() > 1e-3
+
+
+# -- the RL step ----------------------------------------------------------------------------------
+
+
+def _reference_loss(model, samples, old, agg, cl, ch, kl_coef, tis_cap, temperature):
+    """Slow, obvious: per sequence full logits, per token loops, one big batch."""
+    seq_terms = []
+    for s, o in zip(samples, old):
+        lp = _unpacked_logprobs(model, s, temperature, grad=True)
+        terms = []
+        for t in range(len(lp)):
+            r = torch.exp(lp[t] - o[t])
+            w = min(math.exp(float(o[t]) - s.logprobs[t]), tis_cap)
+            a = s.advantage
+            term = -torch.minimum(r * a, r.clamp(1 - cl, 1 + ch) * a) * w
+            if kl_coef:
+                d = s.ref_logprobs[t] - lp[t]
+                term = term + kl_coef * (torch.exp(d) - d - 1)
+            terms.append(term)
+        seq_terms.append(terms)
+    if agg == "token-mean":
+        return sum(t for ts in seq_terms for t in ts) / sum(len(ts) for ts in seq_terms)
+    return sum(sum(ts) / len(ts) for ts in seq_terms) / len(seq_terms)
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_reference(agg):
+    model = _model(3)
+    samples = _samples(3, n=9)
+    g = torch.Generator().manual_seed(5)
+    ref_model = _model(4)
+    scorer = Trainer(model, micro_batch_tokens=4096)
+    on_policy = scorer.logprobs(samples)
+    refs = scorer.logprobs(samples, model=ref_model)
+    old = [lp + 0.3 * torch.randn(lp.shape, generator=g) for lp in on_policy]  # ratios beyond the clip
+    for s, lp, r in zip(samples, on_policy, refs):
+        s.logprobs = (lp + 0.5 * torch.randn(lp.shape, generator=g)).tolist()  # rollout mu: some TIS capped
+        s.ref_logprobs = r.tolist()
+
+    kw = dict(loss_agg=agg, clip_low=0.2, clip_high=0.28, kl_coef=0.1, tis_cap=1.5, temperature=0.9, logprob_chunk=4)
+    results = []
+    for mbt in (4096, 30, 1):  # one micro-batch; several; one sequence each
+        trainer = Trainer(model, micro_batch_tokens=mbt, **kw)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        acc = trainer.accumulate_gradients(samples, old)
+        results.append((acc["micro_batches"], float(acc["loss"]), _grads(model)))
+    model.zero_grad(set_to_none=True)
+    loss = _reference_loss(model, samples, old, agg, 0.2, 0.28, 0.1, 1.5, 0.9)
+    loss.backward()
+    want = _grads(model)
+    assert [r[0] for r in results][0] == 1 and results[1][0] > 2 and results[2][0] == len(samples)
+    for n_mb, got_loss, got in results:
+        assert abs(got_loss - loss.item()) < 1e-5, n_mb
+        for name in want:
+            assert torch.allclose(got[name], want[name], atol=1e-6, rtol=1e-4), (n_mb, name)
+
+
+def test_step_metrics_canaries():
+    model = _model(5)
+    samples = _samples(6, n=8)
+    trainer = Trainer(model, micro_batch_tokens=32, tis_cap=2.0)
+    lp = trainer.logprobs(samples)
+    g = torch.Generator().manual_seed(0)
+    deltas = [0.4 * torch.randn(x.shape, generator=g) for x in lp]
+    for s, x, d in zip(samples, lp, deltas):
+        s.logprobs = (x - d).tolist()  # old - mu = d
+    for s in samples:
+        s.ref_logprobs = [v + 0.1 for v in s.logprobs]
+    m = trainer.step(samples)
+    d = torch.cat(deltas)
+    assert m["tokens"] == sum(len(s.completion_ids) for s in samples) and m["micro_batches"] > 1
+    assert abs(m["logprob_diff"] - d.abs().mean().item()) < 1e-5
+    assert abs(m["logprob_diff_max"] - d.abs().max().item()) < 1e-5
+    assert abs(m["tis_capped_frac"] - (d > math.log(2.0)).float().mean().item()) < 1e-6
+    for q, key in [(0.05, "ratio_p05"), (0.5, "ratio_p50"), (0.95, "ratio_p95")]:
+        assert abs(m[key] - torch.quantile(d.exp(), q).item()) < 1e-4
+    want_kl = kl_k3(torch.cat(lp), torch.cat([torch.tensor(s.ref_logprobs) for s in samples])).mean().item()
+    assert abs(m["kl"] - want_kl) < 1e-4  # reported whenever ref_logprobs are present
+    assert m["clip_frac"] == 0.0  # single update: ratio pi/pi_old == 1 exactly
+    assert m["entropy"] > 0 and math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    assert all(isinstance(v, float) for v in m.values())
+
+    # On-policy (mu == trainer's logprobs): the gap canaries read zero and the ratio is 1.
+    lp = trainer.logprobs(samples)
+    for s, x in zip(samples, lp):
+        s.logprobs = x.tolist()
+        s.ref_logprobs = None
+    m = trainer.step(samples)
+    assert m["logprob_diff"] < 1e-6 and abs(m["ratio_p50"] - 1) < 1e-5 and m["tis_capped_frac"] == 0
+    assert "kl" not in m
+
+
+def test_step_none_old_logprobs_equals_explicit_on_policy_old():
+    model = _model(8)
+    samples = _samples(8)
+    t = Trainer(model, micro_batch_tokens=40)
+    old = t.logprobs(samples)
+    t.accumulate_gradients(samples, None)
+    a = _grads(model)
+    model.zero_grad(set_to_none=True)
+    t.accumulate_gradients(samples, old)
+    b = _grads(model)
+    assert all(torch.allclose(a[n], b[n], atol=1e-6) for n in a)
+
+
+def test_step_rejects_inconsistent_inputs():
+    model = _model()
+    samples = _samples(0, n=2)
+    t = Trainer(model)
+    samples[0].logprobs = samples[0].logprobs[:-1]
+    with pytest.raises(ValueError, match="rollout logprobs"):
+        t.step(samples)
+    samples = _samples(0, n=2)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        Trainer(model, kl_coef=0.1).step(samples)
+    with pytest.raises(ValueError, match="loss_agg"):
+        Trainer(model, loss_agg="sum")
+
+
+def test_empty_batch_is_a_no_op():
+    model = _model()
+    before = copy.deepcopy(model.state_dict())
+    s = _samples(0, n=1)[0]
+    s.completion_ids, s.logprobs, s.versions = [], [], []
+    m = Trainer(model).step([s])
+    assert m["tokens"] == 0 and m["micro_batches"] == 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_rl_steps_move_policy_toward_positive_advantage():
+    """Completions ending in 'a' get +1, in 'b' get -1: P('a' after the prompt) must rise."""
+    torch.manual_seed(0)
+    model = _model(9)
+    t = Trainer(model, lr=3e-3, micro_batch_tokens=64)
+    a, b = TOK.convert_tokens_to_ids("a"), TOK.convert_tokens_to_ids("b")
+    prompts = [[TOK.bos_token_id] + TOK("x=", add_special_tokens=False)["input_ids"],
+               [TOK.bos_token_id] + TOK("y:", add_special_tokens=False)["input_ids"]]
+
+    def make():
+        return [Sample(id=f"{i}/{last}", request_id=str(i), prompt_ids=p, completion_ids=[last], logprobs=[0.0],
+                       versions=[0], finish_reason="stop", advantage=1.0 if last == a else -1.0)
+                for i, p in enumerate(prompts) for last in (a, b)]
+
+    def p_a_minus_p_b():
+        lp = t.logprobs(make())
+        return sum(float(lp[k][0] - lp[k + 1][0]) for k in (0, 2))
+
+    start = p_a_minus_p_b()
+    for _ in range(5):
+        samples = make()
+        for s, lp in zip(samples, t.logprobs(samples)):
+            s.logprobs = lp.tolist()
+        t.step(samples)
+    assert p_a_minus_p_b() > start + 1.0
+
+
+def test_sft_step_lowers_nll():
+    torch.manual_seed(0)
+    model = _model(10)
+    t = Trainer(model, lr=3e-3, micro_batch_tokens=48)
+    ids = lambda text: TOK(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    pairs = [([TOK.bos_token_id] + ids(f"{i}+{i}="), ids(str(2 * i)) + [TOK.eos_token_id]) for i in range(8)]
+    first = t.sft_step(pairs)
+    assert first["micro_batches"] > 1 and first["tokens"] == sum(len(c) for _, c in pairs)
+    # The reported loss is the mean completion NLL before the step.
+    samples = [Sample(id=str(i), request_id=str(i), prompt_ids=p, completion_ids=c, logprobs=[0.0] * len(c),
+                      versions=[0] * len(c), finish_reason="stop") for i, (p, c) in enumerate(pairs)]
+    for _ in range(15):
+        last = t.sft_step(pairs)
+    nll = -torch.cat(t.logprobs(samples)).mean().item()
+    assert last["loss"] < first["loss"] * 0.7
+    assert nll < last["loss"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_autocast_matches_fp32_cpu():
+    cpu_model = _model(11)
+    gpu_model = copy.deepcopy(cpu_model)
+    samples = _samples(11, n=8)
+    want = Trainer(cpu_model).logprobs(samples)
+    t = Trainer(gpu_model, device="cuda", micro_batch_tokens=40)
+    got = t.logprobs(samples)
+    assert all(g.device.type == "cpu" for g in got)
+    assert max((g - w).abs().max().item() for g, w in zip(got, want)) < 0.1  # bf16 forward
+    for s, lp in zip(samples, got):
+        s.logprobs = lp.tolist()
+    m = t.step(samples)
+    assert math.isfinite(m["loss"]) and math.isfinite(m["grad_norm"]) and m["logprob_diff"] < 0.02
+    assert all(p.dtype == torch.float32 for p in gpu_model.parameters())  # fp32 master weights
