@@ -51,11 +51,11 @@ RULE = ("a reward hook is 'module:function' (an importable module) or 'path/to/f
         "naming fn(completion: str, prompt: str, meta: dict) -> float")
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (and flags every call)
 
-Spec = tuple  # (kind, target, attr) as parsed by worker.parse_hook
 
 
 # --------------------------------------------------------------------------------------------- hooks
-def _load(path: str) -> tuple[Callable, Spec]:
+def _load(path: str) -> tuple[Callable, tuple[str, str, str]]:
+    """The hook's callable and its ``(kind, target, attr)`` spec (what the workers import); HookError otherwise."""
     try:
         kind, target, attr = _worker.parse_hook(path)
     except ValueError:
