@@ -16,6 +16,16 @@ TOK = char_tokenizer()
 V = len(TOK)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The tiny model's matmuls are too small to gain from intra-op threads; on a busy 2-core
+    machine OpenMP barriers made this file 10x slower with 2 threads than with 1."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _model(seed=0):
     return build_preset("tiny", TOK, seed=seed, max_position_embeddings=128)
 

@@ -206,6 +206,8 @@ class Trainer:
         Returns raw accumulators (tensors) that :meth:`step` turns into metrics. Exposed so tests
         can compare the accumulated gradient across micro-batch sizes.
         """
+        if old_logprobs is not None and len(old_logprobs) != len(samples):
+            raise ValueError(f"old_logprobs has {len(old_logprobs)} entries for {len(samples)} samples")
         for i, s in enumerate(samples):
             if len(s.logprobs) != len(s.completion_ids):
                 raise ValueError(
@@ -220,8 +222,6 @@ class Trainer:
             if old_logprobs is not None and len(old_logprobs[i]) != len(s.completion_ids):
                 raise ValueError(f"sample {s.id!r}: old_logprobs has {len(old_logprobs[i])} entries for "
                                  f"{len(s.completion_ids)} completion tokens")
-        if old_logprobs is not None and len(old_logprobs) != len(samples):
-            raise ValueError(f"old_logprobs has {len(old_logprobs)} entries for {len(samples)} samples")
 
         num_tokens = sum(len(s.completion_ids) for s in samples)
         num_seqs = sum(1 for s in samples if s.completion_ids)
