@@ -78,11 +78,11 @@ class TrainerConfig(Section):
 
 class SFTConfig(Section):
     auto: bool = Field(True, description="warm-start a built-in preset with SFT on task demos before RL (cached)")
-    steps: int = Field(300, ge=0, description="maximum SFT steps")
+    steps: int = Field(1200, ge=0, description="maximum SFT steps")
     batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
     lr: float = Field(3e-3, gt=0.0, description="SFT learning rate")
     target_accuracy: float = Field(0.3, ge=0.0, le=1.0, description="stop SFT once greedy eval accuracy reaches this")
-    eval_every: int = Field(50, ge=1, description="SFT steps between evals")
+    eval_every: int = Field(100, ge=1, description="SFT steps between evals")
     cache_dir: str = Field(".cache/warmstart", description="where warm-started models are cached, keyed by model+task+sft config")
 
 

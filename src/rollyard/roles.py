@@ -53,7 +53,7 @@ def reward_hook(cfg: RunConfig) -> str:
 def rewards(cfg: RunConfig, tokenizer) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     return RewardDispatcher(reward_hook(cfg), num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
-                            decode=decode)
+                            decode=decode, eos_token_id=tokenizer.eos_token_id)
 
 
 def policy(cfg: RunConfig, device: str):

@@ -1,0 +1,9 @@
+"""Suite-wide settings: one intra-op thread (tiny models are overhead-bound, and on a busy 2-core
+machine a second thread costs more in contention than it gains), Ray without auth or dashboard."""
+
+import os
+
+import torch
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+torch.set_num_threads(1)
