@@ -12,7 +12,8 @@ RUN_DIR/
   traffic.jsonl      one JSON object per (step, edge): {"step", "edge", "bytes", "count"}
                      written every step for every edge in EDGES, zero bytes included
   trace.json         Chrome trace event format (loads in Perfetto), made from spans.jsonl
-  lengths.jsonl      one JSON object per step: {"step", "response_lengths": [int, ...]}
+  lengths.jsonl      one JSON object per step: {"step", "response_lengths": [int, ...]}, plus optional
+                     "prompt_lengths": [int, ...] (tokens per prompt; review prices the prompts edge from it)
   run.json           written at start: the facts `plan`/`review` need (RUN_INFO_KEYS)
   deadletter.jsonl   prompts and samples that were set aside, with their reason
   summary.json       written at the end: eval accuracy before/after, role shares, totals

@@ -1,0 +1,208 @@
+"""Runbook steps 1-2: every edge of one step and the bytes it moves (pure arithmetic).
+
+The formulas are the runbook's ``rl_step_bytes.py`` exactly:
+
+- full sync  = P * bytes_per_param
+- delta sync = full * delta_fraction (+ P * delta_fraction * index bytes; the runbook uses 0)
+- LoRA sync  = P * lora_fraction * bytes_per_param
+- rollout payload = prompts * samples * avg_tokens * bytes_per_token (int32 id + fp32 logprob = 8)
+- gradient wire per rank = 2 (k - 1) / k * P * bytes (ring all-reduce over k = DP ranks)
+
+All byte counts are decimal (1 GB = 1e9 bytes), as in the runbook.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from rollyard.plan.inputs import PlanInputs
+from rollyard.telemetry import rundir
+
+GB = 1e9
+IPC_HANDLE_BYTES = 64  # a colocated engine gets weights through a CUDA-IPC handle (runbook step 1)
+PROMPT_TOKEN_BYTES = 4  # int32 token ids on the prompts edge
+REWARD_BYTES = 4  # one fp32 reward per sample
+LOGPROB_BYTES = 4  # fp32 reference logprob per completion token
+
+
+def ring_allreduce_bytes(msg_bytes: float, k: int) -> float:
+    """Per-rank wire traffic of a ring all-reduce over ``k`` ranks: 2 (k-1)/k * message (0 at k=1)."""
+    if k < 1:
+        raise ValueError(f"ring all-reduce needs k >= 1 ranks, got {k}")
+    return 2.0 * (k - 1) / k * msg_bytes
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """Bytes of each flow in one step (weight syncs: per sync)."""
+
+    full_sync: float
+    delta_sync: float
+    lora_sync: float
+    rollout_tokens: float
+    rollout_payload: float
+    gradient_per_rank: float
+    prompts: float
+    rewards: float
+    ref_logprobs: float
+
+    def sync(self, mode: str) -> float:
+        return {"full": self.full_sync, "delta": self.delta_sync, "lora": self.lora_sync}[mode]
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def step_bytes(p: PlanInputs) -> StepBytes:
+    pol, ro = p.policy, p.rollout
+    full = pol.params * pol.bytes_per_param
+    delta = full * pol.delta_fraction + pol.params * pol.delta_fraction * pol.delta_index_bytes
+    lora = pol.params * pol.lora_fraction * pol.bytes_per_param
+    samples = ro.prompts * ro.samples
+    tokens = samples * ro.avg_tokens
+    grad_bpp = p.trainer.grad_bytes_per_param or pol.bytes_per_param
+    return StepBytes(
+        full_sync=full, delta_sync=delta, lora_sync=lora,
+        rollout_tokens=tokens, rollout_payload=tokens * ro.bytes_per_token,
+        gradient_per_rank=ring_allreduce_bytes(pol.params * grad_bpp, p.trainer.dp),
+        prompts=ro.prompts * ro.prompt_tokens * PROMPT_TOKEN_BYTES,
+        rewards=samples * REWARD_BYTES,
+        ref_logprobs=tokens * LOGPROB_BYTES if p.phases.use_reference else 0.0,
+    )
+
+
+def steps_per_hour_stated(p: PlanInputs) -> float:
+    """The cadence the plan states: syncs per hour x steps per sync."""
+    return p.sync.per_hour * p.sync.every_steps
+
+
+def per_hour(p: PlanInputs, b: StepBytes) -> dict[str, float]:
+    """Hourly wire bytes at the stated cadence (weights per sync, the rest per step)."""
+    steps = steps_per_hour_stated(p)
+    return {
+        "full_sync": b.full_sync * p.sync.per_hour,
+        "delta_sync": b.delta_sync * p.sync.per_hour,
+        "lora_sync": b.lora_sync * p.sync.per_hour,
+        "rollout_payload": b.rollout_payload * steps,
+        "gradient_per_rank": b.gradient_per_rank * steps,
+    }
+
+
+def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
+    """mode -> tier -> seconds to move one sync's bytes over that tier's bandwidth."""
+    tiers = p.tiers()
+    return {mode: {t: b.sync(mode) / bw for t, bw in tiers.items()} for mode in ("full", "delta", "lora")}
+
+
+@dataclass(frozen=True)
+class Edge:
+    """One row of the runbook's actor/edge table."""
+
+    name: str
+    source: str
+    dest: str
+    payload: str
+    trigger: str
+    bytes_per_event: float  # per step, or per sync for the weights edge
+    bytes_per_step: float  # averaged over steps
+    bytes_per_hour: float
+    note: str
+
+
+def edges(p: PlanInputs, b: StepBytes, placement: str, sync_mode: str) -> list[Edge]:
+    """The step's edges (names from rundir.EDGES) with bytes for this placement and sync mode."""
+    steps_h = steps_per_hour_stated(p)
+    ro = p.rollout
+    if placement == "colocated":
+        weights, wnote = 0.0, f"CUDA-IPC handle (~{IPC_HANDLE_BYTES} B), no weight bytes on the wire"
+    else:
+        weights = b.sync(sync_mode)
+        wnote = f"{sync_mode} sync over {p.network.sync_link}"
+    per_event = {
+        "prompts": (b.prompts, f"{ro.prompts} prompts x {ro.prompt_tokens:g} tokens x 4 B"),
+        "samples": (b.rollout_payload, f"{ro.prompts}x{ro.samples}x{ro.avg_tokens:g} tokens x {ro.bytes_per_token:g} B"),
+        "rewards": (b.rewards, f"{ro.prompts * ro.samples} samples x 4 B"),
+        "ref_logprobs": (b.ref_logprobs, "4 B per completion token" if p.phases.use_reference else "no reference model"),
+        "weights": (weights, wnote),
+        "gradients": (b.gradient_per_rank, f"per rank, ring over DP={p.trainer.dp}" if p.trainer.dp > 1 else "DP=1: no all-reduce"),
+    }
+    rows = []
+    for name, (src, dst, payload, trigger) in rundir.EDGES.items():
+        nbytes, note = per_event[name]
+        per_step = nbytes / p.sync.every_steps if name == "weights" else nbytes
+        rows.append(Edge(name, src, dst, payload, trigger, nbytes, per_step, per_step * steps_h, note))
+    return rows
+
+
+def training_state_bytes(p: PlanInputs) -> float:
+    """Trainer memory for weights + grads + master + Adam (decision tree step 1)."""
+    return p.policy.params * p.cluster.train_bytes_per_param
+
+
+# ---- formatting shared by the printed report and the decision record ----
+
+_UNITS = ((1e15, "PB"), (1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"))
+
+
+def unit_of(nbytes: float) -> tuple[float, str]:
+    """The largest decimal unit in which ``nbytes`` is at least 1."""
+    for scale, name in _UNITS:
+        if abs(nbytes) >= scale:
+            return scale, name
+    return 1.0, "B"
+
+
+def fmt_bytes(nbytes: float, decimals: int = 2, unit: tuple[float, str] | None = None) -> str:
+    """``28e9 -> '28.00 GB'``; with ``unit`` the value is written in that unit."""
+    scale, name = unit or unit_of(nbytes)
+    if name == "B" and unit is None:
+        return f"{nbytes:.0f} B"
+    return f"{nbytes / scale:.{decimals}f} {name}"
+
+
+def fmt_tokens(n: float) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e3:
+        return f"{n / 1e3:.1f}k"
+    return f"{n:.0f}"
+
+
+def fmt_seconds(s: float) -> str:
+    if s == 0:
+        return "0 s"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} us"
+    if s < 1:
+        return f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def dtype_name(bytes_per_param: float) -> str:
+    return {1: "fp8", 2: "bf16", 4: "fp32"}.get(bytes_per_param, f"{bytes_per_param:g}-byte")
+
+
+def fmt_fraction(x: float) -> str:
+    """``0.02 -> '2%'``, ``0.005 -> '0.5%'`` (the runbook's labels)."""
+    pct = x * 100
+    return f"{pct:.0f}%" if abs(pct - round(pct)) < 1e-9 else f"{pct:.1f}%"
+
+
+def runbook_lines(p: PlanInputs, b: StepBytes, hourly: dict[str, float]) -> list[str]:
+    """The runbook calculator's printout, line for line, for these inputs.
+
+    Per-step figures share the full sync's unit (so they compare at a glance, 0.56 GB next to
+    28.00 GB); hourly figures each take their own unit (1.68 TB, 33.6 GB, 8.4 GB).
+    """
+    pol = p.policy
+    u = unit_of(b.full_sync)
+    return [
+        f"weight sync per step : full {dtype_name(pol.bytes_per_param)} {fmt_bytes(b.full_sync, 2, u)} | "
+        f"delta ({fmt_fraction(pol.delta_fraction)}) {fmt_bytes(b.delta_sync, 2, u)} | "
+        f"LoRA ({fmt_fraction(pol.lora_fraction)}) {fmt_bytes(b.lora_sync, 2, u)}",
+        f"rollout payload      : {fmt_tokens(b.rollout_tokens)} tokens = "
+        f"{fmt_bytes(b.rollout_payload, 3, u)} (ids + logprobs)",
+        f"gradient all-reduce  : {fmt_bytes(b.gradient_per_rank, 2, u)}/rank/step at DP={p.trainer.dp} (ring)",
+        f"per hour at {p.sync.per_hour:g} syncs: full {fmt_bytes(hourly['full_sync'], 2)} | "
+        f"delta {fmt_bytes(hourly['delta_sync'], 1)} | LoRA {fmt_bytes(hourly['lora_sync'], 1)}",
+    ]

@@ -1,0 +1,165 @@
+"""The lesson's decision tree (lesson 19) and the runbook's design choices, applied to the inputs.
+
+1. Model fits on one node, low-effort prototype (or <= 7B)?        -> colocated
+2. Training needs more than one node, rollout fits on a subset?   -> disaggregated
+3. Scaling, and rollout dominates wall time (and lag is allowed)? -> async
+4. Test-time inference only?                                      -> no trainer (not this tool)
+
+Step 3 refines step 2, so the tree is read 1, 3, 2. Sync mode (runbook step 2): LoRA training
+syncs the adapter; otherwise a full sync is kept while it costs at most SYNC_SHARE_LIMIT of the
+step on the sync link, and delta beyond that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from rollyard.plan.bytes import StepBytes, fmt_bytes, training_state_bytes
+from rollyard.plan.inputs import PlanInputs
+from rollyard.plan.phases import Phases, trainer_gpus
+
+SMALL_MODEL_PARAMS = 7e9  # lesson 19: colocated is right for <= 7B, prototypes, single node
+ROLLOUT_DOMINATES = 2 / 3  # rollout share of R + T above which the tree's step 3 applies
+SYNC_SHARE_LIMIT = 0.05  # a sync above 5% of the step is worth shrinking (seed 002: sync is low single-digit %)
+
+
+@dataclass
+class TreeStep:
+    question: str
+    answer: str  # yes | no | n/a
+    evidence: str
+
+
+@dataclass
+class Decision:
+    placement: str
+    recommended: str  # what the tree says (placement differs when the plan forces one)
+    forced: bool
+    tree: list[TreeStep]
+    sync_mode: str
+    sync_why: str
+    staleness_bound: int
+    enforcement: str
+    overlaps: list[tuple[str, str, str]] = field(default_factory=list)  # (phase, phase, why it must overlap)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["overlaps"] = [{"a": a, "b": b, "why": w} for a, b, w in self.overlaps]
+        return d
+
+
+def decide_placement(p: PlanInputs, ph: Phases) -> tuple[str, list[TreeStep]]:
+    node = p.cluster.gpus_per_node * p.cluster.gpu_memory
+    need = training_state_bytes(p)
+    fits = need <= node
+    small = p.policy.params <= SMALL_MODEL_PARAMS
+    rt = ph.rollout + ph.train + ph.reference
+    share = ph.rollout / rt if rt > 0 else 0.0
+    steps = []
+    q1 = fits and (p.cluster.prototype or small)
+    steps.append(TreeStep(
+        "1. Model fits on one node, low-effort prototype?", "yes" if q1 else "no",
+        f"training state {p.cluster.train_bytes_per_param:g} B/param x {p.policy.params:.3g} = {fmt_bytes(need)} "
+        f"{'fits' if fits else 'does not fit'} one node ({p.cluster.gpus_per_node} x {fmt_bytes(p.cluster.gpu_memory)} "
+        f"= {fmt_bytes(node)}); {'a prototype' if p.cluster.prototype else 'not a prototype'}, "
+        f"{'<=' if small else '>'} 7B"))
+    q3 = (not q1) and share >= ROLLOUT_DOMINATES and p.sync.staleness_bound >= 1
+    steps.append(TreeStep(
+        "3. Scaling, and rollout dominates wall time?", "n/a" if q1 else ("yes" if q3 else "no"),
+        f"rollout is {share:.0%} of rollout + reference + train ({ph.rollout:.1f} s of {rt:.1f} s; "
+        f"threshold {ROLLOUT_DOMINATES:.0%}); staleness bound {p.sync.staleness_bound} "
+        f"({'allows' if p.sync.staleness_bound >= 1 else 'forbids'} off-policy samples)"))
+    q2 = not q1 and not q3
+    steps.append(TreeStep(
+        "2. Training needs its own pool, rollout fits on a subset?", "n/a" if (q1 or q3) else "yes",
+        f"trainer pool {trainer_gpus(p)} GPUs, rollout pool {p.rollout.gpus} GPUs; pay the reshard once, "
+        f"overlap rollout with training"))
+    steps.append(TreeStep("4. Test-time inference only?", "no", "a trainer is configured"))
+    return ("colocated" if q1 else "async" if q3 else "disaggregated"), steps
+
+
+def decide_sync(p: PlanInputs, b: StepBytes, ph: Phases, placement: str) -> tuple[str, str]:
+    if placement == "colocated":
+        mode, why = decide_sync(p, b, ph, "disaggregated")
+        return mode, ("colocated: the rollout engine reads the trainer's weights through a CUDA-IPC handle, so no "
+                      f"weight bytes cross the wire; were the pools split, the mode would be {mode}: {why}")
+    bw = p.tiers()[p.network.sync_link]
+    step = max(ph.rollout + ph.reward, ph.reference + ph.train) or 1.0
+    full_s = b.full_sync / bw
+    if p.sync.mode != "auto":
+        return p.sync.mode, f"set by the plan (sync.mode = {p.sync.mode})"
+    if p.policy.lora:
+        return "lora", (f"only the adapter trains: {fmt_bytes(b.lora_sync)} per sync, "
+                        f"{b.full_sync / b.lora_sync:.0f}x less than full")
+    if full_s <= SYNC_SHARE_LIMIT * step:
+        return "full", (f"a full sync takes {full_s:.2f} s over {p.network.sync_link}, "
+                        f"{full_s / step:.1%} of a {step:.1f} s step (limit {SYNC_SHARE_LIMIT:.0%}): "
+                        f"the simplest mode is cheap enough")
+    return "delta", (f"a full sync would take {full_s:.2f} s over {p.network.sync_link}, {full_s / step:.0%} of a "
+                     f"{step:.1f} s step (limit {SYNC_SHARE_LIMIT:.0%}); delta moves {fmt_bytes(b.delta_sync)} "
+                     f"({b.full_sync / b.delta_sync:.0f}x less) in {b.delta_sync / bw:.2f} s")
+
+
+def staleness(p: PlanInputs, placement: str) -> tuple[int, str]:
+    if placement == "colocated":
+        bound = p.sync.every_steps - 1
+        return bound, ("on-policy barrier: a step's rollout starts only after the previous step's in-process sync; "
+                       "checked where samples are consumed (trainer version - sample version <= "
+                       f"{bound}, logged as staleness/max)")
+    bound = p.sync.staleness_bound if placement == "async" else max(min(1, p.sync.staleness_bound), p.sync.every_steps - 1)
+    return bound, (f"enforced where work is admitted: the rollout scheduler starts a prompt only while "
+                   f"trainer version - engine version <= {bound}; checked where it is consumed: the trainer "
+                   f"rejects a sample whose oldest token version is older, and logs staleness/max. Every "
+                   f"token carries its gen_id; in-flight generations finish on their weights and the loss "
+                   f"corrects the logprob gap with truncated importance sampling")
+
+
+def overlaps(p: PlanInputs, placement: str) -> list[tuple[str, str, str]]:
+    out = []
+    if placement in ("disaggregated", "async"):
+        out.append(("rollout", "train", "the two pools run concurrently: batch k+1 decodes while step k trains"))
+    if placement == "async":
+        out.append(("rollout", "sync", "the weight transfer runs under the rollout tail; the engine swaps at a batch boundary"))
+    if p.phases.reward_streamed:
+        out.append(("rollout", "reward", "reward scoring is streamed while decode continues"))
+    return out
+
+
+def decide(p: PlanInputs, b: StepBytes, ph: Phases) -> Decision:
+    recommended, tree = decide_placement(p, ph)
+    placement = recommended if p.placement == "auto" else p.placement
+    mode, why = decide_sync(p, b, ph, placement)
+    bound, enforcement = staleness(p, placement)
+    return Decision(placement, recommended, p.placement != "auto", tree, mode, why, bound, enforcement,
+                    overlaps(p, placement))
+
+
+@dataclass
+class RateMatch:
+    rollout_gpu_s: float  # GPU-seconds of rollout work per step
+    trainer_gpu_s: float
+    current: tuple[int, int]  # (rollout GPUs, trainer GPUs)
+    balanced: tuple[int, int]  # same total, split so both pools take the same time per step
+    balanced_step_s: float
+    text: str
+
+
+def rate_match(p: PlanInputs, ph: Phases) -> RateMatch:
+    """Split a fixed GPU count between the pools so rollout and trainer take equal time per step."""
+    gr, gt = p.rollout.gpus, trainer_gpus(p)
+    cr = (ph.rollout) * gr
+    ct = (ph.reference + ph.train) * gt
+    total = gr + gt
+    if cr + ct == 0:
+        br = total // 2
+    else:
+        br = min(max(round(total * cr / (cr + ct)), 1), total - 1) if total > 1 else 1
+    bt = max(total - br, 1)
+    step = max(cr / br, ct / bt)
+    now = max(ph.rollout, ph.reference + ph.train)
+    slower = "rollout" if ph.rollout >= ph.reference + ph.train else "trainer"
+    text = (f"rollout pool produces a batch in {ph.rollout:.1f} s on {gr} GPUs ({cr:.3g} GPU-s); the trainer "
+            f"consumes one in {ph.reference + ph.train:.1f} s on {gt} GPUs ({ct:.3g} GPU-s): the {slower} pool "
+            f"sets the pace ({now:.1f} s). Split the same {total} GPUs {br}:{bt} (rollout:trainer) to balance at "
+            f"~{step:.1f} s per step")
+    return RateMatch(cr, ct, (gr, gt), (br, bt), step, text)

@@ -1,0 +1,210 @@
+"""What `rollyard plan` prices: one typed, documented plan file (TOML or YAML) plus overrides.
+
+Every field states its unit and bounds. The defaults are the runbook's reference workload
+(seed 000, ``rl_step_bytes.py``: a 14B dense policy in bf16, LoRA 0.5%, delta 2%, DP 8,
+256 prompts x 8 samples x 4096 tokens at 8 bytes per token, 60 syncs per hour), so an empty plan
+prints the runbook's figures. Hardware defaults are one H100 class GPU; phase times left out are
+estimated (rollout from bytes moved per decoded token over memory bandwidth, training from
+6 * P * tokens over sustained FLOP/s).
+
+An unknown field anywhere is an error naming the field and the closest valid one; ``key.sub=value``
+overrides (values parsed as YAML) beat the file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rollyard.config import ConfigError, _set_dotted, check_keys, parse_override, read_file
+from rollyard.telemetry import rundir
+
+# Link bandwidths in bytes/s (decimal). NVLink and RDMA are seed 002's figures for a weight
+# broadcast ("over NVLink (~600 GB/s)", "over InfiniBand (~50 GB/s)"); commodity is a
+# 10 Gb/s cross-site / Ethernet link. Add others under [network.custom].
+TIER_PRESETS: dict[str, float] = {"nvlink": 600e9, "rdma": 50e9, "commodity": 1.25e9}
+
+Placement = Literal["colocated", "disaggregated", "async"]
+PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
+SYNC_MODES: tuple[str, ...] = ("full", "delta", "lora")
+
+
+class PlanError(ConfigError):
+    """A plan file, field or value is wrong; the message says which, and the fix."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PolicySection(Section):
+    params: float = Field(14e9, gt=0, le=1e13, description="policy parameters [count]; runbook: 14e9")
+    bytes_per_param: float = Field(2, gt=0, le=8, description="bytes per parameter in the synced (rollout) dtype [bytes]; 2 = bf16, 1 = fp8, 4 = fp32")
+    lora: bool = Field(False, description="train LoRA adapters only: the adapter is then all that must sync")
+    lora_fraction: float = Field(0.005, gt=0, le=1, description="adapter parameters / base parameters [fraction]; runbook: 0.005")
+    delta_fraction: float = Field(0.02, gt=0, le=1, description="share of weights that change per sync [fraction]; 1-3% per the delta weight sync page; runbook: 0.02")
+    delta_index_bytes: float = Field(0, ge=0, le=8, description="index bytes sent per changed element in delta sync [bytes]; the runbook ignores indexes (0); rollyard's delta sync sends int64 (8)")
+
+
+class TrainerSection(Section):
+    dp: int = Field(8, ge=1, le=100_000, description="trainer data-parallel width [ranks]; the gradient ring all-reduce runs over these")
+    grad_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per gradient element on the wire [bytes]; null = policy.bytes_per_param (the runbook's model)")
+    gpus: int | None = Field(None, ge=1, description="GPUs in the trainer pool [count]; null = dp")
+    flops_per_gpu: float = Field(4e14, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; 4e14 is ~40% of an H100's bf16 dense peak (seed 002 quotes ~8e14 as best case)")
+
+
+class RolloutSection(Section):
+    prompts: int = Field(256, ge=1, description="prompts per step [count]; runbook: 256")
+    samples: int = Field(8, ge=1, description="samples per prompt (GRPO group size) [count]; runbook: 8")
+    avg_tokens: float = Field(4096, gt=0, description="mean generated tokens per sample [tokens]; runbook: 4096")
+    bytes_per_token: float = Field(8, gt=0, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
+    prompt_tokens: float = Field(0, ge=0, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
+    gpus: int = Field(8, ge=1, description="GPUs in the rollout pool [count] (colocated: the same GPUs as the trainer)")
+    mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per rollout GPU [bytes/s]; 3.35e12 = H100 SXM")
+    concurrency: int = Field(256, ge=1, description="sequences decoded at once per engine replica [count]; one weight read is shared by these")
+    kv_bytes_per_token: float = Field(196608, ge=0, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
+    bytes_per_decoded_token: float | None = Field(None, gt=0, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
+
+
+class SyncSection(Section):
+    mode: Literal["auto", "full", "delta", "lora"] = Field("auto", description="weight-sync mode; auto = lora when policy.lora, else full if a full sync costs <= 5% of the step on the sync link, else delta")
+    per_hour: float = Field(60, gt=0, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
+    every_steps: int = Field(1, ge=1, description="optimizer steps between weight syncs [steps]")
+    staleness_bound: int = Field(1, ge=0, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
+
+
+class NetworkSection(Section):
+    sync_link: str = Field("rdma", description="tier that carries the weight sync between pools (a preset: nvlink, rdma, commodity, or a name in custom)")
+    trainer_link: str = Field("nvlink", description="tier that carries the trainer's gradient collectives")
+    custom: dict[str, float] = Field(default_factory=dict, description="extra tiers: name = bandwidth [bytes/s], e.g. {roce = 25e9}")
+
+
+class PhasesSection(Section):
+    rollout_s: float | None = Field(None, ge=0, description="rollout generation per step [s]; null = estimated from bytes per decoded token over memory bandwidth")
+    reward_s: float = Field(0.0, ge=0, description="reward / verifier scoring per step [s] (not estimated)")
+    reference_s: float | None = Field(None, ge=0, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
+    train_s: float | None = Field(None, ge=0, description="forward + backward + optimizer per step [s]; null = estimated as 6*P*tokens over trainer FLOP/s")
+    algorithm_s: float = Field(0.0, ge=0, description="advantages / loss bookkeeping per step [s]")
+    use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
+    reward_streamed: bool = Field(False, description="reward scoring is streamed while decode continues (then reward and rollout must overlap)")
+
+
+class ClusterSection(Section):
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node [count]")
+    gpu_memory: float = Field(80e9, gt=0, description="memory per GPU [bytes]")
+    train_bytes_per_param: float = Field(18, gt=0, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
+    prototype: bool = Field(False, description="a low-effort prototype (decision tree step 1)")
+
+
+class BudgetSection(Section):
+    tolerance: float = Field(0.2, ge=0, le=10, description="a measured phase more than this fraction over its budget is flagged [fraction]; runbook: start at 0.2")
+    shares: dict[str, float] = Field(default_factory=dict, description="what-if: role -> share of step time (roles: " + ", ".join(rundir.ROLES) + "); empty = from the phase times")
+    step_s: float | None = Field(None, gt=0, description="what-if: the step time the shares apply to [s]; null = the sum of the phase times")
+    optimizations: list[str] = Field(default_factory=lambda: ["prefix_caching"], description="what-if: optimizations applied (names from seed 002's tables; `rollyard plan --list-optimizations`)")
+    factors: dict[str, float] = Field(default_factory=dict, description="what-if: optimization -> speed-up factor overriding the default (e.g. {prefix_caching = 5})")
+
+
+class TailSection(Section):
+    lengths: list[int] = Field(default_factory=list, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
+    sigma: float = Field(0.6, gt=0, le=5, description="lognormal shape of response lengths when no lengths are given")
+    max_tokens: int = Field(16384, ge=1, description="response length cap [tokens] (lengths above are clipped, as the engine does)")
+    overprovision: float = Field(0.25, gt=0, le=4, description="tail batching: extra prompts issued per short round [fraction of prompts] (RollPacker's speculative over-provisioning)")
+    steps: int = Field(64, ge=2, le=10_000, description="steps simulated per strategy [count]")
+    seed: int = Field(0, ge=0, description="seed of the length draws (the what-if is deterministic)")
+
+
+class SimSection(Section):
+    steps: int = Field(6, ge=2, le=200, description="training steps drawn in each placement's timeline [count]")
+
+
+class PlanInputs(Section):
+    name: str = Field("plan", description="a label for the configuration (used in the decision record)")
+    placement: Literal["auto", "colocated", "disaggregated", "async"] = Field("auto", description="auto = the lesson's decision tree picks")
+    policy: PolicySection = Field(default_factory=PolicySection)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    rollout: RolloutSection = Field(default_factory=RolloutSection)
+    sync: SyncSection = Field(default_factory=SyncSection)
+    network: NetworkSection = Field(default_factory=NetworkSection)
+    phases: PhasesSection = Field(default_factory=PhasesSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    budget: BudgetSection = Field(default_factory=BudgetSection)
+    tail: TailSection = Field(default_factory=TailSection)
+    sim: SimSection = Field(default_factory=SimSection)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "PlanInputs":
+        tiers = self.tiers()
+        for key in ("sync_link", "trainer_link"):
+            name = getattr(self.network, key)
+            if name not in tiers:
+                raise ValueError(f"network.{key} = {name!r} is not a tier; valid tiers: {', '.join(tiers)} "
+                                 f"(add one under [network.custom] as name = bytes_per_second)")
+        for role in self.budget.shares:
+            if role not in rundir.ROLES:
+                raise ValueError(f"budget.shares has role {role!r}; valid roles: {', '.join(rundir.ROLES)}")
+        if self.budget.shares and abs(sum(self.budget.shares.values()) - 1.0) > 0.01:
+            raise ValueError(f"budget.shares must sum to 1, got {sum(self.budget.shares.values()):.3f} "
+                             f"({self.budget.shares})")
+        if self.sync.every_steps - 1 > self.sync.staleness_bound:
+            raise ValueError(f"sync.every_steps = {self.sync.every_steps} makes batches up to "
+                             f"{self.sync.every_steps - 1} versions old, over sync.staleness_bound = "
+                             f"{self.sync.staleness_bound}; raise the bound or sync more often")
+        if self.sync.mode == "lora" and not self.policy.lora:
+            raise ValueError("sync.mode = 'lora' needs policy.lora = true (only adapters can sync when only adapters train)")
+        return self
+
+    def tiers(self) -> dict[str, float]:
+        """Every network tier by name -> bandwidth in bytes/s (presets, then custom)."""
+        return {**TIER_PRESETS, **self.network.custom}
+
+
+def _validate(data: dict) -> PlanInputs:
+    check_keys(data, PlanInputs)
+    try:
+        return PlanInputs.model_validate(data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            if err["loc"]:
+                loc = ".".join(str(x) for x in err["loc"])
+                lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+            else:  # a cross-field check: its message names the fields and values
+                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+        raise PlanError("invalid plan:\n" + "\n".join(lines)) from None
+
+
+def load_plan(path: str | Path | None = None, overrides: list[str] = ()) -> PlanInputs:
+    """Plan file (optional, TOML or YAML) + ``key.sub=value`` overrides -> validated PlanInputs."""
+    try:
+        data = read_file(path) if path else {}
+        for text in overrides:
+            key, value = parse_override(text)
+            _set_dotted(data, key, value)
+    except PlanError:
+        raise
+    except ConfigError as e:
+        raise PlanError(str(e).replace("config file", "plan file")) from None
+    try:
+        return _validate(data)
+    except PlanError:
+        raise
+    except ConfigError as e:  # check_keys: unknown field
+        raise PlanError(str(e).replace("unknown config key", "unknown plan field")) from None
+
+
+def describe(model: type[BaseModel] = PlanInputs, prefix: str = "") -> list[str]:
+    """One line per plan field: dotted key, default, bounds, description (unit included)."""
+    out = []
+    for name, f in model.model_fields.items():
+        sub = f.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += describe(sub, prefix + name + ".")
+            continue
+        default = f.default_factory() if f.default_factory else f.default
+        bounds = [f"{op} {getattr(m, attr)!r}" for m in f.metadata
+                  for attr, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if hasattr(m, attr)]
+        where = f" [{', '.join(bounds)}]" if bounds else ""
+        out.append(f"{prefix + name} = {default!r}{where}  # {f.description}")
+    return out

@@ -1,0 +1,128 @@
+"""What `rollyard plan` prints: the runbook's lines, then one rich table per step of the review."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from rollyard.plan import bytes as B
+from rollyard.plan.planner import Plan
+from rollyard.plan.simulate import timeline_text
+
+
+def console() -> Console:
+    """A console that does not wrap the runbook's lines or squeeze tables when piped."""
+    c = Console(highlight=False, soft_wrap=False)
+    if not c.is_terminal:
+        c = Console(highlight=False, width=120)
+    return c
+
+
+def text(c: Console, line: str = "") -> None:
+    c.print(line, markup=False, soft_wrap=True)
+
+
+def print_plan(plan: Plan, c: Console) -> None:
+    p, b, d = plan.inputs, plan.bytes, plan.decision
+    text(c, f"rollyard plan: {p.name} ({d.placement}, {d.sync_mode} sync)")
+    text(c)
+    text(c, "Step 2 - bytes per step (runbook calculator):")
+    for line in B.runbook_lines(p, b, plan.per_hour):
+        text(c, line)
+    text(c)
+
+    t = Table(title="Step 1 - actors and edges of one step", title_justify="left")
+    for col in ("edge", "from -> to", "payload", "trigger"):
+        t.add_column(col)
+    t.add_column("bytes/event", justify="right")
+    t.add_column("bytes/hour", justify="right")
+    t.add_column("note")
+    for e in plan.edges:
+        t.add_row(e.name, f"{e.source} -> {e.dest}", e.payload, e.trigger, B.fmt_bytes(e.bytes_per_event),
+                  B.fmt_bytes(e.bytes_per_hour), e.note)
+    c.print(t)
+
+    t = Table(title=f"Step 2 - flows per step and per hour ({B.steps_per_hour_stated(p):g} steps/h, "
+                    f"{p.sync.per_hour:g} syncs/h)", title_justify="left")
+    for col in ("flow", "per step", "per hour", "vs full sync"):
+        t.add_column(col, justify="left" if col == "flow" else "right")
+    rows = (("full sync", b.full_sync, "full_sync"), ("delta sync", b.delta_sync, "delta_sync"),
+            ("LoRA sync", b.lora_sync, "lora_sync"), ("rollout payload", b.rollout_payload, "rollout_payload"),
+            ("gradient all-reduce (per rank)", b.gradient_per_rank, "gradient_per_rank"))
+    for name, nbytes, key in rows:
+        t.add_row(name, B.fmt_bytes(nbytes), B.fmt_bytes(plan.per_hour[key]), f"{nbytes / b.full_sync:.3g}x")
+    c.print(t)
+
+    tiers = p.tiers()
+    t = Table(title="Step 5 - one transfer's time on each network tier", title_justify="left")
+    t.add_column("flow")
+    for name, bw in tiers.items():
+        mark = " (sync)" if name == p.network.sync_link else " (trainer)" if name == p.network.trainer_link else ""
+        t.add_column(f"{name}{mark}\n{B.fmt_bytes(bw)}/s", justify="right")
+    for mode in ("full", "delta", "lora"):
+        t.add_row(f"{mode} sync", *(B.fmt_seconds(plan.sync_times[mode][n]) for n in tiers))
+    t.add_row("gradient all-reduce", *(B.fmt_seconds(b.gradient_per_rank / bw) for bw in tiers.values()))
+    c.print(t)
+
+    ph = plan.phases
+    t = Table(title="Phase times per step", title_justify="left")
+    for col in ("phase", "seconds", "source"):
+        t.add_column(col, justify="right" if col == "seconds" else "left")
+    for role, secs in ph.seconds().items():
+        if role == "sync" and d.placement == "colocated":
+            t.add_row(role, "0.00", "colocated: in-process handle")
+        else:
+            t.add_row(role, f"{secs:.2f}", ph.source.get(role, ""))
+    c.print(t)
+
+    t = Table(title="Steps per hour by placement (discrete-event simulation)", title_justify="left")
+    for col in ("placement", "model", "s/step", "steps/h", "vs colocated", "max staleness"):
+        t.add_column(col, justify="left" if col in ("placement", "model") else "right")
+    model = {"colocated": "R + W + F + T", "disaggregated": "max(R, F + T) + sync", "async": "continuous, sync on a cadence"}
+    base = plan.sims["colocated"].steps_per_hour
+    for name, res in plan.sims.items():
+        mark = " <- chosen" if name == d.placement else ""
+        t.add_row(name + mark, model[name], f"{res.period_s:.1f}", f"{res.steps_per_hour:.1f}",
+                  f"{res.steps_per_hour / base:.2f}x", str(res.max_staleness))
+    c.print(t)
+    text(c, f"Cadence: {plan.cadence()}")
+    text(c, "Timelines (digits: step index; r: reference forward; '.': idle):")
+    for name, res in plan.sims.items():
+        text(c, f" {name}: {res.period_s:.1f} s/step, {res.steps_per_hour:.1f} steps/h")
+        for line in timeline_text(res):
+            text(c, line)
+    text(c)
+
+    text(c, "Decision tree (lesson 19):")
+    for s in d.tree:
+        text(c, f"  {s.question} {s.answer} - {s.evidence}")
+    text(c, f"  -> placement: {d.placement}" + (f" (forced by the plan; the tree says {d.recommended})"
+                                                   if d.forced and d.placement != d.recommended else ""))
+    text(c, f"  -> sync mode: {d.sync_mode}: {d.sync_why}")
+    text(c, f"  -> staleness bound: {d.staleness_bound}")
+    text(c, f"  -> rate matching: {plan.rate.text}")
+    text(c)
+
+    bw = plan.budget
+    t = Table(title="Budget what-if (seed 002's allocator): "
+                    + (", ".join(f"{a['name']} {a['factor']:.3g}x" for a in bw.applied) or "no optimizations"),
+              title_justify="left")
+    for col in ("role", "share", "seconds", "after", "optimizations"):
+        t.add_column(col, justify="left" if col in ("role", "optimizations") else "right")
+    for role in bw.before:
+        names = ", ".join(a["name"] for a in bw.applied if a["role"] == role)
+        t.add_row(role, f"{bw.shares[role]:.1%}", f"{bw.before[role]:.2f}", f"{bw.after[role]:.2f}", names)
+    t.add_row("step", "100%", f"{bw.step_s:.2f}", f"{bw.new_step_s:.2f}", f"win {bw.win:.2f}x")
+    c.print(t)
+
+    tw = plan.tail
+    t = Table(title=f"Tail-batching what-if (seed 003), lengths: {tw.source}", title_justify="left")
+    for col in ("strategy", "decode steps/round", "rollout s/step", "idle slots", "rounds"):
+        t.add_column(col, justify="left" if col == "strategy" else "right")
+    t.add_row("plain synchronous rounds", f"{tw.plain_round_tokens:.0f}", f"{tw.plain_rollout_s:.1f}",
+              f"{tw.plain_bubble:.0%}", f"{p.tail.steps}")
+    t.add_row(f"tail batching (+{p.tail.overprovision:.0%} prompts)", f"{tw.tail_round_tokens:.0f}",
+              f"{tw.tail_rollout_s:.1f}", f"{tw.tail_bubble:.0%}", f"{tw.short_rounds} short + {tw.long_rounds} long")
+    c.print(t)
+    text(c, f"  lengths: mean {tw.mean_length:.0f}, p50 {tw.p50_length:.0f}, p99 {tw.p99_length:.0f}, "
+            f"max {tw.max_length:.0f} tokens; tail batching predicts {tw.speedup:.2f}x faster rollout")

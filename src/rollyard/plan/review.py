@@ -1,0 +1,417 @@
+"""`rollyard review`: hold a measured run against its plan (the runbook's Verification).
+
+- per-phase step breakdown from spans.jsonl against the plan's budget (flag > tolerance over);
+- overlap audit: for each pair of roles, seconds of overlap in the timeline;
+- staleness audit: the largest ``staleness/max`` against the bound;
+- traffic audit: traffic.jsonl per edge against the prediction; an unpredicted flow is unexplained.
+
+Without ``--plan`` the plan is built from run.json (+ config.yaml, measured token counts), and
+there is no phase budget: the breakdown is printed, the budget item reads "not checked".
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rollyard.plan import bytes as B
+from rollyard.plan.inputs import PLACEMENTS, PlanInputs, _validate, load_plan
+from rollyard.plan.planner import Plan, make_plan
+from rollyard.telemetry import rundir
+from rollyard.telemetry.rundir import RunDirError
+
+PASS, FAIL, NOT_CHECKED = "PASS", "FAIL", "NOT CHECKED"
+NOISE_FLOOR = 0.01  # a phase is over budget only by more than 1% of the planned step as well (timer noise)
+
+
+# ---- reading a run ----
+
+@dataclass
+class Run:
+    path: Path
+    info: dict[str, Any]
+    config: dict[str, Any]
+    spans: list[dict]
+    metrics: list[dict]
+    traffic: list[dict]
+    lengths: dict[int, list[int]]
+    prompt_lengths: dict[int, list[int]]
+
+
+def _records(run: Path, name: str, fields: tuple[str, ...], required: bool = True) -> list[dict]:
+    path = run / name
+    if not path.exists():
+        if required:
+            raise RunDirError(f"{run} is not a complete rollyard run: {name} is missing")
+        return []
+    out = []
+    for i, rec in enumerate(rundir.read_jsonl(path), 1):
+        missing = [f for f in fields if not isinstance(rec, dict) or f not in rec]
+        if missing:
+            raise RunDirError(f"{path}: record {i} lacks {', '.join(missing)} (expected fields: "
+                              f"{', '.join(fields)}); the file was not written by rollyard or is damaged")
+        out.append(rec)
+    if required and not out:
+        raise RunDirError(f"{path} holds no records: the run stopped before its first step")
+    return out
+
+
+def read_lengths(run_dir: str | Path, required: bool = True) -> dict[int, list[int]]:
+    """step -> response lengths from lengths.jsonl."""
+    run = Path(run_dir)
+    if required:
+        rundir.require(run, rundir.LENGTHS)
+    recs = _records(run, rundir.LENGTHS, ("step", "response_lengths"), required=required)
+    return {int(r["step"]): [int(n) for n in r["response_lengths"]] for r in recs}
+
+
+def read_run(run_dir: str | Path, need_info: bool = True) -> Run:
+    names = (rundir.SPANS, rundir.METRICS, rundir.TRAFFIC) + ((rundir.RUN_INFO,) if need_info else ())
+    run = rundir.require(run_dir, *names)
+    info: dict[str, Any] = {}
+    if (run / rundir.RUN_INFO).exists():
+        try:
+            info = json.loads((run / rundir.RUN_INFO).read_text())
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"{run / rundir.RUN_INFO}: not valid JSON ({e.msg}); the run's start was cut short") from None
+        missing = [k for k in rundir.RUN_INFO_KEYS if k not in info] if need_info else []
+        if missing:
+            raise RunDirError(f"{run / rundir.RUN_INFO} lacks {', '.join(missing)}; pass --plan FILE to review "
+                              f"against a plan file instead")
+    config: dict[str, Any] = {}
+    if (run / rundir.CONFIG).exists():
+        try:
+            config = yaml.safe_load((run / rundir.CONFIG).read_text()) or {}
+        except yaml.YAMLError as e:
+            raise RunDirError(f"{run / rundir.CONFIG} does not parse: {e}") from None
+    recs = _records(run, rundir.LENGTHS, ("step", "response_lengths"), required=False)
+    return Run(
+        path=run, info=info, config=config if isinstance(config, dict) else {},
+        spans=_records(run, rundir.SPANS, ("role", "step", "start", "end")),
+        metrics=_records(run, rundir.METRICS, ("step",)),
+        traffic=_records(run, rundir.TRAFFIC, ("step", "edge", "bytes")),
+        lengths={int(r["step"]): [int(n) for n in r["response_lengths"]] for r in recs},
+        prompt_lengths={int(r["step"]): [int(n) for n in r["prompt_lengths"]] for r in recs if "prompt_lengths" in r},
+    )
+
+
+# ---- measurements ----
+
+def phase_seconds(spans: list[dict]) -> dict[str, list[float]]:
+    """role -> seconds per step (0 where a step has no span of that role), steps in order."""
+    steps = sorted({int(s["step"]) for s in spans})
+    per: dict[tuple[int, str], float] = {}
+    for s in spans:
+        key = (int(s["step"]), s["role"])
+        per[key] = per.get(key, 0.0) + max(float(s["end"]) - float(s["start"]), 0.0)
+    roles = [r for r in rundir.ROLES if any(s["role"] == r for s in spans)]
+    roles += sorted({s["role"] for s in spans} - set(roles))
+    return {r: [per.get((k, r), 0.0) for k in steps] for r in roles}
+
+
+def step_seconds(run: Run) -> list[float]:
+    """Wall-clock per step: metrics' time/step, else the extent of the step's spans."""
+    vals = [float(m[rundir.STEP_TIME]) for m in run.metrics if rundir.STEP_TIME in m]
+    if vals:
+        return vals
+    ext: dict[int, list[float]] = {}
+    for s in run.spans:
+        e = ext.setdefault(int(s["step"]), [float(s["start"]), float(s["end"])])
+        e[0], e[1] = min(e[0], float(s["start"])), max(e[1], float(s["end"]))
+    return [b - a for a, b in ext.values()]
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _intersection(x: list[tuple[float, float]], y: list[tuple[float, float]]) -> float:
+    i = j = 0
+    total = 0.0
+    while i < len(x) and j < len(y):
+        lo, hi = max(x[i][0], y[j][0]), min(x[i][1], y[j][1])
+        total += max(0.0, hi - lo)
+        if x[i][1] < y[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap_audit(spans: list[dict], required: list[tuple[str, str, str]]) -> list[dict]:
+    """Every pair of roles: seconds both were running, and whether the design needs them to overlap."""
+    by_role: dict[str, list[tuple[float, float]]] = {}
+    for s in spans:
+        by_role.setdefault(s["role"], []).append((float(s["start"]), float(s["end"])))
+    unions = {r: _union(v) for r, v in by_role.items()}
+    busy = {r: sum(b - a for a, b in u) for r, u in unions.items()}
+    need = {frozenset((a, b)): why for a, b, why in required}
+    roles = [r for r in rundir.ROLES if r in unions] + sorted(set(unions) - set(rundir.ROLES))
+    for a, b, _ in required:  # a designed pair is audited even if a role never ran
+        for r in (a, b):
+            if r not in roles:
+                roles.append(r)
+                unions[r], busy[r] = [], 0.0
+    rows = []
+    for a, b in combinations(roles, 2):
+        sec = _intersection(unions[a], unions[b])
+        shorter = min(busy[a], busy[b])
+        overlapped = sec > 0 and sec >= 0.01 * shorter
+        must = frozenset((a, b)) in need
+        rows.append({"a": a, "b": b, "overlap_s": sec, "of_shorter": sec / shorter if shorter else 0.0,
+                     "verdict": "overlapped" if overlapped else "serialized", "must_overlap": must,
+                     "ok": overlapped or not must})
+    return rows
+
+
+# ---- predictions ----
+
+def plan_from_run(run: Run) -> PlanInputs:
+    """The plan a run implies: run.json facts, measured token counts and measured phase means."""
+    info = run.info
+    lengths = [n for v in run.lengths.values() for n in v]
+    avg = sum(lengths) / len(lengths) if lengths else float(info["max_new_tokens"])
+    prompts = [n for v in run.prompt_lengths.values() for n in v]
+    secs = {r: sum(v) / len(v) for r, v in phase_seconds(run.spans).items() if v}
+    kl = float(((run.config.get("algo") or {}).get("kl_coef") or 0.0))
+    use_ref = kl > 0 or "reference" in secs
+    mode = info.get("sync_mode")
+    step = sum(step_seconds(run)) / max(len(step_seconds(run)), 1)
+    data = {
+        "name": f"run {run.path.name}",
+        "placement": info["placement"] if info.get("placement") in PLACEMENTS else "auto",
+        "policy": {"params": info["policy_params"], "bytes_per_param": info["bytes_per_param"],
+                   "lora": mode == "lora", **({"lora_fraction": info["lora_fraction"]} if info.get("lora_fraction") else {})},
+        "trainer": {"dp": info["dp"]},
+        "rollout": {"gpus": info["dp"], "prompts": info["prompts_per_step"], "samples": info["samples_per_prompt"],
+                    "avg_tokens": max(avg, 1e-9), "prompt_tokens": sum(prompts) / len(prompts) if prompts else 0},
+        "sync": {"staleness_bound": info["staleness_bound"],
+                 "mode": mode if mode in ("full", "delta", "lora") else "auto",
+                 "per_hour": 3600.0 / step if step > 0 else 60},
+        "phases": {"rollout_s": secs.get("rollout", 0.0), "reward_s": secs.get("reward", 0.0),
+                   "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train", 0.0),
+                   "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref},
+        "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
+    }
+    try:
+        return _validate(data)
+    except Exception as e:  # a run.json value out of bounds: say which file
+        raise RunDirError(f"{run.path / rundir.RUN_INFO}: cannot build a plan from it: {e}") from None
+
+
+def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float | None, str]]:
+    """edge -> (predicted total bytes over the run, how), from run.json and measured token counts."""
+    info = run.info
+    gen = sum(sum(v) for v in run.lengths.values())
+    n_samples = sum(len(v) for v in run.lengths.values())
+    have_lengths = bool(run.lengths)
+    inprocess = info.get("sync_mode") == "inprocess" or plan.placement == "colocated"
+    out: dict[str, tuple[float | None, str]] = {}
+    if run.prompt_lengths:
+        out["prompts"] = (4.0 * sum(sum(v) for v in run.prompt_lengths.values()), "4 B x prompt tokens")
+    else:
+        out["prompts"] = (None, "not priced: lengths.jsonl has no prompt_lengths")
+    if have_lengths:
+        out["samples"] = (8.0 * gen, f"8 B x {gen} generated tokens")
+        out["rewards"] = (4.0 * n_samples, f"4 B x {n_samples} samples")
+        out["ref_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.use_reference
+                               else (0.0, "no reference model"))
+    else:
+        for e in ("samples", "rewards", "ref_logprobs"):
+            out[e] = (None, "not priced: no lengths.jsonl")
+    if inprocess:
+        out["weights"] = (0.0, "in-process sync: no bytes")
+    else:
+        mode = plan.decision.sync_mode
+        out["weights"] = (plan.bytes.sync(mode) * steps / plan.inputs.sync.every_steps, f"{mode} sync per step")
+    dp = int(info.get("dp", 1))
+    out["gradients"] = (plan.bytes.gradient_per_rank * steps,
+                        "dp=1: no all-reduce" if dp <= 1 else f"ring all-reduce over dp={dp}")
+    return out
+
+
+def traffic_audit(run: Run, predicted: dict[str, tuple[float | None, str]], tol: float) -> tuple[list[dict], int]:
+    steps = len({int(r["step"]) for r in run.traffic})
+    measured: dict[str, float] = {}
+    for r in run.traffic:
+        measured[r["edge"]] = measured.get(r["edge"], 0.0) + float(r["bytes"])
+    rows = []
+    for edge in list(rundir.EDGES) + sorted(set(measured) - set(rundir.EDGES)):
+        m = measured.get(edge, 0.0)
+        pred, how = predicted.get(edge, (0.0, "not an edge of the plan"))
+        if pred is None:
+            status = "unpriced"
+        elif pred == 0:
+            status = "ok" if m == 0 else "unexplained"
+        elif m == 0:
+            status = "missing"
+        else:
+            dev = m / pred - 1
+            status = "ok" if abs(dev) <= tol else ("over" if dev > 0 else "under")
+        rows.append({"edge": edge, "measured": m, "predicted": pred, "basis": how, "status": status,
+                     "measured_per_step": m / steps if steps else 0.0,
+                     "predicted_per_step": pred / steps if (pred is not None and steps) else None})
+    return rows, steps
+
+
+# ---- the review ----
+
+@dataclass
+class Review:
+    run: Run
+    plan: Plan
+    plan_source: str
+    tolerance: float
+    phases: list[dict]
+    step_mean_s: float
+    has_budget: bool
+    overlaps: list[dict]
+    staleness: dict
+    traffic: list[dict]
+    steps: int
+    verification: list[dict]
+
+    @property
+    def verdict(self) -> str:
+        results = {v["result"] for v in self.verification}
+        return FAIL if FAIL in results else (NOT_CHECKED if NOT_CHECKED in results else PASS)
+
+    def as_dict(self) -> dict:
+        return {"run": str(self.run.path), "plan_source": self.plan_source, "tolerance": self.tolerance,
+                "phases": self.phases, "step_mean_s": self.step_mean_s, "has_budget": self.has_budget,
+                "overlaps": self.overlaps, "staleness": self.staleness, "traffic": self.traffic,
+                "steps": self.steps, "verification": self.verification, "verdict": self.verdict,
+                "plan": self.plan.as_dict()}
+
+
+def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: float | None = None,
+           overrides: list[str] = ()) -> Review:
+    run = read_run(run_dir, need_info=plan_file is None)
+    if plan_file is not None:
+        inputs = load_plan(plan_file, list(overrides))
+        source = str(plan_file)
+    else:
+        inputs = plan_from_run(run)
+        source = f"{run.path / rundir.RUN_INFO} (no budget: pass --plan FILE for one)"
+    lengths = [n for v in run.lengths.values() for n in v] or None
+    plan = make_plan(inputs, lengths, f"{run.path.name}/{rundir.LENGTHS}" if lengths else None)
+    tol = inputs.budget.tolerance if tolerance is None else tolerance
+
+    # Phase breakdown against the budget.
+    per = phase_seconds(run.spans)
+    means = {r: sum(v) / len(v) for r, v in per.items()}
+    total = sum(means.values()) or 1.0
+    budget = plan.step_budget() if plan_file is not None else {}
+    floor = NOISE_FLOOR * sum(budget.values())
+    phases = []
+    for role, mean in means.items():
+        b = budget.get(role) if budget else None
+        over = b is not None and mean > b * (1 + tol) + floor
+        phases.append({"role": role, "measured_s": mean, "max_s": max(per[role]), "share": mean / total,
+                       "budget_s": b, "over_by": (mean / b - 1) if b else None, "flag": over})
+    steps_s = step_seconds(run)
+
+    overlaps = overlap_audit(run.spans, plan.decision.overlaps)
+    bound = plan.decision.staleness_bound
+    vals = [float(m[rundir.STALENESS_MAX]) for m in run.metrics if rundir.STALENESS_MAX in m]
+    stale = {"bound": bound, "max": max(vals) if vals else None, "steps": len(vals),
+             "ok": bool(vals) and max(vals) <= bound}
+
+    n_steps = len({int(r["step"]) for r in run.traffic})
+    if plan_file is not None:
+        predicted = {e.name: (e.bytes_per_step * n_steps, f"plan: {B.fmt_bytes(e.bytes_per_step)}/step")
+                     for e in plan.edges}
+    else:
+        predicted = predict_from_run(run, plan, n_steps)
+    traffic, n_steps = traffic_audit(run, predicted, tol)
+
+    ver = []
+    if budget:
+        flagged = [p for p in phases if p["flag"]]
+        ver.append({"item": "Measured step breakdown matches the budget", "result": FAIL if flagged else PASS,
+                    "evidence": ("; ".join(f"{p['role']} {p['measured_s']:.3g} s vs {p['budget_s']:.3g} s "
+                                           f"({p['over_by']:+.0%})" for p in flagged) if flagged else
+                                 f"every phase within {tol:.0%} of its budget (step {sum(budget.values()):.3g} s planned, "
+                                 f"{sum(steps_s) / len(steps_s):.3g} s measured)")})
+    else:
+        ver.append({"item": "Measured step breakdown matches the budget", "result": NOT_CHECKED,
+                    "evidence": "no budget: review with --plan FILE; measured shares: "
+                                + ", ".join(f"{p['role']} {p['share']:.0%}" for p in phases)})
+    req = [o for o in overlaps if o["must_overlap"]]
+    bad = [o for o in req if not o["ok"]]
+    ver.append({"item": "Designed overlaps actually overlap", "result": FAIL if bad else PASS,
+                "evidence": ("; ".join(f"{o['a']}/{o['b']} serialized (overlap {o['overlap_s']:.3g} s)" for o in bad)
+                             if bad else ("; ".join(f"{o['a']}/{o['b']} overlapped {o['overlap_s']:.3g} s" for o in req)
+                                          if req else f"{plan.placement}: no overlap designed; "
+                                          f"{sum(o['verdict'] == 'serialized' for o in overlaps)} of {len(overlaps)} "
+                                          f"role pairs serialized"))})
+    ver.append({"item": "The staleness bound holds under load", "result": PASS if stale["ok"] else FAIL,
+                "evidence": (f"max staleness {stale['max']:g} over {stale['steps']} steps, bound {bound}"
+                             if vals else f"no {rundir.STALENESS_MAX} in {rundir.METRICS}: the bound is not measured")})
+    off = [t for t in traffic if t["status"] not in ("ok", "unpriced")]
+    unpriced = [t["edge"] for t in traffic if t["status"] == "unpriced"]
+    ver.append({"item": "No unexplained traffic", "result": FAIL if off else PASS,
+                "evidence": ("; ".join(f"{t['edge']} {t['status']}: {B.fmt_bytes(t['measured'])} measured vs "
+                                       f"{B.fmt_bytes(t['predicted'] or 0)} predicted" for t in off) if off else
+                             f"{len(traffic) - len(unpriced)} edges within {tol:.0%} of prediction")
+                            + (f" ({', '.join(unpriced)} not priced)" if unpriced else "")})
+    return Review(run, plan, source, tol, phases, sum(steps_s) / len(steps_s) if steps_s else 0.0, bool(budget),
+                  overlaps, stale, traffic, n_steps, ver)
+
+
+def print_review(rv: Review, c) -> None:
+    from rich.table import Table
+
+    from rollyard.plan.render import text
+
+    text(c, f"rollyard review: {rv.run.path} ({rv.steps} steps) against {rv.plan_source}")
+    t = Table(title=f"Per-phase step breakdown (mean per step; tolerance {rv.tolerance:.0%})", title_justify="left")
+    for col in ("phase", "measured s", "max s", "share", "budget s", "vs budget", "flag"):
+        t.add_column(col, justify="left" if col in ("phase", "flag") else "right")
+    for p in rv.phases:
+        t.add_row(p["role"], f"{p['measured_s']:.4g}", f"{p['max_s']:.4g}", f"{p['share']:.1%}",
+                  "-" if p["budget_s"] is None else f"{p['budget_s']:.4g}",
+                  "-" if p["over_by"] is None else f"{p['over_by']:+.0%}", "OVER" if p["flag"] else "")
+    t.add_row("step (wall)", f"{rv.step_mean_s:.4g}", "", "", "", "", "")
+    c.print(t)
+    if not rv.has_budget:
+        text(c, "  no budget: the plan was built from run.json; pass --plan FILE to hold phases to a budget")
+
+    t = Table(title="Overlap audit (seconds both phases were running)", title_justify="left")
+    for col in ("pair", "overlap s", "of shorter", "timeline", "design", "ok"):
+        t.add_column(col, justify="right" if col in ("overlap s", "of shorter") else "left")
+    for o in rv.overlaps:
+        t.add_row(f"{o['a']} / {o['b']}", f"{o['overlap_s']:.4g}", f"{o['of_shorter']:.0%}", o["verdict"],
+                  "must overlap" if o["must_overlap"] else "-", "yes" if o["ok"] else "NO")
+    c.print(t)
+
+    s = rv.staleness
+    text(c, f"Staleness audit: largest weight-version lag {s['max'] if s['max'] is not None else 'not measured'} "
+            f"over {s['steps']} steps, bound {s['bound']}: {'holds' if s['ok'] else 'VIOLATED or unmeasured'}")
+
+    t = Table(title="Traffic audit (bytes per step, measured vs predicted)", title_justify="left")
+    for col in ("edge", "measured/step", "predicted/step", "status", "basis"):
+        t.add_column(col, justify="right" if "step" in col else "left")
+    for r in rv.traffic:
+        t.add_row(r["edge"], B.fmt_bytes(r["measured_per_step"]),
+                  "-" if r["predicted_per_step"] is None else B.fmt_bytes(r["predicted_per_step"]),
+                  r["status"], r["basis"])
+    c.print(t)
+
+    t = Table(title=f"Verification: {rv.verdict}", title_justify="left")
+    for col in ("item", "result", "evidence"):
+        t.add_column(col)
+    for v in rv.verification:
+        t.add_row(v["item"], v["result"], v["evidence"])
+    c.print(t)

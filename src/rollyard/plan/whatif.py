@@ -1,0 +1,190 @@
+"""Two what-ifs: seed 002's budget allocator and seed 003's tail batching.
+
+Budget allocator: role shares of step time plus chosen optimizations -> new step time and win.
+Each optimization divides one role's time by a speed-up factor (or takes the role off the
+critical path); several on one role compound. The default factor is the low end of the range
+seed 002's tables give, so the what-if is conservative; a plan can override any factor.
+
+Tail batching (RollPacker): a synchronous round waits for its longest response. Plain rounds take
+``prompts`` prompts and end when every one is done; tail batching issues ``prompts * (1 +
+overprovision)`` prompts, ends the short round as soon as ``prompts`` of them are complete and
+defers the rest to a queue that is run as a long round once it holds ``prompts`` prompts. Round
+time is modelled as (longest response in the round) x seconds per decode step, i.e. decode is
+memory-bound and a decode step costs about the same however many sequences are in flight.
+Samples of a prompt are drawn independently from the length distribution.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+
+from rollyard.plan.inputs import PlanError
+from rollyard.telemetry import rundir
+
+
+@dataclass(frozen=True)
+class Optimization:
+    name: str
+    role: str
+    factor: float  # role time is divided by this (inf: off the critical path)
+    seed_says: str
+
+
+INF = math.inf
+CATALOG: dict[str, Optimization] = {o.name: o for o in (
+    Optimization("prefix_caching", "rollout", 3.0, "3-10x on K-rollout RL (share the prompt's KV across samples)"),
+    Optimization("continuous_batching", "rollout", 2.0, "2-20x over padded static batching"),
+    Optimization("paged_kv", "rollout", 2.0, "2-4x max batch over a contiguous KV cache"),
+    Optimization("chunked_prefill", "rollout", 1.1, "10-20% on long-prompt workloads"),
+    Optimization("speculative_decoding", "rollout", 1.5, "1.5-3x at greedy/low temperature, ~1x as temperature rises"),
+    Optimization("kv_quantization", "rollout", 1.5, "1.5-2x decode (int8/fp8 KV); needs a log-prob match audit"),
+    Optimization("packed_varlen", "train", 1 / 0.7, "30-60% fewer FLOPs than padded batches"),
+    Optimization("activation_checkpointing", "train", 1 / (1 + 0.33 * 2 / 6), "a memory win: ~33% extra forward FLOPs (~11% slower step)"),
+    Optimization("reference_pool", "reference", INF, "reference on a separate pool, overlapped with rollout: off the critical path"),
+    Optimization("sync_less_often", "sync", 4.0, "sync every N steps drops cost linearly (factor = N; default 4)"),
+    Optimization("sync_overlap", "sync", INF, "overlap sync with the next rollout's prefill: hidden entirely"),
+    Optimization("ipc_handoff", "sync", INF, "colocated: the sync is a pointer swap, ~zero copy"),
+    Optimization("verifier_dispatcher", "reward", INF, "verifiers run async in a CPU pool; the GPU never blocks on them"),
+)}
+
+
+@dataclass
+class BudgetWhatIf:
+    step_s: float
+    shares: dict[str, float]
+    applied: list[dict]  # name, role, factor, seed_says
+    before: dict[str, float]  # role -> seconds
+    after: dict[str, float]
+    new_step_s: float
+    win: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def budget_whatif(shares: dict[str, float], step_s: float, optimizations: list[str],
+                  factors: dict[str, float] | None = None) -> BudgetWhatIf:
+    """Apply ``optimizations`` to ``shares`` (role -> fraction, summing to 1) of a ``step_s`` step."""
+    factors = factors or {}
+    unknown = [n for n in list(optimizations) + list(factors) if n not in CATALOG]
+    if unknown:
+        import difflib
+        n = unknown[0]
+        close = difflib.get_close_matches(n, list(CATALOG), n=1, cutoff=0.0)
+        raise PlanError(f"unknown optimization {n!r}: did you mean {close[0]!r}? "
+                        f"Known (seed 002's tables): {', '.join(CATALOG)}")
+    before = {r: shares.get(r, 0.0) * step_s for r in rundir.ROLES}
+    after = dict(before)
+    applied = []
+    for name in dict.fromkeys(optimizations):  # each once, in order
+        opt = CATALOG[name]
+        f = factors.get(name, opt.factor)
+        if f <= 0:
+            raise PlanError(f"budget.factors.{name} must be > 0, got {f}")
+        after[opt.role] = 0.0 if math.isinf(f) else after[opt.role] / f
+        applied.append({"name": name, "role": opt.role, "factor": f, "seed_says": opt.seed_says})
+    new = sum(after.values())
+    return BudgetWhatIf(step_s, {r: shares.get(r, 0.0) for r in rundir.ROLES}, applied, before, after, new,
+                        step_s / new if new > 0 else INF)
+
+
+# ---- tail batching ----
+
+@dataclass
+class TailWhatIf:
+    source: str  # where the lengths came from
+    mean_length: float
+    p50_length: float
+    p99_length: float
+    max_length: float
+    plain_round_tokens: float  # mean decode steps per trained step
+    tail_round_tokens: float
+    plain_bubble: float  # share of sample-slot time idle, waiting for the round's longest response
+    tail_bubble: float
+    short_rounds: int
+    long_rounds: int
+    decode_step_s: float
+    plain_rollout_s: float
+    tail_rollout_s: float
+    speedup: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class LengthSampler:
+    """Draws response lengths: from a given list (with replacement) or a clipped lognormal."""
+
+    def __init__(self, rng: random.Random, cap: int, lengths: list[int] | None = None,
+                 mean: float | None = None, sigma: float = 0.6):
+        self.rng, self.cap, self.lengths, self.sigma = rng, cap, list(lengths or []), sigma
+        if not self.lengths:
+            if not mean or mean <= 0:
+                raise PlanError("tail what-if needs response lengths or a positive mean length")
+            self.mu = math.log(mean) - sigma * sigma / 2  # lognormal with this mean
+
+    def draw(self) -> int:
+        if self.lengths:
+            x = self.rng.choice(self.lengths)
+        else:
+            x = math.exp(self.rng.gauss(self.mu, self.sigma))
+        return int(min(max(round(x), 1), self.cap))
+
+
+def _prompt_lengths(sampler: LengthSampler, n_prompts: int, samples: int) -> list[tuple[int, int]]:
+    """(longest response, total response tokens) per prompt; a prompt is done when all its samples are."""
+    out = []
+    for _ in range(n_prompts):
+        draws = [sampler.draw() for _ in range(samples)]
+        out.append((max(draws), sum(draws)))
+    return out
+
+
+def _round(prompts: list[tuple[int, int]], samples: int) -> tuple[int, float]:
+    """Round length (decode steps) and its idle share of sample slots."""
+    length = max(p[0] for p in prompts)
+    used = sum(p[1] for p in prompts)
+    return length, 1 - used / (length * samples * len(prompts))
+
+
+def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int, seed: int, cap: int,
+                rollout_s: float, lengths: list[int] | None = None, mean: float | None = None,
+                sigma: float = 0.6, source: str = "") -> TailWhatIf:
+    """Predicted rollout time per step: plain synchronous rounds vs tail batching."""
+    plain_s = LengthSampler(random.Random(seed), cap, lengths, mean, sigma)
+    plain = [_round(_prompt_lengths(plain_s, prompts, samples), samples) for _ in range(steps)]
+
+    tail_s = LengthSampler(random.Random(seed), cap, lengths, mean, sigma)
+    issue = prompts + max(1, math.ceil(prompts * overprovision))
+    queue: list[tuple[int, int]] = []
+    tail: list[tuple[int, float]] = []
+    short = long = 0
+    while len(tail) < steps:
+        if len(queue) >= prompts:  # a long round: the deferred long-tail prompts, together
+            batch, queue = queue[:prompts], queue[prompts:]
+            tail.append(_round(batch, samples))
+            long += 1
+        else:  # a short round: stop once `prompts` prompts are complete, defer the rest
+            drawn = sorted(_prompt_lengths(tail_s, issue, samples))
+            done, deferred = drawn[:prompts], drawn[prompts:]
+            length = done[-1][0]
+            used = sum(p[1] for p in done)
+            tail.append((length, 1 - used / (length * samples * prompts)))
+            queue += deferred
+            short += 1
+
+    sample_pool = sorted(plain_s.draw() for _ in range(4000)) if not lengths else sorted(lengths)
+    pct = lambda q: float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])  # noqa: E731
+    plain_len = sum(r[0] for r in plain) / steps
+    tail_len = sum(r[0] for r in tail) / steps
+    step_s = rollout_s / plain_len if plain_len else 0.0
+    return TailWhatIf(
+        source=source, mean_length=sum(sample_pool) / len(sample_pool), p50_length=pct(0.5), p99_length=pct(0.99),
+        max_length=float(sample_pool[-1]), plain_round_tokens=plain_len, tail_round_tokens=tail_len,
+        plain_bubble=sum(r[1] for r in plain) / steps, tail_bubble=sum(r[1] for r in tail) / steps,
+        short_rounds=short, long_rounds=long, decode_step_s=step_s,
+        plain_rollout_s=plain_len * step_s, tail_rollout_s=tail_len * step_s,
+        speedup=plain_len / tail_len if tail_len else INF,
+    )

@@ -1,0 +1,211 @@
+"""`rollyard review`: a synthetic run directory (the format of telemetry/rundir.py) held against a plan."""
+
+import json
+
+import pytest
+
+from rollyard.plan.command import review_main
+from rollyard.plan.review import FAIL, NOT_CHECKED, PASS, overlap_audit, review
+from rollyard.telemetry import rundir
+
+PHASES = (("rollout", 1.0), ("reward", 0.2), ("algorithm", 0.01), ("train", 0.5), ("sync", 0.001))
+
+
+def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), prompts=2, samples=2,
+             prompt_len=5, staleness=0, extra_traffic=None, overlap_train=False, phase_scale=None,
+             staleness_bound=0, dp=1, prompt_lengths=True):
+    """Write a run directory by hand, with exactly the names and fields rundir.py defines.
+
+    Each step runs the PHASES back to back (colocated) unless ``overlap_train`` starts the next
+    rollout under the previous train. Traffic follows the colocated driver: prompts 4 B/token,
+    samples 8 B/generated token, rewards 4 B/sample, weights 0 (in-process), gradients 0 (dp=1).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    info = {"policy_params": 500_000, "bytes_per_param": 4, "placement": placement, "sync_mode": "inprocess",
+            "dp": dp, "prompts_per_step": prompts, "samples_per_prompt": samples, "max_new_tokens": 16,
+            "staleness_bound": staleness_bound, "lora_fraction": None, "steps": steps}
+    assert set(info) == set(rundir.RUN_INFO_KEYS)
+    (path / rundir.RUN_INFO).write_text(json.dumps(info))
+    (path / rundir.CONFIG).write_text("algo:\n  kl_coef: 0.0\n")
+    scale = phase_scale or {}
+    spans, metrics, traffic, lens = [], [], [], []
+    t = 1000.0
+    n = prompts * samples
+    resp = [lengths[i % len(lengths)] for i in range(n)]
+    for step in range(steps):
+        start = t
+        for role, secs in PHASES:
+            secs *= scale.get(role, 1.0)
+            if overlap_train and role == "rollout" and step > 0:
+                s0 = t - 0.3  # the next rollout starts under the previous train
+            else:
+                s0 = t
+            spans.append({"role": role, "step": step, "worker": "driver", "start": s0, "end": s0 + secs})
+            t = s0 + secs
+        metrics.append({"step": step, **{rundir.TIME_KEY.format(role=r): s * scale.get(r, 1.0) for r, s in PHASES},
+                        rundir.STEP_TIME: t - start, rundir.STALENESS_MAX: staleness if step == 1 else 0})
+        ledger = {"prompts": 4 * prompts * prompt_len, "samples": 8 * sum(resp), "rewards": 4 * n,
+                  "ref_logprobs": 0, "weights": 0, "gradients": 0}
+        for edge in rundir.EDGES:
+            traffic.append({"step": step, "edge": edge, "bytes": ledger[edge], "count": 1})
+        if extra_traffic:
+            traffic.append({"step": step, **extra_traffic, "count": 1})
+        rec = {"step": step, "response_lengths": resp}
+        if prompt_lengths:
+            rec["prompt_lengths"] = [prompt_len] * prompts
+        lens.append(rec)
+    for name, rows in ((rundir.SPANS, spans), (rundir.METRICS, metrics), (rundir.TRAFFIC, traffic),
+                       (rundir.LENGTHS, lens)):
+        (path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def items(rv):
+    return {v["item"]: v["result"] for v in rv.verification}
+
+
+def test_colocated_run_without_plan_passes_and_has_no_budget(tmp_path):
+    rv = review(make_run(tmp_path / "run"))
+    res = items(rv)
+    assert res["Measured step breakdown matches the budget"] == NOT_CHECKED
+    assert res["Designed overlaps actually overlap"] == PASS
+    assert res["The staleness bound holds under load"] == PASS
+    assert res["No unexplained traffic"] == PASS
+    assert rv.verdict == NOT_CHECKED
+    ph = {p["role"]: p for p in rv.phases}
+    assert ph["rollout"]["measured_s"] == pytest.approx(1.0)
+    assert ph["train"]["share"] == pytest.approx(0.5 / 1.711)
+    assert all(p["budget_s"] is None for p in rv.phases)
+    tr = {t["edge"]: t for t in rv.traffic}
+    # Predicted from run.json + lengths: 8 B x 28 generated tokens, 4 B x 4 samples, 4 B x 10 prompt tokens.
+    assert tr["samples"]["predicted_per_step"] == 8 * 28 and tr["samples"]["status"] == "ok"
+    assert tr["rewards"]["predicted_per_step"] == 16 and tr["prompts"]["predicted_per_step"] == 40
+    assert tr["weights"]["predicted"] == 0 and tr["weights"]["status"] == "ok"
+    assert rv.plan.placement == "colocated"
+
+
+def test_unpredicted_flow_is_unexplained(tmp_path):
+    run = make_run(tmp_path / "run", extra_traffic={"edge": "weights", "bytes": 2_000_000})
+    rv = review(run)
+    tr = {t["edge"]: t for t in rv.traffic}
+    assert tr["weights"]["status"] == "unexplained"
+    assert items(rv)["No unexplained traffic"] == FAIL
+    ev = next(v["evidence"] for v in rv.verification if v["item"] == "No unexplained traffic")
+    assert "weights unexplained" in ev
+
+
+def test_staleness_over_bound_fails(tmp_path):
+    rv = review(make_run(tmp_path / "run", staleness=2, staleness_bound=1))
+    assert rv.staleness["max"] == 2 and rv.staleness["bound"] == 0  # colocated: on-policy
+    assert items(rv)["The staleness bound holds under load"] == FAIL
+
+
+def test_overlap_audit_seconds():
+    spans = [{"role": "rollout", "step": 0, "start": 0.0, "end": 10.0},
+             {"role": "train", "step": 0, "start": 8.0, "end": 12.0},
+             {"role": "rollout", "step": 1, "start": 11.0, "end": 20.0},
+             {"role": "sync", "step": 0, "start": 20.0, "end": 21.0}]
+    rows = {(o["a"], o["b"]): o for o in overlap_audit(spans, [("rollout", "train", "why"), ("rollout", "sync", "why")])}
+    assert rows[("rollout", "train")]["overlap_s"] == pytest.approx(3.0)  # 8-10 and 11-12
+    assert rows[("rollout", "train")]["verdict"] == "overlapped" and rows[("rollout", "train")]["ok"]
+    assert rows[("rollout", "sync")]["overlap_s"] == 0 and not rows[("rollout", "sync")]["ok"]
+    assert rows[("train", "sync")]["verdict"] == "serialized" and rows[("train", "sync")]["ok"]
+
+
+def test_budget_flags_phase_over_tolerance(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text("""
+placement = "colocated"
+[policy]
+params = 5e5
+bytes_per_param = 4
+[trainer]
+dp = 1
+[rollout]
+prompts = 2
+samples = 2
+avg_tokens = 7
+prompt_tokens = 5
+[sync]
+staleness_bound = 0
+[phases]
+rollout_s = 1.0
+reward_s = 0.2
+train_s = 0.5
+algorithm_s = 0.01
+use_reference = false
+""")
+    rv = review(make_run(tmp_path / "ok"), plan)
+    assert items(rv)["Measured step breakdown matches the budget"] == PASS
+    assert items(rv)["No unexplained traffic"] == PASS  # 8 B x 2x2x7 tokens = 224 B = measured
+    slow = review(make_run(tmp_path / "slow", phase_scale={"rollout": 1.3}), plan)
+    flagged = [p["role"] for p in slow.phases if p["flag"]]
+    assert flagged == ["rollout"]
+    assert items(slow)["Measured step breakdown matches the budget"] == FAIL
+    within = review(make_run(tmp_path / "within", phase_scale={"rollout": 1.15}), plan)
+    assert not any(p["flag"] for p in within.phases)
+
+
+def test_disaggregated_plan_requires_rollout_train_overlap(tmp_path):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("placement: disaggregated\nphases: {rollout_s: 1.0, train_s: 0.5, reward_s: 0.2}\n")
+    serial = review(make_run(tmp_path / "serial"), plan)
+    assert items(serial)["Designed overlaps actually overlap"] == FAIL
+    over = review(make_run(tmp_path / "over", overlap_train=True), plan)
+    assert items(over)["Designed overlaps actually overlap"] == PASS
+    pair = next(o for o in over.overlaps if {o["a"], o["b"]} == {"rollout", "train"})
+    assert pair["overlap_s"] == pytest.approx(2 * 0.3 - 0.0, abs=0.02)  # steps 1 and 2 start 0.3 s early
+
+
+def test_review_cli_json_out_and_record(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    assert review_main([str(run), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"] == NOT_CHECKED and len(doc["verification"]) == 4
+    assert "## Verification" in doc["decision_record"]
+    out = tmp_path / "out"
+    assert review_main([str(run), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Overlap audit" in text and "Traffic audit" in text
+    md = (out / "decision_record.md").read_text()
+    assert "## Verification" in md and "| The staleness bound holds under load | **PASS** |" in md
+    bad = make_run(tmp_path / "bad", staleness=3)
+    assert review_main([str(bad), "--check"]) == 1
+    assert review_main([str(bad)]) == 0
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("missing_dir", "does not exist"),
+    ("no_spans", "missing spans.jsonl"),
+    ("truncated", "metrics.jsonl:4: not valid JSON"),
+    ("empty", "holds no records"),
+    ("bad_record", "lacks start"),
+    ("no_run_json", "missing run.json"),
+])
+def test_bad_run_dirs_are_clear_errors(tmp_path, capsys, damage, words):
+    run = make_run(tmp_path / "run")
+    if damage == "missing_dir":
+        run = tmp_path / "nope"
+    elif damage == "no_spans":
+        (run / rundir.SPANS).unlink()
+    elif damage == "truncated":
+        with open(run / rundir.METRICS, "a") as f:
+            f.write('{"step": 3, "time/rol')
+    elif damage == "empty":
+        (run / rundir.TRAFFIC).write_text("")
+    elif damage == "bad_record":
+        (run / rundir.SPANS).write_text('{"role": "rollout", "step": 0, "end": 1.0}\n')
+    elif damage == "no_run_json":
+        (run / rundir.RUN_INFO).unlink()
+    assert review_main([str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rollyard review: error:") and words in err
+    assert "Traceback" not in err
+
+
+def test_unknown_plan_field_in_review(tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text("[phases]\nrollout_seconds = 3\n")
+    assert review_main([str(make_run(tmp_path / "run")), "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "phases.rollout_seconds" in err and "phases.rollout_s" in err
