@@ -106,7 +106,7 @@ def staleness(p: PlanInputs, placement: str) -> tuple[int, str]:
         return bound, ("on-policy barrier: a step's rollout starts only after the previous step's in-process sync; "
                        "checked where samples are consumed (trainer version - sample version <= "
                        f"{bound}, logged as staleness/max)")
-    bound = p.sync.staleness_bound if placement == "async" else max(min(1, p.sync.staleness_bound), p.sync.every_steps - 1)
+    bound = p.sync.staleness_bound if placement == "async" else min(p.sync.staleness_bound, max(1, p.sync.every_steps))
     return bound, (f"enforced where work is admitted: the rollout scheduler starts a prompt only while "
                    f"trainer version - engine version <= {bound}; checked where it is consumed: the trainer "
                    f"rejects a sample whose oldest token version is older, and logs staleness/max. Every "

@@ -111,7 +111,7 @@ class TailSection(Section):
     sigma: float = Field(0.6, gt=0, le=5, description="lognormal shape of response lengths when no lengths are given")
     max_tokens: int = Field(16384, ge=1, description="response length cap [tokens] (lengths above are clipped, as the engine does)")
     overprovision: float = Field(0.25, gt=0, le=4, description="tail batching: extra prompts issued per short round [fraction of prompts] (RollPacker's speculative over-provisioning)")
-    steps: int = Field(64, ge=2, le=10_000, description="steps simulated per strategy [count]")
+    steps: int = Field(32, ge=2, le=10_000, description="steps simulated per strategy [count]")
     seed: int = Field(0, ge=0, description="seed of the length draws (the what-if is deterministic)")
 
 

@@ -62,8 +62,8 @@ def simulate(placement: str, rollout: float, train: float, sync: float, *, rewar
     if placement == "colocated":
         events, staleness = _colocated(rollout, reward, reference, train, sync, steps, sync_every)
     else:
-        # Disaggregated runs one step off policy (or sync_every - 1 when syncs are sparser).
-        bound = max(min(1, staleness_bound), sync_every - 1) if placement == "disaggregated" else staleness_bound
+        # Disaggregated runs one step off policy (sync_every steps when syncs are sparser), within the bound.
+        bound = min(staleness_bound, max(1, sync_every)) if placement == "disaggregated" else staleness_bound
         events, staleness = _two_pools(placement, rollout, reward, reference, train, sync, steps, bound, sync_every)
     ends = sorted(e.end for e in events if e.kind == "train")
     # Steady state: the mean step over the second half (the pipeline has filled by then).
