@@ -270,3 +270,24 @@ def test_cli_dispatch(capsys):
     from rollyard.cli import main
     assert main(["plan", "--json"]) == 0
     assert math.isclose(json.loads(capsys.readouterr().out)["bytes"]["full_sync"], 28e9)
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE.parent.glob("plan_*.toml")), ids=lambda p: p.name)
+def test_every_example_plan_prices(example, capsys):
+    code, out, err = run_plan(capsys, str(example), "--json")
+    assert code == 0, err
+    doc = json.loads(out)  # strict JSON: no Infinity anywhere
+    json.loads(out, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c} in the plan"))
+    assert doc["decision"]["placement"] in ("colocated", "disaggregated", "async")
+
+
+def test_lora_crosssite_example_hand_worked(capsys):
+    # 8e9 x 0.005 x 2 B = 80 MB per LoRA sync; over 1.25 GB/s = 64 ms (full would be 12.8 s).
+    doc = json.loads(run_plan(capsys, str(EXAMPLE.parent / "plan_lora_crosssite.toml"), "--json")[1])
+    assert doc["decision"]["sync_mode"] == "lora"
+    assert doc["bytes"]["lora_sync"] == pytest.approx(80e6)
+    assert doc["sync_times"]["lora"]["commodity"] == pytest.approx(0.064)
+    assert doc["sync_times"]["full"]["commodity"] == pytest.approx(12.8)
+    assert {"a": "rollout", "b": "reward", "why": "reward scoring is streamed while decode continues"} \
+        in doc["decision"]["overlaps"]
+    assert doc["budget_whatif"]["after"]["reward"] == 0  # verifier dispatcher: off the critical path

@@ -77,7 +77,8 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     if args.list_optimizations:
         for o in CATALOG.values():
-            print(f"{o.name:<26} {o.role:<10} {o.factor:>6.3g}x  {o.seed_says}")
+            factor = f"{o.factor:.3g}x" if o.factor != float("inf") else "off-path"
+            print(f"{o.name:<26} {o.role:<10} {factor:>8}  {o.seed_says}")
         return 0
     files = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a] + args.set

@@ -160,7 +160,8 @@ class PlanInputs(Section):
         return {**TIER_PRESETS, **self.network.custom}
 
 
-def _validate(data: dict) -> PlanInputs:
+def validate_plan(data: dict) -> PlanInputs:
+    """A plan as nested dicts -> PlanInputs, or PlanError naming each bad field."""
     check_keys(data, PlanInputs)
     try:
         return PlanInputs.model_validate(data)
@@ -187,7 +188,7 @@ def load_plan(path: str | Path | None = None, overrides: list[str] = ()) -> Plan
     except ConfigError as e:
         raise PlanError(str(e).replace("config file", "plan file")) from None
     try:
-        return _validate(data)
+        return validate_plan(data)
     except PlanError:
         raise
     except ConfigError as e:  # check_keys: unknown field

@@ -27,20 +27,12 @@ class Phases:
     reference: float
     algorithm: float
     train: float
-    sync: float  # the chosen sync mode over the sync link (disaggregated / async placements)
+    sync: float  # per step: one sync over the sync link / every_steps (0 when colocated)
     source: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self) -> dict[str, float]:
         return {k: v for k, v in asdict(self).items() if k != "source"}
 
-    def serial(self, sync: bool = True) -> float:
-        """The step if every phase ran one after another (the colocated step, without sync)."""
-        return self.rollout + self.reward + self.reference + self.algorithm + self.train + (self.sync if sync else 0.0)
-
-    def replace(self, **kw: float) -> "Phases":
-        d = asdict(self)
-        d.update(kw)
-        return Phases(**d)
 
 
 def bytes_per_decoded_token(p: PlanInputs) -> float:

@@ -50,10 +50,7 @@ class Plan:
 
     def step_budget(self) -> dict[str, float]:
         """Per-role seconds per step the plan budgets for its placement (the review's yardstick)."""
-        d = self.phases.seconds()
-        if self.placement == "colocated":
-            d["sync"] = 0.0
-        return d
+        return self.phases.seconds()
 
     def as_dict(self) -> dict:
         p = self.inputs
@@ -92,8 +89,6 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
 
     # Budget what-if: shares of the serialized step unless the plan gives its own.
     seconds = ph.seconds()
-    if dec.placement == "colocated":
-        seconds["sync"] = 0.0
     total = sum(seconds.values())
     shares = p.budget.shares or ({r: s / total for r, s in seconds.items()} if total else {})
     budget = budget_whatif(shares, p.budget.step_s or total, p.budget.optimizations, p.budget.factors)
@@ -108,9 +103,9 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
                 rate_match(p, ph), budget, tail)
 
 
-def run_sim(p: PlanInputs, ph: Phases, placement: str, sync_s: float, **override: float) -> SimResult:
-    """Simulate ``placement`` with the plan's phases (``override`` replaces some, e.g. a what-if)."""
-    s = {**ph.seconds(), **override}
+def run_sim(p: PlanInputs, ph: Phases, placement: str, sync_s: float) -> SimResult:
+    """Simulate ``placement`` with the plan's phases; ``sync_s`` is one sync's seconds."""
+    s = ph.seconds()
     return simulate(placement, s["rollout"], s["train"], 0.0 if placement == "colocated" else sync_s,
                     reward=s["reward"], reference=s["reference"] + s["algorithm"], steps=p.sim.steps,
                     staleness_bound=p.sync.staleness_bound, sync_every=p.sync.every_steps)

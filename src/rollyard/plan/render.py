@@ -105,14 +105,15 @@ def print_plan(plan: Plan, c: Console) -> None:
 
     bw = plan.budget
     t = Table(title="Budget what-if (seed 002's allocator): "
-                    + (", ".join(f"{a['name']} {a['factor']:.3g}x" for a in bw.applied) or "no optimizations"),
+                    + (", ".join(f"{a['name']} " + (f"{a['factor']:.3g}x" if a["factor"] else "off the critical path")
+                                 for a in bw.applied) or "no optimizations"),
               title_justify="left")
     for col in ("role", "share", "seconds", "after", "optimizations"):
         t.add_column(col, justify="left" if col in ("role", "optimizations") else "right")
     for role in bw.before:
         names = ", ".join(a["name"] for a in bw.applied if a["role"] == role)
         t.add_row(role, f"{bw.shares[role]:.1%}", f"{bw.before[role]:.2f}", f"{bw.after[role]:.2f}", names)
-    t.add_row("step", "100%", f"{bw.step_s:.2f}", f"{bw.new_step_s:.2f}", f"win {bw.win:.2f}x")
+    t.add_row("step", "100%", f"{bw.step_s:.2f}", f"{bw.new_step_s:.2f}", f"win {bw.win:.2f}x" if bw.win else "")
     c.print(t)
 
     tw = plan.tail

@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
+from rollyard.config import ConfigError
 from rollyard.plan import bytes as B
-from rollyard.plan.inputs import PLACEMENTS, PlanInputs, _validate, load_plan
+from rollyard.plan.inputs import PLACEMENTS, PlanInputs, load_plan, validate_plan
 from rollyard.plan.planner import Plan, make_plan
 from rollyard.telemetry import rundir
 from rollyard.telemetry.rundir import RunDirError
@@ -43,7 +44,11 @@ class Run:
     prompt_lengths: dict[int, list[int]]
 
 
+NUMERIC = {"start", "end", "bytes"}
+
+
 def _records(run: Path, name: str, fields: tuple[str, ...], required: bool = True) -> list[dict]:
+    """Every record of a JSONL file, each checked to hold ``fields`` (times and byte counts numeric)."""
     path = run / name
     if not path.exists():
         if required:
@@ -55,6 +60,10 @@ def _records(run: Path, name: str, fields: tuple[str, ...], required: bool = Tru
         if missing:
             raise RunDirError(f"{path}: record {i} lacks {', '.join(missing)} (expected fields: "
                               f"{', '.join(fields)}); the file was not written by rollyard or is damaged")
+        bad = [f for f in fields if f in NUMERIC and not isinstance(rec[f], (int, float))]
+        if bad:
+            raise RunDirError(f"{path}: record {i} has non-numeric {', '.join(f'{f}={rec[f]!r}' for f in bad)}; "
+                              f"the file is damaged")
         out.append(rec)
     if required and not out:
         raise RunDirError(f"{path} holds no records: the run stopped before its first step")
@@ -116,7 +125,7 @@ def phase_seconds(spans: list[dict]) -> dict[str, list[float]]:
 
 def step_seconds(run: Run) -> list[float]:
     """Wall-clock per step: metrics' time/step, else the extent of the step's spans."""
-    vals = [float(m[rundir.STEP_TIME]) for m in run.metrics if rundir.STEP_TIME in m]
+    vals = [float(m[rundir.STEP_TIME]) for m in run.metrics if isinstance(m.get(rundir.STEP_TIME), (int, float))]
     if vals:
         return vals
     ext: dict[int, list[float]] = {}
@@ -205,8 +214,8 @@ def plan_from_run(run: Run) -> PlanInputs:
         "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
     }
     try:
-        return _validate(data)
-    except Exception as e:  # a run.json value out of bounds: say which file
+        return validate_plan(data)
+    except ConfigError as e:  # a run.json value out of bounds: say which file
         raise RunDirError(f"{run.path / rundir.RUN_INFO}: cannot build a plan from it: {e}") from None
 
 
@@ -324,7 +333,7 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
 
     overlaps = overlap_audit(run.spans, plan.decision.overlaps)
     bound = plan.decision.staleness_bound
-    vals = [float(m[rundir.STALENESS_MAX]) for m in run.metrics if rundir.STALENESS_MAX in m]
+    vals = [float(m[rundir.STALENESS_MAX]) for m in run.metrics if isinstance(m.get(rundir.STALENESS_MAX), (int, float))]
     stale = {"bound": bound, "max": max(vals) if vals else None, "steps": len(vals),
              "ok": bool(vals) and max(vals) <= bound}
 

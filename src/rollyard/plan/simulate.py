@@ -19,7 +19,7 @@ async: the plan's bound). Deterministic and pure: same inputs, same events.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 LANES = ("rollout", "reward", "trainer", "sync")
 
@@ -40,10 +40,6 @@ class SimResult:
     period_s: float  # steady-state seconds per step
     steps_per_hour: float
     max_staleness: int
-    train_ends: list[float] = field(default_factory=list)
-
-    def busy(self, lane: str) -> float:
-        return sum(e.end - e.start for e in self.events if e.lane == lane)
 
     def as_dict(self) -> dict:
         return {"placement": self.placement, "period_s": self.period_s, "steps_per_hour": self.steps_per_hour,
@@ -69,7 +65,7 @@ def simulate(placement: str, rollout: float, train: float, sync: float, *, rewar
     # Steady state: the mean step over the second half (the pipeline has filled by then).
     m = max(1, steps // 2)
     period = (ends[-1] - ends[-1 - m]) / m
-    return SimResult(placement, events, period, 3600.0 / period if period > 0 else float("inf"), staleness, ends)
+    return SimResult(placement, events, period, 3600.0 / period if period > 0 else float("inf"), staleness)
 
 
 def _colocated(R, W, F, T, S, steps, every):

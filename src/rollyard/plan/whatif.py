@@ -58,7 +58,7 @@ class BudgetWhatIf:
     before: dict[str, float]  # role -> seconds
     after: dict[str, float]
     new_step_s: float
-    win: float
+    win: float | None  # None: nothing left on the critical path
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -84,10 +84,12 @@ def budget_whatif(shares: dict[str, float], step_s: float, optimizations: list[s
         if f <= 0:
             raise PlanError(f"budget.factors.{name} must be > 0, got {f}")
         after[opt.role] = 0.0 if math.isinf(f) else after[opt.role] / f
-        applied.append({"name": name, "role": opt.role, "factor": f, "seed_says": opt.seed_says})
+        # factor None: the role leaves the critical path (kept JSON-safe: no Infinity)
+        applied.append({"name": name, "role": opt.role, "factor": None if math.isinf(f) else f,
+                        "seed_says": opt.seed_says})
     new = sum(after.values())
     return BudgetWhatIf(step_s, {r: shares.get(r, 0.0) for r in rundir.ROLES}, applied, before, after, new,
-                        step_s / new if new > 0 else INF)
+                        step_s / new if new > 0 else None)
 
 
 # ---- tail batching ----
@@ -186,5 +188,5 @@ def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int,
         plain_bubble=sum(r[1] for r in plain) / steps, tail_bubble=sum(r[1] for r in tail) / steps,
         short_rounds=short, long_rounds=long, decode_step_s=step_s,
         plain_rollout_s=plain_len * step_s, tail_rollout_s=tail_len * step_s,
-        speedup=plain_len / tail_len if tail_len else INF,
+        speedup=plain_len / tail_len,  # lengths are >= 1, so rounds are never empty
     )
