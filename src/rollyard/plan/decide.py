@@ -158,8 +158,8 @@ def rate_match(p: PlanInputs, ph: Phases) -> RateMatch:
     step = max(cr / br, ct / bt)
     now = max(ph.rollout, ph.reference + ph.train)
     slower = "rollout" if ph.rollout >= ph.reference + ph.train else "trainer"
-    text = (f"rollout pool produces a batch in {ph.rollout:.1f} s on {gr} GPUs ({cr:.3g} GPU-s); the trainer "
-            f"consumes one in {ph.reference + ph.train:.1f} s on {gt} GPUs ({ct:.3g} GPU-s): the {slower} pool "
+    text = (f"rollout pool produces a batch in {ph.rollout:.1f} s on {gr} GPUs ({cr:,.4g} GPU-s); the trainer "
+            f"consumes one in {ph.reference + ph.train:.1f} s on {gt} GPUs ({ct:,.4g} GPU-s): the {slower} pool "
             f"sets the pace ({now:.1f} s). Split the same {total} GPUs {br}:{bt} (rollout:trainer) to balance at "
             f"~{step:.1f} s per step")
     return RateMatch(cr, ct, (gr, gt), (br, bt), step, text)
