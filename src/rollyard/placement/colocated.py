@@ -57,7 +57,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             tel.traffic(step, "weights", 0)
 
             ctx.state.step = step + 1
-            row = ctx.end_step(step, samples, train_metrics)
+            row = ctx.end_step(step, requests, samples, train_metrics)
             progress.update(row)
             if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps:
                 ctx.save_checkpoint()

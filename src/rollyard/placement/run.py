@@ -31,7 +31,7 @@ from rollyard.telemetry import rundir
 from rollyard.telemetry.report import console, print_summary
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.trainer.trainer import Trainer
-from rollyard.types import Sample
+from rollyard.types import Request, Sample
 
 
 @dataclass
@@ -71,7 +71,7 @@ class RunContext:
         for rec in records[:3]:
             self.log(f"[yellow]dead-lettered {rec.get('source')}: {rec.get('reason')}[/yellow]")
 
-    def end_step(self, step: int, samples: list[Sample], train_metrics: dict[str, float]) -> dict:
+    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float]) -> dict:
         """Write the step's metrics (rewards, lengths, canaries, staleness) and ledger; return the row."""
         rewards = [s.reward for s in samples] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
@@ -94,7 +94,7 @@ class RunContext:
             rundir.STEP_TIME: sum(times.values()),
         }
         values.update({f"train/{k}": v for k, v in train_metrics.items()})
-        self.telemetry.lengths(step, lengths)
+        self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 
     def save_checkpoint(self) -> Path:

@@ -57,8 +57,11 @@ class Telemetry:
             row[0] += int(nbytes)
             row[1] += int(count)
 
-    def lengths(self, step: int, response_lengths: list[int]) -> None:
-        self._lengths.write(json.dumps({"step": step, "response_lengths": list(response_lengths)}) + "\n")
+    def lengths(self, step: int, response_lengths: list[int], prompt_lengths: list[int]) -> None:
+        """Per-sample response lengths and per-request prompt lengths (plan's tail-batching and
+        prompt-traffic inputs)."""
+        self._lengths.write(json.dumps({"step": step, "response_lengths": list(response_lengths),
+                                        "prompt_lengths": list(prompt_lengths)}) + "\n")
 
     def end_step(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
         """Write the step's ledger (every edge, zeros included) and metrics; return the metrics row."""
