@@ -1,0 +1,577 @@
+"""The rollout engine: continuous batching, shared prompt prefill, streaming, abort, weight updates.
+
+Contract (callers are written against it):
+
+- ``submit(requests)`` queues requests and returns those rejected with a reason (prompt +
+  ``max_new_tokens`` beyond the model context or the KV-cache budget, empty prompt, n < 1,
+  duplicate id). Nothing that was accepted can later fail for lack of memory.
+- ``results()`` drives decoding and yields each ``Sample`` the moment it finishes; it returns when
+  nothing is queued or in flight.
+- ``abort(ids)`` stops requests / samples (``"{request_id}#{k}"``) and returns their partial
+  samples (finish reason ``"abort"``); queued ones come back with empty completions.
+- ``load_weights(update, inflight)`` applies a ``WeightUpdate`` between two decode steps; in-flight
+  sequences ``"finish"`` on the old weights (drained first, then yielded by ``results()``), are
+  ``"abort"``-ed (returned), or ``"continue"`` under the new weights (their KV cache from the old
+  weights is kept, as in partial rollouts; each token carries the version it was sampled under).
+
+Scheduling. At most ``max_concurrent`` sequences decode together, one slot each. Every step first
+admits queued samples into free slots (FIFO; a group may be admitted partially), then runs one
+batched decode step over the slots. A finished sequence frees its slot at once; a waiting one takes
+it at the next step. A group's prompt is prefilled once (prefills of the groups admitted in one
+step are batched) and its KV copied to the slots of its ``n`` samples; if only some of them fit, the
+prompt's KV and last logits are kept for the rest (dropped on a weight update: re-prefilled).
+
+Memory. The fast path keeps one static cache ``[layers, 2, slots, kv_heads, width, head_dim]``
+with ``slots * width <= max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted).
+Admission waits while a sample does not fit; when the engine is empty any single accepted request
+fits, so the queue always drains. The HF path (other architectures) reserves prompt +
+max_new_tokens per sample against the same budget.
+
+Sampling. ``logprobs[i]`` is log_softmax(logits / T)[token] (T = 1 when greedy, before top-p), in
+fp32. Draws come from one ``torch.Generator`` seeded with ``seed``: the same submissions give the
+same samples.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from rollyard.rollout import llama_forward
+from rollyard.sync.apply import apply_update
+from rollyard.types import Request, Sample, WeightUpdate
+
+INFLIGHT_POLICIES = ("finish", "abort", "continue")
+
+
+@dataclass(eq=False)
+class _Group:
+    req: Request
+    pending: deque  # sample indices k not yet admitted
+    need: int  # cache positions one sample needs: prompt + max_new_tokens
+    stash: object = None  # backend prompt state kept for the samples admitted later
+    logits: torch.Tensor | None = None  # [V] last-prompt-position logits (with stash)
+
+
+@dataclass(eq=False)
+class _Seq:
+    sid: str
+    req: Request
+    k: int
+    max_new: int
+    slot: object = None
+    length: int = 0  # tokens whose K/V are in the cache (the last sampled token is not yet)
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+# ---------------------------------------------------------------------------------------------
+# Backends: where the KV cache lives and how a forward runs.
+# ---------------------------------------------------------------------------------------------
+
+
+class _SlotBackend:
+    """Fast path: a static slot cache and the functional Llama-family forward."""
+
+    name = "fast"
+
+    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
+        self.fwd = llama_forward.LlamaFast(model)
+        self.max_concurrent, self.budget = max_concurrent, max_cache_tokens
+        self.context = self.fwd.context
+        self.R = self.W = 0
+        self.kv = None
+        self.free: list[int] = []
+
+    def refresh(self) -> None:
+        self.fwd.refresh()
+
+    def _width_for(self, need: int) -> int:
+        w = max(need, min(_round_up(need, 16), self.context, self.budget))
+        # Prefer the width at which all max_concurrent slots still fit: no re-layout later.
+        return max(w, min(self.context, self.budget // self.max_concurrent))
+
+    def _relayout(self, R: int, W: int, active: list[_Seq]) -> None:
+        """New cache of R slots x W positions; active sequences move (compacted) to slots 0..a-1."""
+        new = self.fwd.new_cache(R, W)
+        if active:
+            old = torch.tensor([s.slot for s in active], device=new.device)
+            wc = min(W, self.W, max(s.length for s in active))
+            if wc:
+                new[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
+            for i, s in enumerate(active):
+                s.slot = i
+        self.kv, self.R, self.W = new, R, W
+        self.free = list(range(len(active), R))
+        heapq.heapify(self.free)
+
+    def reserve(self, active: list[_Seq], needs: list[int]) -> list[int]:
+        """Slots for the longest prefix of ``needs`` that fits (re-laying out the cache if that admits more)."""
+        k = 0
+        while k < len(needs) and k < len(self.free) and needs[k] <= self.W:
+            k += 1
+        if k < len(needs):
+            base = max([s.req.prompt_ids.__len__() + s.max_new for s in active], default=0)
+            for m in range(len(needs), k, -1):
+                W = self._width_for(max(base, max(needs[:m])))
+                R = min(self.max_concurrent, self.budget // W)
+                if len(active) + m <= R:
+                    if (R, W) != (self.R, self.W) or len(self.free) < m:
+                        self._relayout(R, W, active)
+                    k = m
+                    break
+        return [heapq.heappop(self.free) for _ in range(k)]
+
+    def release(self, slot: int) -> None:
+        heapq.heappush(self.free, slot)
+
+    def maybe_compact(self, active: list[_Seq]) -> None:
+        # Decode runs over slots 0..hi-1; when finished sequences leave holes at the top of a
+        # mostly empty cache (the long tail), move the survivors down.
+        if active:
+            hi = max(s.slot for s in active) + 1
+            if hi > 2 * len(active) + 8:
+                self._relayout(self.R, self.W, sorted(active, key=lambda s: s.slot))
+
+    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
+        P = max(len(p) for p in prompts)
+        dev = self.fwd.device
+        toks = torch.tensor([p + [0] * (P - len(p)) for p in prompts], device=dev)
+        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
+        return self.fwd.prefill(toks, self.kv, torch.tensor(slots, device=dev), last)
+
+    def fork(self, src: list[int], dst: list[int], P: int) -> None:
+        if dst:
+            dev = self.kv.device
+            self.kv[:, :, torch.tensor(dst, device=dev), :, :P] = self.kv[:, :, torch.tensor(src, device=dev), :, :P]
+
+    def snapshot(self, slot: int, P: int):
+        return self.kv[:, :, slot, :, :P].clone()
+
+    def restore(self, stash, slots: list[int]) -> None:
+        P = stash.shape[-2]
+        for s in slots:
+            self.kv[:, :, s, :, :P] = stash
+
+    @torch.no_grad()
+    def decode(self, seqs: list[_Seq]) -> torch.Tensor:
+        hi = max(s.slot for s in seqs) + 1
+        toks, pos = [0] * hi, [0] * hi
+        for s in seqs:
+            toks[s.slot], pos[s.slot] = s.tokens[-1], s.length
+        dev = self.fwd.device
+        logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
+                                 max(pos) + 1)
+        if len(seqs) == hi and all(s.slot == i for i, s in enumerate(seqs)):
+            return logits
+        return logits[torch.tensor([s.slot for s in seqs], device=dev)]
+
+
+class _HFSlot:
+    __slots__ = ("cache",)
+
+    def __init__(self):
+        self.cache = None
+
+
+class _HFBackend:
+    """Any HF causal LM: its own forward and one cache per sequence (correct, slower)."""
+
+    name = "hf"
+
+    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
+        self.model, self.budget = model, max_cache_tokens
+        self.device = next(model.parameters()).device
+
+    def refresh(self) -> None:
+        pass
+
+    def reserve(self, active: list[_Seq], needs: list[int]) -> list[_HFSlot]:
+        used = sum(len(s.req.prompt_ids) + s.max_new for s in active)
+        out = []
+        for n in needs:
+            if used + n > self.budget:
+                break
+            used += n
+            out.append(_HFSlot())
+        return out
+
+    def release(self, slot) -> None:
+        slot.cache = None
+
+    def maybe_compact(self, active) -> None:
+        pass
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[_HFSlot]) -> torch.Tensor:
+        rows = []
+        for p, slot in zip(prompts, slots):
+            out = self.model(input_ids=torch.tensor([p], device=self.device), use_cache=True)
+            slot.cache = out.past_key_values
+            rows.append(out.logits[0, -1])
+        return torch.stack(rows)
+
+    def fork(self, src: list[_HFSlot], dst: list[_HFSlot], P: int) -> None:
+        for a, b in zip(src, dst):
+            b.cache = copy.deepcopy(a.cache)
+
+    def snapshot(self, slot: _HFSlot, P: int):
+        return copy.deepcopy(slot.cache)
+
+    def restore(self, stash, slots: list[_HFSlot]) -> None:
+        for s in slots:
+            s.cache = copy.deepcopy(stash)
+
+    @torch.no_grad()
+    def decode(self, seqs: list[_Seq]) -> torch.Tensor:
+        rows = []
+        for s in seqs:
+            out = self.model(input_ids=torch.tensor([[s.tokens[-1]]], device=self.device),
+                             past_key_values=s.slot.cache, use_cache=True)
+            s.slot.cache = out.past_key_values
+            rows.append(out.logits[0, -1])
+        return torch.stack(rows)
+
+
+@torch.no_grad()
+def _fast_path_matches(model, backend: _SlotBackend) -> float:
+    """Max |logit difference| between the fast path and the HF forward on a short random sequence."""
+    fwd = backend.fwd
+    vocab = fwd.embed.shape[0]
+    T = min(8, fwd.context)
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab, (1, T), generator=g).to(fwd.device)
+    ref = model(input_ids=ids).logits[0].float()
+    kv = fwd.new_cache(1, T)
+    out = [fwd.prefill(ids[:, :T // 2], kv, torch.tensor([0], device=fwd.device),
+                       torch.tensor([T // 2 - 1], device=fwd.device))[0]]
+    for t in range(T // 2, T):
+        out.append(fwd.decode(ids[:, t], torch.tensor([t], device=fwd.device), kv, t + 1)[0])
+    got = torch.stack(out).float()
+    return float((got - ref[T // 2 - 1:]).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine.
+# ---------------------------------------------------------------------------------------------
+
+
+class RolloutEngine:
+    """Continuous-batching sampler over an HF causal LM (see the module docstring for the contract)."""
+
+    def __init__(self, model, *, eos_token_id: int, pad_token_id: int = 0, temperature: float = 1.0,
+                 top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
+                 seed: int = 0, version: int = 0):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if max_concurrent < 1 or max_cache_tokens < 1:
+            raise ValueError(f"max_concurrent and max_cache_tokens must be >= 1, got {max_concurrent}, "
+                             f"{max_cache_tokens}")
+        self.model = model
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.max_concurrent, self.max_cache_tokens = int(max_concurrent), int(max_cache_tokens)
+        self.version = int(version)
+        self.context = int(getattr(model.config, "max_position_embeddings", 2048))
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        self._queue: deque[_Group] = deque()
+        self._active: dict[str, _Seq] = {}
+        self._done: deque[Sample] = deque()
+        self._ids: set[str] = set()  # request ids queued or in flight
+        # Test/bench hook: sample id -> a cap on its completion length (a "length oracle").
+        self._length_cap = None
+        self.backend = self._pick_backend()
+        self._stamp = self._param_versions()
+
+    # -- backend selection -------------------------------------------------------------------
+
+    def _pick_backend(self):
+        reason = llama_forward.unsupported_reason(self.model)
+        if reason is None:
+            try:
+                backend = _SlotBackend(self.model, self.max_concurrent, self.max_cache_tokens)
+                err = _fast_path_matches(self.model, backend)
+                tol = 1e-4 if backend.fwd.dtype == torch.float32 else 3e-2
+                if err <= tol:
+                    return backend
+                reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
+            except Exception as e:  # an unexpected variant of a supported family
+                reason = f"fast path failed: {type(e).__name__}: {e}"
+        warnings.warn(f"RolloutEngine: using the HF forward (one cache per sequence, slower): {reason}")
+        return _HFBackend(self.model, self.max_concurrent, self.max_cache_tokens)
+
+    def _use_backend(self, name: str) -> None:
+        """Force ``"hf"`` or ``"fast"`` (tests compare the two). Only while idle."""
+        assert not self._active, "switch backends only while idle"
+        cls = {"fast": _SlotBackend, "hf": _HFBackend}[name]
+        self.backend = cls(self.model, self.max_concurrent, self.max_cache_tokens)
+        for g in self._queue:
+            g.stash = g.logits = None
+
+    def _param_versions(self) -> list[int]:
+        return [p._version for p in self.model.parameters()]
+
+    def _check_weights_unchanged(self) -> None:
+        if self._param_versions() != self._stamp:
+            raise RuntimeError(
+                "the model's weights changed in place since the engine last loaded them (version "
+                f"{self.version}); the engine's fused weight copies are stale. After a trainer step call "
+                "engine.load_weights(WeightUpdate(version=v, mode='inprocess')) before sampling again"
+            )
+
+    # -- submission --------------------------------------------------------------------------
+
+    def _reject_reason(self, r: Request) -> str | None:
+        P = len(r.prompt_ids)
+        need = P + r.max_new_tokens
+        if P == 0:
+            return "prompt is empty: a request needs at least one prompt token"
+        if r.n < 1:
+            return f"n must be >= 1 samples per request, got {r.n}"
+        if r.max_new_tokens < 1:
+            return f"max_new_tokens must be >= 1, got {r.max_new_tokens}"
+        if need > self.context:
+            return (f"prompt ({P} tokens) + max_new_tokens ({r.max_new_tokens}) = {need} exceeds the model "
+                    f"context of {self.context}; shorten the prompt or lower max_new_tokens to {self.context - P}")
+        if need > self.max_cache_tokens:
+            return (f"one sample needs {need} KV-cache positions (prompt + max_new_tokens), more than "
+                    f"max_cache_tokens={self.max_cache_tokens}; raise rollout.max_cache_tokens or lower max_new_tokens")
+        if r.id in self._ids:
+            return f"request id {r.id!r} is already queued or in flight; ids must be unique"
+        return None
+
+    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
+        """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
+        rejected = []
+        for r in requests:
+            why = self._reject_reason(r)
+            if why:
+                rejected.append((r, why))
+                continue
+            self._ids.add(r.id)
+            self._queue.append(_Group(r, deque(range(r.n)), len(r.prompt_ids) + r.max_new_tokens))
+        return rejected
+
+    # -- decoding ----------------------------------------------------------------------------
+
+    def results(self) -> Iterator[Sample]:
+        """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
+        self._check_weights_unchanged()
+        while True:
+            while self._done:
+                yield self._done.popleft()
+            if not self._queue and not self._active:
+                return
+            self._step()
+
+    def generate(self, requests) -> tuple[list[Sample], list[tuple[Request, str]]]:
+        """Submit ``requests``, drain ``results()``; samples in request order (then k)."""
+        requests = list(requests)
+        rejected = self.submit(requests)
+        order = {r.id: i for i, r in enumerate(requests)}
+        out = list(self.results())
+        out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
+        return out, rejected
+
+    def _step(self, admit: bool = True) -> None:
+        if admit:
+            self._admit()
+        if self._active:
+            seqs = list(self._active.values())
+            logits = self.backend.decode(seqs)
+            for s in seqs:
+                s.length += 1
+            self._append(seqs, logits)
+            self.backend.maybe_compact(list(self._active.values()))
+
+    def _admit(self) -> None:
+        room = self.max_concurrent - len(self._active)
+        cands: list[tuple[_Group, int]] = []
+        for g in self._queue:
+            for k in g.pending:
+                if len(cands) == room:
+                    break
+                cands.append((g, k))
+            if len(cands) == room:
+                break
+        if not cands:
+            return
+        slots = self.backend.reserve(list(self._active.values()), [g.need for g, _ in cands])
+        cands = cands[:len(slots)]
+        if not cands:
+            return
+        # Group the admitted samples; prefill (batched) the groups that have no stashed prompt.
+        by_group: dict[int, tuple[_Group, list]] = {}
+        for (g, k), slot in zip(cands, slots):
+            by_group.setdefault(id(g), (g, []))[1].append((k, slot))
+        fresh = [(g, ks) for g, ks in by_group.values() if g.stash is None]
+        if fresh:
+            logits = self.backend.prefill([g.req.prompt_ids for g, _ in fresh], [ks[0][1] for _, ks in fresh])
+            src, dst = [], []
+            for i, (g, ks) in enumerate(fresh):
+                g.logits = logits[i]
+                for _, slot in ks[1:]:
+                    src.append(ks[0][1])
+                    dst.append(slot)
+            P = max(len(g.req.prompt_ids) for g, _ in fresh)
+            self.backend.fork(src, dst, P)
+            for g, ks in fresh:
+                if len(g.pending) > len(ks):  # some samples wait for a slot: keep the prompt's KV
+                    g.stash = self.backend.snapshot(ks[0][1], len(g.req.prompt_ids))
+        fresh_ids = {id(g) for g, _ in fresh}
+        for g, ks in by_group.values():
+            if id(g) not in fresh_ids:
+                self.backend.restore(g.stash, [slot for _, slot in ks])
+        new, rows = [], []
+        for g, ks in by_group.values():
+            for k, slot in ks:
+                g.pending.remove(k)
+                cap = g.req.max_new_tokens
+                sid = f"{g.req.id}#{k}"
+                if self._length_cap is not None:
+                    cap = max(1, min(cap, int(self._length_cap(sid))))
+                s = _Seq(sid, g.req, k, cap, slot=slot, length=len(g.req.prompt_ids))
+                self._active[sid] = s
+                new.append(s)
+                rows.append(g.logits)
+            if not g.pending:
+                g.stash = g.logits = None
+        self._queue = deque(g for g in self._queue if g.pending)
+        self._append(new, torch.stack(rows))
+
+    def _sample(self, logits: torch.Tensor) -> tuple[list[int], list[float]]:
+        logits = logits.float()
+        if self.temperature == 0:
+            logp = torch.log_softmax(logits, dim=-1)
+            tok = logp.argmax(dim=-1)
+        else:
+            logp = torch.log_softmax(logits / self.temperature, dim=-1)
+            probs = logp.exp()
+            if self.top_p < 1.0:
+                sp, si = probs.sort(dim=-1, descending=True)
+                # keep the smallest prefix whose mass reaches top_p (always the top token)
+                drop = (sp.cumsum(dim=-1) - sp) >= self.top_p
+                sp = sp.masked_fill(drop, 0.0)
+                pick = torch.multinomial(sp, 1, generator=self.generator)
+                tok = si.gather(1, pick).squeeze(1)
+            else:
+                tok = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        lp = logp.gather(1, tok[:, None]).squeeze(1)
+        return tok.tolist(), lp.tolist()
+
+    def _append(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
+        toks, lps = self._sample(logits)
+        v, eos = self.version, self.eos_token_id
+        for s, t, lp in zip(seqs, toks, lps):
+            s.tokens.append(t)
+            s.logprobs.append(lp)
+            s.versions.append(v)
+            if t == eos:
+                self._finish(s, "stop")
+            elif len(s.tokens) >= s.max_new:
+                self._finish(s, "length")
+
+    def _finish(self, s: _Seq, reason: str, out: list | None = None) -> Sample:
+        del self._active[s.sid]
+        self.backend.release(s.slot)
+        sample = self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason)
+        (self._done if out is None else out).append(sample)
+        self._forget_if_done(s.req.id)
+        return sample
+
+    def _forget_if_done(self, rid: str) -> None:
+        if any(g.req.id == rid for g in self._queue):
+            return
+        if any(s.req.id == rid for s in self._active.values()):
+            return
+        self._ids.discard(rid)
+
+    @staticmethod
+    def _sample_of(req: Request, k: int, tokens, logprobs, versions, reason: str) -> Sample:
+        return Sample(id=f"{req.id}#{k}", request_id=req.id, prompt_ids=list(req.prompt_ids),
+                      completion_ids=list(tokens), logprobs=list(logprobs), versions=list(versions),
+                      finish_reason=reason, meta=dict(req.meta))
+
+    # -- control -----------------------------------------------------------------------------
+
+    def abort(self, ids) -> list[Sample]:
+        """Stop the given request ids and/or sample ids; return their (partial) samples, reason "abort".
+
+        Active samples keep the tokens and logprobs generated so far; queued ones come back with
+        empty completions. Ids that already finished (or are unknown) are ignored.
+        """
+        if isinstance(ids, str):
+            ids = [ids]
+        ids = set(ids)
+
+        def hit(rid: str, sid: str) -> bool:
+            return rid in ids or sid in ids
+
+        out: list[Sample] = []
+        for s in [s for s in self._active.values() if hit(s.req.id, s.sid)]:
+            self._finish(s, "abort", out)
+        for g in list(self._queue):
+            for k in [k for k in g.pending if hit(g.req.id, f"{g.req.id}#{k}")]:
+                g.pending.remove(k)
+                out.append(self._sample_of(g.req, k, [], [], [], "abort"))
+            if not g.pending:
+                self._queue.remove(g)
+                self._forget_if_done(g.req.id)
+        return out
+
+    def load_weights(self, update: WeightUpdate, inflight: str = "finish") -> list[Sample]:
+        """Apply ``update`` between two decode steps; returns the samples the "abort" policy stopped.
+
+        ``finish``: in-flight sequences run to completion on the current weights first (they come
+        out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on
+        under the new weights, each token stamped with the version it was sampled under. Queued
+        samples (including a partly admitted group's waiting samples) start under the new weights.
+        """
+        if inflight not in INFLIGHT_POLICIES:
+            raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
+        aborted: list[Sample] = []
+        if self._active:
+            if inflight == "finish":
+                if update.mode == "inprocess" and self._param_versions() != self._stamp:
+                    raise RuntimeError(
+                        f"load_weights(inflight='finish') with {len(self._active)} sequences in flight, but the "
+                        "shared module was already changed in place (mode 'inprocess'): they cannot finish on "
+                        "the old weights. Drain results() before the trainer steps, or use inflight='abort' / "
+                        "'continue'"
+                    )
+                while self._active:
+                    self._step(admit=False)
+            elif inflight == "abort":
+                for s in list(self._active.values()):
+                    self._finish(s, "abort", aborted)
+        for g in self._queue:  # prompt KV from the old weights: re-prefill under the new ones
+            g.stash = g.logits = None
+        apply_update(self.model, update)
+        self.backend.refresh()
+        self._stamp = self._param_versions()
+        self.version = int(update.version)
+        return aborted
+
+    # -- introspection -----------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_queued(self) -> int:
+        return sum(len(g.pending) for g in self._queue)

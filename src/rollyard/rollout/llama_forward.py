@@ -1,0 +1,182 @@
+"""A small functional forward for the Llama / Qwen2 / Mistral family over an HF module's own weights.
+
+Why it exists: on a CPU with a tiny policy, a decode step is bound by per-op Python overhead, not
+FLOPs. This forward does one decode step in ~16 ops per layer (HF's modules do several times
+more) by fusing, once per weight version, the weights that are always used together:
+
+- ``W_qkv``: rows ``[q | k | rot(q) | rot(k) | v]`` where ``rot`` permutes and negates rows so that
+  ``h @ rot(W).T == rotate_half(h @ W.T)`` exactly; RoPE is then ``qk * cos + qk_rot * sin`` with
+  no slicing or concatenation. The attention scale ``head_dim ** -0.5`` is folded into the q rows.
+- ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and ``addmm`` for down + residual.
+
+The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
+from ``load_weights``). Norm weights, embeddings and the LM head are read from the module.
+
+KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``;
+a slot's entries at positions >= its length are garbage (finite: the buffer is zero-initialised)
+and masked out.
+
+``unsupported_reason(model)`` says why a model cannot take this path (the engine then uses the
+HF forward); the engine also checks this forward against the HF forward's logits at start-up.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def unsupported_reason(model) -> str | None:
+    """``None`` if ``model`` can use the fast path, else why not."""
+    cfg = getattr(model, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED:
+        return f"model_type {mtype!r} is not one of {SUPPORTED}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (fast path implements silu)"
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and getattr(cfg, "use_sliding_window", True) and window < cfg.max_position_embeddings:
+        return f"sliding-window attention ({window} < context {cfg.max_position_embeddings})"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "no .model.layers / .model.rotary_emb"
+    attn = inner.layers[0].self_attn
+    for extra in ("q_norm", "k_norm"):
+        if hasattr(attn, extra):
+            return f"attention has {extra} (Qwen3-style), not implemented in the fast path"
+    if getattr(inner.layers[0].mlp, "down_proj", None) is None:
+        return "MLP is not gate/up/down"
+    return None
+
+
+def _rot_rows(w: torch.Tensor, heads: int, hd: int) -> torch.Tensor:
+    """Rows of ``w`` ([heads*hd, ...]) permuted/negated so that ``x @ out.T == rotate_half(x @ w.T)``."""
+    w = w.reshape(heads, hd, *w.shape[1:])
+    half = hd // 2
+    return torch.cat((-w[:, half:], w[:, :half]), dim=1).reshape(heads * hd, *w.shape[2:])
+
+
+class LlamaFast:
+    """Prefill and decode over ``model``'s weights; see the module docstring for the fusions."""
+
+    def __init__(self, model):
+        reason = unsupported_reason(model)
+        if reason:
+            raise ValueError(f"fast path unsupported: {reason}")
+        self.model = model
+        cfg = model.config
+        inner = model.model
+        attn = inner.layers[0].self_attn
+        self.L = len(inner.layers)
+        self.H = cfg.num_attention_heads
+        self.KVH = getattr(cfg, "num_key_value_heads", None) or self.H
+        self.hd = attn.head_dim
+        self.D = cfg.hidden_size
+        self.I = inner.layers[0].mlp.gate_proj.weight.shape[0]
+        self.context = int(cfg.max_position_embeddings)
+        self.scale = float(attn.scaling)
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rebuild the fused weight copies and RoPE tables from the module (after any weight change)."""
+        inner = self.model.model
+        H, KVH, hd = self.H, self.KVH, self.hd
+        self.layers = []
+        for layer in inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            q = a.q_proj.weight * self.scale
+            k = a.k_proj.weight
+            w = torch.cat((q, k, _rot_rows(q, H, hd), _rot_rows(k, KVH, hd), a.v_proj.weight)).contiguous()
+            b = None
+            if a.q_proj.bias is not None:
+                qb = a.q_proj.bias * self.scale
+                b = torch.cat((qb, a.k_proj.bias, _rot_rows(qb, H, hd), _rot_rows(a.k_proj.bias, KVH, hd),
+                               a.v_proj.bias)).contiguous()
+            gu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).contiguous()
+            self.layers.append(dict(
+                ln1=layer.input_layernorm.weight, eps1=layer.input_layernorm.variance_epsilon,
+                ln2=layer.post_attention_layernorm.weight, eps2=layer.post_attention_layernorm.variance_epsilon,
+                wqkv=w, bqkv=b,
+                wo_t=a.o_proj.weight.t(), bo=a.o_proj.bias,
+                wgu=gu, wd_t=m.down_proj.weight.t(),
+            ))
+        self.embed = inner.embed_tokens.weight
+        self.norm_w, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.lm_head = self.model.lm_head.weight
+        self.lm_bias = getattr(self.model.lm_head, "bias", None)
+        pos = torch.arange(self.context, device=self.device)[None]
+        cos, sin = inner.rotary_emb(torch.zeros(1, device=self.device, dtype=self.dtype), pos)
+        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [context, hd]
+        self.n_qk = (H + KVH) * hd
+
+    def new_cache(self, slots: int, width: int) -> torch.Tensor:
+        # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
+        return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.dtype)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
+        return F.linear(x, self.lm_head, self.lm_bias)
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Run prompts ``tokens`` [G, P] (right-padded) and write their K/V into ``kv`` at ``slots`` [G].
+
+        Returns logits [G, V] at positions ``last`` [G] (each prompt's last real token). Padded
+        positions come after the real ones, so causal attention keeps them out of the real ones.
+        """
+        G, P = tokens.shape
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        x = F.embedding(tokens, self.embed)
+        cos, sin = self.cos[:P, None], self.sin[:P, None]  # [P, 1, hd]
+        for l, w in enumerate(self.layers):
+            h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
+            y = F.linear(h, w["wqkv"], w["bqkv"])
+            qk = torch.addcmul(y[..., :n].view(G, P, H + KVH, hd) * cos, y[..., n:2 * n].view(G, P, H + KVH, hd), sin)
+            v = y[..., 2 * n:].view(G, P, KVH, hd).transpose(1, 2)
+            q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+            kv[l, 0, slots, :, :P] = k
+            kv[l, 1, slots, :, :P] = v
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=KVH != H)
+            o = o.transpose(1, 2).reshape(G, P, H * hd)
+            x = x + F.linear(o, w["wo_t"].t(), w["bo"])
+            h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
+            gu = F.linear(h, w["wgu"])
+            x = x + F.linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd_t"].t())
+        return self._head(x[torch.arange(G, device=x.device), last])
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, width: int) -> torch.Tensor:
+        """One decode step for slots ``0..B-1``: ``tokens`` [B] at positions ``pos`` [B].
+
+        Writes each slot's new K/V at its position, attends over positions ``<= pos`` (of the
+        first ``width`` cache positions; ``width > max(pos)``) and returns logits [B, V].
+        """
+        B = tokens.shape[0]
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        G = H // KVH
+        rows = torch.arange(B, device=tokens.device)
+        x = F.embedding(tokens, self.embed)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
+        ar = torch.arange(width, device=tokens.device)
+        mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(x.dtype)[:, None, None]  # [B,1,1,W]
+        for l, w in enumerate(self.layers):
+            h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
+            y = F.linear(h, w["wqkv"], w["bqkv"])
+            qk = torch.addcmul(y[:, :n].view(B, H + KVH, hd) * cos, y[:, n:2 * n].view(B, H + KVH, hd), sin)
+            layer = kv[l]
+            layer[0, rows, :, pos] = qk[:, H:]
+            layer[1, rows, :, pos] = y[:, 2 * n:].view(B, KVH, hd)
+            K = layer[0, :B, :, :width]  # [B, KVH, W, hd] (strided view, no copy)
+            V = layer[1, :B, :, :width]
+            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2)) + mask
+            o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd)
+            x = torch.addmm(x, o, w["wo_t"]) if w["bo"] is None else torch.addmm(x + w["bo"], o, w["wo_t"])
+            h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
+            gu = F.linear(h, w["wgu"])
+            x = torch.addmm(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"])
+        return self._head(x)

@@ -1,0 +1,322 @@
+"""The rollout engine against slow references: one-sequence-at-a-time greedy decoding, a full
+forward's log-probs, separate prefills, the HF forward; plus streaming, abort, weight-update
+policies, memory bounds, seeding, and the weight-update receiver (apply_update / checksum)."""
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from rollyard.models import build_preset, char_tokenizer
+from rollyard.rollout.engine import RolloutEngine
+from rollyard.rollout.llama_forward import LlamaFast
+from rollyard.sync.apply import apply_update, weights_checksum
+from rollyard.types import Request, WeightUpdate
+
+TOK = char_tokenizer()
+V = len(TOK)
+CTX = 96
+NO_EOS = -1  # an id the model can never sample: every completion runs to max_new_tokens
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matmuls gain nothing from intra-op threads; on a busy 2-core box 2 threads are 10x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _model(seed=0):
+    return build_preset("tiny", TOK, seed=seed, max_position_embeddings=CTX).eval()
+
+
+def _prompt(i, length):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randint(4, V, (length,), generator=g).tolist()
+
+
+def _requests(lengths=(5, 9, 3, 12), n=2, max_new=12, prefix="r"):
+    return [Request(id=f"{prefix}{i}", prompt_ids=_prompt(i, L), n=n, max_new_tokens=max_new, meta={"i": i})
+            for i, L in enumerate(lengths)]
+
+
+def _engine(model, **kw):
+    kw.setdefault("eos_token_id", NO_EOS)
+    return RolloutEngine(model, **kw)
+
+
+@torch.no_grad()
+def _naive_greedy(model, prompt, max_new, eos):
+    """Reference: one sequence, full forward (no cache) per token, argmax."""
+    ids = list(prompt)
+    out = []
+    for _ in range(max_new):
+        t = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(t)
+        ids.append(t)
+        if t == eos:
+            break
+    return out
+
+
+@torch.no_grad()
+def _recompute_logprobs(model, sample, T):
+    ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+    logits = model(ids).logits[0, len(sample.prompt_ids) - 1:-1].float()
+    return torch.log_softmax(logits / T, -1).gather(1, torch.tensor(sample.completion_ids)[:, None]).squeeze(1)
+
+
+# --- fast forward vs the HF forward ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fast_forward_equals_hf_forward(arch):
+    if arch == "llama":
+        model = _model()
+    else:  # qkv bias, another family member
+        cfg = Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CTX)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for p in (layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias):
+                    p.normal_(0, 0.5)
+    fwd = LlamaFast(model)
+    ids = torch.randint(0, V, (3, 14), generator=torch.Generator().manual_seed(0))
+    kv = fwd.new_cache(5, 32)
+    slots = torch.tensor([4, 0, 2])
+    got = [fwd.prefill(ids[:, :6], kv, slots, torch.tensor([5, 5, 5]))]
+    for t in range(6, 14):
+        toks = torch.zeros(5, dtype=torch.long)
+        pos = torch.zeros(5, dtype=torch.long)
+        toks[slots], pos[slots] = ids[:, t], t
+        got.append(fwd.decode(toks, pos, kv, t + 1)[slots])
+    with torch.no_grad():
+        ref = model(ids).logits[:, 5:]
+    err = (torch.stack(got, 1) - ref).abs().max().item()
+    assert err < 1e-4, f"fast forward must equal the HF forward: max |logit diff| {err:.2e} (tolerance 1e-4)"
+
+
+# --- correctness against references ------------------------------------------------------------
+
+
+def test_greedy_equals_naive_reference_and_hf_path():
+    model = _model()
+    reqs = _requests(n=2, max_new=12)
+    # choose an EOS the greedy path actually emits mid-way for one prompt, so "stop" is exercised
+    eos = _naive_greedy(model, reqs[1].prompt_ids, 12, NO_EOS)[4]
+    # max_concurrent=3 < 8 samples: continuous batching, partial group admission, stashed prompt KV
+    for backend in ("fast", "hf"):
+        eng = _engine(model, eos_token_id=eos, temperature=0.0, max_concurrent=3)
+        eng._use_backend(backend)
+        samples, rejected = eng.generate(reqs)
+        assert rejected == []
+        assert [s.id for s in samples] == [f"r{i}#{k}" for i in range(4) for k in range(2)]
+        for s in samples:
+            ref = _naive_greedy(model, s.prompt_ids, 12, eos)
+            assert s.completion_ids == ref, f"{backend}: greedy tokens of {s.id} differ from the naive reference"
+            assert s.finish_reason == ("stop" if ref[-1] == eos else "length")
+            assert s.meta == {"i": int(s.request_id[1:])} and s.versions == [0] * len(ref)
+        assert any(s.finish_reason == "stop" for s in samples)
+        assert eng.num_active == 0 and eng.num_queued == 0
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.8), (0.0, 1.0)])
+def test_sampling_logprobs_match_full_forward(temperature, top_p):
+    model = _model()
+    eng = _engine(model, temperature=temperature, top_p=top_p, max_concurrent=5, seed=3)
+    samples, _ = eng.generate(_requests(n=3, max_new=15))
+    T = temperature or 1.0
+    for s in samples:
+        assert len(s.logprobs) == len(s.completion_ids) == 15
+        ref = _recompute_logprobs(model, s, T)
+        err = (torch.tensor(s.logprobs) - ref).abs().max().item()
+        assert err < 1e-4, f"sampling-time logprobs of {s.id} differ from log_softmax(logits/T) by {err:.2e}"
+
+
+def test_shared_prefill_equals_separate_prefills():
+    model = _model()
+    prompt = _prompt(0, 7)
+    runs = {}
+    for name, reqs in {"shared": [Request("a", prompt, n=4, max_new_tokens=10)],
+                       "separate": [Request(f"a{k}", prompt, n=1, max_new_tokens=10) for k in range(4)]}.items():
+        eng = _engine(model, temperature=1.0, seed=11)
+        prefilled = []
+        orig = eng.backend.prefill
+        eng.backend.prefill = lambda prompts, slots: (prefilled.extend(prompts), orig(prompts, slots))[1]
+        samples, _ = eng.generate(reqs)
+        runs[name] = (samples, len(prefilled))
+    (shared, n_shared), (separate, n_sep) = runs["shared"], runs["separate"]
+    assert (n_shared, n_sep) == (1, 4), "a group's prompt must be prefilled once, separate requests once each"
+    for a, b in zip(shared, separate):
+        assert a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
+def test_seed_reproducible():
+    model = _model()
+
+    def run(seed):
+        return [(s.completion_ids, s.logprobs) for s in
+                _engine(model, temperature=1.0, seed=seed, max_concurrent=4).generate(_requests(n=3))[0]]
+
+    assert run(5) == run(5)
+    assert run(5) != run(6)
+
+
+# --- streaming, abort, weight updates -----------------------------------------------------------
+
+
+def test_streaming_yields_short_sample_before_long_one_finishes():
+    model = _model()
+    eng = _engine(model, temperature=1.0)
+    eng.submit([Request("long", _prompt(0, 4), n=1, max_new_tokens=40),
+                Request("short", _prompt(1, 4), n=1, max_new_tokens=3)])
+    it = eng.results()
+    first = next(it)
+    assert first.id == "short#0" and len(first.completion_ids) == 3
+    assert eng.num_active == 1, "the long sample must still be decoding when the short one is yielded"
+    rest = list(it)
+    assert [s.id for s in rest] == ["long#0"] and len(rest[0].completion_ids) == 40
+
+
+def test_abort_returns_partials_and_frees_slots():
+    model = _model()
+    eng = _engine(model, temperature=1.0, max_concurrent=4)
+    eng.submit([Request("short", _prompt(0, 4), n=1, max_new_tokens=5),
+                Request("big", _prompt(1, 4), n=3, max_new_tokens=60),
+                Request("queued", _prompt(2, 4), n=2, max_new_tokens=60)])
+    it = eng.results()
+    assert next(it).id == "short#0"  # 5 tokens in: big#0..2 and queued#0 are decoding, queued#1 waits
+    aborted = eng.abort(["big", "queued#1"])
+    assert sorted(s.id for s in aborted) == ["big#0", "big#1", "big#2", "queued#1"]
+    for s in aborted:
+        assert s.finish_reason == "abort"
+        assert len(s.completion_ids) == len(s.logprobs) == len(s.versions)
+        assert len(s.completion_ids) == (0 if s.id == "queued#1" else 5)
+    rest = list(it)
+    assert [s.id for s in rest] == ["queued#0"] and len(rest[0].completion_ids) == 60
+    assert eng.abort(["queued"]) == []  # already finished: nothing to abort
+
+
+def _perturbed(model, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return {n: p.detach() + 0.05 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("policy", ["finish", "abort", "continue"])
+def test_load_weights_policies(policy):
+    model = _model()
+    base = _engine(copy.deepcopy(model), temperature=0.0).generate(
+        [Request("long", _prompt(0, 4), n=2, max_new_tokens=30)])[0]
+    eng = _engine(model, temperature=0.0)
+    eng.submit([Request("short", _prompt(1, 4), n=1, max_new_tokens=6),
+                Request("long", _prompt(0, 4), n=2, max_new_tokens=30)])
+    it = eng.results()
+    assert next(it).id == "short#0"
+    new = _perturbed(model)
+    aborted = eng.load_weights(WeightUpdate(version=1, mode="full", tensors=new), inflight=policy)
+    assert eng.version == 1
+    rest = list(it)
+    if policy == "abort":
+        assert rest == [] and [s.finish_reason for s in aborted] == ["abort", "abort"]
+        assert all(s.versions == [0] * 6 for s in aborted)
+    else:
+        assert aborted == [] and [s.id for s in rest] == ["long#0", "long#1"]
+    if policy == "finish":  # completed entirely on the old weights
+        for s, b in zip(rest, base):
+            assert s.versions == [0] * 30 and s.completion_ids == b.completion_ids
+    if policy == "continue":  # 6 tokens sampled under v0, the rest under v1, and they differ from v0's
+        for s, b in zip(rest, base):
+            assert s.versions == [0] * 6 + [1] * 24
+            assert s.completion_ids[:6] == b.completion_ids[:6] and s.completion_ids != b.completion_ids
+    # whatever the policy, new work runs under the new weights, matching a fresh reference
+    s = eng.generate([Request("after", _prompt(2, 5), n=1, max_new_tokens=8)])[0][0]
+    assert s.versions == [1] * 8 and s.completion_ids == _naive_greedy(model, s.prompt_ids, 8, NO_EOS)
+
+
+def test_inprocess_update_refreshes_fused_weights_and_stale_weights_are_caught():
+    model = _model()
+    eng = _engine(model, temperature=0.0)
+    eng.generate(_requests(n=1, max_new=4))
+    with torch.no_grad():
+        for n, t in _perturbed(model).items():
+            dict(model.named_parameters())[n].copy_(t)
+    with pytest.raises(RuntimeError, match="load_weights"):
+        eng.generate(_requests(n=1, max_new=4, prefix="x"))
+    eng.abort([f"x{i}" for i in range(4)])
+    eng.load_weights(WeightUpdate(version=7, mode="inprocess"))
+    s = eng.generate([Request("y", _prompt(3, 6), n=1, max_new_tokens=10)])[0][0]
+    assert s.versions == [7] * 10 and s.completion_ids == _naive_greedy(model, s.prompt_ids, 10, NO_EOS)
+
+
+# --- bounds --------------------------------------------------------------------------------------
+
+
+def test_oversize_requests_rejected_with_reason():
+    eng = _engine(_model(), max_cache_tokens=80)
+    ok = Request("ok", _prompt(0, 10), n=2, max_new_tokens=20)
+    too_long = Request("ctx", _prompt(1, 50), n=1, max_new_tokens=50)  # 100 > context 96
+    too_big = Request("kv", _prompt(2, 40), n=1, max_new_tokens=45)  # 85 > max_cache_tokens 80
+    empty = Request("empty", [], n=1)
+    rejected = dict((r.id, why) for r, why in eng.submit([ok, too_long, too_big, empty]))
+    assert set(rejected) == {"ctx", "kv", "empty"}
+    assert "context of 96" in rejected["ctx"] and "max_cache_tokens=80" in rejected["kv"]
+    assert [s.id for s in eng.results()] == ["ok#0", "ok#1"]
+
+
+def test_kv_cache_stays_within_budget():
+    model = _model()
+    budget = 200
+    eng = _engine(model, temperature=1.0, max_concurrent=16, max_cache_tokens=budget)
+    reqs = [Request(f"q{i}", _prompt(i, 6), n=3, max_new_tokens=30 + 10 * (i % 3)) for i in range(5)]
+    seen = 0
+    for s in eng.results() if not eng.submit(reqs) else []:
+        seen += 1
+        b = eng.backend
+        assert b.R * b.W <= budget, f"KV cache {b.R}x{b.W} exceeds max_cache_tokens={budget}"
+        assert eng.num_active <= budget // 36
+    assert seen == 15
+
+
+# --- weight-update receiver ---------------------------------------------------------------------
+
+
+def test_apply_update_full_and_delta_reach_checksum_equality():
+    trainer, rollout = _model(seed=0), _model(seed=0)
+    assert weights_checksum(trainer) == weights_checksum(rollout)
+    with torch.no_grad():
+        for p in trainer.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    target = weights_checksum(trainer)
+    assert weights_checksum(rollout) != target
+
+    full = {n: p.detach().clone() for n, p in trainer.named_parameters()}
+    r1 = _model(seed=0)
+    apply_update(r1, WeightUpdate(version=1, mode="full", tensors=full, checksum=target))
+    assert weights_checksum(r1) == target
+
+    # delta: only the changed elements, as flat indices (half the elements of each parameter)
+    r2 = _model(seed=0)
+    with torch.no_grad():  # make half of the elements equal already, so the delta is partial
+        for (n, p), q in zip(r2.named_parameters(), trainer.parameters()):
+            p.view(-1)[::2] = q.view(-1)[::2]
+    tensors, indices = {}, {}
+    for (n, p), q in zip(r2.named_parameters(), trainer.parameters()):
+        idx = (p.view(-1) != q.view(-1)).nonzero().squeeze(1)
+        indices[n], tensors[n] = idx, q.detach().view(-1)[idx].clone()
+    apply_update(r2, WeightUpdate(version=1, mode="delta", tensors=tensors, indices=indices, checksum=target))
+    assert weights_checksum(r2) == target
+
+    with pytest.raises(ValueError, match="weight sync check failed"):
+        apply_update(_model(seed=0), WeightUpdate(version=1, mode="delta", tensors={}, indices={}, checksum=target))
+    with pytest.raises(KeyError, match="does not have"):
+        apply_update(r1, WeightUpdate(version=2, mode="full", tensors={"nope.weight": torch.zeros(1)}))
+    with pytest.raises(ValueError, match="shape"):
+        apply_update(r1, WeightUpdate(version=2, mode="full", tensors={"model.norm.weight": torch.zeros(3)}))
+    with pytest.raises(ValueError, match="has none"):
+        apply_update(r1, WeightUpdate(version=2, mode="lora", tensors={}))
