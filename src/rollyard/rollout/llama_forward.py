@@ -4,9 +4,10 @@ Why it exists: on a CPU with a tiny policy, a decode step is bound by per-op Pyt
 FLOPs. This forward does one decode step in ~16 ops per layer (HF's modules do several times
 more) by fusing, once per weight version, the weights that are always used together:
 
-- ``W_qkv``: rows ``[q | k | rot(q) | rot(k) | v]`` where ``rot`` permutes and negates rows so that
-  ``h @ rot(W).T == rotate_half(h @ W.T)`` exactly; RoPE is then ``qk * cos + qk_rot * sin`` with
-  no slicing or concatenation. The attention scale ``head_dim ** -0.5`` is folded into the q rows.
+- ``W_qkv``: rows ``[q | k | v]``, one matmul. RoPE is ``qk * cos + qk[..., perm] * sin_signed``
+  (``rotate_half`` as one gather with the sign folded into the sin table: no slicing or
+  concatenation). The attention scale ``head_dim ** -0.5`` is folded into the q rows. (Folding
+  rotate_half into extra weight rows instead saves the gather but costs ~15% more FLOPs.)
 - ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and ``addmm`` for down + residual.
 
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
@@ -51,13 +52,6 @@ def unsupported_reason(model) -> str | None:
     return None
 
 
-def _rot_rows(w: torch.Tensor, heads: int, hd: int) -> torch.Tensor:
-    """Rows of ``w`` ([heads*hd, ...]) permuted/negated so that ``x @ out.T == rotate_half(x @ w.T)``."""
-    w = w.reshape(heads, hd, *w.shape[1:])
-    half = hd // 2
-    return torch.cat((-w[:, half:], w[:, :half]), dim=1).reshape(heads * hd, *w.shape[2:])
-
-
 class LlamaFast:
     """Prefill and decode over ``model``'s weights; see the module docstring for the fusions."""
 
@@ -91,12 +85,10 @@ class LlamaFast:
             a, m = layer.self_attn, layer.mlp
             q = a.q_proj.weight * self.scale
             k = a.k_proj.weight
-            w = torch.cat((q, k, _rot_rows(q, H, hd), _rot_rows(k, KVH, hd), a.v_proj.weight)).contiguous()
+            w = torch.cat((q, k, a.v_proj.weight)).contiguous()
             b = None
             if a.q_proj.bias is not None:
-                qb = a.q_proj.bias * self.scale
-                b = torch.cat((qb, a.k_proj.bias, _rot_rows(qb, H, hd), _rot_rows(a.k_proj.bias, KVH, hd),
-                               a.v_proj.bias)).contiguous()
+                b = torch.cat((a.q_proj.bias * self.scale, a.k_proj.bias, a.v_proj.bias)).contiguous()
             gu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).contiguous()
             self.layers.append(dict(
                 ln1=layer.input_layernorm.weight, eps1=layer.input_layernorm.variance_epsilon,
@@ -111,7 +103,11 @@ class LlamaFast:
         self.lm_bias = getattr(self.model.lm_head, "bias", None)
         pos = torch.arange(self.context, device=self.device)[None]
         cos, sin = inner.rotary_emb(torch.zeros(1, device=self.device, dtype=self.dtype), pos)
-        self.cos, self.sin = cos[0].contiguous(), sin[0].contiguous()  # [context, hd]
+        half = hd // 2
+        self.cos = cos[0].contiguous()  # [context, hd]
+        # rotate_half(x) * sin == x[..., perm] * sin_signed
+        self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).contiguous()
+        self.perm = torch.cat((torch.arange(half, hd), torch.arange(half))).to(self.device)
         self.n_qk = (H + KVH) * hd
 
     def new_cache(self, slots: int, width: int) -> torch.Tensor:
@@ -136,8 +132,9 @@ class LlamaFast:
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
-            qk = torch.addcmul(y[..., :n].view(G, P, H + KVH, hd) * cos, y[..., n:2 * n].view(G, P, H + KVH, hd), sin)
-            v = y[..., 2 * n:].view(G, P, KVH, hd).transpose(1, 2)
+            qk = y[..., :n].view(G, P, H + KVH, hd)
+            qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
+            v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
             kv[l, 0, slots, :, :P] = k
             kv[l, 1, slots, :, :P] = v
@@ -167,10 +164,11 @@ class LlamaFast:
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
-            qk = torch.addcmul(y[:, :n].view(B, H + KVH, hd) * cos, y[:, n:2 * n].view(B, H + KVH, hd), sin)
+            qk = y[:, :n].view(B, H + KVH, hd)
+            qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             layer = kv[l]
             layer[0, rows, :, pos] = qk[:, H:]
-            layer[1, rows, :, pos] = y[:, 2 * n:].view(B, KVH, hd)
+            layer[1, rows, :, pos] = y[:, n:].view(B, KVH, hd)
             K = layer[0, :B, :, :width]  # [B, KVH, W, hd] (strided view, no copy)
             V = layer[1, :B, :, :width]
             s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2)) + mask

@@ -1,0 +1,199 @@
+"""Rollout engine vs transformers ``model.generate``: generated tokens/s, bubble, physical limit.
+
+    .venv/bin/python bench/engine.py                         # tiny + small, uniform + long-tailed, n=8
+    .venv/bin/python bench/engine.py --presets tiny --threads 2 --json bench/out/engine.json
+
+Both sides get the same model (a preset, fp32, CPU), the same prompts (random 8-16 character
+prompts, fixed seed), n samples per prompt, temperature 1, top-p 1 (HF: top_k=0, so no top-k
+either), and the same per-sample response lengths from a *length oracle*: EOS is disabled on both
+sides and each sample ``(prompt i, sample k)`` ends after exactly ``L[i, k]`` tokens, drawn once
+per case from a seeded generator:
+
+- ``uniform``: every L = ``--uniform-len`` (64).
+- ``longtail``: L ~ U[12, 20] (mean 16) with probability 1 - ``--tail-frac`` (6%); otherwise
+  16 x U[8, 16] (8-16x longer: 128-256 tokens).
+
+The engine applies the oracle through its ``_length_cap`` hook (a per-sample cap on completion
+length, read at admission); HF through a ``StoppingCriteria`` that marks row (i, k) done at its
+length (HF then keeps computing the finished row, padded, until its batch's longest is done).
+HF runs *static batches* of ``--batch`` sequences (``batch / n`` prompts each, in prompt order),
+the engine runs with ``max_concurrent = --batch``: the same number of sequences in flight.
+
+Columns: ``tok/s`` = oracle tokens generated / wall seconds; ``ratio`` = engine / HF;
+``bubble`` = 1 - useful tokens / computed decode positions (HF: batch x steps of each static
+batch; engine: the slots each decode step computes, plus one position per sample for the first
+token, which comes from the shared prefill); ``% limit`` = tok/s over the physical limit, which
+is matmul FLOP/s measured in this run (a 1024^3 fp32 matmul, same threads) divided by the model's
+FLOPs per generated token (2 x matmul parameters incl. LM head + attention at the case's mean
+context). Each side runs ``--repeats`` times, interleaved, and its best time is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList  # noqa: E402
+
+from rollyard.models import build_preset, char_tokenizer, num_params  # noqa: E402
+from rollyard.rollout.engine import RolloutEngine  # noqa: E402
+from rollyard.types import Request  # noqa: E402
+
+
+def draw_lengths(case: str, prompts: int, n: int, seed: int, uniform_len: int, tail_frac: float) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if case == "uniform":
+        return torch.full((prompts, n), uniform_len, dtype=torch.long)
+    short = torch.randint(12, 21, (prompts, n), generator=g)
+    long = 16 * torch.randint(8, 17, (prompts, n), generator=g)
+    return torch.where(torch.rand(prompts, n, generator=g) < tail_frac, long, short)
+
+
+class OracleStop(StoppingCriteria):
+    """Row r of the batch is done once it has generated ``lengths[r]`` tokens."""
+
+    def __init__(self, prompt_len: int, lengths: torch.Tensor):
+        self.prompt_len, self.lengths = prompt_len, lengths
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids.shape[1] - self.prompt_len) >= self.lengths
+
+
+@torch.no_grad()
+def run_hf(model, prompts, lengths, n, batch, pad_id, seed):
+    per = batch // n
+    torch.manual_seed(seed)
+    # EOS off: generate merges the model's generation_config (eos 2) into ours otherwise
+    model.generation_config.eos_token_id = None
+    tokens = positions = 0
+    t0 = time.perf_counter()
+    for b in range(0, len(prompts), per):
+        chunk, L = prompts[b:b + per], lengths[b:b + per].reshape(-1)
+        P = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad_id] * (P - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in chunk])
+        cfg = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, num_return_sequences=n,
+                               max_new_tokens=int(L.max()), pad_token_id=pad_id, eos_token_id=None)
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg,
+                             stopping_criteria=StoppingCriteriaList([OracleStop(P, L)]))
+        steps = out.shape[1] - P
+        assert steps == int(L.max()), (steps, int(L.max()))
+        tokens += int(L.sum())
+        positions += out.shape[0] * steps
+    return tokens, positions, time.perf_counter() - t0
+
+
+def run_engine(model, prompts, lengths, n, batch, pad_id, seed):
+    eng = RolloutEngine(model, eos_token_id=-1, pad_token_id=pad_id, temperature=1.0, top_p=1.0,
+                        max_concurrent=batch, seed=seed)
+    caps = {f"p{i}#{k}": int(lengths[i, k]) for i in range(len(prompts)) for k in range(n)}
+    eng._length_cap = caps.__getitem__
+    computed = [0]
+    decode = eng.backend.decode
+
+    def counted(seqs):
+        computed[0] += max(s.slot for s in seqs) + 1 if eng.backend.name == "fast" else len(seqs)
+        return decode(seqs)
+
+    eng.backend.decode = counted
+    reqs = [Request(f"p{i}", p, n=n, max_new_tokens=int(lengths[i].max())) for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    samples, rejected = eng.generate(reqs)
+    dt = time.perf_counter() - t0
+    assert not rejected, rejected
+    tokens = sum(len(s.completion_ids) for s in samples)
+    assert tokens == int(lengths.sum()), (tokens, int(lengths.sum()))
+    return tokens, computed[0] + len(samples), dt
+
+
+def matmul_flops(seconds: float = 0.5) -> float:
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * 1024 ** 3 * reps / (time.perf_counter() - t0)
+
+
+def flops_per_token(model, mean_ctx: float) -> float:
+    cfg = model.config
+    matmul = num_params(model) - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_word_embeddings else 1)
+    # embedding lookup is free; a tied LM head is a matmul with the embedding's V x D parameters
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * hd * mean_ctx
+    return 2 * matmul + attn
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--cases", nargs="+", default=["uniform", "longtail"])
+    ap.add_argument("--prompts", type=int, default=32, help="prompts per case (x n samples)")
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=64, help="HF static batch = engine max_concurrent (sequences)")
+    ap.add_argument("--uniform-len", type=int, default=64)
+    ap.add_argument("--tail-frac", type=float, default=0.06)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved runs per side; the best is reported")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    assert args.batch % args.n == 0, "--batch must be a multiple of --n"
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+
+    tok = char_tokenizer()
+    g = torch.Generator().manual_seed(args.seed)
+    chars = len(tok)
+    prompts = [torch.randint(4, chars, (int(torch.randint(8, 17, (1,), generator=g)),), generator=g).tolist()
+               for _ in range(args.prompts)]
+    peak = matmul_flops()
+    print(f"threads {args.threads}; matmul {peak / 1e9:.1f} GFLOP/s (1024^3 fp32); {args.prompts} prompts x n={args.n}, "
+          f"batch {args.batch}; temperature 1, top-p 1; length oracle (EOS off)")
+    rows = []
+    head = f"{'preset':6} {'case':9} {'tokens':>7} | {'HF tok/s':>9} {'bubble':>6} {'%lim':>5} | " \
+           f"{'eng tok/s':>9} {'bubble':>6} {'%lim':>5} | {'ratio':>5}"
+    print(head)
+    print("-" * len(head))
+    for preset in args.presets:
+        model = build_preset(preset, tok, seed=args.seed, max_position_embeddings=512).eval()
+        # warm-up both sides (first-call allocations, lazy init)
+        wl = torch.full((args.batch // args.n, args.n), 4, dtype=torch.long)
+        run_hf(model, prompts[:args.batch // args.n], wl, args.n, args.batch, tok.pad_token_id, 0)
+        run_engine(model, prompts[:args.batch // args.n], wl, args.n, args.batch, tok.pad_token_id, 0)
+        for case in args.cases:
+            L = draw_lengths(case, args.prompts, args.n, args.seed + 1, args.uniform_len, args.tail_frac)
+            mean_ctx = sum(len(p) for p in prompts) / len(prompts) + float(L.float().mean()) / 2
+            limit = peak / flops_per_token(model, mean_ctx)
+            h_dt = e_dt = float("inf")
+            for _ in range(args.repeats):  # interleaved; best of each side (a shared machine drifts)
+                h_tok, h_pos, dt = run_hf(model, prompts, L, args.n, args.batch, tok.pad_token_id, args.seed)
+                h_dt = min(h_dt, dt)
+                e_tok, e_pos, dt = run_engine(model, prompts, L, args.n, args.batch, tok.pad_token_id, args.seed)
+                e_dt = min(e_dt, dt)
+            r = dict(preset=preset, case=case, tokens=e_tok, hf_tok_s=h_tok / h_dt, hf_bubble=1 - h_tok / h_pos,
+                     eng_tok_s=e_tok / e_dt, eng_bubble=1 - e_tok / e_pos, limit_tok_s=limit,
+                     ratio=(e_tok / e_dt) / (h_tok / h_dt), hf_s=h_dt, eng_s=e_dt, params=num_params(model),
+                     threads=args.threads, longest=int(L.max()), mean_len=float(L.float().mean()))
+            rows.append(r)
+            print(f"{preset:6} {case:9} {e_tok:7d} | {r['hf_tok_s']:9.0f} {r['hf_bubble']:6.1%} "
+                  f"{r['hf_tok_s'] / limit:5.1%} | {r['eng_tok_s']:9.0f} {r['eng_bubble']:6.1%} "
+                  f"{r['eng_tok_s'] / limit:5.1%} | {r['ratio']:4.2f}x", flush=True)
+        print(f"  {preset}: {num_params(model) / 1e6:.2f}M params, limit {limit:.0f} tok/s "
+              f"({flops_per_token(model, mean_ctx) / 1e6:.1f} MFLOP/token at the last case's mean context)")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
