@@ -185,14 +185,19 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Ru
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            if err["loc"]:
-                loc = ".".join(str(x) for x in err["loc"])
-                lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
-            else:  # a cross-field check: its message already names the fields and values
-                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
-        raise ConfigError("invalid config:\n" + "\n".join(lines)) from None
+        raise ConfigError("invalid config:\n" + describe_errors(e)) from None
+
+
+def describe_errors(e: ValidationError) -> str:
+    """One line per error: the dotted field, what is wrong and the value given."""
+    lines = []
+    for err in e.errors():
+        if err["loc"]:
+            loc = ".".join(str(x) for x in err["loc"])
+            lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+        else:  # a cross-field check: its message already names the fields and values
+            lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+    return "\n".join(lines)
 
 
 def dump_config(cfg: RunConfig, path: str | Path) -> None:

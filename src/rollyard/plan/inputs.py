@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollyard.config import ConfigError, _set_dotted, check_keys, parse_override, read_file
+from rollyard.config import ConfigError, _set_dotted, check_keys, describe_errors, parse_override, read_file
 from rollyard.telemetry import rundir
 
 # Link bandwidths in bytes/s (decimal). NVLink and RDMA are seed 002's figures for a weight
@@ -166,14 +166,7 @@ def validate_plan(data: dict) -> PlanInputs:
     try:
         return PlanInputs.model_validate(data)
     except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            if err["loc"]:
-                loc = ".".join(str(x) for x in err["loc"])
-                lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
-            else:  # a cross-field check: its message names the fields and values
-                lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
-        raise PlanError("invalid plan:\n" + "\n".join(lines)) from None
+        raise PlanError("invalid plan:\n" + describe_errors(e)) from None
 
 
 def load_plan(path: str | Path | None = None, overrides: list[str] = ()) -> PlanInputs:
