@@ -28,7 +28,7 @@ from rollyard.rollout.scheduler import PromptStream
 from rollyard.sft import warm_start
 from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir
-from rollyard.telemetry.report import console, print_summary
+from rollyard.telemetry.report import console, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
@@ -177,7 +177,6 @@ def finish(ctx: RunContext) -> dict:
     export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL)
     ctx.telemetry.close()
     ctx.rewards.close()
-    from rollyard.telemetry.report import role_shares
     summary = {
         "eval_before": ctx.state.eval_before, "eval_after": after, "steps": ctx.state.step,
         "version": ctx.state.version, "seconds": time.time() - ctx.started, "deadletters": ctx.deadletters,

@@ -71,7 +71,7 @@ def decide_placement(p: PlanInputs, ph: Phases) -> tuple[str, list[TreeStep]]:
         f"({'allows' if p.sync.staleness_bound >= 1 else 'forbids'} off-policy samples)"))
     q2 = not q1 and not q3
     steps.append(TreeStep(
-        "2. Training needs its own pool, rollout fits on a subset?", "n/a" if (q1 or q3) else "yes",
+        "2. Training needs its own pool, rollout fits on a subset?", "yes" if q2 else "n/a",
         f"trainer pool {trainer_gpus(p)} GPUs, rollout pool {p.rollout.gpus} GPUs; pay the reshard once, "
         f"overlap rollout with training"))
     steps.append(TreeStep("4. Test-time inference only?", "no", "a trainer is configured"))

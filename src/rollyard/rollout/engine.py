@@ -39,7 +39,7 @@ import heapq
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterator
 
 import torch
 
