@@ -24,10 +24,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class LoraConfig(Section):
+    r: int = Field(0, ge=0, le=1024, description="LoRA rank; 0 trains every weight (no adapter)")
+    alpha: float = Field(16.0, gt=0.0, description="LoRA alpha (the adapter's update is scaled by alpha / r)")
+    targets: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+                               description="module names the adapter wraps (PEFT target_modules)")
+
+
 class ModelConfig(Section):
     name: str = Field("tiny", description="built-in preset (tiny ~0.5M, small ~4M params) or a local Hugging Face causal-LM directory")
     context: int = Field(128, ge=16, le=32768, description="context length (max_position_embeddings) of a built-in preset; ignored for a directory")
     seed: int = Field(0, ge=0, description="seed of a preset's random init")
+    lora: LoraConfig = Field(default_factory=LoraConfig)
 
 
 class DataConfig(Section):
@@ -50,6 +58,9 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     max_concurrent: int = Field(256, ge=1, description="engine: sequences decoded at once (KV slots)")
     max_cache_tokens: int = Field(1 << 17, ge=64, description="engine: KV-cache budget in tokens across all slots")
+    dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="dtype of the rollout copy of the weights; auto: bf16 on GPU, fp32 on CPU")
+    workers: int = Field(1, ge=1, le=1024, description="rollout workers (Ray actors, each with its own model copy) in the disaggregated and async placements")
+    inflight: Literal["finish", "abort", "continue"] = Field("finish", description="async: what in-flight sequences do when new weights arrive")
 
 
 class RewardConfig(Section):
@@ -76,6 +87,14 @@ class TrainerConfig(Section):
     device: str = Field("auto", description="auto | cpu | cuda")
 
 
+class SyncConfig(Section):
+    mode: str = Field("auto", description="weight sync mode: auto (inprocess when colocated, else full) | inprocess | full | delta | lora")
+    transport: str = Field("auto", description="auto (inprocess when colocated, else ray) | inprocess | dist (torch.distributed broadcast) | ray (object store)")
+    every: int = Field(1, ge=1, description="publish weights every N optimizer steps")
+    bucket_mb: float = Field(64.0, gt=0.0, description="dist transport: broadcast bucket size in MB")
+    check_every: int = Field(0, ge=0, description="checksum equality check every N syncs (0: at start-up only)")
+
+
 class SFTConfig(Section):
     auto: bool = Field(True, description="warm-start a built-in preset with SFT on task demos before RL (cached)")
     steps: int = Field(1200, ge=0, description="maximum SFT steps")
@@ -90,7 +109,8 @@ class RunConfig(Section):
     out_dir: str = Field("runs/demo", description="run directory")
     steps: int = Field(40, ge=1, description="RL optimizer steps")
     seed: int = Field(0, ge=0, description="seed of sampling and training")
-    placement: Literal["colocated"] = Field("colocated", description="where the roles run (colocated today)")
+    placement: str = Field("colocated", description="where the roles run: colocated | disaggregated | async")
+    max_staleness: int = Field(0, description="async: the most weight versions a trained sample may lag the trainer (>= 0)")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
     eval_every: int = Field(0, ge=0, description="steps between held-out evals during the run; 0: only before and after")
@@ -101,6 +121,7 @@ class RunConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
 
     @model_validator(mode="after")
