@@ -14,7 +14,7 @@ from pathlib import Path
 USAGE = """rollyard <command> [args]
 
 commands:
-  train   [--config FILE] [--resume RUN_DIR] [key.sub=value ...]   RL training (colocated)
+  train   [--config FILE] [--resume RUN_DIR] [key.sub=value ...]   RL training (placement=colocated|disaggregated|async)
   sft     [--config FILE] [--out DIR] [key.sub=value ...]           warm-start a preset on task demos
   plan    [FILE] [--json] [--out DIR] ...                           price a configuration (bytes, steps/hour)
   review  RUN_DIR [--plan FILE] ...                                 hold a measured run against its plan
@@ -37,8 +37,8 @@ def _train_parser(name: str) -> argparse.ArgumentParser:
 
 
 def cmd_train(argv: list[str]) -> int:
+    from rollyard import placement
     from rollyard.config import load_config
-    from rollyard.placement import colocated
     from rollyard.telemetry import rundir
 
     p = _train_parser("train")
@@ -48,10 +48,10 @@ def cmd_train(argv: list[str]) -> int:
         if args.config:
             raise SystemExit("rollyard train: --resume uses the run's saved config; pass overrides, not --config")
         cfg = load_config(Path(args.resume) / rundir.CONFIG, args.overrides + [f"out_dir={args.resume}"])
-        colocated.train(cfg, args.resume, resume=True)
+        placement.train(cfg, args.resume, resume=True)
     else:
         cfg = load_config(args.config, args.overrides)
-        colocated.train(cfg, cfg.out_dir, resume=False)
+        placement.train(cfg, cfg.out_dir, resume=False)
     return 0
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from rollyard.types import Sample
+
 
 def grpo_advantages(
     rewards: torch.Tensor,
@@ -45,3 +47,14 @@ def grpo_advantages(
         std = (ss / (count - 1).clamp(min=1)).sqrt()
         centred = centred / (std[g] + eps)
     return centred.masked_fill(flat, 0.0).to(rewards.dtype)
+
+
+def assign_advantages(samples: list[Sample], normalize_std: bool) -> None:
+    """GRPO over ``Sample``s: set each one's ``advantage`` against its group (same ``request_id``)."""
+    if not samples:
+        return
+    groups: dict[str, int] = {}
+    index = torch.tensor([groups.setdefault(s.request_id, len(groups)) for s in samples])
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    for s, a in zip(samples, grpo_advantages(rewards, index, normalize_std=normalize_std).tolist()):
+        s.advantage = a

@@ -1,0 +1,61 @@
+"""Placements: where the roles run. ``train(cfg, run_dir, resume)`` picks the driver.
+
+- ``colocated``: one process, one copy of the weights, no Ray (the embedded default);
+- ``disaggregated``: Ray rollout actors sample step k+1 while the trainer trains step k;
+- ``async``: rollout actors run their own loops; a staleness bound holds at admission and consumption.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollyard.config import ConfigError, RunConfig
+
+PLACEMENTS = ("colocated", "disaggregated", "async")
+
+
+def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
+    """Placement rules the typed config cannot see alone; one line each, with the fix.
+
+    ``ray_cpus``: the CPUs Ray can give (None: not checked)."""
+    if cfg.placement not in PLACEMENTS:
+        raise ConfigError(f"placement={cfg.placement!r} is not a placement: expected one of "
+                          f"{', '.join(PLACEMENTS)}; set placement=colocated (the default)")
+    if cfg.max_staleness < 0:
+        raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "
+                          f"{cfg.max_staleness}; set max_staleness=0 (on-policy) or more")
+    if cfg.placement == "colocated":
+        return
+    if cfg.sync.transport == "inprocess":
+        raise ConfigError(f"placement={cfg.placement} runs rollout in other processes, so sync.transport=inprocess "
+                          f"cannot reach them; set sync.transport=ray (or auto)")
+    if cfg.sync.mode not in ("auto", "full"):
+        raise ConfigError(f"sync.mode={cfg.sync.mode!r}: placement={cfg.placement} ships full weights for now; "
+                          f"set sync.mode=full (or auto)")
+    if cfg.sync.transport not in ("auto", "ray"):
+        raise ConfigError(f"sync.transport={cfg.sync.transport!r}: placement={cfg.placement} moves weights "
+                          f"through the Ray object store for now; set sync.transport=ray (or auto)")
+    cpus = ray_cpus
+    if cpus is not None and cfg.rollout.workers > cpus:
+        raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs one CPU each, but Ray can give {cpus:g}; "
+                          f"set rollout.workers={max(1, int(cpus))} or fewer")
+    if cfg.placement == "async" and cfg.sync.every > cfg.max_staleness + 1:
+        raise ConfigError(f"sync.every={cfg.sync.every} leaves samples up to {cfg.sync.every - 1} versions old, over "
+                          f"max_staleness={cfg.max_staleness}: no sample could be trained; set "
+                          f"max_staleness={cfg.sync.every - 1} or sync.every={cfg.max_staleness + 1}")
+
+
+def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
+    """Run ``cfg`` in its placement; returns the summary."""
+    if cfg.placement == "colocated":
+        check(cfg)
+        from rollyard.placement import colocated
+        return colocated.train(cfg, run_dir, resume)
+    from rollyard.placement import cluster
+    check(cfg, cluster.cpus())
+    cluster.connect()
+    if cfg.placement == "disaggregated":
+        from rollyard.placement import disaggregated
+        return disaggregated.train(cfg, run_dir, resume)
+    from rollyard.placement import async_
+    return async_.train(cfg, run_dir, resume)

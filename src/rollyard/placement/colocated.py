@@ -1,77 +1,55 @@
 """Colocated placement: rollout and trainer share one process and one copy of the weights.
 
-Each step: generate, score, reference, advantages, train, sync. Sync is in-process (the engine
-reads the module the trainer just stepped): zero bytes on the wire, version + 1.
+Each step: generate, score, train, sync. Sync is in-process (the engine reads the module the
+trainer just stepped): zero bytes on the wire, version + 1. No Ray, nothing to start.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from rollyard.algo.advantages import grpo_advantages
+from rollyard import roles as build
 from rollyard.config import RunConfig
-from rollyard.placement.run import RunContext, finish, start
-from rollyard.rollout.scheduler import to_requests
+from rollyard.placement.run import evaluate, finish, start
+from rollyard.placement.score import score
 from rollyard.telemetry.report import StepProgress
-from rollyard.types import Sample, WeightUpdate
+from rollyard.types import WeightUpdate
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
-    ctx: RunContext = start(cfg, run_dir, resume)
-    tel, engine, trainer = ctx.telemetry, ctx.engine, ctx.trainer
-    r = cfg.rollout
-    with StepProgress(cfg.steps, ctx.state.step, cfg.progress) as progress:
-        for step in range(ctx.state.step, cfg.steps):
-            requests, dead = to_requests(ctx.stream.take(r.prompts_per_step), ctx.tokenizer, r.samples_per_prompt,
-                                         r.max_new_tokens, ctx.context, suffix=f"@{step}")
-            ctx.dead_letter(dead, step)
+    run, r, extra_rng = start(cfg, run_dir, resume)
+    tel, trainer, ledger = run.telemetry, r.trainer, r.feed.ledger
+    engine = build.engine(cfg, r.model, r.tokenizer, version=run.state.version)
+    if "engine" in extra_rng:
+        engine.generator.set_state(extra_rng["engine"])
+    run.begin()
+    with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:
+        for step in range(run.state.step, cfg.steps):
+            requests, dead = r.feed.take(cfg.rollout.prompts_per_step, step)
+            run.dead_letter(dead, step)
+            ledger.hand_out([q.id for q in requests], "local")
             tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
-            with tel.span("rollout", step, version=ctx.state.version, requests=[q.id for q in requests]):
+            with tel.span("rollout", step, version=run.state.version, requests=[q.id for q in requests]):
                 samples, rejected = engine.generate(requests)
-            ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
+            run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
+            ledger.dead([q.id for q, _ in rejected])
             tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
-            with tel.span("reward", step):
-                samples = ctx.rewards.score(samples)
-            tel.traffic(step, "rewards", 4 * len(samples))
-
-            if cfg.algo.kl_coef > 0:
-                with tel.span("reference", step):
-                    ref = trainer.logprobs(samples, model=ctx.reference)
-                    for s, lp in zip(samples, ref):
-                        s.ref_logprobs = lp.tolist()
-                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in samples))
-
-            with tel.span("algorithm", step):
-                assign_advantages(samples, cfg.algo.normalize_std)
-
+            samples = score(run, r, step, samples)
             with tel.span("train", step):
                 train_metrics = trainer.step(samples)
+            ledger.trained([q.id for q in requests if ledger.state[q.id] == "in_flight"])
 
             with tel.span("sync", step, mode="inprocess"):
-                ctx.state.version += 1
-                engine.load_weights(WeightUpdate(version=ctx.state.version, mode="inprocess"))
+                run.state.version += 1
+                engine.load_weights(WeightUpdate(version=run.state.version, mode="inprocess"))
             tel.traffic(step, "weights", 0)
 
-            ctx.state.step = step + 1
-            row = ctx.end_step(step, requests, samples, train_metrics)
-            progress.update(row)
-            if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps:
-                ctx.save_checkpoint()
-            if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
-                ctx.log(f"step {ctx.state.step}: held-out greedy accuracy {ctx.evaluate():.1%}")
-    return finish(ctx)
-
-
-def assign_advantages(samples: list[Sample], normalize_std: bool) -> None:
-    """GRPO: each sample's advantage is its reward against its group (same request id)."""
-    if not samples:
-        return
-    groups: dict[str, int] = {}
-    index = torch.tensor([groups.setdefault(s.request_id, len(groups)) for s in samples])
-    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
-    for s, a in zip(samples, grpo_advantages(rewards, index, normalize_std=normalize_std).tolist()):
-        s.advantage = a
+            run.state.step = step + 1
+            progress.update(run.end_step(step, requests, samples, train_metrics, trained_at=run.state.version - 1))
+            if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps:
+                run.save_checkpoint(r, {"engine": engine.generator.get_state()})
+            if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+                run.log(f"step {run.state.step}: held-out greedy accuracy {evaluate(run, r):.1%}")
+    return finish(run, r)

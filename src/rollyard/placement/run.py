@@ -1,8 +1,10 @@
-"""What every placement driver shares: start a run (or resume it), account a step, finish.
+"""What every placement shares: the run record, the driver-side role handles, start and finish.
 
-A driver's loop stays short because the bookkeeping lives here: the run directory, the resolved
-config, the warm start, eval before/after, the dead-letter file, per-step metrics, checkpoints,
-the exported model and the summary.
+``RunRecord`` is placement-independent: the run directory, the config, the telemetry sink, dead
+letters, the checkpoint state (``TrainState``) and the summary. It knows nothing of where the
+roles run. ``Roles`` are the handles the driver process holds (the trainer, the verifier pool,
+the reference model, the prompt feed); a placement adds its own rollout handles (a local engine,
+or Ray actors) and drives them.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from typing import Any
 
 import torch
 
-from rollyard import checkpoint, roles
+from rollyard import checkpoint, roles, staleness
+from rollyard.accounting import PromptLedger
 from rollyard.config import ConfigError, RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
 from rollyard.models import PRESETS, export, num_params
 from rollyard.reward.dispatcher import RewardDispatcher
-from rollyard.rollout.engine import RolloutEngine
-from rollyard.rollout.scheduler import PromptStream
+from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.sft import warm_start
 from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir
@@ -34,51 +36,63 @@ from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 
 
-@dataclass
-class RunContext:
-    cfg: RunConfig
-    run_dir: Path
+@dataclass(frozen=True)
+class Roles:
+    """Driver-side role handles. ``model`` is the trainer's policy (the one that is checkpointed)."""
+
     model: Any
     tokenizer: Any
     context: int
-    device: str
-    engine: RolloutEngine
     trainer: Trainer
     rewards: RewardDispatcher
-    reference: Any
-    stream: PromptStream
+    reference: Any  # frozen copy of the initial policy, or None when kl_coef == 0
+    feed: PromptFeed
     held_out: list[Prompt]
+
+
+@dataclass
+class RunRecord:
+    cfg: RunConfig
+    run_dir: Path
     telemetry: Telemetry
     state: checkpoint.TrainState
     started: float = field(default_factory=time.time)
     deadletters: int = 0
     flags: dict[str, int] = field(default_factory=lambda: {"timeouts": 0, "errors": 0})
+    totals: dict[str, float] = field(default_factory=dict)  # run-wide counters a placement adds to the summary
+    _clock: float = field(default_factory=time.time)
 
     def log(self, msg: str) -> None:
         console.print(msg)
-
-    def evaluate(self) -> float:
-        return greedy_accuracy(self.model, self.tokenizer, self.held_out, self.rewards,
-                               self.cfg.rollout.max_new_tokens, self.context)
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
             return
         with open(self.run_dir / rundir.DEADLETTER, "a") as f:
-            for rec in records:
-                f.write(json.dumps({"step": step, **rec}) + "\n")
+            f.writelines(json.dumps({"step": step, **rec}) + "\n" for rec in records)
         self.deadletters += len(records)
         for rec in records[:3]:
             self.log(f"[yellow]dead-lettered {rec.get('source')}: {rec.get('reason')}[/yellow]")
 
-    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float]) -> dict:
-        """Write the step's metrics (rewards, lengths, canaries, staleness) and ledger; return the row."""
+    def begin(self) -> None:
+        """Start the step clock: ``time/step`` is wall clock between optimizer steps."""
+        self._clock = time.time()
+
+    def count(self, key: str, n: float = 1) -> None:
+        self.totals[key] = self.totals.get(key, 0) + n
+
+    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float],
+                 trained_at: int, extra: dict[str, Any] | None = None) -> dict:
+        """Write the step's metrics and ledger; return the row. ``trained_at``: the trainer version
+        that consumed ``samples`` (their staleness is measured against it, here, where they are used)."""
+        now = time.time()
         rewards = [s.reward for s in samples] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
         flags = [s.reward_flag or "" for s in samples]
         self.flags["timeouts"] += sum(f == "timeout" for f in flags)
         self.flags["errors"] += sum(f.startswith("error") for f in flags)
         times = self.telemetry.step_seconds.get(step, {})
+        lag = staleness.lags(trained_at, [s.version for s in samples])
         values: dict[str, Any] = {
             "version": self.state.version,
             "reward/mean": mean(rewards), "reward/std": pstdev(rewards),
@@ -89,22 +103,22 @@ class RunContext:
             "length/clipped_frac": sum(s.finish_reason == "length" for s in samples) / max(len(samples), 1),
             "tokens/generated": sum(lengths),
             "tokens/per_s_rollout": sum(lengths) / max(times.get("rollout", 0.0), 1e-9),
-            rundir.STALENESS_MAX: max((self.state.version - 1 - s.version for s in samples), default=0),
+            rundir.STALENESS_MAX: max(lag, default=0),
+            "staleness/mean": mean(lag) if lag else 0.0,
+            "staleness/hist": staleness.histogram(lag),
             "deadletter/total": self.deadletters,
-            rundir.STEP_TIME: sum(times.values()),
+            rundir.STEP_TIME: now - self._clock,
+            **(extra or {}),
         }
+        self._clock = now
         values.update({f"train/{k}": v for k, v in train_metrics.items()})
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 
-    def save_checkpoint(self) -> Path:
-        self.state.cursor = self.stream.state()
-        return checkpoint.save(self.run_dir, self.state, self.model, self.trainer.optimizer,
-                               keep=self.cfg.keep_checkpoints, extra_rng=self.engine_rng())
-
-    def engine_rng(self) -> dict:
-        gen = getattr(self.engine, "generator", None)
-        return {"engine": gen.get_state()} if isinstance(gen, torch.Generator) else {}
+    def save_checkpoint(self, r: Roles, extra_rng: dict | None = None) -> Path:
+        self.state.cursor = r.feed.state()
+        return checkpoint.save(self.run_dir, self.state, r.model, r.trainer.optimizer,
+                               keep=self.cfg.keep_checkpoints, extra_rng=extra_rng)
 
 
 def _seed_everything(seed: int) -> None:
@@ -112,8 +126,13 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
-    """Set up every role; with ``resume``, ``cfg`` is the run's saved config (plus CLI overrides)."""
+def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None = None
+          ) -> tuple[RunRecord, Roles, dict]:
+    """Set up the run record and the driver-side roles; returns ``(run, roles, extra_rng)``.
+
+    With ``resume``, ``cfg`` is the run's saved config (plus CLI overrides) and the prompt ledger's
+    live prompts are queued again. ``info``: placement facts for run.json (see ``run_info``).
+    """
     run = Path(run_dir)
     if resume:
         ckpt = checkpoint.latest(run)
@@ -140,50 +159,63 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     if cfg.algo.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
     trainer = roles.trainer(cfg, model, device)
-    stream = PromptStream(train_prompts, seed=cfg.data.seed)
+    r = cfg.rollout
+    feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed), PromptLedger(), tokenizer,
+                      r.samples_per_prompt, r.max_new_tokens, context)
     state = checkpoint.TrainState()
     extra_rng: dict = {}
     if ckpt is not None:
         state, extra_rng = checkpoint.load(ckpt, model, trainer.optimizer)
-        stream.restore(state.cursor)
-        console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}")
-    engine = roles.engine(cfg, model, tokenizer, version=state.version)
-    if "engine" in extra_rng and isinstance(getattr(engine, "generator", None), torch.Generator):
-        engine.generator.set_state(extra_rng["engine"])
-    ctx = RunContext(cfg, run, model, tokenizer, context, device, engine, trainer, rewards, reference, stream,
-                     held_out, Telemetry(run), state)
-    ctx.dead_letter(deadletter)
-    (run / rundir.RUN_INFO).write_text(json.dumps(run_info(cfg, model), indent=1))
+        feed.restore(state.cursor)
+        console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
+                      + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
+    rec = RunRecord(cfg, run, Telemetry(run), state)
+    handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out)
+    rec.dead_letter(deadletter)
+    (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model), **(info or {})}, indent=1))
     if state.eval_before is None:
-        state.eval_before = ctx.evaluate()
+        state.eval_before = evaluate(rec, handles)
         state.extra.update(sft_info)
         console.print(f"held-out greedy accuracy before RL: {state.eval_before:.1%} ({len(held_out)} prompts)")
-    return ctx
+    return rec, handles, extra_rng
+
+
+def evaluate(run: RunRecord, r: Roles) -> float:
+    return greedy_accuracy(r.model, r.tokenizer, r.held_out, r.rewards, run.cfg.rollout.max_new_tokens, r.context)
 
 
 def run_info(cfg: RunConfig, model) -> dict:
+    """run.json: the facts plan/review need (rundir.RUN_INFO_KEYS), plus the placement's (RUN_INFO_EXTRA)."""
+    colocated = cfg.placement == "colocated"
+    mode = "inprocess" if colocated else (cfg.sync.mode if cfg.sync.mode != "auto" else "full")
     return {
         "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
-        "placement": cfg.placement, "sync_mode": "inprocess", "dp": 1,
+        "placement": cfg.placement, "sync_mode": mode, "dp": 1,
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "staleness_bound": 0, "lora_fraction": None,
-        "steps": cfg.steps,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "staleness_bound": staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every),
+        "lora_fraction": None, "steps": cfg.steps,
+        "sync_transport": "inprocess" if colocated else (cfg.sync.transport if cfg.sync.transport != "auto" else "ray"),
+        "sync_every": 1 if colocated else cfg.sync.every,
+        "rollout_workers": 0 if colocated else cfg.rollout.workers,
+        "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
     }
 
 
-def finish(ctx: RunContext) -> dict:
+def finish(run: RunRecord, r: Roles) -> dict:
     """Eval after, export the policy, write summary.json and trace.json, print the tables."""
-    after = ctx.evaluate()
-    export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL)
-    ctx.telemetry.close()
-    ctx.rewards.close()
+    after = evaluate(run, r)
+    export(r.model, r.tokenizer, run.run_dir / rundir.MODEL)
+    run.telemetry.close()
+    r.rewards.close()
     summary = {
-        "eval_before": ctx.state.eval_before, "eval_after": after, "steps": ctx.state.step,
-        "version": ctx.state.version, "seconds": time.time() - ctx.started, "deadletters": ctx.deadletters,
-        "reward_flags": ctx.flags, **ctx.state.extra,
-        "role_seconds_per_step": {r: s for r, s, _ in role_shares(ctx.telemetry.step_seconds)},
+        "eval_before": run.state.eval_before, "eval_after": after, "steps": run.state.step,
+        "version": run.state.version, "seconds": time.time() - run.started, "deadletters": run.deadletters,
+        "reward_flags": run.flags, "placement": run.cfg.placement, "prompts": r.feed.ledger.counts(),
+        **run.totals, **run.state.extra,
+        "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
     }
-    (ctx.run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=1))
-    print_summary(ctx.telemetry.step_seconds, ctx.state.eval_before, after)
-    console.print(f"run directory: {ctx.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
+    (run.run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=1))
+    print_summary(run.telemetry.step_seconds, run.state.eval_before, after)
+    console.print(f"run directory: {run.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     return summary

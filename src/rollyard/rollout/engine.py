@@ -5,8 +5,9 @@ Contract (callers are written against it):
 - ``submit(requests)`` queues requests and returns those rejected with a reason (prompt +
   ``max_new_tokens`` beyond the model context or the KV-cache budget, empty prompt, n < 1,
   duplicate id). Nothing that was accepted can later fail for lack of memory.
-- ``results()`` drives decoding and yields each ``Sample`` the moment it finishes; it returns when
-  nothing is queued or in flight.
+- ``step()`` runs one admit + decode step and returns the samples finished since the last call
+  (an actor's loop drives it); ``results()`` loops over ``step()`` and yields each ``Sample`` the
+  moment it finishes; it returns when nothing is queued or in flight.
 - ``abort(ids)`` stops requests / samples (``"{request_id}#{k}"``) and returns their partial
   samples (finish reason ``"abort"``); queued ones come back with empty completions.
 - ``load_weights(update, inflight)`` applies a ``WeightUpdate`` between two decode steps; in-flight
@@ -368,15 +369,28 @@ class RolloutEngine:
 
     # -- decoding ----------------------------------------------------------------------------
 
+    def step(self) -> list[Sample]:
+        """One admit + decode step (none when idle); returns every sample finished since the last call.
+
+        The unit an actor loop drives: between two calls it may ``submit``, ``abort`` or
+        ``load_weights``. Samples a ``load_weights(inflight="finish")`` drained come out here too.
+        """
+        if self._queue or self._active:
+            self._step()
+        out = list(self._done)
+        self._done.clear()
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, in flight or finished-but-not-returned."""
+        return not (self._queue or self._active or self._done)
+
     def results(self) -> Iterator[Sample]:
         """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
         self._check_weights_unchanged()
-        while True:
-            while self._done:
-                yield self._done.popleft()
-            if not self._queue and not self._active:
-                return
-            self._step()
+        while not self.idle:
+            yield from self.step()
 
     def generate(self, requests) -> tuple[list[Sample], list[tuple[Request, str]]]:
         """Submit ``requests``, drain ``results()``; samples in request order (then k)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rollyard.accounting import PromptLedger
 from rollyard.tasks.base import Prompt
 from rollyard.types import Request
 
@@ -75,3 +76,41 @@ def to_requests(prompts: list[Prompt], tokenizer, n: int, max_new_tokens: int, c
         requests.append(Request(id=p.id + suffix, prompt_ids=ids, n=n, max_new_tokens=min(max_new_tokens, room),
                                 meta={**p.meta, "prompt": p.text}))
     return requests, dead
+
+
+class PromptFeed:
+    """Each round's requests, every one recorded in the prompt ledger.
+
+    Requeued prompts (a stale drop, a dead worker, a resumed run's live prompts) go first, oldest
+    first, keeping their ids; the rest come fresh from the stream with the id ``{prompt id}@{round}``.
+    A prompt that cannot fit the context is dead-lettered (ledger state ``dead``) and returned in
+    ``dead`` with its reason.
+    """
+
+    def __init__(self, stream: PromptStream, ledger: PromptLedger, tokenizer, n: int, max_new_tokens: int,
+                 context: int):
+        self.stream, self.ledger, self.tokenizer = stream, ledger, tokenizer
+        self.n, self.max_new_tokens, self.context = n, max_new_tokens, context
+
+    def take(self, k: int, round_: int) -> tuple[list[Request], list[dict]]:
+        """Up to ``k`` queued requests (fewer when prompts are dead-lettered); they stay ``queued``."""
+        out = self.ledger.queued(k)
+        if len(out) < k:
+            fresh, dead = to_requests(self.stream.take(k - len(out)), self.tokenizer, self.n, self.max_new_tokens,
+                                      self.context, suffix=f"@{round_}")
+            seen = set(self.ledger.state)
+            dup = [q for q in fresh if q.id in seen]
+            fresh = [q for q in fresh if q.id not in seen]
+            dead += [{"source": q.id, "reason": "the same prompt twice in one round (prompts_per_step is larger "
+                      "than the prompt set); it is sampled once"} for q in dup]
+            self.ledger.add(fresh)
+            out += fresh
+            return out, dead
+        return out, []
+
+    def state(self) -> dict[str, Any]:
+        return {**self.stream.state(), "ledger": self.ledger.state_dict()}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.stream.restore(state)
+        self.ledger.load_state_dict(state.get("ledger", {}))

@@ -1,0 +1,26 @@
+"""The one scoring path every placement shares: reward -> reference -> advantages.
+
+Runs in the driver process on finished samples (for async, on a consumed batch), records the
+``reward``, ``reference`` and ``algorithm`` spans and the ``rewards`` / ``ref_logprobs`` edges.
+"""
+
+from __future__ import annotations
+
+from rollyard.algo.advantages import assign_advantages
+from rollyard.placement.run import Roles, RunRecord
+from rollyard.types import Sample
+
+
+def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> list[Sample]:
+    tel, cfg = run.telemetry, run.cfg
+    with tel.span("reward", step):
+        samples = r.rewards.score(samples)
+    tel.traffic(step, "rewards", 4 * len(samples))
+    if r.reference is not None:
+        with tel.span("reference", step):
+            for s, lp in zip(samples, r.trainer.logprobs(samples, model=r.reference)):
+                s.ref_logprobs = lp.tolist()
+        tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in samples))
+    with tel.span("algorithm", step):
+        assign_advantages(samples, cfg.algo.normalize_std)
+    return samples
