@@ -7,3 +7,18 @@ import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray session for the whole test run (tests marked ``ray`` use it)."""
+    import ray
+
+    from rollyard.placement import cluster
+
+    cluster.connect()
+    yield ray
+    ray.shutdown()

@@ -61,11 +61,12 @@ def policy(cfg: RunConfig, device: str):
     return model.to(device), tokenizer, context_length(model)
 
 
-def engine(cfg: RunConfig, model, tokenizer, version: int = 0) -> RolloutEngine:
+def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None = None) -> RolloutEngine:
     r = cfg.rollout
     return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
-                         max_cache_tokens=r.max_cache_tokens, seed=cfg.seed, version=version)
+                         max_cache_tokens=r.max_cache_tokens, seed=cfg.seed if seed is None else seed,
+                         version=version)
 
 
 def trainer(cfg: RunConfig, model, device: str) -> Trainer:

@@ -102,10 +102,12 @@ class RunRecord:
             "length/mean": mean(lengths), "length/min": min(lengths), "length/max": max(lengths),
             "length/clipped_frac": sum(s.finish_reason == "length" for s in samples) / max(len(samples), 1),
             "tokens/generated": sum(lengths),
-            "tokens/per_s_rollout": sum(lengths) / max(times.get("rollout", 0.0), 1e-9),
+            # Rollout seconds of this step (async: worker spans may reach the driver after it).
+            **({"tokens/per_s_rollout": sum(lengths) / times["rollout"]} if times.get("rollout") else {}),
             rundir.STALENESS_MAX: max(lag, default=0),
             "staleness/mean": mean(lag) if lag else 0.0,
             "staleness/hist": staleness.histogram(lag),
+            "staleness/mixed_samples": sum(len(set(s.versions)) > 1 for s in samples),  # spanned a weight update
             "deadletter/total": self.deadletters,
             rundir.STEP_TIME: now - self._clock,
             **(extra or {}),

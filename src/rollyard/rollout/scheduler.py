@@ -91,9 +91,11 @@ class PromptFeed:
                  context: int):
         self.stream, self.ledger, self.tokenizer = stream, ledger, tokenizer
         self.n, self.max_new_tokens, self.context = n, max_new_tokens, context
+        self.last_round = -1  # the highest round handed out (ids of later rounds are new)
 
     def take(self, k: int, round_: int) -> tuple[list[Request], list[dict]]:
         """Up to ``k`` queued requests (fewer when prompts are dead-lettered); they stay ``queued``."""
+        self.last_round = max(self.last_round, round_)
         out = self.ledger.queued(k)
         if len(out) < k:
             fresh, dead = to_requests(self.stream.take(k - len(out)), self.tokenizer, self.n, self.max_new_tokens,
@@ -109,8 +111,9 @@ class PromptFeed:
         return out, []
 
     def state(self) -> dict[str, Any]:
-        return {**self.stream.state(), "ledger": self.ledger.state_dict()}
+        return {**self.stream.state(), "last_round": self.last_round, "ledger": self.ledger.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> None:
         self.stream.restore(state)
+        self.last_round = int(state.get("last_round", -1))
         self.ledger.load_state_dict(state.get("ledger", {}))

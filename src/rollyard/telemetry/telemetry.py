@@ -48,6 +48,15 @@ class Telemetry:
                 per = self.step_seconds.setdefault(step, {})
                 per[role] = per.get(role, 0.0) + (end - start)
 
+    def record(self, span: dict[str, Any], offset: float = 0.0) -> None:
+        """A span another process recorded (``role``, ``step``, ``worker``, ``start``, ``end``, ...);
+        ``offset``: that process's clock minus this one's, subtracted to align the timelines."""
+        rec = {**span, "start": span["start"] - offset, "end": span["end"] - offset}
+        with self._lock:
+            self._spans.write(json.dumps(rec) + "\n")
+            per = self.step_seconds.setdefault(int(rec["step"]), {})
+            per[rec["role"]] = per.get(rec["role"], 0.0) + (rec["end"] - rec["start"])
+
     def traffic(self, step: int, edge: str, nbytes: int, count: int = 1) -> None:
         """Count ``nbytes`` moved on ``edge`` (a name in rundir.EDGES) during ``step``."""
         if edge not in rundir.EDGES:
@@ -90,7 +99,8 @@ class Telemetry:
 def export_trace(run_dir: str | Path) -> Path:
     """spans.jsonl -> trace.json (Chrome trace event format; opens in Perfetto / chrome://tracing).
 
-    One process per worker, one thread (track) per role, complete ("X") events in microseconds
+    One process (track group) per worker -- the driver and each rollout worker -- one thread
+    (track) per role, complete ("X") events in microseconds
     relative to the first span; span fields go into ``args``.
     """
     run = Path(run_dir)

@@ -1,0 +1,54 @@
+"""Fully-async placement: rollout workers (Ray actors) run their own loops; the trainer never waits
+for a round to finish, only for enough fresh groups.
+
+Rounds are handed out up to ``max_staleness + 1`` steps ahead; a worker starts a round meant for
+step ``k`` only on weights of version ``>= k - max_staleness`` (admission), and the trainer drops
+and requeues a group older than that when it takes it (consumption). Weights are published every
+``sync.every`` steps and applied between decode steps under ``rollout.inflight``. The loss corrects
+the gap with truncated importance sampling on the rollout's logprobs (trainer.step). With
+``max_staleness = 0`` and one worker it trains on exactly the samples colocated would.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollyard.config import RunConfig
+from rollyard.placement.pool import RolloutPool
+from rollyard.placement.run import evaluate, finish, start
+from rollyard.placement.score import score
+from rollyard.telemetry.report import StepProgress
+
+
+def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_slack: int = 0) -> dict:
+    """``admission_slack`` (a test hook): workers admit work that many versions past the bound, so
+    the consumption check must catch it."""
+    run, r, _ = start(cfg, run_dir, resume)
+    bound = cfg.max_staleness
+    tel, ledger = run.telemetry, r.feed.ledger
+    pool = RolloutPool(cfg, run, r, bound, admission_slack)
+    try:
+        run.begin()
+        with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:
+            for step in range(run.state.step, cfg.steps):
+                pool.fill(horizon=step + bound + 1, step=step)
+                requests, samples = pool.take(cfg.rollout.prompts_per_step, run.state.version)
+
+                samples = score(run, r, step, samples)
+                with tel.span("train", step, requests=[q.id for q in requests]):
+                    train_metrics = r.trainer.step(samples)
+                ledger.trained([q.id for q in requests])
+                run.state.version += 1
+                if run.state.version % cfg.sync.every == 0:
+                    pool.publish(step, run.state.version)
+
+                run.state.step = step + 1
+                progress.update(run.end_step(step, requests, samples, train_metrics, trained_at=run.state.version - 1,
+                                             extra=pool.metrics()))
+                if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps:
+                    run.save_checkpoint(r)
+                if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
+                    run.log(f"step {run.state.step}: held-out greedy accuracy {evaluate(run, r):.1%}")
+    finally:
+        pool.stop()
+    return finish(run, r)

@@ -1,0 +1,213 @@
+"""The driver's handles on the rollout workers (Ray actors): hand out work, take groups, publish, restart.
+
+Work is handed out in rounds of ``prompts_per_step`` prompts; round ``b`` is meant for optimizer
+step ``b`` and travels with that target, which the worker's admission checks against the bound.
+Finished groups arrive through one bounded Ray queue; each is checked where it is consumed
+(``take``): a group older than the bound is dropped, its prompt requeued and the drop counted.
+
+Every prompt is in the ledger: ``in_flight`` on a worker, ``deferred`` once its group arrived,
+``trained`` after the step. A worker that dies (its ``run`` call fails with an actor error) has
+the groups it already queued taken first, then its remaining in-flight prompts requeued; it is
+restarted with the latest published weights, and the run goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+import ray
+import torch
+from ray.exceptions import RayActorError, RayError
+from ray.util.queue import Empty, Queue
+
+import rollyard
+from rollyard import staleness
+from rollyard.config import ConfigError, RunConfig
+from rollyard.placement import weights
+from rollyard.placement.run import Roles, RunRecord
+from rollyard.rollout.worker import RolloutWorker
+from rollyard.types import Request, Sample
+
+MAX_RESTARTS = 3  # per worker; a worker that keeps dying is a bug to surface, not to hide
+
+
+class RolloutPool:
+    def __init__(self, cfg: RunConfig, run: RunRecord, r: Roles, bound: int, admission_slack: int = 0):
+        self.cfg, self.run, self.r, self.bound = cfg, run, r, bound
+        self.admission_bound = bound + admission_slack  # test hook: > bound exercises consumption alone
+        self.ledger = r.feed.ledger
+        self.P = cfg.rollout.prompts_per_step
+        self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
+        self.actor = ray.remote(num_cpus=1, max_concurrency=4)(RolloutWorker)
+        self.dtype = torch.bfloat16 if cfg.rollout.dtype == "bf16" else torch.float32
+        self.ref, nbytes = weights.publish(r.model, run.state.version, self.dtype, checksum=True)
+        run.totals["sync/startup_bytes"] = nbytes
+        self.meta: dict[str, tuple[int, int]] = {}  # request id -> (round, hand-out order)
+        self.next_round = r.feed.last_round + 1
+        self.buffer: dict[str, tuple[str, list[Sample]]] = {}  # finished groups in arrival order
+        self.workers: dict[str, object] = {}
+        self.runs: dict[str, object] = {}
+        self.offsets: dict[str, float] = {}
+        self.restarts: Counter = Counter()
+        self.syncs = 0
+        self.stats: Counter = Counter()
+        for i in range(cfg.rollout.workers):
+            self._start(f"rollout-{i}")
+        live = self.ledger.queued()  # a resumed run's live prompts: requeued, meant for the next step
+        for q in live:
+            self.meta[q.id] = (run.state.step, len(self.meta))
+        self._hand_out([(q, run.state.step) for q in live])
+
+    # -- workers -----------------------------------------------------------------------------------
+
+    def _start(self, name: str) -> None:
+        i, n = int(name.rsplit("-", 1)[1]), self.restarts[name]
+        h = self.actor.remote(self.cfg.model_dump(mode="json"), name, self.cfg.seed + i + 1000 * n, self.ref,
+                              self.queue, self.admission_bound, self.cfg.rollout.inflight)
+        ray.get(h.info.remote())  # waits for the model copy to be built
+        t0 = time.time()
+        info = ray.get(h.info.remote())  # then a round trip measures the clock offset
+        self.offsets[name] = info["time"] - (t0 + time.time()) / 2
+        if info["rollyard"] != rollyard.__file__:
+            raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
+                              f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
+        self.workers[name], self.runs[name] = h, h.run.remote()
+
+    def _check_workers(self) -> None:
+        ready, _ = ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=0)
+        for name in [n for n, ref in self.runs.items() if ref in ready]:
+            try:
+                ray.get(self.runs[name])
+                raise RuntimeError(f"rollout worker {name} left its loop without being stopped")
+            except RayActorError as e:
+                self._replace(name, e)
+
+    def _replace(self, name: str, err: Exception) -> None:
+        self.restarts[name] += 1
+        if self.restarts[name] > MAX_RESTARTS:
+            raise RuntimeError(f"rollout worker {name} died {self.restarts[name]} times; last: {err}") from err
+        self._drain()  # the groups it queued before dying are taken, not requeued
+        requeued = self.ledger.requeue(self.ledger.on_worker(name))
+        self.run.log(f"[yellow]rollout worker {name} died ({type(err).__name__}); {len(requeued)} in-flight "
+                     f"prompts requeued, restarting it[/yellow]")
+        del self.workers[name], self.runs[name]
+        self.stats["restarts"] += 1
+        self._start(name)
+        self._hand_out([(q, max(self.run.state.version, self.meta[q.id][0])) for q in requeued])
+
+    # -- hand out ------------------------------------------------------------------------------------
+
+    def fill(self, horizon: int, step: int) -> None:
+        """Hand out every round up to ``horizon`` (each round meant for the step of its number)."""
+        while self.next_round <= horizon:
+            requests, dead = self.r.feed.take(self.P, self.next_round)
+            self.run.dead_letter(dead, step)
+            for q in requests:
+                self.meta.setdefault(q.id, (self.next_round, len(self.meta)))
+            self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+            self._hand_out([(q, self.next_round) for q in requests])
+            self.next_round += 1
+
+    def _hand_out(self, items: list[tuple[Request, int]]) -> None:
+        load = Counter({w: 0 for w in self.workers} | Counter(self.ledger.worker.values()))
+        per: dict[str, list] = {}
+        for q, target in items:
+            w = min(self.workers, key=lambda n: (load[n], n))
+            load[w] += 1
+            per.setdefault(w, []).append((q, target))
+            self.ledger.hand_out([q.id], w)
+        for w, batch in per.items():
+            self.workers[w].submit.remote(batch)
+
+    # -- take ----------------------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        n = self.queue.qsize()
+        if n:
+            for item in self.queue.get_nowait_batch(n):
+                self._receive(item)
+
+    def _receive(self, item: dict) -> None:
+        name, tel, step = item["worker"], self.run.telemetry, self.run.state.step
+        for span in item["spans"]:
+            tel.record(span, self.offsets.get(name, 0.0))
+        self.stats.update(item.get("stats", {}))
+        for rid, why in item.get("rejected", []):
+            self.ledger.dead([rid])
+            self.run.dead_letter([{"source": rid, "reason": why}], step)
+        if "request_id" in item:
+            rid = item["request_id"]
+            if self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
+                self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
+                return
+            self.ledger.finished([rid])
+            self.buffer[rid] = (name, item["samples"])
+            tel.traffic(step, "samples", sum(s.payload_bytes() for s in item["samples"]))
+
+    def _drop_stale(self, version: int) -> None:
+        for rid, (_, samples) in list(self.buffer.items()):
+            if not staleness.is_fresh(min(s.version for s in samples), version, self.bound):
+                del self.buffer[rid]
+                self.stats["dropped"] += 1
+                self._hand_out([(q, version) for q in self.ledger.requeue([rid])])
+
+    def take(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:
+        """Groups to train on at trainer ``version``: the first ``k`` fresh ones to arrive, or (with
+        ``round_``) exactly that round's. Blocks until they are there; returns them in hand-out order."""
+        t0 = time.time()
+        while True:
+            self._drop_stale(version)
+            if round_ is None:
+                chosen = list(self.buffer)[:k] if len(self.buffer) >= k else None
+            else:
+                ids = [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) != "dead"]
+                chosen = ids if all(i in self.buffer for i in ids) else None
+            if chosen is not None:
+                break
+            try:
+                self._receive(self.queue.get(timeout=0.05))
+                self._drain()
+            except Empty:
+                pass
+            self._check_workers()
+        self.stats["wait_s"] += time.time() - t0
+        chosen.sort(key=lambda i: self.meta[i][1])
+        groups = [self.buffer.pop(i)[1] for i in chosen]
+        return [self.ledger.requests[i] for i in chosen], [s for g in groups for s in g]
+
+    # -- weights -------------------------------------------------------------------------------------
+
+    def publish(self, step: int, version: int) -> None:
+        """Put the trainer's weights at ``version`` in the object store and tell every worker."""
+        self.syncs += 1
+        check = bool(self.cfg.sync.check_every) and self.syncs % self.cfg.sync.check_every == 0
+        with self.run.telemetry.span("sync", step, mode="full", transport="ray", version=version):
+            self.ref, nbytes = weights.publish(self.r.model, version, self.dtype, checksum=check)
+            for h in self.workers.values():
+                h.update.remote(self.ref)
+        self.run.telemetry.traffic(step, "weights", nbytes)
+
+    def metrics(self) -> dict:
+        """This step's pool counters (reset), for the step's metrics row."""
+        s, self.stats = self.stats, Counter()
+        for key in ("restarts", "dropped", "duplicates"):
+            self.run.count(f"rollout/{key}", s[key])
+        counts = self.ledger.counts()
+        return {"staleness/dropped": s["dropped"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
+                "rollout/held_s": s["held_s"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
+                **{f"prompts/{k}": v for k, v in counts.items()}}
+
+    def stop(self) -> None:
+        for h in self.workers.values():
+            h.stop.remote()
+        self._drain()  # unblock a worker waiting on a full queue
+        for name, ref in self.runs.items():
+            try:
+                for span in ray.get(ref, timeout=30):
+                    self.run.telemetry.record(span, self.offsets[name])
+            except RayError as e:  # a worker that died at the end has nothing to give
+                self.run.log(f"rollout worker {name} did not stop cleanly: {type(e).__name__}")
+        for h in self.workers.values():
+            ray.kill(h)
+        ray.kill(self.queue.actor)

@@ -1,0 +1,171 @@
+"""A rollout worker: one process with its own model copy and engine, running its own loop.
+
+The placement wraps this class as a Ray actor (threaded: control calls run beside ``run``).
+Control methods only enqueue, under a lock; the loop thread alone touches the engine (it is not
+thread-safe). One loop iteration:
+
+1. apply queued weight updates between two decode steps, under ``inflight``:
+   ``finish`` (in-flight sequences complete on the old weights first), ``abort`` (they stop; their
+   groups are restarted whole under the new weights) or ``continue`` (they go on; each token
+   carries the version it was sampled under);
+2. admit held work whose target step allows it: a request that the trainer will consume at step
+   ``target`` starts only on weights of version ``>= min_fresh_version(target, bound)``;
+3. one ``engine.step()``; each finished group (all ``n`` samples of a request) goes to the bounded
+   output queue (a full queue blocks the loop: backpressure), with the spans recorded since.
+
+Spans are wall-clock ``time.time()`` records tagged with this worker's name and pid; the driver
+shifts them by the clock offset it measured (``info``) and writes them to the run's spans.jsonl.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+import torch
+
+from rollyard import roles, staleness
+from rollyard.config import RunConfig
+from rollyard.placement import weights
+from rollyard.types import Request, Sample, WeightUpdate
+
+SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
+
+
+class RolloutWorker:
+    def __init__(self, cfg: dict, name: str, seed: int, update: WeightUpdate, out, bound: int, inflight: str):
+        torch.set_num_threads(1)
+        self.cfg = RunConfig.model_validate(cfg)
+        self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
+        model, tokenizer, _ = roles.policy(self.cfg, "cpu")
+        if self.cfg.rollout.dtype == "bf16":
+            model = model.to(torch.bfloat16)
+        weights.apply_initial(model, update)
+        self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version, seed=seed)
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[Request, int]] = []
+        self._updates: deque[WeightUpdate] = deque()
+        self._stop = False
+        self.held: list[tuple[Request, int]] = []  # handed to this worker, not yet admitted
+        self.requests: dict[str, tuple[Request, int]] = {}  # admitted, unfinished: id -> (request, target)
+        self.groups: dict[str, list[Sample]] = {}
+        self.spans: list[dict] = []
+        self.stats = {"aborted": 0, "held_s": 0.0}
+        self._busy: dict | None = None  # the open rollout span
+        self._idle_since: float | None = None  # holding work the bound does not admit yet
+
+    # -- control (any thread) --------------------------------------------------------------------
+
+    def submit(self, items: list[tuple[Request, int]]) -> None:
+        with self._lock:
+            self._inbox.extend(items)
+
+    def update(self, update: WeightUpdate) -> None:
+        with self._lock:
+            self._updates.append(update)
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def info(self) -> dict:
+        import rollyard
+        return {"pid": os.getpid(), "time": time.time(), "version": self.engine.version,
+                "active": self.engine.num_active, "held": len(self.held), "rollyard": rollyard.__file__}
+
+    # -- the loop (one thread) -------------------------------------------------------------------
+
+    def run(self) -> list[dict]:
+        """Loop until ``stop``; returns the spans not yet shipped."""
+        while not self._stop:
+            self.poll()
+        self._close_span()
+        return self.spans
+
+    def poll(self) -> None:
+        """One loop iteration: apply queued updates, admit what the bound allows, one engine step
+        (or, with nothing admitted, a short wait)."""
+        with self._lock:
+            updates, self._updates = list(self._updates), deque()
+            self.held += self._inbox
+            self._inbox = []
+        for u in updates:
+            self._apply(u)
+        self._admit()
+        if not self.engine.num_active and not self.engine.num_queued:
+            self._close_span()
+            if self.held and self._idle_since is None:
+                self._idle_since = time.time()
+            time.sleep(0.002)
+            return
+        if self._idle_since is not None:
+            self.stats["held_s"] += time.time() - self._idle_since
+            self._idle_since = None
+        self._open_span()
+        for s in self.engine.step():
+            self._collect(s)
+
+    def _target_now(self) -> int:
+        return min((t for _, t in self.requests.values()), default=0)
+
+    def _open_span(self) -> None:
+        now = time.time()
+        if self._busy is not None and now - self._busy["start"] > SPAN_MAX_S:
+            self._close_span()
+        if self._busy is None:
+            self._busy = {"role": "rollout", "step": self._target_now(), "worker": self.name, "pid": os.getpid(),
+                          "start": now, "version": self.engine.version}
+
+    def _close_span(self) -> None:
+        if self._busy is not None:
+            self.spans.append({**self._busy, "end": time.time()})
+            self._busy = None
+
+    def _admit(self) -> None:
+        v = self.engine.version
+        ok = [(q, t) for q, t in self.held if v >= staleness.min_fresh_version(t, self.bound)]
+        if not ok:
+            return
+        self.held = [(q, t) for q, t in self.held if v < staleness.min_fresh_version(t, self.bound)]
+        rejected = self.engine.submit([q for q, _ in ok])  # one call: admitted together, as colocated does
+        bad = {q.id for q, _ in rejected}
+        for q, t in ok:
+            if q.id not in bad:
+                self.requests[q.id] = (q, t)
+        if rejected:
+            self.out.put({"worker": self.name, "rejected": [(q.id, why) for q, why in rejected], "spans": []})
+
+    def _collect(self, s: Sample) -> None:
+        if s.request_id not in self.requests:  # a leftover of a group that was aborted and restarted
+            return
+        req, _ = self.requests[s.request_id]
+        group = self.groups.setdefault(s.request_id, [])
+        group.append(s)
+        if len(group) == req.n:
+            del self.requests[s.request_id], self.groups[s.request_id]
+            group.sort(key=lambda x: int(x.id.rsplit("#", 1)[1]))
+            spans, self.spans = self.spans, []
+            stats, self.stats = self.stats, {"aborted": 0, "held_s": 0.0}
+            self.out.put({"worker": self.name, "request_id": s.request_id, "samples": group, "spans": spans,
+                          "stats": stats})
+
+    def _apply(self, u: WeightUpdate) -> None:
+        if self.inflight == "finish":  # in-flight sequences complete on the weights they started with
+            while self.engine.num_active:
+                self._open_span()
+                for s in self.engine.step():
+                    self._collect(s)
+        self._close_span()
+        start = time.time()
+        aborted = weights.apply(self.engine, u, self.inflight)
+        if aborted:  # restart the aborted groups whole, under the new weights
+            ids = {s.request_id for s in aborted}
+            self.engine.abort(list(ids))
+            self.stats["aborted"] += len(aborted)
+            for rid in ids:
+                self.groups.pop(rid, None)
+                self.held.insert(0, self.requests.pop(rid))
+        self.spans.append({"role": "sync", "step": u.version - 1, "worker": self.name, "pid": os.getpid(),
+                           "start": start, "end": time.time(), "version": u.version, "inflight": self.inflight,
+                           "aborted": len(aborted)})
