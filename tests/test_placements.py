@@ -1,0 +1,234 @@
+"""Placements: the staleness bound at admission and consumption, prompt accounting, on-policy
+equivalence of async at bound 0, in-flight policies, a killed rollout actor, resume, bad input."""
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from rollyard import staleness
+from rollyard.accounting import PromptLedger
+from rollyard.cli import main
+from rollyard.config import load_config
+from rollyard.models import load_policy
+from rollyard.rollout.worker import RolloutWorker
+from rollyard.telemetry import rundir
+from rollyard.types import Request, WeightUpdate
+
+TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "reward.num_workers=1"]
+LONG = [*TINY, "model.context=64", "rollout.max_new_tokens=40"]  # generation outlasts a trainer step
+
+
+def _metrics(run: Path) -> list[dict]:
+    return list(rundir.read_jsonl(run / rundir.METRICS))
+
+
+def _trained(run: Path) -> list[list[str]]:
+    """Request ids of each optimizer step, from the train spans (async) or rollout spans (colocated)."""
+    spans = list(rundir.read_jsonl(run / rundir.SPANS))
+    role = "train" if any(s["role"] == "train" and "requests" in s for s in spans) else "rollout"
+    return [s["requests"] for s in sorted(spans, key=lambda s: s["step"]) if s["role"] == role and "requests" in s]
+
+
+def _ledger(run: Path) -> dict:
+    ckpt = sorted((run / rundir.CHECKPOINTS).iterdir())[-1]
+    return json.loads((ckpt / "state.json").read_text())["cursor"]["ledger"]
+
+
+def _assert_accounted(run: Path) -> None:
+    """Every prompt id in exactly one final state; trained ones are exactly those trained, once each."""
+    led = _ledger(run)
+    trained, dead, live = set(led["trained"]), set(led["dead"]), {r["id"] for r in led["live"]}
+    assert not (trained & dead) and not (trained & live) and not (dead & live)
+    steps = [i for ids in _trained(run) for i in ids]
+    assert len(steps) == len(set(steps)), "a prompt was trained twice"
+    assert set(steps) == trained
+
+
+# ---- pure parts -------------------------------------------------------------------------------------
+
+def test_staleness_functions():
+    assert staleness.min_fresh_version(5, 2) == 3 and staleness.min_fresh_version(1, 3) == 0
+    assert staleness.is_fresh(3, 5, 2) and not staleness.is_fresh(2, 5, 2)
+    assert staleness.histogram(staleness.lags(4, [4, 3, 3, 1])) == [1, 2, 0, 1]
+    assert staleness.bound_of("colocated", 3, 1) == 0 and staleness.bound_of("disaggregated", 0, 2) == 2
+    assert staleness.bound_of("async", 3, 1) == 3
+
+
+def test_ledger_transitions_and_checkpoint_round_trip():
+    led = PromptLedger()
+    reqs = [Request(id=f"p{i}", prompt_ids=[1, 2], n=2) for i in range(4)]
+    led.add(reqs)
+    led.hand_out(["p0", "p1", "p2"], "w0")
+    led.finished(["p0"])
+    led.trained(["p0"])
+    with pytest.raises(RuntimeError, match="trained -> trained"):
+        led.trained(["p0"])
+    with pytest.raises(RuntimeError, match="queued -> deferred"):
+        led.finished(["p3"])
+    assert [q.id for q in led.requeue(led.on_worker("w0"))] == ["p1", "p2"]
+    led.dead(["p3"])
+    assert led.counts() == {"queued": 2, "in_flight": 0, "deferred": 0, "trained": 1, "dead": 1}
+    assert [q.id for q in led.queued()] == ["p1", "p2"]
+    again = PromptLedger()
+    again.load_state_dict(json.loads(json.dumps(led.state_dict())))
+    assert again.state == led.state and again.queued() == led.queued()
+
+
+def _full(model, version):
+    return WeightUpdate(version=version, mode="full", tensors={n: p.detach().clone() for n, p in model.named_parameters()})
+
+
+class _Out(list):
+    def put(self, item):
+        self.append(item)
+
+
+def test_worker_admission_holds_work_past_the_bound():
+    """A round meant for step t starts only on weights >= t - bound; a weight update releases it."""
+    cfg = load_config(None, TINY)
+    model, _ = load_policy("tiny", seed=0, max_position_embeddings=48)
+    out = _Out()
+    w = RolloutWorker(cfg.model_dump(mode="json"), "w", 0, _full(model, 0), out, bound=1, inflight="finish")
+    a, b = Request("a", [1, 5, 6], n=2, max_new_tokens=4), Request("b", [1, 7, 6], n=2, max_new_tokens=4)
+    w.submit([(a, 1), (b, 2)])
+    w.poll()
+    assert w.info()["held"] == 1 and w.info()["active"] == 2  # a admitted at version 0, b held (needs 1)
+    for _ in range(10):
+        w.poll()
+    assert [o["request_id"] for o in out if "request_id" in o] == ["a"] and w.info()["held"] == 1
+    w.update(_full(model, 1))
+    for _ in range(10):
+        w.poll()
+    groups = [o for o in out if "request_id" in o]
+    assert [g["request_id"] for g in groups] == ["a", "b"]
+    assert {s.version for s in groups[1]["samples"]} == {1} and w.info()["version"] == 1
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override, needle", [
+    ("placement=nearby", "placement='nearby'"),
+    ("max_staleness=-1", "max_staleness must be >= 0"),
+    ("rollout.workers=1000", "rollout.workers=1000"),
+])
+def test_bad_placement_input_exit_2(tmp_path, capsys, override, needle):
+    extra = ["placement=async"] if override.startswith("rollout") else []
+    assert main(["train", *TINY, *extra, override, f"out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_async_with_inprocess_transport_exit_2(tmp_path, capsys):
+    assert main(["train", *TINY, "placement=async", "sync.transport=inprocess", f"out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sync.transport=inprocess" in err and "sync.transport=ray" in err and len(err.splitlines()) == 1
+
+
+# ---- on Ray -------------------------------------------------------------------------------------------
+
+def ray_test(fn):
+    """Marked ``ray`` and ``slow``; runs in the test run's one Ray session."""
+    return pytest.mark.ray(pytest.mark.slow(pytest.mark.usefixtures("ray_session")(fn)))
+
+
+@ray_test
+def test_async_at_bound_0_trains_on_exactly_colocated_samples(tmp_path):
+    colo, asyn = tmp_path / "colo", tmp_path / "async"
+    assert main(["train", *TINY, "steps=3", f"out_dir={colo}", "rollout.temperature=1.0"]) == 0
+    assert main(["train", *TINY, "steps=3", f"out_dir={asyn}", "placement=async", "max_staleness=0"]) == 0
+    assert _trained(asyn) == _trained(colo)
+    a, c = _metrics(asyn), _metrics(colo)
+    for ra, rc in zip(a, c, strict=True):
+        assert ra["tokens/generated"] == rc["tokens/generated"] and ra["reward/mean"] == rc["reward/mean"]
+        assert ra["train/loss"] == pytest.approx(rc["train/loss"], abs=1e-6)
+        assert ra["train/logprob_diff"] == pytest.approx(rc["train/logprob_diff"], abs=1e-6)
+        assert ra[rundir.STALENESS_MAX] == 0
+    info = json.loads((asyn / rundir.RUN_INFO).read_text())
+    assert (info["placement"], info["sync_mode"], info["sync_transport"], info["staleness_bound"],
+            info["rollout_workers"]) == ("async", "full", "ray", 0, 1)
+    weights = [r["bytes"] for r in rundir.read_jsonl(asyn / rundir.TRAFFIC) if r["edge"] == "weights"]
+    assert weights == [info["policy_params"] * 4] * 3  # full fp32 weights put in the object store per step
+    _assert_accounted(asyn)
+
+
+@ray_test
+def test_disaggregated_is_one_step_off(tmp_path):
+    run = tmp_path / "dis"
+    assert main(["train", *TINY, "steps=3", f"out_dir={run}", "placement=disaggregated"]) == 0
+    assert [r[rundir.STALENESS_MAX] for r in _metrics(run)] == [0, 1, 1]
+    _assert_accounted(run)
+
+
+@ray_test
+def test_consumption_drops_and_requeues_what_admission_let_through(tmp_path):
+    """Workers admit two versions past the bound (test hook); the trainer still trains on nothing stale."""
+    from rollyard.placement import async_
+
+    cfg = load_config(None, [*LONG, "steps=4", "placement=async", "max_staleness=0", f"out_dir={tmp_path / 'r'}"])
+    summary = async_.train(cfg, cfg.out_dir, admission_slack=2)
+    rows = _metrics(Path(cfg.out_dir))
+    assert all(r[rundir.STALENESS_MAX] == 0 for r in rows)
+    assert sum(r["staleness/dropped"] for r in rows) > 0 and summary["rollout/dropped"] > 0
+    _assert_accounted(Path(cfg.out_dir))
+
+
+@ray_test
+@pytest.mark.parametrize("policy", ["finish", "abort", "continue"])
+def test_inflight_policies_under_async(tmp_path, policy):
+    run = tmp_path / policy
+    assert main(["train", *LONG, "steps=4", f"out_dir={run}", "placement=async", "max_staleness=1",
+                 f"rollout.inflight={policy}"]) == 0
+    rows = _metrics(run)
+    assert all(r[rundir.STALENESS_MAX] <= 1 for r in rows)
+    mixed = sum(r["staleness/mixed_samples"] for r in rows)
+    aborted = sum(r["rollout/aborted"] for r in rows)
+    if policy == "finish":
+        assert mixed == 0 and aborted == 0
+    elif policy == "abort":
+        assert mixed == 0 and aborted > 0
+    else:
+        assert mixed > 0 and aborted == 0
+    _assert_accounted(run)
+
+
+@ray_test
+def test_killed_rollout_actor_is_replaced_and_its_prompts_requeued(tmp_path):
+    run = tmp_path / "kill"
+    killed = []
+
+    def kill_when_busy():
+        # The worker's pid comes from its spans; kill -9 it once the first step is written.
+        while not killed:
+            spans = list(rundir.read_jsonl(run / rundir.SPANS)) if (run / rundir.SPANS).exists() else []
+            pids = [s["pid"] for s in spans if s.get("worker") == "rollout-0"]
+            if pids and (run / rundir.METRICS).exists() and (run / rundir.METRICS).stat().st_size:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            threading.Event().wait(0.05)
+
+    t = threading.Thread(target=kill_when_busy, daemon=True)
+    t.start()
+    assert main(["train", *LONG, "steps=8", f"out_dir={run}", "placement=async", "max_staleness=1"]) == 0
+    t.join(timeout=1)
+    summary = json.loads((run / rundir.SUMMARY).read_text())
+    assert killed and summary["rollout/restarts"] >= 1 and summary["steps"] == 8
+    assert summary["prompts"]["trained"] == 8 * 2 and _ledger(run)["requeues"] >= 1
+    _assert_accounted(run)
+
+
+@ray_test
+def test_async_resume_loses_no_prompt_and_trains_none_twice(tmp_path):
+    run = tmp_path / "res"
+    assert main(["train", *TINY, "steps=2", f"out_dir={run}", "placement=async", "max_staleness=2"]) == 0
+    live = {r["id"] for r in _ledger(run)["live"]}
+    assert live  # the checkpoint was taken with work in flight
+    assert main(["train", "--resume", str(run), "steps=4"]) == 0
+    _assert_accounted(run)
+    led = _ledger(run)
+    assert live <= set(led["trained"]) | {r["id"] for r in led["live"]}
+    assert [r["step"] for r in _metrics(run)] == [0, 1, 2, 3]
