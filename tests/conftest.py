@@ -3,13 +3,11 @@ machine a second thread costs more in contention than it gains), Ray without aut
 
 import os
 
+import pytest
 import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 torch.set_num_threads(1)
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

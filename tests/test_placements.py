@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from rollyard import staleness
 from rollyard.accounting import PromptLedger
 from rollyard.cli import main
@@ -35,7 +36,7 @@ def _trained(run: Path) -> list[list[str]]:
 
 
 def _ledger(run: Path) -> dict:
-    ckpt = sorted((run / rundir.CHECKPOINTS).iterdir())[-1]
+    ckpt = max((run / rundir.CHECKPOINTS).iterdir())
     return json.loads((ckpt / "state.json").read_text())["cursor"]["ledger"]
 
 
