@@ -101,13 +101,13 @@ def test_worker_admission_holds_work_past_the_bound():
     assert w.info()["held"] == 1 and w.info()["active"] == 2  # a admitted at version 0, b held (needs 1)
     for _ in range(10):
         w.poll()
-    assert [o["request_id"] for o in out if "request_id" in o] == ["a"] and w.info()["held"] == 1
+    assert [rid for o in out for rid, _ in o["groups"]] == ["a"] and w.info()["held"] == 1
     w.update(_full(model, 1))
     for _ in range(10):
         w.poll()
-    groups = [o for o in out if "request_id" in o]
-    assert [g["request_id"] for g in groups] == ["a", "b"]
-    assert {s.version for s in groups[1]["samples"]} == {1} and w.info()["version"] == 1
+    groups = [g for o in out for g in o["groups"]]
+    assert [rid for rid, _ in groups] == ["a", "b"]
+    assert {s.version for s in groups[1][1]} == {1} and w.info()["version"] == 1
 
 
 # ---- bad input ----------------------------------------------------------------------------------------

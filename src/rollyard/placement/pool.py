@@ -132,18 +132,17 @@ class RolloutPool:
         name, tel, step = item["worker"], self.run.telemetry, self.run.state.step
         for span in item["spans"]:
             tel.record(span, self.offsets.get(name, 0.0))
-        self.stats.update(item.get("stats", {}))
-        for rid, why in item.get("rejected", []):
+        self.stats.update(item["stats"])
+        for rid, why in item["rejected"]:
             self.ledger.dead([rid])
             self.run.dead_letter([{"source": rid, "reason": why}], step)
-        if "request_id" in item:
-            rid = item["request_id"]
+        for rid, samples in item["groups"]:
             if self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
                 self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
-                return
+                continue
             self.ledger.finished([rid])
-            self.buffer[rid] = (name, item["samples"])
-            tel.traffic(step, "samples", sum(s.payload_bytes() for s in item["samples"]))
+            self.buffer[rid] = (name, samples)
+            tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
     def _drop_stale(self, version: int) -> None:
         for rid, (_, samples) in list(self.buffer.items()):

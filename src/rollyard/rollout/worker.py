@@ -10,8 +10,8 @@ thread-safe). One loop iteration:
    carries the version it was sampled under);
 2. admit held work whose target step allows it: a request that the trainer will consume at step
    ``target`` starts only on weights of version ``>= min_fresh_version(target, bound)``;
-3. one ``engine.step()``; each finished group (all ``n`` samples of a request) goes to the bounded
-   output queue (a full queue blocks the loop: backpressure), with the spans recorded since.
+3. one ``engine.step()``; the groups it finished (all ``n`` samples of a request) go to the bounded
+   output queue as one item (a full queue blocks the loop: backpressure), with the spans since.
 
 Spans are wall-clock ``time.time()`` records tagged with this worker's name and pid; the driver
 shifts them by the clock offset it measured (``info``) and writes them to the run's spans.jsonl.
@@ -55,6 +55,7 @@ class RolloutWorker:
         self.stats = {"aborted": 0, "held_s": 0.0}
         self._busy: dict | None = None  # the open rollout span
         self._idle_since: float | None = None  # holding work the bound does not admit yet
+        self._ready: list[tuple[str, list[Sample]]] = []  # finished groups not yet shipped
 
     # -- control (any thread) --------------------------------------------------------------------
 
@@ -105,6 +106,18 @@ class RolloutWorker:
         self._open_span()
         for s in self.engine.step():
             self._collect(s)
+        self._ship()
+
+    def _ship(self, rejected: list | None = None) -> None:
+        """One queue item per loop iteration with every group finished in it (a round's short
+        answers finish together: one round trip instead of one per group)."""
+        if not (self._ready or rejected):
+            return
+        spans, self.spans = self.spans, []
+        stats, self.stats = self.stats, {"aborted": 0, "held_s": 0.0}
+        self.out.put({"worker": self.name, "groups": self._ready, "rejected": rejected or [], "spans": spans,
+                      "stats": stats})
+        self._ready = []
 
     def _target_now(self) -> int:
         return min((t for _, t in self.requests.values()), default=0)
@@ -134,7 +147,7 @@ class RolloutWorker:
             if q.id not in bad:
                 self.requests[q.id] = (q, t)
         if rejected:
-            self.out.put({"worker": self.name, "rejected": [(q.id, why) for q, why in rejected], "spans": []})
+            self._ship([(q.id, why) for q, why in rejected])
 
     def _collect(self, s: Sample) -> None:
         if s.request_id not in self.requests:  # a leftover of a group that was aborted and restarted
@@ -145,10 +158,7 @@ class RolloutWorker:
         if len(group) == req.n:
             del self.requests[s.request_id], self.groups[s.request_id]
             group.sort(key=lambda x: int(x.id.rsplit("#", 1)[1]))
-            spans, self.spans = self.spans, []
-            stats, self.stats = self.stats, {"aborted": 0, "held_s": 0.0}
-            self.out.put({"worker": self.name, "request_id": s.request_id, "samples": group, "spans": spans,
-                          "stats": stats})
+            self._ready.append((s.request_id, group))
 
     def _apply(self, u: WeightUpdate) -> None:
         if self.inflight == "finish":  # in-flight sequences complete on the weights they started with
@@ -156,6 +166,7 @@ class RolloutWorker:
                 self._open_span()
                 for s in self.engine.step():
                     self._collect(s)
+            self._ship()
         self._close_span()
         start = time.time()
         aborted = weights.apply(self.engine, u, self.inflight)
