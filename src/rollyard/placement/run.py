@@ -187,11 +187,12 @@ def evaluate(run: RunRecord, r: Roles) -> float:
 
 
 def run_info(cfg: RunConfig, model) -> dict:
-    """run.json: the facts plan/review need (rundir.RUN_INFO_KEYS), plus the placement's (RUN_INFO_EXTRA)."""
+    """run.json: the facts plan/review need (rundir.RUN_INFO_KEYS), plus the placement's (rundir.RUN_INFO_EXTRA)."""
     colocated = cfg.placement == "colocated"
     mode = "inprocess" if colocated else (cfg.sync.mode if cfg.sync.mode != "auto" else "full")
     return {
-        "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
+        "policy_params": num_params(model),
+        "bytes_per_param": 2 if (not colocated and cfg.rollout.dtype == "bf16") else next(model.parameters()).element_size(),
         "placement": cfg.placement, "sync_mode": mode, "dp": 1,
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens,

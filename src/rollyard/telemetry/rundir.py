@@ -70,10 +70,20 @@ RUN_INFO_KEYS = {
     "steps": "optimizer steps the run was configured for",
 }
 
+# run.json: placement facts beyond RUN_INFO_KEYS (not required by review; older runs lack them).
+RUN_INFO_EXTRA = {
+    "sync_transport": "inprocess | ray (how weights reach the rollout side)",
+    "sync_every": "optimizer steps between weight publishes",
+    "rollout_workers": "rollout worker processes (0 when colocated)",
+    "inflight": "what in-flight sequences do when weights arrive: finish | abort | continue",
+}
+
 # Metric keys that review and the progress display rely on.
 TIME_KEY = "time/{role}"          # seconds spent in the role this step
 STEP_TIME = "time/step"           # wall-clock seconds of the whole step
 STALENESS_MAX = "staleness/max"   # largest (trainer version - sample version) in the batch
+# Also per step: staleness/hist (sample counts per lag 0, 1, ...), staleness/mean, staleness/dropped
+# (groups dropped at consumption and requeued), staleness/mixed_samples (samples spanning an update).
 
 
 class RunDirError(ValueError):
