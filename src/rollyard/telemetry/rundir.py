@@ -16,7 +16,12 @@ RUN_DIR/
                      "prompt_lengths": [int, ...] (tokens per prompt; review prices the prompts edge from it)
   run.json           written at start: the facts `plan`/`review` need (RUN_INFO_KEYS)
   deadletter.jsonl   prompts and samples that were set aside, with their reason
-  summary.json       written at the end: eval accuracy before/after, role shares, totals
+  summary.json       written at the end: eval accuracy before/after (null: no held-out set), role shares, totals
+  eval.jsonl         one JSON object per held-out eval: {"step", "accuracy"} (step 0 = before RL)
+  completions.jsonl  every log.completions_every steps, per sample: {"step", "id", "prompt", "completion",
+                     "reward", "rewards" (per hook), "version", "finish_reason"}
+  plots/*.png        written by `rollyard report` (and at the end of train)
+  tensorboard/       TensorBoard event files (log.tensorboard)
   checkpoints/step_NNNNNN/   model, optimizer, RNG, step, weight version, dataset cursor
   model/             the final policy as a Hugging Face directory
 ```
@@ -37,6 +42,9 @@ DEADLETTER = "deadletter.jsonl"
 SUMMARY = "summary.json"
 LENGTHS = "lengths.jsonl"
 RUN_INFO = "run.json"
+EVAL = "eval.jsonl"
+COMPLETIONS = "completions.jsonl"
+PLOTS = "plots"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 
