@@ -61,10 +61,10 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
                               "overrides with it (no config, model, tokenizer, dataset or reward_funcs)")
         cfg = load_config(Path(resume) / rundir.CONFIG, [*overrides, f"out_dir={resume}"])
     else:
-        data = _as_dict(config)
-        run_dir = Path(from_dict(data, overrides).out_dir)
+        data, values = _as_dict(config), _reward_values(reward_funcs)
+        run_dir = Path(from_dict(data, overrides, values).out_dir)
         _check_fresh(run_dir)
-        cfg = from_dict(data, overrides, _inputs(run_dir, model, tokenizer, dataset, reward_funcs))
+        cfg = from_dict(data, overrides, {**values, **_inputs(run_dir, model, tokenizer, dataset)})
     summary = colocated.train(cfg, cfg.out_dir, resume=resume is not None)
     run = Path(cfg.out_dir)
     return Run(run, cfg, summary, list(rundir.read_jsonl(run / rundir.METRICS)), _plots(run, cfg))
@@ -87,7 +87,18 @@ def _check_fresh(run: Path) -> None:
                           f"or choose another out_dir")
 
 
-def _inputs(run: Path, model, tokenizer, dataset, reward_funcs) -> dict[str, Any]:
+def _reward_values(reward_funcs) -> dict[str, Any]:
+    """``reward.hooks`` naming ``reward_funcs`` (functions or hook paths)."""
+    if reward_funcs is None:
+        return {}
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    try:
+        return {"reward.hooks": [f if isinstance(f, str) else path_of(f) for f in funcs]}
+    except ValueError as e:
+        raise ConfigError(f"reward_funcs: {e}") from None
+
+
+def _inputs(run: Path, model, tokenizer, dataset) -> dict[str, Any]:
     """Write Python-object inputs under ``RUN_DIR/inputs`` and return the config values naming them."""
     values: dict[str, Any] = {}
     if model is not None and not isinstance(model, (str, Path)):
@@ -105,12 +116,6 @@ def _inputs(run: Path, model, tokenizer, dataset, reward_funcs) -> dict[str, Any
         values["model.name"] = str(model)
     if dataset is not None:
         values["data.path"] = str(dataset) if isinstance(dataset, (str, Path)) else _write_rows(run, dataset)
-    if reward_funcs is not None:
-        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        try:
-            values["reward.hooks"] = [f if isinstance(f, str) else path_of(f) for f in funcs]
-        except ValueError as e:
-            raise ConfigError(f"reward_funcs: {e}") from None
     return values
 
 

@@ -26,8 +26,10 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def _figure(title: str, ylabel: str):
     figure = require_package("matplotlib.figure", "plots", "rollyard report (plots)")
+    ticker = require_package("matplotlib.ticker", "plots", "rollyard report (plots)")
     fig = figure.Figure(figsize=(7, 4), dpi=100)
     ax = fig.add_subplot()
+    ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
