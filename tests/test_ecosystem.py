@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ecosystem_rewards import brevity, says_answer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
@@ -27,8 +28,6 @@ from rollyard.tasks import chat
 from rollyard.tasks.base import DataError, Prompt
 from rollyard.telemetry import rundir
 from rollyard.types import Request
-
-from ecosystem_rewards import brevity, says_answer  # noqa: I001 - tests/ is on sys.path (pytest rootdir)
 
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -255,5 +254,5 @@ def test_config_defaults_that_do_not_surprise():
     assert load_config(None, ["data.path=x.jsonl"]).data.task is None
     assert load_config(None, ["data.path=x.jsonl", "data.task=repeat"]).data.task == "repeat"
     assert load_config(None, []).data.task == "arithmetic"
-    with pytest.raises(ConfigError, match="reward.weights has 1 entries for 2 reward function"):
+    with pytest.raises(ConfigError, match=r"reward\.weights has 1 entries for 2 reward function"):
         load_config(None, ["reward.hooks=[a:b, c:d]", "reward.weights=[1]"])

@@ -21,9 +21,10 @@ continues it like any other.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from rollyard.config import ConfigError, MissingPackage, RunConfig, from_dict, load_config, read_file
 from rollyard.reward.hooks import path_of

@@ -30,7 +30,8 @@ import inspect
 import math
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 FORMS = {
     "sample": "fn(completion, prompt, meta) -> float (per sample)",

@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from rollyard.types import Sample
 
 
-def per_hook(samples: list["Sample"], names: list[str]) -> dict[str, float]:
+def per_hook(samples: list[Sample], names: list[str]) -> dict[str, float]:
     """``reward/<name>/mean`` and ``/std`` of each hook over the samples it scored (with several hooks)."""
     out: dict[str, float] = {}
     if len(names) < 2:
@@ -21,7 +21,7 @@ def per_hook(samples: list["Sample"], names: list[str]) -> dict[str, float]:
     return out
 
 
-def frac_zero_std(samples: list["Sample"]) -> float:
+def frac_zero_std(samples: list[Sample]) -> float:
     """Share of GRPO groups whose rewards are all equal (zero advantage: no learning signal); TRL's
     ``frac_reward_zero_std``."""
     groups: dict[str, list[float]] = {}
