@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -256,3 +258,25 @@ def test_config_defaults_that_do_not_surprise():
     assert load_config(None, []).data.task == "arithmetic"
     with pytest.raises(ConfigError, match=r"reward\.weights has 1 entries for 2 reward function"):
         load_config(None, ["reward.hooks=[a:b, c:d]", "reward.weights=[1]"])
+
+
+def test_missing_optional_packages_name_their_extra(tmp_path, monkeypatch, capsys):
+    from rollyard.tasks.dataset import load_prompts
+
+    (tmp_path / "d.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)  # `import pyarrow.parquet` now fails
+    with pytest.raises(DataError, match=r"needs pyarrow, which is not installed; pip install 'rollyard\[parquet\]'"):
+        load_prompts(tmp_path / "d.parquet")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / rundir.METRICS).write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    assert main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'rollyard[plots]'" in err
+
+
+def test_import_rollyard_is_light_and_exports_train():
+    code = "import sys, rollyard; assert 'torch' not in sys.modules; print(rollyard.train.__module__, rollyard.Run.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["rollyard.api", "Run"]
