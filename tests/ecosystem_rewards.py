@@ -28,3 +28,21 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     assert isinstance(extra_info, dict) and extra_info["split"] == "train", extra_info
     assert isinstance(solution_str, str) and isinstance(ground_truth, str)
     return {"score": float(ground_truth in solution_str) + 0.1 * (len(solution_str) % 3), "acc": 0.0}
+
+
+def group_size(prompts, completions, **kwargs):
+    """TRL form, plain-text data: the size of the batch it was called with (shows the batching)."""
+    assert all(isinstance(p, str) for p in prompts) and all(isinstance(c, str) for c in completions)
+    return [float(len(completions))] * len(completions)
+
+
+def length(completion, prompt, meta):
+    """Per-sample form."""
+    return float(len(completion))
+
+
+def fails_on_b(prompts, completions, **kwargs):
+    """TRL form that raises when a batch holds the completion "b"."""
+    if "b" in completions:
+        raise ValueError("saw b")
+    return [1.0] * len(completions)

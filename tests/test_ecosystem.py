@@ -280,3 +280,28 @@ def test_import_rollyard_is_light_and_exports_train():
     code = "import sys, rollyard; assert 'torch' not in sys.modules; print(rollyard.train.__module__, rollyard.Run.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["rollyard.api", "Run"]
+
+
+def test_trl_hooks_are_called_once_per_group_and_combined_by_weight():
+    from rollyard.reward.dispatcher import RewardDispatcher
+    from rollyard.types import Sample
+
+    def sample(i: int, group: str, text: str) -> Sample:
+        return Sample(id=f"{group}#{i}", request_id=group, prompt_ids=[1], completion_ids=[ord(c) for c in text] + [0],
+                      logprobs=[], versions=[0], finish_reason="stop", meta={"prompt": "q?"})
+
+    decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
+    samples = [sample(0, "g1", "aa"), sample(1, "g1", "a"), sample(2, "g1", ""), sample(0, "g2", "b"),
+               sample(1, "g2", "abc")]
+    hooks = ["ecosystem_rewards:group_size", "ecosystem_rewards:length", "ecosystem_rewards:fails_on_b"]
+    with RewardDispatcher(hooks, weights=[1.0, 0.5, 2.0], num_workers=2, decode=decode, eos_token_id=[0]) as d:
+        assert d.forms == ["trl", "sample", "trl"]
+        d.score(samples)
+    g1, g2 = samples[:3], samples[3:]
+    for s, n in [(s, 3.0) for s in g1] + [(s, 2.0) for s in g2]:
+        assert s.reward_parts[0] == n  # each group was one call
+        assert s.reward_parts[1] == len(decode(s.completion_ids[:-1]))
+    assert all(s.reward_flag is None and s.reward == pytest.approx(3.0 + 0.5 * s.reward_parts[1] + 2.0) for s in g1)
+    # fails_on_b raised for group g2: both its samples are flagged, that hook counts 0, the others still score.
+    assert all(s.reward_flag.startswith("error: hook 2: ValueError: saw b") for s in g2)
+    assert [s.reward for s in g2] == pytest.approx([2.0 + 0.5, 2.0 + 1.5])

@@ -60,6 +60,14 @@ def load_hook(path: str) -> Callable:
 UNSCORED = "no reward hook scored it (every hook returned None)"
 
 
+def _groups(samples: list["Sample"]) -> list[list["Sample"]]:
+    """``samples`` split by ``request_id`` (one GRPO group per batch), in first-seen order."""
+    groups: dict[str, list] = {}
+    for s in samples:
+        groups.setdefault(s.request_id, []).append(s)
+    return list(groups.values())
+
+
 def split_unscored(samples: list["Sample"]) -> tuple[list["Sample"], list["Sample"]]:
     """``(scored, unscored)``: a sample no hook scored (``reward is None``) is left out of the loss."""
     return [s for s in samples if s.reward is not None], [s for s in samples if s.reward is None]
@@ -68,11 +76,15 @@ def split_unscored(samples: list["Sample"]) -> tuple[list["Sample"], list["Sampl
 # --------------------------------------------------------------------------------------- dispatcher
 @dataclass
 class _Job:
-    seq: int
-    sample: Any
-    completion: str
-    prompt: str
-    meta: dict
+    """One call to a worker: the samples it scores (one, or a GRPO group when a hook is batched)."""
+
+    seqs: list[int]
+    samples: list[Any]
+    items: list[tuple[str, str, dict]]  # (completion, prompt, meta) per sample: what the worker gets
+
+    @property
+    def seq(self) -> int:
+        return self.seqs[0]
 
 
 @dataclass(eq=False)
@@ -198,7 +210,7 @@ class RewardDispatcher:
     # ------------------------------------------------------------------------------ public API
     def submit(self, sample: "Sample") -> None:
         """Queue ``sample`` for scoring; returns at once."""
-        self._submit(sample)
+        self._submit([sample])
 
     def results(self) -> Iterator["Sample"]:
         """Yield submitted samples as they finish (any order) until none is outstanding."""
@@ -214,8 +226,13 @@ class RewardDispatcher:
             yield sample
 
     def score(self, samples: list["Sample"]) -> list["Sample"]:
-        """Score ``samples`` and return them (the same objects, rewards set) in input order."""
-        seqs = [self._submit(s) for s in samples]
+        """Score ``samples`` and return them (the same objects, rewards set) in input order.
+
+        With a TRL-form (batched) hook, each GRPO group (same ``request_id``) is one call, as TRL
+        calls its reward functions; otherwise each sample is its own call (its own timeout).
+        """
+        batches = _groups(samples) if "trl" in self.forms else [[s] for s in samples]
+        seqs = [seq for batch in batches for seq in self._submit(batch)]
         with self._cond:
             for seq in seqs:
                 while seq not in self._done:
@@ -253,26 +270,27 @@ class RewardDispatcher:
         self.close()
 
     # ---------------------------------------------------------------------------- submission
-    def _submit(self, sample) -> int:
+    def _submit(self, samples: list) -> list[int]:
+        """Queue ``samples`` as one call; a sample that cannot be decoded is flagged at once instead."""
         if self._closed:
             raise RuntimeError("RewardDispatcher is closed")
         with self._cond:
             self._raise_if_crashed()
-            seq = self._seq
-            self._seq += 1
-            self._outstanding += 1
-        try:
-            ids = list(sample.completion_ids)
-            while ids and ids[-1] in self._eos:
-                ids.pop()
-            completion = self._decode(ids)
-            prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
-            if not isinstance(prompt, str):
-                prompt = self._decode(list(sample.prompt_ids))
-            job = _Job(seq, sample, completion, prompt, dict(sample.meta or {}))
-        except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
-            self._finish(_Job(seq, sample, "", "", {}), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
-            return seq
+            seqs = list(range(self._seq, self._seq + len(samples)))
+            self._seq += len(samples)
+            self._outstanding += len(samples)
+        job = _Job([], [], [])
+        for seq, sample in zip(seqs, samples):
+            try:
+                item = self._item(sample)
+            except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
+                self._finish(_Job([seq], [sample], []), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
+                continue
+            job.seqs.append(seq)
+            job.samples.append(sample)
+            job.items.append(item)
+        if not job.seqs:
+            return seqs
         with self._cond:
             broken = self._broken
             if not broken:
@@ -281,7 +299,18 @@ class RewardDispatcher:
             self._finish(job, 0.0, f"error: {broken}", "error")
         else:
             self._wake()
-        return seq
+        return seqs
+
+    def _item(self, sample) -> tuple[str, str, dict]:
+        """``(completion, prompt, meta)``: the completion decoded without its trailing EOS ids."""
+        ids = list(sample.completion_ids)
+        while ids and ids[-1] in self._eos:
+            ids.pop()
+        completion = self._decode(ids)
+        prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
+        if not isinstance(prompt, str):
+            prompt = self._decode(list(sample.prompt_ids))
+        return completion, prompt, dict(sample.meta or {})
 
     def _wait(self) -> None:
         """Wait on the condition (caller holds it), surfacing a crashed feeder thread instead of hanging."""
@@ -307,20 +336,25 @@ class RewardDispatcher:
             self._verify.clear()
 
     def _finish(self, job: _Job, reward: float | None, flag: str | None, kind: str | None,
-                latency: float | None = None, verify_s: float | None = None) -> None:
-        job.sample.reward = None if reward is None else float(reward)
-        job.sample.reward_flag = flag
+                latency: float | None = None, verify_s: float | None = None,
+                outcomes: list[tuple[float | None, str | None, list]] | None = None) -> None:
+        """Settle every sample of ``job``: each with its own ``(reward, flag, parts)`` from ``outcomes``
+        (a worker's reply), or all with ``reward`` and ``flag`` (a timeout, a dead worker, ...)."""
+        outcomes = outcomes or [(reward, flag, [])] * len(job.samples)
         with self._cond:
-            self.stats["scored"] += 1
-            if kind == "timeout":
-                self.stats["timeouts"] += 1
-            elif kind == "error":
-                self.stats["errors"] += 1
+            for seq, sample, (r, f, parts) in zip(job.seqs, job.samples, outcomes):
+                sample.reward, sample.reward_flag, sample.reward_parts = None if r is None else float(r), f, parts
+                self.stats["scored"] += 1
+                k = kind or ("error" if f else None)
+                if k == "timeout":
+                    self.stats["timeouts"] += 1
+                elif k == "error":
+                    self.stats["errors"] += 1
+                self._done[seq] = sample
             if latency is not None:
                 self._latencies.append(latency)
             if verify_s is not None:
                 self._verify.append(verify_s)
-            self._done[job.seq] = job.sample
             self._cond.notify_all()
 
     def _wake(self) -> None:
@@ -504,7 +538,7 @@ class RewardDispatcher:
                 job = self._pending.popleft()
             w = idle[0]
             try:
-                frame = (job.seq, job.completion, job.prompt, job.meta)
+                frame = (job.seq, job.items)
                 pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001
                 self._finish(job, 0.0, f"error: meta is not picklable: {type(e).__name__}: {e}", "error")
@@ -542,8 +576,8 @@ class RewardDispatcher:
             if job is None or seq != job.seq:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
             w.job, w.state = None, "idle"
-            if status == "ok":
-                reward, flag, job.sample.reward_parts = hooks.combine(value, self.weights)
-                self._finish(job, reward, flag, "error" if flag else None, latency=now - w.sent_at, verify_s=verify_s)
+            if status == "ok":  # value: per sample, one part per hook
+                self._finish(job, 0.0, None, None, latency=now - w.sent_at, verify_s=verify_s,
+                             outcomes=[hooks.combine(parts, self.weights) for parts in value])
             else:
                 self._finish(job, 0.0, f"error: {value}"[:500], "error", latency=now - w.sent_at, verify_s=verify_s)

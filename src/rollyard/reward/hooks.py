@@ -151,30 +151,63 @@ def _ground_truth(meta: dict):
                    f"data.fields={{ground_truth: <column>}}")
 
 
-def call(form: str, fn: Callable, completion: str, prompt: str, meta: dict) -> float | None:
-    """Score one sample with ``fn`` called in its ``form``; the result checked (:func:`check_reward`)."""
-    if form == "sample":
-        return check_reward(fn(completion, prompt, meta))
-    if form == "verl":
-        value = fn(data_source=meta.get("data_source"), solution_str=completion,
-                   ground_truth=_ground_truth(meta), extra_info=meta.get("extra_info"))
-        if isinstance(value, dict):
-            if "score" not in value:
-                raise KeyError(f"compute_score returned a dict without 'score' (keys: {sorted(value)})")
-            value = value["score"]
-        return check_reward(value)
-    # trl: one sample as a batch of one; chat prompts as TRL passes them (messages in, messages out).
-    messages = meta.get(MESSAGES_KEY)
+def call_batch(form: str, fn: Callable, items: list[tuple[str, str, dict]]) -> list[tuple[str, Any]]:
+    """Score ``items`` (``(completion, prompt, meta)`` each) with ``fn`` called in its ``form``.
+
+    Returns one part per item: ``("ok", float)``, ``("none", None)`` (not scored) or ``("error",
+    "ExcType: message")``. A TRL-form function is called once for the whole batch (a raise flags
+    every item); the other forms once per item.
+    """
+    if form == "trl":
+        try:
+            values = _call_trl(fn, items)
+        except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from a hook are its errors too
+            return [("error", f"{type(e).__name__}: {e}")] * len(items)
+        return [_part(lambda v=v: None if v is None else check_reward(v)) for v in values]
+    one = _call_verl if form == "verl" else _call_sample
+    return [_part(lambda it=it: one(fn, *it)) for it in items]
+
+
+def _part(thunk: Callable[[], float | None]) -> tuple[str, Any]:
+    try:
+        value = thunk()
+    except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from a hook are its errors too
+        return "error", f"{type(e).__name__}: {e}"
+    return ("none", None) if value is None else ("ok", value)
+
+
+def _call_sample(fn: Callable, completion: str, prompt: str, meta: dict) -> float:
+    return check_reward(fn(completion, prompt, meta))
+
+
+def _call_verl(fn: Callable, completion: str, prompt: str, meta: dict) -> float:
+    value = fn(data_source=meta.get("data_source"), solution_str=completion,
+               ground_truth=_ground_truth(meta), extra_info=meta.get("extra_info"))
+    if isinstance(value, dict):  # verl's compute_score may return {"score": ..., <extra metrics>}
+        if "score" not in value:
+            raise KeyError(f"compute_score returned a dict without 'score' (keys: {sorted(value)})")
+        value = value["score"]
+    return check_reward(value)
+
+
+def _call_trl(fn: Callable, items: list[tuple[str, str, dict]]) -> list:
+    """TRL's call: ``fn(prompts=[...], completions=[...], **{column: [...]})``; chat prompts as message
+    lists and completions as ``[{"role": "assistant", "content": ...}]``, as TRL passes them."""
     ok = _accepts(fn)
-    kwargs = {k: [v] for k, v in _columns(meta).items() if ok(k)}
+    chat = all(meta.get(MESSAGES_KEY) for _, _, meta in items)
+    columns: dict[str, list] = {}
+    for _, _, meta in items:
+        for key in _columns(meta):
+            columns.setdefault(key, [])
+    kwargs = {k: [_columns(meta).get(k) for _, _, meta in items] for k in columns if ok(k)}
     if ok("prompts"):
-        kwargs["prompts"] = [messages if messages else prompt]
-    kwargs["completions"] = [[{"role": "assistant", "content": completion}] if messages else completion]
+        kwargs["prompts"] = [meta[MESSAGES_KEY] if chat else prompt for _, prompt, meta in items]
+    kwargs["completions"] = [[{"role": "assistant", "content": c}] if chat else c for c, _, _ in items]
     values = fn(**kwargs)
-    if not isinstance(values, (list, tuple)) or len(values) != 1:
-        raise TypeError(f"a TRL-style reward function must return a list with one value per completion; "
-                        f"got {type(values).__name__} {repr(values)[:40]} for 1 completion")
-    return None if values[0] is None else check_reward(values[0])
+    if not isinstance(values, (list, tuple)) or len(values) != len(items):
+        raise TypeError(f"a TRL-style reward function must return a list with one value per completion; got "
+                        f"{type(values).__name__} {repr(values)[:40]} for {len(items)} completions")
+    return list(values)
 
 
 def check_reward(value) -> float:

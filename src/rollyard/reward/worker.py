@@ -7,9 +7,9 @@ is ``hooks.py``, loaded by file path.
 
 Protocol on stdin/stdout, frames of a 4-byte big-endian length and a pickle:
   parent -> worker: first ``{"hooks": [((kind, target, attr), form), ...], "sys_path": [...]}``,
-                    then ``(job_id, completion, prompt, meta)``
+                    then ``(job_id, [(completion, prompt, meta), ...])`` (one call: a sample, or a group)
   worker -> parent: ``("ready", pid)`` or ``("init_error", message)``, then
-                    ``(job_id, "ok", parts, seconds)``: one part per hook, ``("ok", float)``,
+                    ``(job_id, "ok", parts, seconds)``: per sample, one part per hook: ``("ok", float)``,
                     ``("none", None)`` (not scored) or ``("error", "ExcType: message")``
 EOF on stdin means exit. Anything the hook prints goes to stderr, never into the protocol.
 The worker also exits if its parent process goes away.
@@ -83,15 +83,10 @@ def main() -> None:
         job = _read_frame(stdin)
         if job is None:
             return
-        job_id, completion, prompt, meta = job
+        job_id, items = job
         t0 = time.perf_counter()
-        parts = []
-        for form, fn in fns:
-            try:
-                value = hooks.call(form, fn, completion, prompt, meta)
-                parts.append(("none", None) if value is None else ("ok", value))
-            except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from a hook are its errors too
-                parts.append(("error", f"{type(e).__name__}: {e}"))
+        per_hook = [hooks.call_batch(form, fn, items) for form, fn in fns]
+        parts = [list(p) for p in zip(*per_hook)] if per_hook else [[] for _ in items]
         _write_frame(proto_out, (job_id, "ok", parts, time.perf_counter() - t0))
 
 
