@@ -30,9 +30,10 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return {"score": float(ground_truth in solution_str) + 0.1 * (len(solution_str) % 3), "acc": 0.0}
 
 
-def group_size(prompts, completions, **kwargs):
+def group_size(prompts, completions, completion_ids, **kwargs):
     """TRL form, plain-text data: the size of the batch it was called with (shows the batching)."""
     assert all(isinstance(p, str) for p in prompts) and all(isinstance(c, str) for c in completions)
+    assert [len(ids) for ids in completion_ids] == [len(c) for c in completions]  # one char per id, no EOS
     return [float(len(completions))] * len(completions)
 
 

@@ -87,7 +87,7 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function, fn(completion, prompt, meta) -> float; none: the task's verifier")
+    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function: fn(completion, prompt, meta) -> float, TRL's fn(prompts, completions, **columns) or verl's compute_score(...); none: the task's verifier")
     num_workers: int = Field(2, ge=1, le=256, description="verifier worker processes")
     timeout_s: float = Field(5.0, gt=0.0, description="per-call verifier timeout; a timeout scores 0 and is flagged")
     hooks: list[str] = Field(default_factory=list, description="several reward functions (module:function or file.py:function), in any accepted form; the reward is their weighted sum")

@@ -80,7 +80,7 @@ class _Job:
 
     seqs: list[int]
     samples: list[Any]
-    items: list[tuple[str, str, dict]]  # (completion, prompt, meta) per sample: what the worker gets
+    items: list[hooks.Item]  # (completion, prompt, meta, completion_ids) per sample: what the worker gets
 
     @property
     def seq(self) -> int:
@@ -301,8 +301,8 @@ class RewardDispatcher:
             self._wake()
         return seqs
 
-    def _item(self, sample) -> tuple[str, str, dict]:
-        """``(completion, prompt, meta)``: the completion decoded without its trailing EOS ids."""
+    def _item(self, sample) -> hooks.Item:
+        """``(completion, prompt, meta, completion_ids)``: the completion without its trailing EOS ids."""
         ids = list(sample.completion_ids)
         while ids and ids[-1] in self._eos:
             ids.pop()
@@ -310,7 +310,7 @@ class RewardDispatcher:
         prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
         if not isinstance(prompt, str):
             prompt = self._decode(list(sample.prompt_ids))
-        return completion, prompt, dict(sample.meta or {})
+        return completion, prompt, dict(sample.meta or {}), ids
 
     def _wait(self) -> None:
         """Wait on the condition (caller holds it), surfacing a crashed feeder thread instead of hanging."""

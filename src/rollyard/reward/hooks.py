@@ -8,7 +8,8 @@ signature (parameter names), so a function written for TRL or verl works unchang
   - ``trl``: ``fn(prompts, completions, **columns) -> list[float | None]`` (TRL's batched reward
     function; recognised by a parameter named ``completions``). It gets the dataset's other columns
     as keyword lists; chat prompts come as message lists and completions as
-    ``[{"role": "assistant", "content": ...}]``, as TRL passes them. ``None`` means "not scored";
+    ``[{"role": "assistant", "content": ...}]``, as TRL passes them, and ``completion_ids``. It is
+    called once per GRPO group. ``None`` means "not scored";
   - ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` (recognised
     by a parameter named ``solution_str``); the ground truth is ``meta["ground_truth"]`` (map it with
     ``data.fields``) or a verl dataset's ``reward_model.ground_truth``. A dict result's ``"score"`` is
@@ -151,8 +152,11 @@ def _ground_truth(meta: dict):
                    f"data.fields={{ground_truth: <column>}}")
 
 
-def call_batch(form: str, fn: Callable, items: list[tuple[str, str, dict]]) -> list[tuple[str, Any]]:
-    """Score ``items`` (``(completion, prompt, meta)`` each) with ``fn`` called in its ``form``.
+Item = tuple[str, str, dict, list[int]]  # (completion, prompt, meta, completion token ids without EOS)
+
+
+def call_batch(form: str, fn: Callable, items: list[Item]) -> list[tuple[str, Any]]:
+    """Score ``items`` (``(completion, prompt, meta, completion_ids)`` each) with ``fn`` called in its ``form``.
 
     Returns one part per item: ``("ok", float)``, ``("none", None)`` (not scored) or ``("error",
     "ExcType: message")``. A TRL-form function is called once for the whole batch (a raise flags
@@ -165,7 +169,7 @@ def call_batch(form: str, fn: Callable, items: list[tuple[str, str, dict]]) -> l
             return [("error", f"{type(e).__name__}: {e}")] * len(items)
         return [_part(lambda v=v: None if v is None else check_reward(v)) for v in values]
     one = _call_verl if form == "verl" else _call_sample
-    return [_part(lambda it=it: one(fn, *it)) for it in items]
+    return [_part(lambda it=it: one(fn, *it[:3])) for it in items]
 
 
 def _part(thunk: Callable[[], float | None]) -> tuple[str, Any]:
@@ -190,19 +194,19 @@ def _call_verl(fn: Callable, completion: str, prompt: str, meta: dict) -> float:
     return check_reward(value)
 
 
-def _call_trl(fn: Callable, items: list[tuple[str, str, dict]]) -> list:
-    """TRL's call: ``fn(prompts=[...], completions=[...], **{column: [...]})``; chat prompts as message
-    lists and completions as ``[{"role": "assistant", "content": ...}]``, as TRL passes them."""
+def _call_trl(fn: Callable, items: list[Item]) -> list:
+    """TRL's call: ``fn(prompts=[...], completions=[...], completion_ids=[...], **{column: [...]})``;
+    chat prompts as message lists and completions as ``[{"role": "assistant", "content": ...}]``, as
+    TRL passes them. Only the keywords ``fn`` accepts are passed (all of them with ``**kwargs``)."""
     ok = _accepts(fn)
-    chat = all(meta.get(MESSAGES_KEY) for _, _, meta in items)
-    columns: dict[str, list] = {}
-    for _, _, meta in items:
-        for key in _columns(meta):
-            columns.setdefault(key, [])
-    kwargs = {k: [_columns(meta).get(k) for _, _, meta in items] for k in columns if ok(k)}
+    chat = all(it[2].get(MESSAGES_KEY) for it in items)
+    names = dict.fromkeys(k for it in items for k in _columns(it[2]))
+    kwargs = {k: [_columns(it[2]).get(k) for it in items] for k in names if ok(k)}
     if ok("prompts"):
-        kwargs["prompts"] = [meta[MESSAGES_KEY] if chat else prompt for _, prompt, meta in items]
-    kwargs["completions"] = [[{"role": "assistant", "content": c}] if chat else c for c, _, _ in items]
+        kwargs["prompts"] = [it[2][MESSAGES_KEY] if chat else it[1] for it in items]
+    if ok("completion_ids"):
+        kwargs["completion_ids"] = [list(it[3]) for it in items]
+    kwargs["completions"] = [[{"role": "assistant", "content": it[0]}] if chat else it[0] for it in items]
     values = fn(**kwargs)
     if not isinstance(values, (list, tuple)) or len(values) != len(items):
         raise TypeError(f"a TRL-style reward function must return a list with one value per completion; got "

@@ -7,7 +7,8 @@ is ``hooks.py``, loaded by file path.
 
 Protocol on stdin/stdout, frames of a 4-byte big-endian length and a pickle:
   parent -> worker: first ``{"hooks": [((kind, target, attr), form), ...], "sys_path": [...]}``,
-                    then ``(job_id, [(completion, prompt, meta), ...])`` (one call: a sample, or a group)
+                    then ``(job_id, [(completion, prompt, meta, completion_ids), ...])`` (one call: a
+                    sample, or a GRPO group when a hook is batched)
   worker -> parent: ``("ready", pid)`` or ``("init_error", message)``, then
                     ``(job_id, "ok", parts, seconds)``: per sample, one part per hook: ``("ok", float)``,
                     ``("none", None)`` (not scored) or ``("error", "ExcType: message")``

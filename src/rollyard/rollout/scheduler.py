@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rollyard.reward.hooks import MESSAGES_KEY
 from rollyard.tasks.base import Prompt
 from rollyard.types import Request
 
@@ -75,5 +76,5 @@ def to_requests(prompts: list[Prompt], tokenizer, n: int, max_new_tokens: int, c
             continue
         requests.append(Request(id=p.id + suffix, prompt_ids=ids, n=n, max_new_tokens=min(max_new_tokens, room),
                                 meta={**p.meta, "prompt": p.text,
-                                      **({"prompt_messages": p.messages} if p.messages else {})}))
+                                      **({MESSAGES_KEY: p.messages} if p.messages else {})}))
     return requests, dead
