@@ -305,3 +305,8 @@ def test_trl_hooks_are_called_once_per_group_and_combined_by_weight():
     # fails_on_b raised for group g2: both its samples are flagged, that hook counts 0, the others still score.
     assert all(s.reward_flag.startswith("error: hook 2: ValueError: saw b") for s in g2)
     assert [s.reward for s in g2] == pytest.approx([2.0 + 0.5, 2.0 + 1.5])
+
+
+def test_summary_json_is_strict_json():
+    text = rundir.strict_json({"eval_after": float("nan"), "xs": [1.0, float("inf")], "n": 3})
+    assert no_nan(text) == {"eval_after": None, "xs": [1.0, None], "n": 3}

@@ -35,7 +35,7 @@ def demos(prompts: list[Prompt], tokenizer) -> list[tuple[list[int], list[int]]]
     for p in prompts:
         if p.demo is None:
             continue
-        ids = tokenizer(p.text, add_special_tokens=True)["input_ids"]
+        ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]  # as to_requests
         out.append((ids, tokenizer(p.demo, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
     return out
 

@@ -196,7 +196,7 @@ def finish(ctx: RunContext) -> dict:
         "reward_flags": ctx.flags, **ctx.state.extra,
         "role_seconds_per_step": {r: s for r, s, _ in role_shares(ctx.telemetry.step_seconds)},
     }
-    (ctx.run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=1))
+    (ctx.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     print_summary(ctx.telemetry.step_seconds, ctx.state.eval_before, after)
     console.print(f"run directory: {ctx.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     return summary

@@ -30,6 +30,7 @@ RUN_DIR/
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -82,6 +83,20 @@ RUN_INFO_KEYS = {
 TIME_KEY = "time/{role}"          # seconds spent in the role this step
 STEP_TIME = "time/step"           # wall-clock seconds of the whole step
 STALENESS_MAX = "staleness/max"   # largest (trainer version - sample version) in the batch
+
+
+def strict_json(obj: Any, indent: int | None = 1) -> str:
+    """``obj`` as standard JSON: NaN and infinities (which ``json.dumps`` writes as bare ``NaN``, not
+    JSON) become null, so any JSON reader accepts the file."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), indent=indent, allow_nan=False)
 
 
 class RunDirError(ValueError):
