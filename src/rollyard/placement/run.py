@@ -138,6 +138,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
         ckpt = None
     run.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run / rundir.CONFIG)
+    tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = roles.device_of(cfg)
     deadletter: list[dict] = []
@@ -162,7 +163,6 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     engine = roles.engine(cfg, model, tokenizer, version=state.version)
     if "engine" in extra_rng and isinstance(getattr(engine, "generator", None), torch.Generator):
         engine.generator.set_state(extra_rng["engine"])
-    tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))
     ctx = RunContext(cfg, run, model, tokenizer, context, device, engine, trainer, rewards, reference, stream,
                      held_out, Telemetry(run, tracking=tracking if tracking.active else None), state)
     ctx.dead_letter(deadletter)
