@@ -274,7 +274,8 @@ def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | No
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError("invalid config:\n" + describe_errors(e)) from None
+        # One line (the CLI's bad-input contract): every broken field, each with its value.
+        raise ConfigError("invalid config: " + "; ".join(x.strip() for x in describe_errors(e).splitlines())) from None
 
 
 def describe_errors(e: ValidationError) -> str:
