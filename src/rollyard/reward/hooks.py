@@ -208,6 +208,8 @@ def _call_trl(fn: Callable, items: list[Item]) -> list:
         kwargs["completion_ids"] = [list(it[3]) for it in items]
     kwargs["completions"] = [[{"role": "assistant", "content": it[0]}] if chat else it[0] for it in items]
     values = fn(**kwargs)
+    if callable(getattr(values, "tolist", None)):  # a numpy array or a tensor, as TRL also accepts
+        values = values.tolist()
     if not isinstance(values, (list, tuple)) or len(values) != len(items):
         raise TypeError(f"a TRL-style reward function must return a list with one value per completion; got "
                         f"{type(values).__name__} {repr(values)[:40]} for {len(items)} completions")
