@@ -132,6 +132,7 @@ def test_trl_user_path(chat_model, tmp_path, capsys):
     assert {"train/reward", "train/reward_std", "train/learning_rate", "train/frac_reward_zero_std",
             "train/rewards/says_answer/mean", "train/rewards/brevity/mean", "train/completions/mean_length",
             "time/rollout", "staleness/max"} <= tags
+    assert "completions/text_summary" in acc.Tags()["tensors"]  # the completions table, as text
     tb = [(e.step, e.value) for e in acc.Scalars("train/reward")]
     assert [s for s, _ in tb] == [0, 1]
     assert [v for _, v in tb] == pytest.approx([r["reward/mean"] for r in run.metrics], abs=1e-6)
@@ -139,6 +140,9 @@ def test_trl_user_path(chat_model, tmp_path, capsys):
     # W&B, offline, no login: the run file holds the same metric names.
     wandb_files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(wandb_files) == 1 and b"train/reward" in wandb_files[0].read_bytes()
+    tables = list((run_dir / "wandb").glob("offline-run-*/files/media/table/completions_*.table.json"))
+    assert len(tables) == 2 and all(json.loads(t.read_text())["columns"] == ["step", "prompt", "completion", "reward"]
+                                    for t in tables)
 
     # Plots: four real PNGs.
     assert sorted(p.name for p in run.plots) == ["lengths.png", "reward.png", "staleness.png", "time.png"]

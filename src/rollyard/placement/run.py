@@ -105,7 +105,7 @@ class RunContext:
                        **reward_metrics.per_hook(samples, self.rewards.names)})
         every = self.cfg.log.completions_every
         if every and step % every == 0:
-            self.telemetry.completions(completion_records(step, samples, self.tokenizer))
+            self.telemetry.completions(step, completion_records(step, samples, self.tokenizer))
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 

@@ -84,10 +84,12 @@ class Telemetry:
             self.tracking.log(step, row)
         return row
 
-    def completions(self, records: list[dict[str, Any]]) -> None:
+    def completions(self, step: int, records: list[dict[str, Any]]) -> None:
         """Append sampled completions (``telemetry.tracking.completion_records``) to completions.jsonl."""
         with open(self.run_dir / rundir.COMPLETIONS, "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
+        if self.tracking is not None:
+            self.tracking.completions(step, records)
 
     def evaluation(self, step: int, accuracy: float) -> None:
         """Record a held-out greedy accuracy measured after ``step`` optimizer steps (eval.jsonl)."""

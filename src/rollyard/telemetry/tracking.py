@@ -89,6 +89,19 @@ class Tracking:
         if self._wandb is not None:
             self._wandb.log(values, step=step)
 
+    def completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        """Sampled completions as a table (TRL's ``log_completions``): TensorBoard text, a W&B Table."""
+        columns = ["step", "prompt", "completion", "reward"]
+        rows = [[r["step"], r["prompt"], r["completion"], r["reward"]] for r in records]
+        if self._tb is not None:
+            cell = lambda x: str(x).replace("|", "\\|").replace("\n", "\\n")  # noqa: E731 - markdown table cell
+            table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            table += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+            self._tb.add_text("completions", "\n".join(table), global_step=step)
+        if self._wandb is not None:
+            import wandb
+            self._wandb.log({"completions": wandb.Table(columns=columns, data=rows)}, step=step)
+
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
