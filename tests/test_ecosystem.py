@@ -256,6 +256,11 @@ def test_dataset_without_hook_and_api_input_errors(tmp_path, capsys):
         rollyard.train({"out_dir": str(tmp_path / "y")}, model=torch.nn.Linear(1, 1))
 
 
+def test_hooks_sharing_a_function_name_get_distinct_metric_names():
+    from rollyard.reward.hooks import names_of
+    assert names_of(["a.py:score", "b:score", "c:fmt"]) == ["score_0", "score_1", "fmt"]
+
+
 def test_config_defaults_that_do_not_surprise():
     assert load_config(None, ["data.path=x.jsonl"]).data.task is None
     assert load_config(None, ["data.path=x.jsonl", "data.task=repeat"]).data.task == "repeat"
@@ -299,7 +304,7 @@ def test_trl_hooks_are_called_once_per_group_and_combined_by_weight():
                sample(1, "g2", "abc")]
     hooks = ["ecosystem_rewards:group_size", "ecosystem_rewards:length", "ecosystem_rewards:fails_on_b"]
     with RewardDispatcher(hooks, weights=[1.0, 0.5, 2.0], num_workers=2, decode=decode, eos_token_id=[0]) as d:
-        assert d.forms == ["trl", "sample", "trl"]
+        assert d.forms == ["trl", "sample", "trl"] and d.names == ["group_size", "length", "fails_on_b"]
         d.score(samples)
     g1, g2 = samples[:3], samples[3:]
     for s, n in [(s, 3.0) for s in g1] + [(s, 2.0) for s in g2]:

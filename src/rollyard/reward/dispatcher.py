@@ -165,7 +165,7 @@ class RewardDispatcher:
         if not paths or len(self.weights) != len(paths):
             raise ValueError(f"{len(paths)} reward hooks and {len(self.weights)} weights: give one weight per hook")
         self.hook = hook if isinstance(hook, str) else ", ".join(paths)
-        self.names = [hooks.name_of(p) for p in paths]
+        self.names = hooks.names_of(paths)
         loaded = [hooks.load(p) for p in paths]  # HookError here, in the parent, before any worker starts
         self.forms = [form for _, _, form in loaded]
         self._spec = [(spec, form) for _, spec, form in loaded]

@@ -256,9 +256,11 @@ def combine(parts: list[tuple[str, Any]], weights: list[float]) -> tuple[float |
 
 
 # -------------------------------------------------------------------------------- parent side
-def name_of(path: str) -> str:
-    """A hook's short name for its metrics (``reward/<name>/mean``): the function name."""
-    return path.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+def names_of(paths: list[str]) -> list[str]:
+    """Each hook's short name for its metrics (``reward/<name>/mean``): the function name, with its
+    position appended where two hooks share one (``score_0``, ``score_1``)."""
+    names = [p.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for p in paths]
+    return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
 
 def load(path: str) -> tuple[Callable, tuple[str, str, str], str]:
