@@ -319,3 +319,20 @@ def test_trl_hooks_are_called_once_per_group_and_combined_by_weight():
 def test_summary_json_is_strict_json():
     text = rundir.strict_json({"eval_after": float("nan"), "xs": [1.0, float("inf")], "n": 3})
     assert no_nan(text) == {"eval_after": None, "xs": [1.0, None], "n": 3}
+
+
+def test_chat_rows_and_nested_fields_in_the_loader(tmp_path):
+    from rollyard.tasks.dataset import load_prompts
+
+    f = tmp_path / "chat.jsonl"
+    good = {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+            "reward_model": {"ground_truth": "4"}}
+    f.write_text(json.dumps(good) + "\n")
+    [p] = load_prompts(f, fields={"truth": "reward_model.ground_truth"})
+    assert p.messages == good["prompt"] and p.text == "" and p.meta["truth"] == "4"
+    for bad, rule in [({"prompt": []}, "empty message list"),
+                      ({"prompt": [{"role": "user"}]}, r"message 0 is \{'role': 'user'\}, expected"),
+                      ({"prompt": [{"role": "user", "content": "x"}]}, r"no 'reward_model.ground_truth' field")]:
+        f.write_text(json.dumps(bad) + "\n")
+        with pytest.raises(DataError, match=rf"chat\.jsonl:1: .*{rule}"):
+            load_prompts(f, fields={"truth": "reward_model.ground_truth"})
