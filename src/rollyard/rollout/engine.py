@@ -311,9 +311,9 @@ class RolloutEngine:
                 if err <= tol:
                     return backend
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
-            except Exception as e:  # an unexpected variant of a supported family
+            except Exception as e:  # noqa: BLE001 - an unexpected variant of a supported family
                 reason = f"fast path failed: {type(e).__name__}: {e}"
-        warnings.warn(f"RolloutEngine: using the HF forward (one cache per sequence, slower): {reason}")
+        warnings.warn(f"RolloutEngine: using the HF forward (one cache per sequence, slower): {reason}", stacklevel=2)
         return _HFBackend(self.model, self.max_concurrent, self.max_cache_tokens)
 
     def _use_backend(self, name: str) -> None:

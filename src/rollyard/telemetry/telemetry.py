@@ -71,7 +71,7 @@ class Telemetry:
             for edge in rundir.EDGES:
                 nbytes, count = pending.get(edge, [0, 0])
                 self._traffic_file.write(json.dumps({"step": step, "edge": edge, "bytes": nbytes, "count": count}) + "\n")
-            for edge, (nbytes, count) in pending.items():
+            for edge, (nbytes, _count) in pending.items():
                 values[f"bytes/{edge}"] = nbytes
             row = {"step": step}
             for role, secs in self.step_seconds.get(step, {}).items():
