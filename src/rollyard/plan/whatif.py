@@ -59,6 +59,11 @@ class BudgetWhatIf:
     after: dict[str, float]
     new_step_s: float
     win: float | None  # None: nothing left on the critical path
+    # The same optimizations on the chosen placement's critical path (planner.critical_path):
+    placement: str = ""
+    placement_step_s: float | None = None
+    placement_new_step_s: float | None = None
+    placement_win: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -111,9 +116,22 @@ class TailWhatIf:
     plain_rollout_s: float
     tail_rollout_s: float
     speedup: float
+    floor_rollout_s: float | None = None  # the bubble-free floor: no schedule beats it
+    bounded: bool = False  # the tail-batching figure was raised to the floor
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def bound_by_floor(t: TailWhatIf, floor_s: float) -> TailWhatIf:
+    """Tail batching only removes bubble: its rollout time cannot go below the bubble-free floor
+    (continuous batching with every slot busy, ``mechanisms.continuous_s``)."""
+    from dataclasses import replace
+
+    if t.tail_rollout_s >= floor_s:
+        return replace(t, floor_rollout_s=floor_s)
+    return replace(t, floor_rollout_s=floor_s, tail_rollout_s=floor_s, bounded=True,
+                   speedup=t.plain_rollout_s / floor_s if floor_s > 0 else t.speedup)
 
 
 class LengthSampler:

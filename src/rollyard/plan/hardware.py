@@ -1,0 +1,124 @@
+"""Equal hardware: every placement priced on the same G accelerators (runbook step 6's rate matching).
+
+Phase times are functions of the GPUs a pool gets:
+
+- rollout on g GPUs: the decode model of ``mechanisms`` (synchronous round or bubble-free floor) on
+  the real per-replica batch; a measured ``phases.rollout_s`` (taken on ``phases.gpus``) is scaled by
+  the model's ratio between the two GPU counts, so measurement sets the level and the model the shape;
+- trainer on g GPUs: FLOP-bound, so time x GPUs is constant (6 x P_active x tokens for fwd+bwd,
+  2 x P_active x tokens for a reference forward);
+- reward: CPU verifiers, independent of the GPU split.
+
+``split_table`` evaluates colocated on G, and disaggregated and async at every split of G into whole
+engine replicas, and reports the best split of each.
+"""
+
+from __future__ import annotations
+
+from rollyard.plan import mechanisms as M
+from rollyard.plan.inputs import PlanInputs
+
+
+def active_params(p: PlanInputs) -> float:
+    """Parameters that do FLOPs per token (MoE: active; dense: all)."""
+    return p.policy.active_params or p.policy.params
+
+
+def weight_bytes(p: PlanInputs) -> float:
+    """Bytes of the rollout copy of the weights (all experts: every one is resident and synced)."""
+    return p.policy.params * p.policy.bytes_per_param
+
+
+def sequences(p: PlanInputs) -> int:
+    return p.rollout.prompts * p.rollout.samples
+
+
+def trainer_gpus(p: PlanInputs) -> int:
+    return p.trainer.gpus or p.trainer.dp
+
+
+def longest(p: PlanInputs, lengths: list[int] | None = None) -> float:
+    """Expected longest response of one step (the synchronous barrier)."""
+    return M.expected_longest(sequences(p), mean=p.rollout.avg_tokens, sigma=p.tail.sigma,
+                              cap=p.tail.max_tokens, lengths=lengths)
+
+
+def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.Decode:
+    ro = p.rollout
+    mean = (sum(lengths) / len(lengths)) if lengths else ro.avg_tokens
+    return M.replica_decode(sequences_total=sequences(p), gpus=gpus, tp=ro.tp, mean_len=mean,
+                            longest=longest(p, lengths), concurrency=ro.concurrency, weight_bytes=weight_bytes(p),
+                            kv_bytes_per_token=ro.kv_bytes_per_token, prompt_tokens=ro.prompt_tokens,
+                            mem_bw=ro.mem_bandwidth)
+
+
+def _modelled_rollout(p: PlanInputs, gpus: int, continuous: bool, lengths: list[int] | None) -> float:
+    ro = p.rollout
+    if ro.bytes_per_decoded_token is not None:  # a stated per-token cost: no schedule to model
+        return sequences(p) * ro.avg_tokens * ro.bytes_per_decoded_token / (ro.mem_bandwidth * gpus)
+    d = decode_on(p, gpus, lengths)
+    return M.continuous_s(d) if continuous else M.synchronous_round_s(d)
+
+
+def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, lengths: list[int] | None = None) -> float:
+    """Rollout seconds per step on ``gpus`` GPUs; ``continuous``: the bubble-free floor."""
+    model = _modelled_rollout(p, gpus, continuous, lengths)
+    if p.phases.rollout_s is None:
+        return model
+    ref = p.phases.gpus or p.rollout.gpus  # the given time is a synchronous round on these GPUs
+    return p.phases.rollout_s * model / _modelled_rollout(p, ref, False, lengths)
+
+
+def train_tokens(p: PlanInputs) -> float:
+    """Tokens the trainer processes per step: prompt + response for every sample."""
+    return sequences(p) * (p.rollout.prompt_tokens + p.rollout.avg_tokens)
+
+
+def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int) -> float:
+    if given is not None:
+        ref = p.phases.gpus or trainer_gpus(p)
+        return given * ref / gpus  # FLOP-bound: time x GPUs is the work
+    return flops_per_token_param * active_params(p) * train_tokens(p) / (p.trainer.flops_per_gpu * gpus)
+
+
+def train_s(p: PlanInputs, gpus: int) -> float:
+    """Forward + backward + optimizer on ``gpus`` GPUs (6 x P_active x tokens FLOPs)."""
+    return _flop_seconds(p, 6, p.phases.train_s, gpus)
+
+
+def reference_s(p: PlanInputs, gpus: int) -> float:
+    """Reference (or old-logprob) forward on ``gpus`` GPUs (2 x P_active x tokens FLOPs); 0 when unused."""
+    if not p.phases.use_reference:
+        return 0.0
+    return _flop_seconds(p, 2, p.phases.reference_s, gpus)
+
+
+def reward_on_rollout_side(p: PlanInputs) -> float:
+    """Reward seconds the rollout side waits for: 0 when scoring streams under decode."""
+    return 0.0 if p.phases.reward_streamed else p.phases.reward_s
+
+
+def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
+                lengths: list[int] | None = None) -> dict[str, dict]:
+    """placement -> {"best": PoolSplit, "all": [PoolSplit...]} on G = p.total_gpus() accelerators."""
+    G = p.total_gpus()
+    reward = reward_on_rollout_side(p)
+    colo = M.PoolSplit("colocated", G, G, rollout_s(p, G, lengths=lengths) + reward,
+                       reference_s(p, G) + train_s(p, G), reload_s, 0.0)
+    colo = M.PoolSplit(**{**colo.__dict__, "step_s": M.colocated_step_s(colo.rollout_s, 0.0, colo.trainer_s, reload_s)})
+    out = {"colocated": {"best": colo, "all": [colo]}}
+    for placement in ("disaggregated", "async"):
+        rows = []
+        for gr, gt in M.splits(G, p.rollout.tp):
+            if placement == "async":
+                ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
+                tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt)
+                step = M.async_step_s(ro, tr, sync_per_step_s)
+            else:
+                ro = rollout_s(p, gr, lengths=lengths) + reward
+                tr = reference_s(p, gt) + train_s(p, gt)
+                step = M.disaggregated_step_s(ro, tr, sync_per_step_s)
+            rows.append(M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step))
+        best = min(rows, key=lambda r: r.step_s) if rows else None
+        out[placement] = {"best": best, "all": rows}
+    return out
