@@ -47,6 +47,8 @@ def plan_parser() -> argparse.ArgumentParser:
                         "e.g. policy.params=7e9 trainer.dp=4")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a field override (repeatable)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    p.add_argument("--defaults", action="store_true", help="allow an empty plan file: price the runbook's reference "
+                                                           "workload (without it an empty file is an error)")
     p.add_argument("--out", metavar="DIR", help="write plan.json, plan.yaml (resolved inputs), decision_record.md, "
                                                 "timeline.txt and timeline.png to DIR")
     p.add_argument("--lengths-from", metavar="RUN_DIR", help="tail what-if: response lengths from RUN_DIR/lengths.jsonl")
@@ -84,7 +86,7 @@ def _plan(args: argparse.Namespace) -> int:
     overrides = [a for a in args.args if "=" in a] + args.set
     if len(files) > 1:
         raise I.PlanError(f"give one plan file, got {len(files)}: {', '.join(files)}")
-    inputs = I.load_plan(files[0] if files else None, overrides)
+    inputs = I.load_plan(files[0] if files else None, overrides, defaults=args.defaults)
     lengths = source = None
     if args.lengths_from:
         from rollyard.plan.review import read_lengths
@@ -150,7 +152,8 @@ def review_parser() -> argparse.ArgumentParser:
                                                    "budget.tolerance, 0.2)")
     p.add_argument("--json", action="store_true", help="print the review as JSON instead of tables")
     p.add_argument("--out", metavar="DIR", help="write review.json and decision_record.md to DIR")
-    p.add_argument("--check", action="store_true", help="exit 1 when a verification item fails")
+    p.add_argument("--check", action="store_true", help="exit 1 unless every verification item passed "
+                                                         "(an item not checked is not a pass)")
     return p
 
 
@@ -168,7 +171,7 @@ def _review(args: argparse.Namespace) -> int:
     from rollyard.plan.inputs import PlanError
     from rollyard.plan.record import decision_record
     from rollyard.plan.render import console
-    from rollyard.plan.review import FAIL, print_review, review
+    from rollyard.plan.review import PASS, print_review, review
 
     if args.set and not args.plan:
         raise PlanError("--set overrides a --plan file's fields; pass --plan FILE too")
@@ -190,7 +193,11 @@ def _review(args: argparse.Namespace) -> int:
     elif not args.json:
         print()
         print(record)
-    return 1 if (args.check and rv.verdict == FAIL) else 0
+    if args.check and rv.verdict != PASS:
+        bad = [f"{v['item']}: {v['result']}" for v in rv.verification if v["result"] != PASS]
+        print(f"rollyard review: --check: {len(bad)} item(s) did not pass: " + "; ".join(bad), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -66,7 +66,11 @@ class Plan:
             best = t["best"]
             if best is None:
                 continue
+            gt = H.trainer_gpus(self.inputs)
+            mine = next((r for r in t["all"] if (r.rollout_gpus, r.trainer_gpus) == (self.inputs.rollout.gpus, gt)),
+                        None) if name != "colocated" else None
             out[name] = {**best.as_dict(), "vs_colocated": base / best.step_s if best.step_s else None,
+                         "configured": ({**mine.as_dict(), "vs_colocated": base / mine.step_s} if mine else None),
                          "splits": [{"rollout_gpus": r.rollout_gpus, "trainer_gpus": r.trainer_gpus,
                                      "step_s": r.step_s} for r in t["all"]]}
         return out
@@ -98,14 +102,17 @@ class Plan:
 
 
 def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]:
-    """Memory per GPU of each role and what does not fit (a finding for the decision record)."""
+    """Memory per GPU of each role and what does not fit (a finding for the decision record).
+
+    KV cache is paged, so it holds what the sequences in flight use: a full-length mean response
+    (prompt + avg_tokens) each."""
     d = H.decode_on(p, p.rollout.gpus)
     in_flight = min(p.rollout.concurrency, d.sequences)
     mem = M.memory(params=p.policy.params, train_bytes_per_param=p.cluster.train_bytes_per_param,
                    trainer_gpus=H.trainer_gpus(p), sharded=p.trainer.sharding == "fsdp",
                    weight_bytes=H.weight_bytes(p), tp=p.rollout.tp, in_flight=in_flight,
                    kv_bytes_per_token=p.rollout.kv_bytes_per_token,
-                   context=p.rollout.prompt_tokens + p.tail.max_tokens, gpu_memory=p.cluster.gpu_memory)
+                   context=p.rollout.prompt_tokens + p.rollout.avg_tokens, gpu_memory=p.cluster.gpu_memory)
     cap = p.cluster.gpu_memory
     out = []
     if mem.trainer_per_gpu > cap:
@@ -114,10 +121,10 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
                    f"shard it (trainer.sharding = fsdp) or add trainer GPUs")
     if mem.rollout_per_gpu > cap:
         fit = max(0.0, (cap - mem.rollout_weights_per_gpu)) * p.rollout.tp / (
-            (p.rollout.prompt_tokens + p.tail.max_tokens) * p.rollout.kv_bytes_per_token or 1)
+            (p.rollout.prompt_tokens + p.rollout.avg_tokens) * p.rollout.kv_bytes_per_token or 1)
         out.append(f"rollout does not fit: weights {B.fmt_bytes(mem.rollout_weights_per_gpu)} + KV cache "
                    f"{B.fmt_bytes(mem.kv_per_gpu)} per GPU ({in_flight:g} sequences at "
-                   f"{p.rollout.prompt_tokens + p.tail.max_tokens:g} tokens) > {B.fmt_bytes(cap)}; about "
+                   f"{p.rollout.prompt_tokens + p.rollout.avg_tokens:g} tokens, paged) > {B.fmt_bytes(cap)}; about "
                    f"{fit:.0f} sequences fit per replica (set rollout.concurrency) or raise rollout.tp")
     if placement == "colocated" and mem.trainer_per_gpu + mem.rollout_per_gpu > cap >= max(
             mem.trainer_per_gpu, mem.rollout_per_gpu):
@@ -173,6 +180,9 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
                        steps=t.steps, seed=t.seed, cap=t.max_tokens, rollout_s=ph.rollout,
                        lengths=lengths or t.lengths or None, mean=p.rollout.avg_tokens, sigma=t.sigma, source=src)
     tail = bound_by_floor(tail, H.rollout_s(p, p.rollout.gpus, continuous=True, lengths=lengths or t.lengths or None))
+    if tail.plain_rollout_s > 0:
+        with_tail = replace(ph, rollout=ph.rollout * tail.tail_rollout_s / tail.plain_rollout_s)
+        tail = replace(tail, step_speedup=sims[dec.placement].period_s / run_sim(p, with_tail, dec.placement, sync_s).period_s)
     mem, findings = memory_findings(p, dec.placement)
     detail = None if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
     return Plan(p, b, hourly, times, ph, dec, B.edges(p, b, dec.placement, dec.sync_mode), sims,

@@ -39,6 +39,22 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
              + ", ".join(f"{k} {v.steps_per_hour:.1f} ({v.period_s:.1f} s/step)" for k, v in sims.items())
              + f". Cadence: {plan.cadence()}.")
     L.append("")
+    eq = plan.equal_hardware()
+    L.append(f"At equal hardware ({p.total_gpus()} GPUs, best split of each): "
+             + ", ".join(f"{k} {v['step_s']:.1f} s/step ({v['vs_colocated']:.2f}x colocated"
+                         + (f", {v['rollout_gpus']}:{v['trainer_gpus']}" if k != "colocated" else "") + ")"
+                         for k, v in eq.items()) + ".")
+    L.append("")
+    L.append("## Findings")
+    L.append("")
+    if plan.findings:
+        for f in plan.findings:
+            L.append(f"- {f}")
+    else:
+        m = plan.memory
+        L.append(f"- memory fits: trainer {fmt_bytes(m.trainer_per_gpu)}, rollout {fmt_bytes(m.rollout_per_gpu)} "
+                 f"per GPU of {fmt_bytes(m.gpu_memory)}" if m else "- none")
+    L.append("")
     L.append(f"## Sync mode: {'in-process (colocated)' if d.placement == 'colocated' else d.sync_mode}")
     L.append("")
     L.append(d.sync_why + ".")

@@ -118,6 +118,7 @@ class TailWhatIf:
     speedup: float
     floor_rollout_s: float | None = None  # the bubble-free floor: no schedule beats it
     bounded: bool = False  # the tail-batching figure was raised to the floor
+    step_speedup: float | None = None  # the chosen placement's steady-state step, plain / tail rollout
 
     def as_dict(self) -> dict:
         return asdict(self)
