@@ -293,3 +293,217 @@ def test_lora_crosssite_example_hand_worked(capsys):
     assert {"a": "rollout", "b": "reward", "why": "reward scoring is streamed while decode continues"} \
         in doc["decision"]["overlaps"]
     assert doc["budget_whatif"]["after"]["reward"] == 0  # verifier dispatcher: off the critical path
+
+
+# ---- v2: mechanisms against hand-worked values ----
+
+from rollyard.plan import mechanisms as M  # noqa: E402
+from rollyard.plan.bytes import predicted_sync_bytes  # noqa: E402
+from rollyard.plan.planner import predicted_steps_per_hour  # noqa: E402
+from rollyard.plan.simulate import steady_state  # noqa: E402
+from rollyard.plan.whatif import TailWhatIf, bound_by_floor  # noqa: E402
+
+Z90 = 1.2815515655446004  # standard normal 0.9 quantile (table value)
+
+
+def test_expected_longest_is_the_order_statistic_quantile():
+    # 9 responses: the 1 - 1/10 = 0.9 quantile. Lognormal with mean 100, sigma 0.5:
+    # mu = ln 100 - 0.5^2 / 2 = 4.48017, so exp(4.48017 + 0.5 x 1.28155) = 167.5 tokens.
+    assert M.expected_longest(9, mean=100, sigma=0.5, cap=1e9) == pytest.approx(math.exp(4.605170186 - 0.125 + 0.5 * Z90))
+    assert M.expected_longest(9, mean=100, sigma=0.5, cap=150) == 150  # the engine's cap clips it
+    # Measured lengths 1..8, 3 responses: the 0.75 quantile is the 7th of 8 sorted values.
+    assert M.expected_longest(3, mean=1, sigma=1, cap=100, lengths=[8, 1, 2, 3, 4, 5, 6, 7]) == 7
+
+
+def test_decode_round_floor_and_bubble_hand_worked():
+    # 40 sequences on 8 GPUs at tp 2: 4 replicas of 10. Weights 1e9 B over 2 x 1e12 B/s = 0.5 ms a step.
+    # KV: 1e7 B/token x mean context (50 prompt + 100/2) = 1e9 B per sequence per step;
+    # 10 x 100 tokens x 1e9 B / 2e12 B/s = 0.5 s of KV reads in any schedule.
+    d = M.replica_decode(sequences_total=40, gpus=8, tp=2, mean_len=100, longest=400, concurrency=100,
+                         weight_bytes=1e9, kv_bytes_per_token=1e7, prompt_tokens=50, mem_bw=1e12)
+    assert d.sequences == 10 and d.weight_step_s == pytest.approx(0.5e-3) and d.kv_s == pytest.approx(0.5)
+    assert M.synchronous_round_s(d) == pytest.approx(400 * 0.5e-3 + 0.5)  # the longest response's 400 steps
+    assert M.continuous_s(d) == pytest.approx(10 * 100 / 100 * 0.5e-3 + 0.5)  # 10 full-batch steps
+    assert M.balanced_round_s(d) == pytest.approx(100 * 0.5e-3 + 0.5)  # every response 100 tokens
+    assert M.bubble_fraction(d) == pytest.approx(1 - 0.505 / 0.7)
+
+
+def test_sync_time_parallel_links_bucketing_fixed_cost():
+    # 100 GB over 4 links of 50 GB/s = 0.5 s; gather 100 GB / (4 x 200 GB/s) = 0.125 s;
+    # load 2 x 100 GB / (4 x 1 TB/s) = 0.05 s. Bucketed: the wire sets it; serial: the stages add.
+    kw = dict(link_bw=50e9, links=4, gather_bw=200e9, load_bw=1e12, receivers=4, fixed_s=0.5)
+    assert M.sync_time(100e9, **kw).total == pytest.approx(0.5 + 0.5)
+    assert M.sync_time(100e9, overlap=False, **kw).total == pytest.approx(0.5 + 0.5 + 0.125 + 0.05)
+    with pytest.raises(ValueError, match="link_bw must be > 0"):
+        M.sync_time(1e9, **{**kw, "link_bw": 0})
+    # Delta export/compare on 8 trainer GPUs: 3 HBM passes over 28 GB at 3.35 TB/s each.
+    assert M.delta_compare_s(28e9, 8, 3.35e12) == pytest.approx(84e9 / 26.8e12)
+    # Colocated reload: one read + one write of 28 GB on one GPU = 16.7 ms, not free.
+    assert M.colocated_reload_s(28e9, 1, 3.35e12) == pytest.approx(0.0167164, rel=1e-4)
+
+
+def test_fsdp_traffic_and_memory_findings():
+    # FSDP over 8 ranks, 28 GB of bf16: reduce-scatter 7/8 x 28 + two all-gathers 2 x 7/8 x 28 = 73.5 GB.
+    assert M.fsdp_bytes_per_rank(28e9, 28e9, 8) == pytest.approx(73.5e9)
+    plan = make_plan(load_plan(None, ["trainer.sharding=fsdp"]))
+    assert plan.bytes.gradient_per_rank == pytest.approx(73.5e9)
+    # The runbook workload (DDP): 18 B x 14e9 = 252 GB of training state per GPU, and a KV cache of
+    # 256 sequences x 4096 tokens x 196,608 B = 206 GB per GPU: neither fits 80 GB.
+    rb = make_plan(load_plan(None, []))
+    assert rb.memory.trainer_per_gpu == pytest.approx(252e9)
+    assert rb.memory.kv_per_gpu == pytest.approx(256 * 4096 * 196608)
+    assert any(f.startswith("trainer does not fit") for f in rb.findings)
+    assert any(f.startswith("rollout does not fit") for f in rb.findings)
+    assert "## Findings" in __import__("rollyard.plan.record", fromlist=["x"]).decision_record(rb)
+    # Sharded over 8 GPUs: 252 / 8 = 31.5 GB fits.
+    assert make_plan(load_plan(None, ["trainer.sharding=fsdp"])).memory.trainer_per_gpu == pytest.approx(31.5e9)
+
+
+def test_moe_active_params_for_flops_total_for_sync():
+    # 14e9 total, 1e9 active: train = 6 x 1e9 x 8,388,608 tokens / (4e14 x 8) = 15.73 s; sync stays 28 GB.
+    plan = make_plan(load_plan(None, ["policy.active_params=1e9"]))
+    assert plan.phases.train == pytest.approx(6 * 1e9 * 8388608 / 3.2e15)
+    assert plan.bytes.full_sync == pytest.approx(28e9)
+
+
+EQUAL = ["policy.params=1e9", "rollout.prompts=8", "rollout.samples=1", "rollout.concurrency=2",
+         "rollout.kv_bytes_per_token=0", "rollout.mem_bandwidth=1e12", "rollout.gpus=2", "trainer.dp=2",
+         "cluster.gpus=4", "phases.train_s=2.0", "phases.use_reference=false", "tail.lengths=[100, 1000]"]
+
+
+def test_equal_hardware_best_split_hand_worked():
+    # Weights 2e9 B over 1 TB/s: 2 ms per decode step; no KV term. Lengths {100, 1000}: mean 550,
+    # longest of 8 = 1000. Trainer: 2 s on 2 GPUs, FLOP-bound, so 4 / g seconds on g GPUs.
+    # Synchronous round on g GPUs (ceil(8/g) sequences, 2 slots): max(1000, n x 550 / 2) steps.
+    #   g=4: 1000 steps = 2.0 s. Colocated: 2.0 + 1.0 + reload 2 x 2e9 / 1e12 = 4 ms -> 3.004 s.
+    # Async (bubble-free: n x 550 / 2 steps): 1:3 -> max(4.4, 1.33) = 4.4; 2:2 -> max(2.2, 2.0) = 2.2;
+    #   3:1 -> max(1.65, 4.0) = 4.0. Best 2:2 at 2.2 s: 3.004 / 2.2 = 1.365x colocated.
+    # Disaggregated (synchronous rounds): 2:2 -> max(max(1000, 1100) x 2 ms, 2.0) + sync 0.04 = 2.24 s.
+    plan = make_plan(load_plan(None, EQUAL + ["placement=async"]))
+    eq = plan.equal_hardware()
+    assert eq["colocated"]["step_s"] == pytest.approx(3.004)
+    assert [s["step_s"] for s in eq["async"]["splits"]] == pytest.approx([4.4, 2.2, 4.0])
+    assert (eq["async"]["rollout_gpus"], eq["async"]["trainer_gpus"]) == (2, 2)
+    assert eq["async"]["vs_colocated"] == pytest.approx(3.004 / 2.2)
+    # One full sync: 2 GB over one 50 GB/s link = 40 ms (gather 3.3 ms and load 4 ms hide under it).
+    assert eq["disaggregated"]["step_s"] == pytest.approx(2.2 + 0.04)
+    assert plan.rate.balanced == (2, 2)
+    # At equal GPUs a split without bubble removal never beats colocated's R + T by more than the bubble.
+    assert json.loads(json.dumps(plan.as_dict()))["equal_hardware"]["gpus"] == 4
+
+
+def test_steady_state_horizon_and_sync_bound():
+    # A 100 s sync on a 60 s / 30 s pipeline: the link carries one version per 100 s, so async runs
+    # at 100 s/step and disaggregated (the sync holds both pools) at 60 + 100 = 160 s/step.
+    asy = steady_state("async", 60, 30, 100)
+    assert asy.period_s == pytest.approx(100) and asy.horizon_steps >= 16
+    assert steady_state("disaggregated", 60, 30, 100).period_s == pytest.approx(160)
+    assert predicted_steps_per_hour("disaggregated", rollout_s=60, train_s=30, sync_s=5) == pytest.approx(3600 / 65)
+    with pytest.raises(ValueError, match="unknown placement"):
+        predicted_steps_per_hour("split", rollout_s=1, train_s=1)
+
+
+def test_sparse_cadence_with_its_minimum_bound_is_not_slower():
+    # Syncing every 2 steps needs a bound of 2 (a version serves 2 batches, one batch ahead); with it
+    # one 5 s sync per two 60 s steps: 62.5 s/step, faster than syncing every step (65 s).
+    every1 = steady_state("disaggregated", 60, 30, 5)
+    every2 = steady_state("disaggregated", 60, 30, 5, sync_every=2, staleness_bound=2)
+    assert every2.period_s == pytest.approx(62.5) and every1.period_s == pytest.approx(65)
+    with pytest.raises(PlanError, match="needs sync.staleness_bound >= 2"):
+        load_plan(None, ["sync.every_steps=2", "sync.staleness_bound=1"])
+
+
+def test_decision_tree_answers_from_evidence():
+    # 70B: 18 B x 70e9 = 1.26 TB of training state > one node's 640 GB -> step 2 says yes.
+    big = make_plan(load_plan(None, ["policy.params=70e9", "phases.rollout_s=100", "phases.train_s=100",
+                                     "phases.reference_s=0"]))
+    assert big.placement == "disaggregated" and big.decision.tree[2].answer == "yes"
+    # 10B fits one node (180 GB) but is no prototype and rollout is not dominant: no branch says yes,
+    # so equal hardware decides, and the record says so.
+    mid = make_plan(load_plan(None, ["policy.params=10e9", "phases.rollout_s=100", "phases.train_s=100",
+                                     "phases.reference_s=0"]))
+    assert mid.decision.tree[2].answer == "no" and "equal hardware decides" in mid.decision.tree[-1].question
+    # Reward time counts on the rollout side: 100 s rollout + 150 s unstreamed reward vs 100 s train.
+    rew = make_plan(load_plan(None, ["policy.params=10e9", "phases.rollout_s=100", "phases.reward_s=150",
+                                     "phases.train_s=100", "phases.reference_s=0"]))
+    assert rew.placement == "async"
+
+
+def test_budget_whatif_on_the_critical_path():
+    # Disaggregated, rollout 300 s, train 100 s, one 0.56 s sync: the step is max(300, 100) + 0.56.
+    base = ["placement=disaggregated", "phases.rollout_s=300", "phases.train_s=100", "phases.use_reference=false"]
+    w = make_plan(load_plan(None, base + ["budget.optimizations=[prefix_caching]"])).budget
+    assert w.placement_step_s == pytest.approx(300.56)
+    assert w.placement_new_step_s == pytest.approx(100.56)  # rollout 300 / 3 = 100 = train
+    assert w.placement_win == pytest.approx(300.56 / 100.56)
+    assert w.win == pytest.approx(400.56 / 200.56)  # the serialized sum says something else
+    # Speeding up the trainer of a rollout-bound placement gains nothing on its critical path.
+    w = make_plan(load_plan(None, base + ["budget.optimizations=[packed_varlen]"])).budget
+    assert w.placement_win == pytest.approx(1.0) and w.win > 1.05
+
+
+def test_tail_whatif_is_bounded_by_the_floor():
+    t = TailWhatIf("x", 1, 1, 1, 1, 100, 20, 0.5, 0.1, 4, 1, 0.1, 10.0, 5.0, 2.0)
+    b = bound_by_floor(t, 8.0)  # tail batching said 5 s, but no schedule beats 8 s
+    assert b.bounded and b.tail_rollout_s == 8.0 and b.speedup == pytest.approx(10 / 8)
+    assert not bound_by_floor(t, 4.0).bounded
+    plan = make_plan(load_plan(None, []))
+    assert plan.tail.tail_rollout_s >= plan.tail.floor_rollout_s > 0
+
+
+def test_stable_entry_points_for_benches():
+    assert predicted_sync_bytes(14e9, 2, "full") == pytest.approx(28e9)
+    assert predicted_sync_bytes(14e9, 2, "delta", delta_fraction=0.02, delta_index_bytes=8) == pytest.approx(2.8e9)
+    assert predicted_sync_bytes(14e9, 2, "lora", lora_fraction=0.005) == pytest.approx(0.14e9)
+    assert predicted_sync_bytes(14e9, 2, "inprocess") == 0
+    with pytest.raises(ValueError, match="unknown sync mode"):
+        predicted_sync_bytes(1, 2, "zip")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["phases.train_s=0"], ["phases.train_s", "greater than 0"]),
+    (["phases.rollout_s=-3"], ["phases.rollout_s", "greater than 0"]),
+    (["network.custom={slow: 0}", "network.sync_link=slow"], ["network.custom.slow = 0", "> 0"]),
+    (["network.custom={slow: -5e9}", "network.sync_link=slow"], ["network.custom.slow", "> 0"]),
+    (["rollout.mem_bandwidth=-1"], ["rollout.mem_bandwidth", "greater than 0"]),
+    (["rollout.mem_bandwidth=.inf"], ["rollout.mem_bandwidth", "finite"]),
+    (["rollout.mem_bandwidth=inf"], ["rollout.mem_bandwidth", "finite"]),
+    (["policy.params=.nan"], ["policy.params", "finite"]),
+    (["trainer.flops_per_gpu=.inf"], ["trainer.flops_per_gpu", "finite"]),
+    (["policy.lora=true", "policy.lora_fraction=0"], ["lora_fraction = 0 with policy.lora = true"]),
+    (["policy.active_params=2e10"], ["active_params", "exceeds"]),
+])
+def test_bad_numbers_are_one_line_errors(capsys, argv, words):
+    code, out, err = run_plan(capsys, *argv)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and "fix" in err  # one line, with the fix
+    for w in words:
+        assert w in err
+
+
+def test_lora_fraction_zero_is_fine_with_lora_off(capsys):
+    code, out, _ = run_plan(capsys, "policy.lora_fraction=0", "--json")
+    assert code == 0 and json.loads(out)["bytes"]["lora_sync"] == 0
+
+
+def test_empty_plan_file_needs_defaults(tmp_path, capsys):
+    f = tmp_path / "empty.toml"
+    f.write_text("# nothing here\n")
+    code, _, err = run_plan(capsys, str(f))
+    assert code == 2 and "is empty" in err and "--defaults" in err and err.count("\n") == 1
+    code, out, _ = run_plan(capsys, str(f), "--defaults", "--json")
+    assert code == 0 and json.loads(out)["bytes"]["full_sync"] == pytest.approx(28e9)
+
+
+def test_calibration_rows_hold_their_figures(capsys):
+    # The figures docs/calibration.md quotes, so the table cannot drift from the code.
+    def doc(name, *extra):
+        code, out, err = run_plan(capsys, str(EXAMPLE.parent / name), *extra, "--json")
+        assert code == 0, err
+        return json.loads(out)
+    d = doc("plan_nemo_refit_247.toml")
+    assert d["sync_breakdown"]["total"] == pytest.approx(247.2e9 / (8 * 50e9))  # 0.618 s
+    d = doc("plan_nemo_refit_247.toml", "sync.fixed_s=0.68")
+    assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 0.618)
+    eq = doc("plan_verl_async_128.toml")["equal_hardware"]
+    assert eq["async"]["configured"]["trainer_s"] == pytest.approx(113.81 * 2)  # FLOP-bound on 64 of 128

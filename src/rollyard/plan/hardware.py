@@ -52,21 +52,27 @@ def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.D
                             mem_bw=ro.mem_bandwidth)
 
 
-def _modelled_rollout(p: PlanInputs, gpus: int, continuous: bool, lengths: list[int] | None) -> float:
+SCHEDULES = {"round": M.synchronous_round_s, "continuous": M.continuous_s, "balanced": M.balanced_round_s}
+
+
+def _modelled_rollout(p: PlanInputs, gpus: int, schedule: str, lengths: list[int] | None) -> float:
     ro = p.rollout
     if ro.bytes_per_decoded_token is not None:  # a stated per-token cost: no schedule to model
         return sequences(p) * ro.avg_tokens * ro.bytes_per_decoded_token / (ro.mem_bandwidth * gpus)
-    d = decode_on(p, gpus, lengths)
-    return M.continuous_s(d) if continuous else M.synchronous_round_s(d)
+    return SCHEDULES[schedule](decode_on(p, gpus, lengths))
 
 
-def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, lengths: list[int] | None = None) -> float:
-    """Rollout seconds per step on ``gpus`` GPUs; ``continuous``: the bubble-free floor."""
-    model = _modelled_rollout(p, gpus, continuous, lengths)
+def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, balanced: bool = False,
+              lengths: list[int] | None = None) -> float:
+    """Rollout seconds per step on ``gpus`` GPUs: a synchronous round (default), the bubble-free
+    floor of continuous batching with partial rollout (``continuous``), or a round of mean-length
+    responses (``balanced``)."""
+    schedule = "continuous" if continuous else "balanced" if balanced else "round"
+    model = _modelled_rollout(p, gpus, schedule, lengths)
     if p.phases.rollout_s is None:
         return model
     ref = p.phases.gpus or p.rollout.gpus  # the given time is a synchronous round on these GPUs
-    return p.phases.rollout_s * model / _modelled_rollout(p, ref, False, lengths)
+    return p.phases.rollout_s * model / _modelled_rollout(p, ref, "round", lengths)
 
 
 def train_tokens(p: PlanInputs) -> float:

@@ -101,6 +101,13 @@ def continuous_s(d: Decode) -> float:
     return d.sequences * d.mean_len / d.concurrency * d.weight_step_s + d.kv_s
 
 
+def balanced_round_s(d: Decode) -> float:
+    """The best a synchronous round can do without working ahead: every response the mean length,
+    so no slot idles inside the round (tail batching's limit; it cannot use the next step's prompts)."""
+    steps = max(d.mean_len, d.sequences * d.mean_len / d.concurrency)
+    return steps * d.weight_step_s + d.kv_s
+
+
 def bubble_fraction(d: Decode) -> float:
     """Share of a synchronous round that a bubble-free schedule does not need: 1 - floor / round."""
     return 1 - continuous_s(d) / synchronous_round_s(d)

@@ -148,6 +148,7 @@ def critical_path(p: PlanInputs, ph: Phases, placement: str, budget: BudgetWhatI
 
 def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: str | None = None) -> Plan:
     """Price ``p``. ``lengths`` (e.g. a run's lengths.jsonl) feed the bubble and the tail what-if."""
+    lengths = lengths or p.tail.lengths or None
     b = B.step_bytes(p)
     hourly = B.per_hour(p, b)
     times = B.sync_times(p, b)
@@ -178,8 +179,8 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
                              f"lognormal, mean {p.rollout.avg_tokens:g} tokens, sigma {t.sigma:g}")
     tail = tail_whatif(prompts=p.rollout.prompts, samples=p.rollout.samples, overprovision=t.overprovision,
                        steps=t.steps, seed=t.seed, cap=t.max_tokens, rollout_s=ph.rollout,
-                       lengths=lengths or t.lengths or None, mean=p.rollout.avg_tokens, sigma=t.sigma, source=src)
-    tail = bound_by_floor(tail, H.rollout_s(p, p.rollout.gpus, continuous=True, lengths=lengths or t.lengths or None))
+                       lengths=lengths, mean=p.rollout.avg_tokens, sigma=t.sigma, source=src)
+    tail = bound_by_floor(tail, H.rollout_s(p, p.rollout.gpus, balanced=True, lengths=lengths))
     if tail.plain_rollout_s > 0:
         with_tail = replace(ph, rollout=ph.rollout * tail.tail_rollout_s / tail.plain_rollout_s)
         tail = replace(tail, step_speedup=sims[dec.placement].period_s / run_sim(p, with_tail, dec.placement, sync_s).period_s)

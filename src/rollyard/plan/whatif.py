@@ -125,8 +125,8 @@ class TailWhatIf:
 
 
 def bound_by_floor(t: TailWhatIf, floor_s: float) -> TailWhatIf:
-    """Tail batching only removes bubble: its rollout time cannot go below the bubble-free floor
-    (continuous batching with every slot busy, ``mechanisms.continuous_s``)."""
+    """Tail batching only removes bubble: its rollout time cannot go below a synchronous round of
+    mean-length responses (``mechanisms.balanced_round_s``), the floor without working ahead."""
     from dataclasses import replace
 
     if t.tail_rollout_s >= floor_s:
