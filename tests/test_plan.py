@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from rollyard.plan import mechanisms as M
+from rollyard.plan.bytes import predicted_sync_bytes
 from rollyard.plan.command import plan_main
 from rollyard.plan.inputs import PlanError, load_plan
-from rollyard.plan.planner import make_plan
-from rollyard.plan.simulate import simulate, timeline_text
-from rollyard.plan.whatif import budget_whatif, tail_whatif
+from rollyard.plan.planner import make_plan, predicted_steps_per_hour
+from rollyard.plan.simulate import simulate, steady_state, timeline_text
+from rollyard.plan.whatif import TailWhatIf, bound_by_floor, budget_whatif, tail_whatif
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plan_runbook.toml"
 GB = 1e9
@@ -188,7 +190,7 @@ def test_budget_whatif_hand_worked():
 
 
 def test_tail_batching_whatif():
-    kw = dict(prompts=8, samples=2, overprovision=0.25, steps=40, seed=0, cap=1000, rollout_s=10.0)
+    kw = {"prompts": 8, "samples": 2, "overprovision": 0.25, "steps": 40, "seed": 0, "cap": 1000, "rollout_s": 10.0}
     flat = tail_whatif(lengths=[100], **kw)
     assert flat.speedup == pytest.approx(1.0) and flat.plain_bubble == pytest.approx(0.0)
     assert flat.plain_rollout_s == pytest.approx(10.0)
@@ -297,11 +299,6 @@ def test_lora_crosssite_example_hand_worked(capsys):
 
 # ---- v2: mechanisms against hand-worked values ----
 
-from rollyard.plan import mechanisms as M  # noqa: E402
-from rollyard.plan.bytes import predicted_sync_bytes  # noqa: E402
-from rollyard.plan.planner import predicted_steps_per_hour  # noqa: E402
-from rollyard.plan.simulate import steady_state  # noqa: E402
-from rollyard.plan.whatif import TailWhatIf, bound_by_floor  # noqa: E402
 
 Z90 = 1.2815515655446004  # standard normal 0.9 quantile (table value)
 
@@ -331,7 +328,7 @@ def test_decode_round_floor_and_bubble_hand_worked():
 def test_sync_time_parallel_links_bucketing_fixed_cost():
     # 100 GB over 4 links of 50 GB/s = 0.5 s; gather 100 GB / (4 x 200 GB/s) = 0.125 s;
     # load 2 x 100 GB / (4 x 1 TB/s) = 0.05 s. Bucketed: the wire sets it; serial: the stages add.
-    kw = dict(link_bw=50e9, links=4, gather_bw=200e9, load_bw=1e12, receivers=4, fixed_s=0.5)
+    kw = {"link_bw": 50e9, "links": 4, "gather_bw": 200e9, "load_bw": 1e12, "receivers": 4, "fixed_s": 0.5}
     assert M.sync_time(100e9, **kw).total == pytest.approx(0.5 + 0.5)
     assert M.sync_time(100e9, overlap=False, **kw).total == pytest.approx(0.5 + 0.5 + 0.125 + 0.05)
     with pytest.raises(ValueError, match="link_bw must be > 0"):

@@ -242,12 +242,13 @@ def runbook_lines(p: PlanInputs, b: StepBytes, hourly: dict[str, float]) -> list
     pol = p.policy
     u = unit_of(b.full_sync)
     return [
-        f"weight sync per step : full {dtype_name(pol.bytes_per_param)} {fmt_bytes(b.full_sync, 2, u)} | "
-        f"delta ({fmt_fraction(pol.delta_fraction)}) {fmt_bytes(b.delta_sync, 2, u)} | "
-        f"LoRA ({fmt_fraction(pol.lora_fraction)}) {fmt_bytes(b.lora_sync, 2, u)}",
-        f"rollout payload      : {fmt_tokens(b.rollout_tokens)} tokens = "
-        f"{fmt_bytes(b.rollout_payload, 3, u)} (ids + logprobs)",
-        f"gradient all-reduce  : {fmt_bytes(b.gradient_per_rank, 2, u)}/rank/step at DP={p.trainer.dp} (ring)",
-        f"per hour at {p.sync.per_hour:g} syncs: full {fmt_bytes(hourly['full_sync'], 2)} | "
-        f"delta {fmt_bytes(hourly['delta_sync'], 1)} | LoRA {fmt_bytes(hourly['lora_sync'], 1)}",
+        (f"weight sync per step : full {dtype_name(pol.bytes_per_param)} {fmt_bytes(b.full_sync, 2, u)} | "
+         f"delta ({fmt_fraction(pol.delta_fraction)}) {fmt_bytes(b.delta_sync, 2, u)} | "
+         f"LoRA ({fmt_fraction(pol.lora_fraction)}) {fmt_bytes(b.lora_sync, 2, u)}"),
+        (f"rollout payload      : {fmt_tokens(b.rollout_tokens)} tokens = "
+         f"{fmt_bytes(b.rollout_payload, 3, u)} (ids + logprobs)"),
+        (f"gradient all-reduce  : {fmt_bytes(b.gradient_per_rank, 2, u)}/rank/step at DP={p.trainer.dp} "
+         + ("(ring)" if p.trainer.sharding == "ddp" else "(FSDP: reduce-scatter + 2 all-gathers)")),
+        (f"per hour at {p.sync.per_hour:g} syncs: full {fmt_bytes(hourly['full_sync'], 2)} | "
+         f"delta {fmt_bytes(hourly['delta_sync'], 1)} | LoRA {fmt_bytes(hourly['lora_sync'], 1)}"),
     ]

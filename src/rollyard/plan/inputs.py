@@ -19,7 +19,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollyard.config import ConfigError, _set_dotted, check_keys, describe_errors, parse_override, read_file
+from rollyard.config import (
+    ConfigError,
+    _set_dotted,
+    check_keys,
+    describe_errors,
+    parse_override,
+    read_file,
+)
 from rollyard.telemetry import rundir
 
 # Link bandwidths in bytes/s (decimal). NVLink and RDMA are seed 002's figures for a weight
@@ -148,7 +155,7 @@ class PlanInputs(Section):
     sim: SimSection = Field(default_factory=SimSection)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "PlanInputs":
+    def _cross_checks(self) -> PlanInputs:
         tiers = self.tiers()
         for key in ("sync_link", "trainer_link", "gather_link"):
             name = getattr(self.network, key)

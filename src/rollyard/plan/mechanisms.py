@@ -24,7 +24,6 @@ import math
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
 
-
 # ---- response lengths and the bubble ----
 
 def expected_longest(n: int, *, mean: float, sigma: float, cap: float, lengths: list[int] | None = None) -> float:

@@ -12,7 +12,13 @@ from rollyard.plan.decide import Decision, RateMatch, decide, rate_match
 from rollyard.plan.inputs import PLACEMENTS, PlanInputs
 from rollyard.plan.phases import Phases, estimate
 from rollyard.plan.simulate import SimResult, steady_state
-from rollyard.plan.whatif import BudgetWhatIf, TailWhatIf, bound_by_floor, budget_whatif, tail_whatif
+from rollyard.plan.whatif import (
+    BudgetWhatIf,
+    TailWhatIf,
+    bound_by_floor,
+    budget_whatif,
+    tail_whatif,
+)
 
 
 @dataclass

@@ -193,7 +193,7 @@ def plan_from_run(run: Run) -> PlanInputs:
     avg = sum(lengths) / len(lengths) if lengths else float(info["max_new_tokens"])
     prompts = [n for v in run.prompt_lengths.values() for n in v]
     secs = {r: sum(v) / len(v) for r, v in phase_seconds(run.spans).items() if v}
-    kl = float(((run.config.get("algo") or {}).get("kl_coef") or 0.0))
+    kl = float((run.config.get("algo") or {}).get("kl_coef") or 0.0)
     use_ref = kl > 0 or "reference" in secs
     mode = info.get("sync_mode")
     step = sum(step_seconds(run)) / max(len(step_seconds(run)), 1)

@@ -179,8 +179,8 @@ def timeline_text(res: SimResult, width: int = 72) -> list[str]:
     for lane in LANES:
         cells = ["."] * width
         for e in (e for e in res.events if e.lane == lane):
-            i0 = min(int(round(e.start / cell)), width - 1)
-            i1 = max(int(round(e.end / cell)), i0 + 1)  # a short event still gets one cell
+            i0 = min(round(e.start / cell), width - 1)
+            i1 = max(round(e.end / cell), i0 + 1)  # a short event still gets one cell
             for i in range(i0, min(i1, width)):
                 cells[i] = "r" if e.kind == "ref" else str(e.step % 10)
         if any(e.lane == lane for e in res.events):
