@@ -504,3 +504,26 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 0.618)
     eq = doc("plan_verl_async_128.toml")["equal_hardware"]
     assert eq["async"]["configured"]["trainer_s"] == pytest.approx(113.81 * 2)  # FLOP-bound on 64 of 128
+
+
+def _numeric_fields():
+    from rollyard.plan.inputs import describe
+    return [line.split(" = ")[0] for line in describe()
+            if any(t in line for t in ("[>", "[>=", "[<", "<=")) and "list" not in line]
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_no_numeric_field_takes_inf_or_nan(capsys, value):
+    fields = _numeric_fields()
+    assert len(fields) > 30
+    for key in fields:
+        code, out, err = run_plan(capsys, f"{key}={value}")
+        assert code == 2 and out == "" and err.count("\n") == 1 and key in err, (key, err)
+
+
+def test_the_overflow_guard_names_the_figure():
+    # Bounds keep every input finite and physical; should a product still overflow, `plan` names
+    # the first non-finite figure instead of printing invalid JSON.
+    from rollyard.plan.command import _non_finite
+    assert _non_finite({"a": [1.0, {"b": float("inf")}]}) == "a.1.b"
+    assert _non_finite({"a": [1.0, 2]}) is None

@@ -95,6 +95,10 @@ def _plan(args: argparse.Namespace) -> int:
             raise RunDirError(f"{args.lengths_from}: lengths.jsonl holds no response lengths")
         source = f"{args.lengths_from} ({len(lengths)} responses)"
     plan = make_plan(inputs, lengths, source)
+    bad = _non_finite(plan.as_dict())
+    if bad:
+        raise I.PlanError(f"the plan overflows: {bad} is not a finite number; fix: check the exponents of the inputs "
+                          f"(rollyard plan --fields lists every unit)")
     record = decision_record(plan)
     if args.json:
         print(json.dumps({**plan.as_dict(), "decision_record": record}, indent=1, default=str))
@@ -110,6 +114,20 @@ def _plan(args: argparse.Namespace) -> int:
         print()
         print(record)
     return 0
+
+
+def _non_finite(doc, path: str = "") -> str | None:
+    """The dotted path of the first infinite or NaN number in ``doc``, or None."""
+    import math
+
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return path or "a figure"
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
 
 
 def write_plan(plan, record: str, out: Path) -> None:
@@ -175,8 +193,8 @@ def _review(args: argparse.Namespace) -> int:
 
     if args.set and not args.plan:
         raise PlanError("--set overrides a --plan file's fields; pass --plan FILE too")
-    if args.tolerance is not None and args.tolerance < 0:
-        raise PlanError(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.tolerance is not None and not (0 <= args.tolerance < float("inf")):
+        raise PlanError(f"--tolerance must be a finite fraction >= 0, got {args.tolerance}; fix: e.g. --tolerance 0.2")
     rv = review(args.run_dir, args.plan, args.tolerance, args.set)
     note = "" if args.plan else f" (from {rv.run.path.name}/run.json)"
     record = decision_record(rv.plan, rv.verification, title_note=note)

@@ -45,7 +45,8 @@ def longest(p: PlanInputs, lengths: list[int] | None = None) -> float:
 
 def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.Decode:
     ro = p.rollout
-    mean = (sum(lengths) / len(lengths)) if lengths else ro.avg_tokens
+    # Measured lengths may hold empty responses; a decode of zero mean tokens has nothing to price.
+    mean = max(sum(lengths) / len(lengths), 1.0) if lengths else ro.avg_tokens
     return M.replica_decode(sequences_total=sequences(p), gpus=gpus, tp=ro.tp, mean_len=mean,
                             longest=longest(p, lengths), concurrency=ro.concurrency, weight_bytes=weight_bytes(p),
                             kv_bytes_per_token=ro.kv_bytes_per_token, prompt_tokens=ro.prompt_tokens,
@@ -72,7 +73,8 @@ def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, balanced: b
     if p.phases.rollout_s is None:
         return model
     ref = p.phases.gpus or p.rollout.gpus  # the given time is a synchronous round on these GPUs
-    return p.phases.rollout_s * model / _modelled_rollout(p, ref, "round", lengths)
+    den = _modelled_rollout(p, ref, "round", lengths)
+    return p.phases.rollout_s * model / den if den > 0 else p.phases.rollout_s
 
 
 def train_tokens(p: PlanInputs) -> float:

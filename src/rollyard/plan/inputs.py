@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -70,20 +70,20 @@ class TrainerSection(Section):
 class RolloutSection(Section):
     prompts: int = Field(256, ge=1, description="prompts per step [count]; runbook: 256")
     samples: int = Field(8, ge=1, description="samples per prompt (GRPO group size) [count]; runbook: 8")
-    avg_tokens: float = Field(4096, gt=0, description="mean generated tokens per sample [tokens]; runbook: 4096")
-    bytes_per_token: float = Field(8, gt=0, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
-    prompt_tokens: float = Field(0, ge=0, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
+    avg_tokens: float = Field(4096, gt=0, le=1e7, description="mean generated tokens per sample [tokens]; runbook: 4096")
+    bytes_per_token: float = Field(8, gt=0, le=1e6, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
+    prompt_tokens: float = Field(0, ge=0, le=1e7, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
     gpus: int = Field(8, ge=1, description="GPUs in the rollout pool [count] (colocated: the same GPUs as the trainer)")
     tp: int = Field(1, ge=1, description="GPUs per inference engine replica (tensor parallel) [count]; a replica decodes its sequences in lockstep, and its GPUs each receive 1/tp of a weight sync on their own NIC")
     mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per GPU [bytes/s]; 3.35e12 = H100 SXM (NVIDIA datasheet); 4.0e12 = H20; 4.8e12 = H200")
     concurrency: int = Field(256, ge=1, description="most sequences decoded at once per engine replica [count] (KV-cache slots); one weight read per decode step is shared by those in flight")
-    kv_bytes_per_token: float = Field(196608, ge=0, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
-    bytes_per_decoded_token: float | None = Field(None, gt=0, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
+    kv_bytes_per_token: float = Field(196608, ge=0, le=1e9, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
+    bytes_per_decoded_token: float | None = Field(None, gt=0, le=1e15, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
 
 
 class SyncSection(Section):
     mode: Literal["auto", "full", "delta", "lora"] = Field("auto", description="weight-sync mode; auto = lora when policy.lora, else full if a full sync costs <= 5% of the step on the sync link, else delta")
-    per_hour: float = Field(60, gt=0, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
+    per_hour: float = Field(60, gt=0, le=1e6, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
     every_steps: int = Field(1, ge=1, description="optimizer steps between weight syncs [steps]")
     staleness_bound: int = Field(1, ge=0, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
     fixed_s: float = Field(0.0, ge=0, description="fixed cost per sync [s]: metadata gather, process-group setup, engine pause/resume (a published or measured figure; 0 = not priced)")
@@ -100,12 +100,12 @@ class NetworkSection(Section):
 
 
 class PhasesSection(Section):
-    rollout_s: float | None = Field(None, gt=0, description="rollout generation per step, synchronous rounds (the step waits for its longest response) [s]; null = estimated from the decode model")
-    reward_s: float = Field(0.0, ge=0, description="reward / verifier scoring per step [s] (not estimated)")
-    reference_s: float | None = Field(None, ge=0, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
-    train_s: float | None = Field(None, gt=0, description="forward + backward + optimizer per step [s]; null = estimated as 6*P_active*tokens over trainer FLOP/s")
+    rollout_s: float | None = Field(None, gt=0, le=1e9, description="rollout generation per step, synchronous rounds (the step waits for its longest response) [s]; null = estimated from the decode model")
+    reward_s: float = Field(0.0, ge=0, le=1e9, description="reward / verifier scoring per step [s] (not estimated)")
+    reference_s: float | None = Field(None, ge=0, le=1e9, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
+    train_s: float | None = Field(None, gt=0, le=1e9, description="forward + backward + optimizer per step [s]; null = estimated as 6*P_active*tokens over trainer FLOP/s")
     gpus: int | None = Field(None, ge=1, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = cluster.gpus")
-    algorithm_s: float = Field(0.0, ge=0, description="advantages / loss bookkeeping per step [s]")
+    algorithm_s: float = Field(0.0, ge=0, le=1e9, description="advantages / loss bookkeeping per step [s]")
     use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
     async_rollout_logprobs: bool = Field(False, description="async: the trainer takes the rollout engine's logprobs as the old logprobs (verl fully-async's default), so the trainer pool runs no old-logprob/reference forward")
     reward_streamed: bool = Field(False, description="reward scoring is streamed while decode continues (then reward and rollout must overlap)")
@@ -115,7 +115,7 @@ class ClusterSection(Section):
     gpus: int | None = Field(None, ge=2, description="accelerators in the pool every placement is priced on [count] (equal hardware); null = rollout.gpus + trainer GPUs")
     gpus_per_node: int = Field(8, ge=1, description="GPUs per node [count]")
     gpu_memory: float = Field(80e9, gt=0, description="memory per GPU [bytes]")
-    train_bytes_per_param: float = Field(18, gt=0, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
+    train_bytes_per_param: float = Field(18, gt=0, le=100, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
     prototype: bool = Field(False, description="a low-effort prototype (decision tree step 1)")
 
 
@@ -128,7 +128,7 @@ class BudgetSection(Section):
 
 
 class TailSection(Section):
-    lengths: list[int] = Field(default_factory=list, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
+    lengths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
     sigma: float = Field(0.6, gt=0, le=5, description="lognormal shape of response lengths when no lengths are given")
     max_tokens: int = Field(16384, ge=1, description="response length cap [tokens] (lengths above are clipped, as the engine does)")
     overprovision: float = Field(0.25, gt=0, le=4, description="tail batching: extra prompts issued per short round [fraction of prompts] (RollPacker's speculative over-provisioning)")

@@ -38,7 +38,7 @@ def expected_longest(n: int, *, mean: float, sigma: float, cap: float, lengths: 
     q = 1 - 1 / (n + 1)
     if lengths:
         s = sorted(lengths)
-        return float(min(s[min(len(s) - 1, int(q * len(s)))], cap))
+        return float(min(max(s[min(len(s) - 1, int(q * len(s)))], 1), cap))
     mu = math.log(mean) - sigma * sigma / 2  # a lognormal with this mean
     return float(min(math.exp(mu + sigma * NormalDist().inv_cdf(q)), cap))
 
@@ -109,7 +109,8 @@ def balanced_round_s(d: Decode) -> float:
 
 def bubble_fraction(d: Decode) -> float:
     """Share of a synchronous round that a bubble-free schedule does not need: 1 - floor / round."""
-    return 1 - continuous_s(d) / synchronous_round_s(d)
+    r = synchronous_round_s(d)
+    return 1 - continuous_s(d) / r if r > 0 else 0.0
 
 
 # ---- placements at equal hardware ----

@@ -64,7 +64,7 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
         d = H.decode_on(p, p.rollout.gpus, lengths)
         src["rollout"] = (f"estimated: synchronous round of {d.sequences:g} sequences per replica, longest "
                           f"{d.longest:.0f} tokens x {d.weight_step_s * 1e3:.3g} ms weight read per decode step "
-                          f"+ KV {d.kv_s:.3g} s (bubble {1 - H.M.continuous_s(d) / H.M.synchronous_round_s(d):.0%})")
+                          f"+ KV {d.kv_s:.3g} s (bubble {H.M.bubble_fraction(d):.0%})")
     train = H.train_s(p, gt)
     src["train"] = ("given" if ph.train_s is not None and not ph.gpus else
                     f"given on {ph.gpus} GPUs, x {ph.gpus}/{gt} (FLOP-bound)" if ph.train_s is not None else

@@ -75,15 +75,17 @@ def print_plan(plan: Plan, c: Console) -> None:
             t.add_row(role, f"{secs:.2f}", ph.source.get(role, ""))
     c.print(t)
 
-    t = Table(title="Steps per hour by placement (discrete-event simulation)", title_justify="left")
-    for col in ("placement", "model", "s/step", "steps/h", "vs colocated", "max staleness"):
+    t = Table(title=f"Steps per hour by placement on the configured pools ({p.rollout.gpus} rollout, "
+                    f"{p.trainer.gpus or p.trainer.dp} trainer GPUs; discrete-event simulation to steady state)",
+              title_justify="left")
+    for col in ("placement", "model", "s/step", "steps/h", "vs colocated", "max staleness", "horizon"):
         t.add_column(col, justify="left" if col in ("placement", "model") else "right")
-    model = {"colocated": "R + W + F + T", "disaggregated": "max(R, F + T) + sync", "async": "continuous, sync on a cadence"}
+    model = {"colocated": "R + W + F + T + reload", "disaggregated": "max(R, F + T) + sync", "async": "continuous, sync on a cadence"}
     base = plan.sims["colocated"].steps_per_hour
     for name, res in plan.sims.items():
         mark = " <- chosen" if name == d.placement else ""
         t.add_row(name + mark, model[name], f"{res.period_s:.1f}", f"{res.steps_per_hour:.1f}",
-                  f"{res.steps_per_hour / base:.2f}x", str(res.max_staleness))
+                  f"{res.steps_per_hour / base:.2f}x", str(res.max_staleness), f"{res.horizon_steps} steps")
     c.print(t)
     text(c, f"Cadence: {plan.cadence()}")
     t = Table(title=f"Equal hardware: every placement on the same {p.total_gpus()} GPUs, best split of each",

@@ -208,8 +208,9 @@ def plan_from_run(run: Run) -> PlanInputs:
         "sync": {"staleness_bound": info["staleness_bound"],
                  "mode": mode if mode in ("full", "delta", "lora") else "auto",
                  "per_hour": 3600.0 / step if step > 0 else 60},
-        "phases": {"rollout_s": secs.get("rollout", 0.0), "reward_s": secs.get("reward", 0.0),
-                   "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train", 0.0),
+        # A role with no measurable time is left to the plan's estimate (times must be > 0).
+        "phases": {"rollout_s": secs.get("rollout") or None, "reward_s": secs.get("reward", 0.0),
+                   "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train") or None,
                    "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref},
         "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
     }
