@@ -385,6 +385,9 @@ def test_equal_hardware_best_split_hand_worked():
     # One full sync: 2 GB over one 50 GB/s link = 40 ms (gather 3.3 ms and load 4 ms hide under it).
     assert eq["disaggregated"]["step_s"] == pytest.approx(2.2 + 0.04)
     assert plan.rate.balanced == (2, 2)
+    # On-policy (bound 0) the pools cannot decouple: 2:2 -> 2.2 + 2.0 + 0.04 s; best is still 2:2.
+    onp = make_plan(load_plan(None, [*EQUAL, "placement=async", "sync.staleness_bound=0"])).equal_hardware()
+    assert onp["async"]["step_s"] == pytest.approx(2.2 + 2.0 + 0.04)
     # At equal GPUs a split without bubble removal never beats colocated's R + T by more than the bubble.
     assert json.loads(json.dumps(plan.as_dict()))["equal_hardware"]["gpus"] == 4
 

@@ -121,7 +121,7 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
             if placement == "async":
                 ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
                 tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt)
-                step = M.async_step_s(ro, tr, sync_per_step_s)
+                step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound)
             else:
                 ro = rollout_s(p, gr, lengths=lengths) + reward
                 tr = reference_s(p, gt) + train_s(p, gt)

@@ -145,9 +145,12 @@ def disaggregated_step_s(rollout_side_s: float, trainer_s: float, sync_s: float)
     return max(rollout_side_s, trainer_s) + sync_s
 
 
-def async_step_s(rollout_side_s: float, trainer_s: float, sync_s: float) -> float:
+def async_step_s(rollout_side_s: float, trainer_s: float, sync_s: float, staleness_bound: int = 1) -> float:
     """Two pools decoupled by a staleness bound >= 1: each runs at its own rate, the sync is a
-    background transfer; the slowest of the three (rollout, trainer, one sync per step) paces."""
+    background transfer; the slowest of the three (rollout, trainer, one sync per step) paces.
+    With bound 0 nothing may run ahead: generation waits for the new weights every step."""
+    if staleness_bound < 1:
+        return rollout_side_s + trainer_s + sync_s
     return max(rollout_side_s, trainer_s, sync_s)
 
 

@@ -140,6 +140,15 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
     return mem, out
 
 
+def _as_placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None) -> Phases:
+    """The phases a placement runs: async decodes bubble-free (continuous batching with partial
+    rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer."""
+    if placement != "async":
+        return ph
+    ref = 0.0 if p.phases.async_rollout_logprobs else ph.reference
+    return replace(ph, rollout=H.rollout_s(p, p.rollout.gpus, continuous=True, lengths=lengths), reference=ref)
+
+
 def critical_path(p: PlanInputs, ph: Phases, placement: str, budget: BudgetWhatIf, sync_s: float) -> BudgetWhatIf:
     """The budget what-if on the chosen placement: new phase times through the same simulator."""
     scale = {r: (budget.after[r] / budget.before[r]) if budget.before.get(r) else 1.0 for r in budget.before}
@@ -168,8 +177,8 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
     sync_s = reload_s if dec.placement == "colocated" else times[dec.sync_mode][link]
     ph = estimate(p, b, sync_s, lengths)
     equal = H.split_table(p, times[dec.sync_mode][link] / p.sync.every_steps, reload_s, lengths)
-    sims = {pl: run_sim(p, ph, pl, reload_s if pl == "colocated" else times[dec.sync_mode][link])
-            for pl in PLACEMENTS}
+    sims = {pl: run_sim(p, _as_placed(p, ph, pl, lengths), pl,
+                        reload_s if pl == "colocated" else times[dec.sync_mode][link]) for pl in PLACEMENTS}
 
     # Budget what-if: shares of the plan's phases unless the plan gives its own; then the same
     # optimizations on the chosen placement's critical path.
@@ -178,7 +187,7 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
     shares = p.budget.shares or ({r: s / total for r, s in seconds.items()} if total else {})
     budget = budget_whatif(shares, p.budget.step_s or total, p.budget.optimizations, p.budget.factors)
     if not p.budget.shares and not p.budget.step_s:
-        budget = critical_path(p, ph, dec.placement, budget, sync_s)
+        budget = critical_path(p, _as_placed(p, ph, dec.placement, lengths), dec.placement, budget, sync_s)
 
     t = p.tail
     src = lengths_source or ("tail.lengths" if t.lengths else
@@ -188,7 +197,8 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
                        lengths=lengths, mean=p.rollout.avg_tokens, sigma=t.sigma, source=src)
     tail = bound_by_floor(tail, H.rollout_s(p, p.rollout.gpus, balanced=True, lengths=lengths))
     if tail.plain_rollout_s > 0:
-        with_tail = replace(ph, rollout=ph.rollout * tail.tail_rollout_s / tail.plain_rollout_s)
+        placed = _as_placed(p, ph, dec.placement, lengths)
+        with_tail = replace(placed, rollout=placed.rollout * tail.tail_rollout_s / tail.plain_rollout_s)
         tail = replace(tail, step_speedup=sims[dec.placement].period_s / run_sim(p, with_tail, dec.placement, sync_s).period_s)
     mem, findings = memory_findings(p, dec.placement)
     detail = None if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
