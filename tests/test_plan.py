@@ -507,6 +507,14 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 0.618)
     eq = doc("plan_verl_async_128.toml")["equal_hardware"]
     assert eq["async"]["configured"]["trainer_s"] == pytest.approx(113.81 * 2)  # FLOP-bound on 64 of 128
+    # Colocated on 128: the measured 177.85 + 53.92 + 113.81 s plus the engine reload of 15.2 GB.
+    assert eq["colocated"]["step_s"] == pytest.approx(345.58 + 2 * 15.2e9 / 4.0e12)
+    assert eq["async"]["vs_colocated"] == pytest.approx(2.59, abs=0.005)
+    assert eq["async"]["configured"]["vs_colocated"] == pytest.approx(1.52, abs=0.005)
+    assert doc("plan_verl_async_64.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(2.16, abs=0.005)
+    assert doc("plan_verl_async_32.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(1.75, abs=0.005)
+    assert doc("plan_rollpacker_tail.toml")["tail_whatif"]["step_speedup"] == pytest.approx(1.39, abs=0.005)
+    assert doc("plan_kimi_k2_ckpt_engine.toml")["sync_breakdown"]["total"] == pytest.approx(1.88 + 1.04e12 / (16 * 50e9))
 
 
 def _numeric_fields():
