@@ -1,11 +1,11 @@
 """What `rollyard plan` prices: one typed, documented plan file (TOML or YAML) plus overrides.
 
-Every field states its unit and bounds. The defaults are the runbook's reference workload
-(seed 000, ``rl_step_bytes.py``: a 14B dense policy in bf16, LoRA 0.5%, delta 2%, DP 8,
-256 prompts x 8 samples x 4096 tokens at 8 bytes per token, 60 syncs per hour), so an empty plan
-prints the runbook's figures. Hardware defaults are one H100 class GPU; phase times left out are
-estimated (rollout from bytes moved per decoded token over memory bandwidth, training from
-6 * P * tokens over sustained FLOP/s).
+Every field states its unit and bounds; infinite and NaN values are refused everywhere. The
+defaults are the runbook's reference workload (seed 000, ``rl_step_bytes.py``: a 14B dense policy
+in bf16, LoRA 0.5%, delta 2%, DP 8, 256 prompts x 8 samples x 4096 tokens at 8 bytes per token, 60
+syncs per hour), so no plan file (or an empty one with ``--defaults``) prints the runbook's figures.
+Hardware defaults are H100-class GPUs; phase times left out are estimated (rollout from the decode
+model of ``mechanisms``, training from 6 * P_active * tokens over sustained FLOP/s).
 
 An unknown field anywhere is an error naming the field and the closest valid one; ``key.sub=value``
 overrides (values parsed as YAML) beat the file.

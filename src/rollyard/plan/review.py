@@ -1,12 +1,16 @@
 """`rollyard review`: hold a measured run against its plan (the runbook's Verification).
 
-- per-phase step breakdown from spans.jsonl against the plan's budget (flag > tolerance over);
+- the run's shape (run.json) against the plan's: a plan of another workload does not describe it;
+- per-phase step breakdown from spans.jsonl against the plan's budget, two-sided (a phase more
+  than the tolerance over *or under* its budget is flagged);
 - overlap audit: for each pair of roles, seconds of overlap in the timeline;
-- staleness audit: the largest ``staleness/max`` against the bound;
-- traffic audit: traffic.jsonl per edge against the prediction; an unpredicted flow is unexplained.
+- staleness audit: the largest ``staleness/max`` against the bound (absent: not checked);
+- traffic audit: the bytes the runtime measured where they crossed (traffic.jsonl: the weight
+  transport's own count, the encoded samples) against the plan's independent prediction (the
+  plan's formulas from run.json's sync mode and the measured token counts; never the runtime's).
 
 Without ``--plan`` the plan is built from run.json (+ config.yaml, measured token counts), and
-there is no phase budget: the breakdown is printed, the budget item reads "not checked".
+there is no phase budget: the budget item reads "not checked", which ``--check`` counts as a failure.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ Work items per step k: ``gen k`` (rollout, R s) -> ``reward k`` (W s) -> ``ref k
 
 Admission enforces staleness: batch k is trained at trainer version k, so ``gen k`` may start
 only once the rollout pool holds a version >= k - bound (disaggregated: bound min(1, plan bound);
-async: the plan's bound). Deterministic and pure: same inputs, same events.
+async: the plan's bound). Deterministic and pure: same inputs, same events. ``steady_state``
+doubles the simulated horizon until the period stops changing and reports the horizon.
 """
 
 from __future__ import annotations
