@@ -505,6 +505,8 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert d["sync_breakdown"]["total"] == pytest.approx(247.2e9 / (8 * 50e9))  # 0.618 s
     d = doc("plan_nemo_refit_247.toml", "sync.fixed_s=0.68")
     assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 0.618)
+    d = doc("plan_nemo_refit_470.toml", "sync.fixed_s=0.68")
+    assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 470.2e9 / (8 * 50e9))  # 1.86 s
     eq = doc("plan_verl_async_128.toml")["equal_hardware"]
     assert eq["async"]["configured"]["trainer_s"] == pytest.approx(113.81 * 2)  # FLOP-bound on 64 of 128
     # Colocated on 128: the measured 177.85 + 53.92 + 113.81 s plus the engine reload of 15.2 GB.
