@@ -87,12 +87,16 @@ def decide_placement(p: PlanInputs, ph: Phases, equal: dict | None = None) -> tu
         return "async", steps
     if q2 or not equal:
         return "disaggregated", steps
-    # No branch says yes: price both on the same G accelerators and take the faster.
-    colo, dis = equal["colocated"]["best"], equal["disaggregated"]["best"]
-    pick = "colocated" if dis is None or colo.step_s <= dis.step_s else "disaggregated"
+    # No branch says yes: price every placement the staleness bound allows on the same G
+    # accelerators and take the fastest.
+    allowed = ["colocated", "disaggregated"] + (["async"] if p.sync.staleness_bound >= 1 else [])
+    priced = {k: equal[k]["best"] for k in allowed if equal.get(k, {}).get("best") is not None}
+    pick = min(priced, key=lambda k: priced[k].step_s)
     steps.append(TreeStep("-> no branch applies: equal hardware decides", pick,
-                          f"on {p.total_gpus()} GPUs colocated {colo.step_s:.1f} s/step vs disaggregated "
-                          + (f"{dis.step_s:.1f} s/step at {dis.rollout_gpus}:{dis.trainer_gpus}" if dis else "n/a")))
+                          f"on {p.total_gpus()} GPUs: " + ", ".join(
+                              f"{k} {v.step_s:.1f} s/step" + ("" if k == "colocated" else
+                                                              f" at {v.rollout_gpus}:{v.trainer_gpus}")
+                              for k, v in priced.items())))
     return pick, steps
 
 
@@ -183,7 +187,7 @@ def rate_match(p: PlanInputs, ph: Phases, equal: dict | None = None) -> RateMatc
     if best is not None:
         br, bt, step = best.rollout_gpus, best.trainer_gpus, best.step_s
         total = br + bt
-        how = (f"at equal hardware the async split that minimizes the step is {br}:{bt} (rollout:trainer): "
+        how = (f"At equal hardware the async split that minimizes the step is {br}:{bt} (rollout:trainer): "
                f"rollout {best.rollout_s:.1f} s (bubble-free), trainer {best.trainer_s:.1f} s, sync {best.sync_s:.2f} s "
                f"-> ~{step:.1f} s per step")
     else:
@@ -191,7 +195,7 @@ def rate_match(p: PlanInputs, ph: Phases, equal: dict | None = None) -> RateMatc
         br = min(max(round(total * cr / (cr + ct)), 1), total - 1) if (total > 1 and cr + ct) else max(total // 2, 1)
         bt = max(total - br, 1)
         step = max(cr / br, ct / bt)
-        how = f"split the same {total} GPUs {br}:{bt} (rollout:trainer) to balance at ~{step:.1f} s per step"
+        how = f"Split the same {total} GPUs {br}:{bt} (rollout:trainer) to balance at ~{step:.1f} s per step"
     text = (f"rollout pool produces a batch in {ph.rollout:.1f} s on {gr} GPUs ({cr:,.4g} GPU-s); the trainer "
             f"consumes one in {ph.reference + ph.train:.1f} s on {gt} GPUs ({ct:,.4g} GPU-s): the {slower} pool "
             f"sets the pace ({now:.1f} s). {how}")

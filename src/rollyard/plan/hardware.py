@@ -125,7 +125,7 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
             else:
                 ro = rollout_s(p, gr, lengths=lengths) + reward
                 tr = reference_s(p, gt) + train_s(p, gt)
-                step = M.disaggregated_step_s(ro, tr, sync_per_step_s)
+                step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound)
             rows.append(M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step))
         best = min(rows, key=lambda r: r.step_s) if rows else None
         out[placement] = {"best": best, "all": rows}

@@ -140,8 +140,11 @@ def colocated_step_s(rollout_round_s: float, reward_s: float, trainer_s: float, 
     return rollout_round_s + reward_s + trainer_s + reload_s
 
 
-def disaggregated_step_s(rollout_side_s: float, trainer_s: float, sync_s: float) -> float:
-    """Two pools one step apart in lockstep: the slower pool paces, and the broadcast holds both."""
+def disaggregated_step_s(rollout_side_s: float, trainer_s: float, sync_s: float, staleness_bound: int = 1) -> float:
+    """Two pools one step apart in lockstep: the slower pool paces, and the broadcast holds both.
+    With bound 0 they cannot be a step apart: they take turns, each idle while the other works."""
+    if staleness_bound < 1:
+        return rollout_side_s + trainer_s + sync_s
     return max(rollout_side_s, trainer_s) + sync_s
 
 

@@ -65,7 +65,8 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
         L.append(f"| {mode} | {fmt_bytes(b.sync(mode))} | {fmt_bytes(plan.per_hour[mode + '_sync'], 1)} | "
                  f"{fmt_seconds(plan.sync_times[mode][link])} |")
     L.append("")
-    L.append(f"Rollout payload {fmt_bytes(b.rollout_payload, 3)}/step; gradient ring all-reduce "
+    collective = "ring all-reduce" if p.trainer.sharding == "ddp" else "FSDP reduce-scatter + 2 all-gathers"
+    L.append(f"Rollout payload {fmt_bytes(b.rollout_payload, 3)}/step; gradient {collective} "
              f"{fmt_bytes(b.gradient_per_rank)}/rank/step at DP={p.trainer.dp}.")
     L.append("")
     L.append(f"## Staleness bound: {d.staleness_bound} step{'s' if d.staleness_bound != 1 else ''}")
@@ -91,7 +92,7 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
     L.append("## Collectives and topology fit")
     L.append("")
     grad_s = b.gradient_per_rank / tiers[tlink]
-    L.append(f"- trainer: gradient ring all-reduce {fmt_bytes(b.gradient_per_rank)}/rank over {tlink}: "
+    L.append(f"- trainer: gradient {collective} {fmt_bytes(b.gradient_per_rank)}/rank over {tlink}: "
              f"{fmt_seconds(grad_s)} per step; trainer ranks are gang-scheduled (all {p.trainer.dp} or none)")
     if d.placement == "colocated":
         L.append(f"- weights: CUDA-IPC handle inside the node, no bytes between pools; the engine's reload of its "
