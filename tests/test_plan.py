@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from rollyard.plan import hardware as H
 from rollyard.plan import mechanisms as M
 from rollyard.plan.bytes import predicted_sync_bytes
 from rollyard.plan.command import plan_main
@@ -400,6 +401,19 @@ def test_equal_hardware_best_split_hand_worked():
     assert json.loads(json.dumps(plan.as_dict()))["equal_hardware"]["gpus"] == 4
 
 
+def test_measured_trainer_times_win_over_flop_scaling():
+    # Measured 2.0 s on 2 GPUs (the plan's train_s), 3.0 s on 1 GPU and 1.2 s on 4: a 1-GPU pool takes
+    # 3.0 s (FLOP scaling would say 4.0); 3 GPUs lie between 2 and 4: 2.0 + (1.2 - 2.0) x 1/2 = 1.6 s;
+    # 8 GPUs scale FLOP-bound from the 4-GPU measurement: 1.2 x 4 / 8 = 0.6 s.
+    plan = make_plan(load_plan(None, [*EQUAL, "placement=async", "phases.train_s_measured={1: 3.0, 4: 1.2}"]))
+    assert H.train_s(plan.inputs, 1) == pytest.approx(3.0)
+    assert H.train_s(plan.inputs, 2) == pytest.approx(2.0)
+    assert H.train_s(plan.inputs, 3) == pytest.approx(1.6)
+    assert H.train_s(plan.inputs, 8) == pytest.approx(0.6)
+    with pytest.raises(PlanError, match="train_s_measured"):
+        load_plan(None, ["phases.train_s_measured={0: 1.0}"])
+
+
 def test_steady_state_horizon_and_sync_bound():
     # A 100 s sync on a 60 s / 30 s pipeline: the link carries one version per 100 s, so async runs
     # at 100 s/step and disaggregated (the sync holds both pools) at 60 + 100 = 160 s/step.
@@ -522,6 +536,11 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert eq["async"]["vs_colocated"] == pytest.approx(2.59, abs=0.005)
     assert eq["async"]["configured"]["vs_colocated"] == pytest.approx(1.52, abs=0.005)
     assert doc("plan_verl_async_64.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(2.16, abs=0.005)
+    eq = doc("plan_verl_async_128.toml", "phases.train_s_measured={64: 133.41}")["equal_hardware"]["async"]
+    assert eq["configured"]["trainer_s"] == pytest.approx(133.41)
+    assert eq["configured"]["vs_colocated"] == pytest.approx(2.59, abs=0.005) and eq["vs_colocated"] == pytest.approx(2.87, abs=0.005)
+    eq = doc("plan_verl_async_64.toml", "phases.train_s_measured={32: 313.81}")["equal_hardware"]["async"]
+    assert eq["configured"]["vs_colocated"] == pytest.approx(1.13, abs=0.005) and eq["vs_colocated"] == pytest.approx(1.85, abs=0.005)
     assert doc("plan_verl_async_32.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(1.75, abs=0.005)
     assert doc("plan_rollpacker_tail.toml")["tail_whatif"]["step_speedup"] == pytest.approx(1.39, abs=0.005)
     assert doc("plan_kimi_k2_ckpt_engine.toml")["sync_breakdown"]["total"] == pytest.approx(1.88 + 1.04e12 / (16 * 50e9))

@@ -90,8 +90,27 @@ def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | No
 
 
 def train_s(p: PlanInputs, gpus: int) -> float:
-    """Forward + backward + optimizer on ``gpus`` GPUs (6 x P_active x tokens FLOPs)."""
-    return _flop_seconds(p, 6, p.phases.train_s, gpus)
+    """Forward + backward + optimizer on ``gpus`` GPUs (6 x P_active x tokens FLOPs).
+
+    Measured times at several pool sizes (``phases.train_s_measured`` and the given ``train_s``)
+    win over FLOP scaling: between two measured sizes the time is interpolated linearly, beyond
+    them it scales FLOP-bound (time x GPUs constant) from the nearest end.
+    """
+    points = dict(p.phases.train_s_measured)
+    if p.phases.train_s is not None:
+        points.setdefault(p.phases.gpus or trainer_gpus(p), p.phases.train_s)
+    if len(points) < 2 and gpus not in points:
+        return _flop_seconds(p, 6, p.phases.train_s, gpus)
+    gs = sorted(points)
+    if gpus <= gs[0]:
+        return points[gs[0]] * gs[0] / gpus
+    if gpus >= gs[-1]:
+        return points[gs[-1]] * gs[-1] / gpus
+    hi = next(g for g in gs if g >= gpus)
+    lo = max(g for g in gs if g <= gpus)
+    if hi == lo:
+        return points[lo]
+    return points[lo] + (points[hi] - points[lo]) * (gpus - lo) / (hi - lo)
 
 
 def reference_s(p: PlanInputs, gpus: int) -> float:

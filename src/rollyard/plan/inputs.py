@@ -104,7 +104,8 @@ class PhasesSection(Section):
     reward_s: float = Field(0.0, ge=0, le=1e9, description="reward / verifier scoring per step [s] (not estimated)")
     reference_s: float | None = Field(None, ge=0, le=1e9, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
     train_s: float | None = Field(None, gt=0, le=1e9, description="forward + backward + optimizer per step [s]; null = estimated as 6*P_active*tokens over trainer FLOP/s")
-    gpus: int | None = Field(None, ge=1, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = cluster.gpus")
+    gpus: int | None = Field(None, ge=1, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = the configured pools")
+    train_s_measured: dict[int, float] = Field(default_factory=dict, description="train seconds per step measured on other GPU counts, {gpus = seconds}; a trainer pool of a measured size takes the measured time, other sizes scale FLOP-bound from the nearest measured size")
     algorithm_s: float = Field(0.0, ge=0, le=1e9, description="advantages / loss bookkeeping per step [s]")
     use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
     async_rollout_logprobs: bool = Field(False, description="async: the trainer takes the rollout engine's logprobs as the old logprobs (verl fully-async's default), so the trainer pool runs no old-logprob/reference forward")
@@ -179,6 +180,10 @@ class PlanInputs(Section):
                              f"{self.sync.every_steps} (a version serves {self.sync.every_steps} batches, one "
                              f"batch ahead of the trainer), got staleness_bound = {self.sync.staleness_bound}; "
                              f"fix: raise the bound or sync more often")
+        for g, secs in self.phases.train_s_measured.items():
+            if g < 1 or not (isinstance(secs, (int, float)) and math.isfinite(secs) and secs > 0):
+                raise ValueError(f"phases.train_s_measured has {g} GPUs = {secs!r}: expected GPUs >= 1 and a finite "
+                                 f"time > 0 s; fix: e.g. {{64 = 133.4}}")
         if self.policy.lora and self.policy.lora_fraction == 0:
             raise ValueError("policy.lora_fraction = 0 with policy.lora = true: the adapter has no parameters; "
                              "fix: give the adapter's share of the base parameters, e.g. 0.005")
