@@ -130,9 +130,8 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     """placement -> {"best": PoolSplit, "all": [PoolSplit...]} on G = p.total_gpus() accelerators."""
     G = p.total_gpus()
     reward = reward_on_rollout_side(p)
-    colo = M.PoolSplit("colocated", G, G, rollout_s(p, G, lengths=lengths) + reward,
-                       reference_s(p, G) + train_s(p, G), reload_s, 0.0)
-    colo = M.PoolSplit(**{**colo.__dict__, "step_s": M.colocated_step_s(colo.rollout_s, 0.0, colo.trainer_s, reload_s)})
+    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G)
+    colo = M.PoolSplit("colocated", G, G, ro, tr, reload_s, M.colocated_step_s(ro, 0.0, tr, reload_s))
     out = {"colocated": {"best": colo, "all": [colo]}}
     for placement in ("disaggregated", "async"):
         rows = []
