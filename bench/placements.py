@@ -37,12 +37,12 @@ sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-import torch
+import torch  # noqa: E402
 
-from rollyard import placement
-from rollyard.config import load_config
-from rollyard.plan.simulate import simulate
-from rollyard.telemetry import rundir
+from rollyard import placement  # noqa: E402
+from rollyard.config import load_config  # noqa: E402
+from rollyard.plan.simulate import simulate  # noqa: E402
+from rollyard.telemetry import rundir  # noqa: E402
 
 PLACEMENTS = ("colocated", "disaggregated", "async")
 

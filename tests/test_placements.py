@@ -153,7 +153,8 @@ def test_async_at_bound_0_trains_on_exactly_colocated_samples(tmp_path):
     assert (info["placement"], info["sync_mode"], info["sync_transport"], info["staleness_bound"],
             info["rollout_workers"]) == ("async", "full", "ray", 0, 1)
     weights = [r["bytes"] for r in rundir.read_jsonl(asyn / rundir.TRAFFIC) if r["edge"] == "weights"]
-    assert weights == [info["policy_params"] * 4] * 3  # full fp32 weights put in the object store per step
+    full = info["policy_params"] * 4  # full fp32 weights put in the object store: one at start, one per step
+    assert weights == [2 * full, full, full]
     _assert_accounted(asyn)
 
 

@@ -17,7 +17,7 @@ from rollyard.config import RunConfig
 from rollyard.placement.pool import RolloutPool
 from rollyard.placement.run import evaluate, finish, start
 from rollyard.placement.score import score
-from rollyard.telemetry.report import StepProgress
+from rollyard.telemetry.report import StepProgress, fmt_accuracy
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_slack: int = 0) -> dict:
@@ -43,12 +43,12 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_s
                     pool.publish(step, run.state.version)
 
                 run.state.step = step + 1
-                progress.update(run.end_step(step, requests, samples, train_metrics, trained_at=run.state.version - 1,
+                progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=run.state.version - 1,
                                              extra=pool.metrics()))
                 if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps:
                     run.save_checkpoint(r)
                 if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
-                    run.log(f"step {run.state.step}: held-out greedy accuracy {evaluate(run, r):.1%}")
+                    run.log(f"step {run.state.step}: held-out greedy accuracy {fmt_accuracy(evaluate(run, r))}")
     finally:
         pool.stop()
     return finish(run, r)

@@ -12,7 +12,7 @@ from rollyard import roles as build
 from rollyard.config import RunConfig
 from rollyard.placement.run import evaluate, finish, start
 from rollyard.placement.score import score
-from rollyard.telemetry.report import StepProgress
+from rollyard.telemetry.report import StepProgress, fmt_accuracy
 from rollyard.types import WeightUpdate
 
 
@@ -47,9 +47,9 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             tel.traffic(step, "weights", 0)
 
             run.state.step = step + 1
-            progress.update(run.end_step(step, requests, samples, train_metrics, trained_at=run.state.version - 1))
+            progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=run.state.version - 1))
             if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps:
                 run.save_checkpoint(r, {"engine": engine.generator.get_state()})
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
-                run.log(f"step {run.state.step}: held-out greedy accuracy {evaluate(run, r):.1%}")
+                run.log(f"step {run.state.step}: held-out greedy accuracy {fmt_accuracy(evaluate(run, r))}")
     return finish(run, r)

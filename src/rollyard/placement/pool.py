@@ -43,6 +43,7 @@ class RolloutPool:
         self.dtype = torch.bfloat16 if cfg.rollout.dtype == "bf16" else torch.float32
         self.ref, nbytes = weights.publish(r.model, run.state.version, self.dtype, checksum=True)
         run.totals["sync/startup_bytes"] = nbytes
+        run.telemetry.traffic(run.state.step, "weights", nbytes)  # the opening full sync (review expects it)
         self.meta: dict[str, tuple[int, int]] = {}  # request id -> (round, hand-out order)
         self.next_round = r.feed.last_round + 1
         self.buffer: dict[str, tuple[str, list[Sample]]] = {}  # finished groups in arrival order
@@ -110,7 +111,7 @@ class RolloutPool:
             self.next_round += 1
 
     def _hand_out(self, items: list[tuple[Request, int]]) -> None:
-        load = Counter({w: 0 for w in self.workers} | Counter(self.ledger.worker.values()))
+        load = Counter(dict.fromkeys(self.workers, 0) | Counter(self.ledger.worker.values()))
         per: dict[str, list] = {}
         for q, target in items:
             w = min(self.workers, key=lambda n: (load[n], n))

@@ -24,14 +24,16 @@ from rollyard import checkpoint, roles, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import ConfigError, RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
-from rollyard.models import PRESETS, export, num_params
+from rollyard.models import PRESETS, export, num_params, source_dtype
+from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.sft import warm_start
 from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir
-from rollyard.telemetry.report import console, print_summary, role_shares
+from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
+from rollyard.telemetry.tracking import Tracking, completion_records
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 
@@ -81,12 +83,12 @@ class RunRecord:
     def count(self, key: str, n: float = 1) -> None:
         self.totals[key] = self.totals.get(key, 0) + n
 
-    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float],
-                 trained_at: int, extra: dict[str, Any] | None = None) -> dict:
+    def end_step(self, step: int, r: Roles, requests: list[Request], samples: list[Sample],
+                 train_metrics: dict[str, float], trained_at: int, extra: dict[str, Any] | None = None) -> dict:
         """Write the step's metrics and ledger; return the row. ``trained_at``: the trainer version
         that consumed ``samples`` (their staleness is measured against it, here, where they are used)."""
         now = time.time()
-        rewards = [s.reward for s in samples] or [0.0]
+        rewards = [s.reward for s in samples if s.reward is not None] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
         flags = [s.reward_flag or "" for s in samples]
         self.flags["timeouts"] += sum(f == "timeout" for f in flags)
@@ -114,6 +116,12 @@ class RunRecord:
         }
         self._clock = now
         values.update({f"train/{k}": v for k, v in train_metrics.items()})
+        values.update({"train/lr": r.trainer.optimizer.param_groups[0]["lr"],
+                       "frac_reward_zero_std": reward_metrics.frac_zero_std(samples),
+                       **reward_metrics.per_hook(samples, r.rewards.names)})
+        every = self.cfg.log.completions_every
+        if every and step % every == 0:
+            self.telemetry.completions(step, completion_records(step, samples, r.tokenizer))
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 
@@ -147,12 +155,13 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         ckpt = None
     run.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run / rundir.CONFIG)
+    tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = roles.device_of(cfg)
     deadletter: list[dict] = []
-    train_prompts, held_out = roles.prompts(cfg, deadletter)
     model, tokenizer, context = roles.policy(cfg, device)
-    rewards = roles.rewards(cfg, tokenizer)
+    train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
+    rewards = roles.rewards(cfg, tokenizer, model)
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
@@ -171,19 +180,23 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         feed.restore(state.cursor)
         console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
                       + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
-    rec = RunRecord(cfg, run, Telemetry(run), state)
+    rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None), state)
     handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out)
     rec.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model), **(info or {})}, indent=1))
     if state.eval_before is None:
         state.eval_before = evaluate(rec, handles)
         state.extra.update(sft_info)
-        console.print(f"held-out greedy accuracy before RL: {state.eval_before:.1%} ({len(held_out)} prompts)")
+        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({len(held_out)} prompts)")
     return rec, handles, extra_rng
 
 
-def evaluate(run: RunRecord, r: Roles) -> float:
-    return greedy_accuracy(r.model, r.tokenizer, r.held_out, r.rewards, run.cfg.rollout.max_new_tokens, r.context)
+def evaluate(run: RunRecord, r: Roles) -> float | None:
+    """Held-out greedy accuracy now (recorded in eval.jsonl); None when there is no held-out set."""
+    acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.rewards, run.cfg.rollout.max_new_tokens, r.context)
+    if acc is not None:
+        run.telemetry.evaluation(run.state.step, acc)
+    return acc
 
 
 def run_info(cfg: RunConfig, model) -> dict:
@@ -208,7 +221,7 @@ def run_info(cfg: RunConfig, model) -> dict:
 def finish(run: RunRecord, r: Roles) -> dict:
     """Eval after, export the policy, write summary.json and trace.json, print the tables."""
     after = evaluate(run, r)
-    export(r.model, r.tokenizer, run.run_dir / rundir.MODEL)
+    export(r.model, r.tokenizer, run.run_dir / rundir.MODEL, dtype=source_dtype(run.cfg.model.name))
     run.telemetry.close()
     r.rewards.close()
     summary = {
@@ -218,7 +231,7 @@ def finish(run: RunRecord, r: Roles) -> dict:
         **run.totals, **run.state.extra,
         "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
     }
-    (run.run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=1))
+    (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     print_summary(run.telemetry.step_seconds, run.state.eval_before, after)
     console.print(f"run directory: {run.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     return summary

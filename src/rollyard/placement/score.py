@@ -2,19 +2,22 @@
 
 Runs in the driver process on finished samples (for async, on a consumed batch), records the
 ``reward``, ``reference`` and ``algorithm`` spans and the ``rewards`` / ``ref_logprobs`` edges.
+Samples the verifier could not score are dead-lettered and left out.
 """
 
 from __future__ import annotations
 
 from rollyard.algo.advantages import assign_advantages
 from rollyard.placement.run import Roles, RunRecord
+from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.types import Sample
 
 
 def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> list[Sample]:
     tel, cfg = run.telemetry, run.cfg
     with tel.span("reward", step):
-        samples = r.rewards.score(samples)
+        samples, unscored = split_unscored(r.rewards.score(samples))
+    run.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
     tel.traffic(step, "rewards", 4 * len(samples))
     if r.reference is not None:
         with tel.span("reference", step):
