@@ -3,7 +3,8 @@ planner's prediction from each run's measured phase times.
 
     .venv/bin/python bench/placements.py                          # the demo task, 30 steps each
     .venv/bin/python bench/placements.py --steps 40 --set rollout.max_concurrent=32
-    .venv/bin/python bench/placements.py --only async --set max_staleness=2
+    .venv/bin/python bench/placements.py --only async --staleness 2
+    .venv/bin/python bench/placements.py --steps 40 --rounds 3     # rotate the order 3 times, medians
 
 Same work: the demo config (examples/demo.toml: warm-started tiny preset, arithmetic, 32 x 8
 samples per step), the same seed and the same number of optimizer steps, hence the same number of
@@ -104,12 +105,23 @@ def main() -> int:
     p.add_argument("--cache", default=str(ROOT / ".cache" / "warmstart"), help="sft.cache_dir (warm start cache)")
     p.add_argument("--out", default=None, help="where the runs go (default: a fresh dir under bench/out)")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--rounds", type=int, default=1, help="run the set R times, rotating the order (drifting "
+                   "load hits every placement alike); the table shows each placement's median round")
     args = p.parse_args()
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
     torch.set_num_threads(1)
     out = Path(args.out or ROOT / "bench" / "out" / f"placements-{time.strftime('%Y%m%d-%H%M%S')}")
-    results = [run_one(where, args, out) for where in (args.only or PLACEMENTS)]
+    order = list(args.only or PLACEMENTS)
+    runs: dict[str, list[dict]] = {w: [] for w in order}
+    for k in range(args.rounds):
+        for where in order[k % len(order):] + order[:k % len(order)]:
+            runs[where].append(run_one(where, args, out / f"round{k}" if args.rounds > 1 else out))
+    results = [sorted(rs, key=lambda r: r["steps_per_hour"])[len(rs) // 2] for rs in runs.values()]
+    if args.rounds > 1:
+        for where, rs in runs.items():
+            per = ", ".join(f"{r['steps_per_hour']:.0f}" for r in rs)
+            print(f"{where}: steps/h per round {per}")
     base = next((r for r in results if r["placement"] == "colocated"), None)
     print(f"\nsame work: {args.steps} steps x {results[0]['samples'] // args.steps} samples, seed 0, "
           f"overrides {args.set or 'none'}; steps/hour over steps {args.warmup}..{args.steps - 1}; "
