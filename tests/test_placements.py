@@ -235,3 +235,20 @@ def test_async_resume_loses_no_prompt_and_trains_none_twice(tmp_path):
     led = _ledger(run)
     assert live <= set(led["trained"]) | {r["id"] for r in led["live"]}
     assert [r["step"] for r in _metrics(run)] == [0, 1, 2, 3]
+
+
+@ray_test
+def test_async_refills_a_round_whose_prompt_was_dead_lettered(tmp_path):
+    """At bound 0 only one round can be sampled at a time: a dead-lettered prompt must be replaced
+    or the trainer would wait for a group that never comes."""
+    data = tmp_path / "d.jsonl"
+    lines = [{"prompt": f"{i}+1=", "answer": str(i + 1)} for i in range(6)]
+    lines.insert(1, {"prompt": "9" * 200 + "+1=", "answer": "x"})
+    data.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    run = tmp_path / "r"
+    assert main(["train", *TINY, "steps=3", f"data.path={data}", "data.task=arithmetic", "placement=async",
+                 "max_staleness=0", "reward.hook=rollyard.reward.verifiers:exact_match", f"out_dir={run}"]) == 0
+    dead = list(rundir.read_jsonl(run / rundir.DEADLETTER))
+    assert any("longer than the model context" in d["reason"] for d in dead)
+    assert [len(ids) for ids in _trained(run)] == [2, 2, 2]  # 7 prompts: the first epoch is drawn whole
+    _assert_accounted(run)

@@ -27,9 +27,11 @@ from rollyard.config import ConfigError, RunConfig
 from rollyard.placement import weights
 from rollyard.placement.run import Roles, RunRecord
 from rollyard.rollout.worker import RolloutWorker
+from rollyard.telemetry import rundir
 from rollyard.types import Request, Sample
 
 MAX_RESTARTS = 3  # per worker; a worker that keeps dying is a bug to surface, not to hide
+MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
 class RolloutPool:
@@ -102,13 +104,24 @@ class RolloutPool:
     def fill(self, horizon: int, step: int) -> None:
         """Hand out every round up to ``horizon`` (each round meant for the step of its number)."""
         while self.next_round <= horizon:
-            requests, dead = self.r.feed.take(self.P, self.next_round)
+            self._issue(self.next_round, self.P, step)
+            self.next_round += 1
+
+    def _issue(self, round_: int, k: int, step: int) -> None:
+        """Hand out ``k`` prompts for ``round_``; dead-lettered ones are replaced, so a round stays
+        full (an async trainer waits for ``prompts_per_step`` groups)."""
+        for _ in range(MAX_TOP_UPS):
+            requests, dead = self.r.feed.take(k, round_)
             self.run.dead_letter(dead, step)
             for q in requests:
-                self.meta.setdefault(q.id, (self.next_round, len(self.meta)))
+                self.meta.setdefault(q.id, (round_, len(self.meta)))
             self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
-            self._hand_out([(q, self.next_round) for q in requests])
-            self.next_round += 1
+            self._hand_out([(q, round_) for q in requests])
+            k -= len(requests)
+            if k <= 0:
+                return
+        raise RuntimeError(f"round {round_}: {MAX_TOP_UPS} draws from the prompt set left {k} prompts short, every "
+                           f"one dead-lettered; see {rundir.DEADLETTER} for why")
 
     def _hand_out(self, items: list[tuple[Request, int]]) -> None:
         load = Counter(dict.fromkeys(self.workers, 0) | Counter(self.ledger.worker.values()))
@@ -137,6 +150,7 @@ class RolloutPool:
         for rid, why in item["rejected"]:
             self.ledger.dead([rid])
             self.run.dead_letter([{"source": rid, "reason": why}], step)
+            self._issue(self.meta[rid][0], 1, step)
         for rid, samples in item["groups"]:
             if self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
                 self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
