@@ -252,3 +252,18 @@ def test_async_refills_a_round_whose_prompt_was_dead_lettered(tmp_path):
     assert any("longer than the model context" in d["reason"] for d in dead)
     assert [len(ids) for ids in _trained(run)] == [2, 2, 2]  # 7 prompts: the first epoch is drawn whole
     _assert_accounted(run)
+
+
+def test_feed_samples_a_prompt_once_per_round_and_requeues_first():
+    from rollyard.models import char_tokenizer
+    from rollyard.rollout.scheduler import PromptFeed, PromptStream
+    from rollyard.tasks.base import Prompt
+
+    led = PromptLedger()
+    feed = PromptFeed(PromptStream([Prompt("a", "1+1=", {}), Prompt("b", "2+2=", {})], seed=0), led, char_tokenizer(), 2, 4, 32)
+    reqs, dead = feed.take(3, 0)  # 3 draws from 2 prompts: one repeats within the round
+    assert sorted(q.id for q in reqs) == ["a@0", "b@0"] and len(dead) == 1 and "twice in one round" in dead[0]["reason"]
+    led.hand_out([q.id for q in reqs], "w")
+    led.requeue(["b@0"])
+    again, _ = feed.take(2, 1)
+    assert [q.id for q in again][0] == "b@0"  # requeued prompts go first, with their id

@@ -103,9 +103,11 @@ class PromptFeed:
         if len(out) < k:
             fresh, dead = to_requests(self.stream.take(k - len(out)), self.tokenizer, self.n, self.max_new_tokens,
                                       self.context, suffix=f"@{round_}")
-            seen = set(self.ledger.state)
-            dup = [q for q in fresh if q.id in seen]
-            fresh = [q for q in fresh if q.id not in seen]
+            seen, keep, dup = set(self.ledger.state), [], []
+            for q in fresh:
+                (dup if q.id in seen else keep).append(q)
+                seen.add(q.id)
+            fresh = keep
             dead += [{"source": q.id, "reason": "the same prompt twice in one round (prompts_per_step is larger "
                       "than the prompt set); it is sampled once"} for q in dup]
             self.ledger.add(fresh)
