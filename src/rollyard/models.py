@@ -8,6 +8,7 @@ model rollyard exports loads back with ``AutoModelForCausalLM.from_pretrained(di
 
 from __future__ import annotations
 
+import copy
 import string
 from pathlib import Path
 
@@ -87,11 +88,48 @@ def context_length(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
 
 
+ADAPTER_DIR = "adapter"
+
+
+def lora_target_error(model, targets: list[str]) -> str | None:
+    """Why ``targets`` cannot be LoRA-wrapped in ``model`` (a name no linear layer has), or None."""
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    missing = [t for t in targets if t not in linear]
+    if not targets or missing:
+        return (f"model.lora.targets={targets}: {missing or 'empty'} not among this model's linear layers "
+                f"{linear}; set model.lora.targets to some of those")
+    return None
+
+
+def attach_lora(model, r: int, alpha: float, targets: list[str]):
+    """Wrap ``model`` in a PEFT LoRA adapter of rank ``r`` on ``targets``; base weights frozen.
+
+    Returns the ``PeftModel`` (only ``lora_A``/``lora_B`` require grad; the adapter starts as an
+    identity: ``lora_B`` is zero). Raises ``ValueError`` when a target names no linear layer.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    why = lora_target_error(model, targets)
+    if why:
+        raise ValueError(why)
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0))
+
+
 def export(model, tokenizer, out_dir: str | Path) -> Path:
-    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors)."""
+    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors).
+
+    A PEFT model is written merged (``AutoModelForCausalLM.from_pretrained(out)`` loads the policy
+    as trained) and its adapter in PEFT format under ``out/adapter`` (``PeftModel.from_pretrained(
+    base, out / "adapter")`` loads it onto the base).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    if hasattr(model, "merge_and_unload"):
+        model.save_pretrained(out / ADAPTER_DIR)
+        merged = copy.deepcopy(model).merge_and_unload()
+        merged.save_pretrained(out)
+    else:
+        model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 

@@ -1,0 +1,71 @@
+"""torch.distributed transport: a bucketed broadcast from the trainer rank to the rollout ranks.
+
+The caller sets up the process group (``torch.distributed.init_process_group`` or ``new_group``:
+gloo on CPU, NCCL on GPU; plain processes in tests, Ray actors in placements) and builds one
+``DistTransport`` per process with the same ``src`` rank. The trainer calls ``send(update)``, every
+other rank ``recv()``; both block until the broadcast completes.
+
+On the wire, per sync (``sync/wire.py``): a 16-byte int64 prefix ``[header bytes, payload bytes]``,
+the JSON header, then the payload in buckets of at most ``bucket_bytes`` (one broadcast each, so
+peak extra memory is one bucket on the device). ``send`` returns the bytes broadcast: prefix +
+header + payload, what each receiving rank gets.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from rollyard.sync.wire import pack, unpack
+from rollyard.types import WeightUpdate
+
+PREFIX_BYTES = 16
+
+
+class DistTransport:
+    name = "dist"
+
+    def __init__(self, bucket_bytes: int, src: int = 0, group=None, device: str = "cpu"):
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
+        if not dist.is_initialized():
+            raise RuntimeError("DistTransport needs a torch.distributed process group: call "
+                               "torch.distributed.init_process_group(...) in every process first")
+        self.bucket_bytes, self.src, self.group, self.device = int(bucket_bytes), src, group, torch.device(device)
+
+    def _bcast(self, t: torch.Tensor) -> torch.Tensor:
+        dist.broadcast(t, src=self.src, group=self.group)
+        return t
+
+    def _buckets(self, payload: torch.Tensor) -> None:
+        """Broadcast ``payload`` (flat uint8, on ``self.device``) in place, one bucket at a time."""
+        for off in range(0, payload.numel(), self.bucket_bytes):
+            self._bcast(payload[off:off + self.bucket_bytes])
+
+    def send(self, update: WeightUpdate) -> int:
+        header, payload = pack(update)
+        sizes = torch.tensor([len(header), payload.numel()], dtype=torch.int64, device=self.device)
+        self._bcast(sizes)
+        self._bcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.device))
+        self._buckets(payload.to(self.device))
+        update.nbytes = PREFIX_BYTES + len(header) + payload.numel()
+        return update.nbytes
+
+    def recv(self) -> WeightUpdate:
+        sizes = self._bcast(torch.zeros(2, dtype=torch.int64, device=self.device)).tolist()
+        header = self._bcast(torch.empty(sizes[0], dtype=torch.uint8, device=self.device))
+        payload = torch.empty(sizes[1], dtype=torch.uint8, device=self.device)
+        self._buckets(payload)
+        update = unpack(header.cpu().numpy().tobytes(), payload.cpu())
+        update.nbytes = PREFIX_BYTES + sizes[0] + sizes[1]
+        return update
+
+    def close(self) -> None:
+        pass
+
+
+def broadcast_flat(nbytes: int, src: int = 0, group=None, device: str = "cpu") -> int:
+    """Baseline for benchmarks: one broadcast of a flat ``nbytes`` buffer (the transport's limit)."""
+    buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=src, group=group)
+    return nbytes
