@@ -69,8 +69,10 @@ def test_delta_equals_full_bit_for_bit(dtype, lr):
     for version in range(5):
         if version:
             random_steps(trainer, 1, lr, seed=version)
-        full_rx.apply(over_wire(full_pub.publish(trainer, version)))
+        full_upd = full_pub.publish(trainer, version)
+        full_rx.apply(over_wire(full_upd))
         upd = delta_pub.publish(trainer, version)
+        assert pack(upd)[1].numel() <= pack(full_upd)[1].numel()  # a delta never costs more than a full sync
         assert upd.mode == ("full" if version == 0 else "delta")
         carried.append(sum(t.numel() for t in upd.tensors.values()))
         delta_rx.apply(over_wire(upd))

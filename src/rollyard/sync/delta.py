@@ -13,10 +13,13 @@ tensor of ``n`` elements):
 - ``int32`` flat indices: ``4 * f * n`` bytes;
 - ``uint8`` packed bitmask (bit ``j % 8`` of byte ``j // 8``, LSB first): ``ceil(n / 8)`` bytes.
 
-The bitmask wins above ``f = 1/32`` (3.1%): bf16 at a realistic learning rate changes ~1-3% of
-elements per step (int32 indices), fp32 changes almost all of them (bitmask, 1/8 byte per element
-on top of the values). Run-length coding is not used: changed elements are scattered, so runs are
-short and a run costs at least as much as an index.
+- no indices (dense): the whole tensor, when values + the cheaper index encoding would cost at
+  least as much (``f`` above ``1 - 1 / (8 * bytes per element)``: 97% in fp32, 94% in bf16).
+
+The bitmask wins above ``f = 1/32`` (3.1%): bf16 at a realistic learning rate changes ~1-4% of
+elements per step (int32 indices or a bitmask), fp32 changes almost all of them (dense: a delta
+then costs what a full sync does, never more). Run-length coding is not used: changed elements are
+scattered, so runs are short and a run costs at least as much as an index.
 
 Apply side: ``stage(live, update, held_version)`` checks the update applies on top of the version
 the receiver holds (``base_version``), decodes the indices and returns new tensors for the touched
@@ -96,6 +99,11 @@ class DeltaPublisher:
             changed = bits(cur) != bits(base)
             if not bool(changed.any()):
                 continue
+            k, n, size = int(changed.sum()), changed.numel(), cur.element_size()
+            if k * size + min(4 * k, (n + 7) // 8) >= n * size:  # dense: cheaper than values + indices
+                upd.tensors[name] = cur.clone()
+                base.copy_(cur)
+                continue
             upd.tensors[name] = cur[changed].clone()
             upd.indices[name] = encode_indices(changed)
             base[changed] = cur[changed]
@@ -115,9 +123,15 @@ def stage(live: dict[str, torch.Tensor], update: WeightUpdate, held_version: int
                            f"so it is dropped and a full sync requested")
     out = {}
     for name, values in update.tensors.items():
-        if name not in live or name not in update.indices:
-            raise SyncRejected(f"delta update v{update.version}: {name!r} is not a rollout parameter or has no indices")
+        if name not in live:
+            raise SyncRejected(f"delta update v{update.version}: {name!r} is not a rollout parameter")
         p = live[name]
+        if name not in update.indices:  # dense: the whole tensor
+            if values.numel() != p.numel():
+                raise SyncRejected(f"delta update v{update.version}: dense {name!r} has {values.numel()} values for "
+                                   f"{p.numel()} elements")
+            out[name] = values.to(device=p.device, dtype=p.dtype).view_as(p).clone()
+            continue
         idx = decode_indices(update.indices[name], p.numel()).to(p.device)
         vals = values.to(device=p.device, dtype=p.dtype).view(-1)
         if idx.numel() != vals.numel():
