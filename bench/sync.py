@@ -46,14 +46,14 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rollyard.models import attach_lora, build_preset, char_tokenizer  # noqa: E402
-from rollyard.sync.apply import Receiver  # noqa: E402
-from rollyard.sync.check import compare_weights, weights_checksum  # noqa: E402
-from rollyard.sync.factory import make_publisher  # noqa: E402
-from rollyard.sync.local import rollout_copy  # noqa: E402
-from rollyard.sync.lora import ADAPTER_SUFFIXES  # noqa: E402
-from rollyard.sync.transport_dist import DistTransport, broadcast_flat  # noqa: E402
-from rollyard.sync.transport_inprocess import InProcessTransport  # noqa: E402
+from rollyard.models import attach_lora, build_preset, char_tokenizer
+from rollyard.sync.apply import Receiver
+from rollyard.sync.check import compare_weights, weights_checksum
+from rollyard.sync.factory import make_publisher
+from rollyard.sync.local import rollout_copy
+from rollyard.sync.lora import ADAPTER_SUFFIXES
+from rollyard.sync.transport_dist import DistTransport, broadcast_flat
+from rollyard.sync.transport_inprocess import InProcessTransport
 
 OP_STOP, OP_UPDATE, OP_FLAT, OP_CHECKSUM = 0, 1, 2, 3
 LORA = {"r": 8, "alpha": 16.0, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"]}
