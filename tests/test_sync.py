@@ -140,6 +140,25 @@ def test_bad_updates_are_rejected_and_old_weights_stay():
     compare_weights(pub.expected(trainer), engine.model, 3)
 
 
+def test_receiver_rejects_updates_that_do_not_fit_the_model():
+    from rollyard.types import WeightUpdate
+
+    rollout = tiny(seed=1)
+    rx, before = Receiver(rollout), weights_checksum(rollout)
+    full = FullPublisher(torch.float32).publish(tiny(), 1).tensors
+    cases = [
+        (WeightUpdate(1, "full", tensors={**full, "nope.weight": torch.zeros(1)}), "lacks"),
+        (WeightUpdate(1, "full", tensors={**full, "model.norm.weight": torch.zeros(3)}), "shape"),
+        (WeightUpdate(1, "full", tensors=dict(list(full.items())[:-1])), "lacks 1 parameters"),
+        (WeightUpdate(1, "lora", tensors=LoraPublisher(torch.float32).publish(
+            attach_lora(tiny(), r=2, alpha=4.0, targets=["q_proj"]), 1).tensors), "no base weight"),
+    ]
+    for update, why in cases:
+        with pytest.raises(SyncRejected, match=why):
+            rx.apply(update)
+    assert weights_checksum(rollout) == before and rx.version == 0
+
+
 def test_equality_check_names_a_planted_one_element_difference():
     trainer = tiny()
     rollout = rollout_copy(tiny(seed=1), torch.bfloat16)

@@ -6,8 +6,8 @@ gloo on CPU, NCCL on GPU; plain processes in tests, Ray actors in placements) an
 other rank ``recv()``; both block until the broadcast completes.
 
 On the wire, per sync (``sync/wire.py``): a 16-byte int64 prefix ``[header bytes, payload bytes]``,
-the JSON header, then the payload in buckets of at most ``bucket_bytes`` (one broadcast each, so
-peak extra memory is one bucket on the device). ``send`` returns the bytes broadcast: prefix +
+the JSON header, then the payload in buckets of at most ``bucket_bytes`` (one broadcast each; on a GPU
+one bucket at a time is staged on the device). ``send`` returns the bytes broadcast: prefix +
 header + payload, what each receiving rank gets.
 """
 
@@ -38,25 +38,33 @@ class DistTransport:
         return t
 
     def _buckets(self, payload: torch.Tensor) -> None:
-        """Broadcast ``payload`` (flat uint8, on ``self.device``) in place, one bucket at a time."""
+        """Broadcast the CPU byte buffer ``payload`` in place, one bucket at a time.
+
+        On a GPU each bucket is staged to ``self.device`` (and back on receivers), so the extra
+        device memory is one bucket; on CPU the slices are broadcast where they lie.
+        """
         for off in range(0, payload.numel(), self.bucket_bytes):
-            self._bcast(payload[off:off + self.bucket_bytes])
+            piece = payload[off:off + self.bucket_bytes]
+            if self.device.type == "cpu":
+                self._bcast(piece)
+            else:
+                piece.copy_(self._bcast(piece.to(self.device)))
 
     def send(self, update: WeightUpdate) -> int:
         header, payload = pack(update)
         sizes = torch.tensor([len(header), payload.numel()], dtype=torch.int64, device=self.device)
         self._bcast(sizes)
         self._bcast(torch.frombuffer(bytearray(header), dtype=torch.uint8).to(self.device))
-        self._buckets(payload.to(self.device))
+        self._buckets(payload)
         update.nbytes = PREFIX_BYTES + len(header) + payload.numel()
         return update.nbytes
 
     def recv(self) -> WeightUpdate:
         sizes = self._bcast(torch.zeros(2, dtype=torch.int64, device=self.device)).tolist()
         header = self._bcast(torch.empty(sizes[0], dtype=torch.uint8, device=self.device))
-        payload = torch.empty(sizes[1], dtype=torch.uint8, device=self.device)
+        payload = torch.empty(sizes[1], dtype=torch.uint8)
         self._buckets(payload)
-        update = unpack(header.cpu().numpy().tobytes(), payload.cpu())
+        update = unpack(header.cpu().numpy().tobytes(), payload)
         update.nbytes = PREFIX_BYTES + sizes[0] + sizes[1]
         return update
 
