@@ -59,6 +59,17 @@ def test_index_encodings_round_trip():
         assert torch.equal(decode_indices(enc, 1001), mask.nonzero().view(-1))
 
 
+def test_buckets_cut_the_payload_at_fixed_offsets():
+    from rollyard.sync.transport_dist import buckets
+
+    g = torch.Generator().manual_seed(0)
+    pieces = [torch.randint(0, 255, (int(n),), generator=g, dtype=torch.uint8) for n in (0, 5, 17, 1, 64, 3)]
+    for limit in (1, 4, 16, 1000):
+        out = list(buckets(pieces, limit))
+        assert all(b.numel() == limit for b in out[:-1]) and 0 < out[-1].numel() <= limit
+        assert torch.equal(torch.cat(out), torch.cat(pieces))
+
+
 @pytest.mark.parametrize("dtype,lr", [(torch.float32, 1e-3), (torch.bfloat16, 1e-6)])
 def test_delta_equals_full_bit_for_bit(dtype, lr):
     trainer = tiny()

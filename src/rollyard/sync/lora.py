@@ -96,7 +96,8 @@ def stage(live: dict[str, torch.Tensor], update: WeightUpdate, bases: dict[str, 
     for n, t in plain.items():
         if n not in live or tuple(live[n].shape) != tuple(t.shape):
             raise SyncRejected(f"lora update v{update.version}: base parameter {n!r} does not match the rollout model")
-    new_bases = {m + ".weight": plain[m + ".weight"] for m in modules if m + ".weight" in plain}
+    # copies: a view would keep the whole received payload alive
+    new_bases = {m + ".weight": plain[m + ".weight"].clone() for m in modules if m + ".weight" in plain}
     out = {n: t.to(device=live[n].device, dtype=live[n].dtype) for n, t in plain.items() if n not in new_bases}
     for m in modules:
         w = m + ".weight"

@@ -3,7 +3,8 @@
 Every transport that moves bytes (``dist``, ``ray``) sends exactly this, so the bytes it reports
 are ``len(header) + len(payload)`` plus its own framing (the dist transport's 16-byte length
 prefix, the object store's serialization overhead). The header lists, in payload order, each
-tensor's name, role (``v`` value / ``i`` index), dtype, shape and byte length.
+tensor's name, role (``v`` value / ``i`` index), dtype, shape and byte length; each tensor is
+padded to 8 bytes so the receiver views the payload in place.
 
 ``payload_checksum`` is sha256 over (name, role, dtype, shape, raw bytes) of every tensor in sorted
 order: the publisher stamps it, the receiver recomputes it over what arrived (``stage`` in
@@ -19,6 +20,7 @@ import torch
 
 from rollyard.types import WeightUpdate
 
+ALIGN = 8  # bytes; every tensor starts at a multiple of this in the payload
 DTYPES = {str(d): d for d in (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.uint8)}
 
 
@@ -50,14 +52,33 @@ def payload_checksum(update: WeightUpdate) -> str:
     return h.hexdigest()
 
 
-def pack(update: WeightUpdate) -> tuple[bytes, torch.Tensor]:
-    """``update`` -> (UTF-8 JSON header, flat uint8 payload) in header order."""
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def pack_pieces(update: WeightUpdate) -> tuple[bytes, list[torch.Tensor]]:
+    """``update`` -> (UTF-8 JSON header, the payload as flat uint8 pieces, views where possible).
+
+    Each tensor starts at a multiple of ``ALIGN`` bytes (zero padding between), so the receiver
+    can view the payload as typed tensors without copying.
+    """
     entries = _entries(update)
     meta = {"version": update.version, "mode": update.mode, "checksum": update.checksum,
             "base_version": update.base_version,
             "tensors": [[n, r, str(t.dtype), list(t.shape), t.numel() * t.element_size()] for n, r, t in entries]}
-    payload = torch.cat([_raw(t) for _, _, t in entries]) if entries else torch.empty(0, dtype=torch.uint8)
-    return json.dumps(meta, separators=(",", ":")).encode(), payload
+    pieces = []
+    for _, _, t in entries:
+        raw = _raw(t)
+        pieces.append(raw)
+        if _aligned(raw.numel()) != raw.numel():
+            pieces.append(torch.zeros(_aligned(raw.numel()) - raw.numel(), dtype=torch.uint8))
+    return json.dumps(meta, separators=(",", ":")).encode(), pieces
+
+
+def pack(update: WeightUpdate) -> tuple[bytes, torch.Tensor]:
+    """``update`` -> (UTF-8 JSON header, flat uint8 payload) in header order."""
+    header, pieces = pack_pieces(update)
+    return header, torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.uint8)
 
 
 def unpack(header: bytes, payload: torch.Tensor) -> WeightUpdate:
@@ -66,7 +87,7 @@ def unpack(header: bytes, payload: torch.Tensor) -> WeightUpdate:
         meta = json.loads(header.decode())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SyncRejected(f"weight update header does not parse ({e}); the update is dropped") from None
-    need = sum(e[4] for e in meta["tensors"])
+    need = sum(_aligned(e[4]) for e in meta["tensors"])
     if payload.numel() != need:
         raise SyncRejected(f"weight update v{meta['version']} is truncated or padded: header declares {need} payload "
                            f"bytes, {payload.numel()} arrived; the update is dropped and a full sync requested")
@@ -74,7 +95,7 @@ def unpack(header: bytes, payload: torch.Tensor) -> WeightUpdate:
                        base_version=meta["base_version"])
     off = 0
     for name, role, dtype, shape, nbytes in meta["tensors"]:
-        t = payload[off:off + nbytes].clone().view(DTYPES[dtype]).view(shape)
-        off += nbytes
+        t = payload[off:off + nbytes].view(DTYPES[dtype]).view(shape)  # a view: the update owns the payload
+        off += _aligned(nbytes)
         (upd.tensors if role == "v" else upd.indices)[name] = t
     return upd
