@@ -232,9 +232,40 @@ def test_bucketed_gloo_broadcast_between_two_processes(tmp_path):
 def ray_session():
     import ray
 
+    if ray.is_initialized():  # another module's session fixture started it: share it
+        yield
+        return
     ray.init(include_dashboard=False, num_cpus=1, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def _ray_rollout(refs: list, dtype: str) -> str:
+    """A Ray task: receive each update by its ref, apply it to its own rollout copy, return the checksum."""
+    from rollyard.sync.transport_ray import RayTransport
+
+    rx = Receiver(rollout_copy(tiny(seed=5), getattr(torch, dtype)))
+    for ref in refs:
+        rx.apply(RayTransport().recv(ref))
+    return weights_checksum(rx.model)
+
+
+@pytest.mark.ray
+def test_ray_object_store_delivers_to_another_process(ray_session):
+    import ray
+
+    from rollyard.sync.transport_ray import RayTransport
+
+    trainer, pub, tx, refs, sizes = tiny(), DeltaPublisher(torch.bfloat16), RayTransport(), [], []
+    for v in range(3):
+        random_steps(trainer, 1 if v else 0, 1e-6, seed=v)
+        sizes.append(tx.send(pub.publish(trainer, v)))
+        refs.append(tx.ref)
+    params = sum(p.numel() for p in trainer.parameters())
+    assert 2 * params < sizes[0] < 2 * params * 1.02 and 0 < sizes[1] < sizes[0] / 4  # full, then a sparse delta
+    paths = os.pathsep.join([SRC, str(Path(__file__).parent)])  # the worker imports this module by name
+    remote = ray.remote(_ray_rollout).options(runtime_env={"env_vars": {"PYTHONPATH": paths}})
+    assert ray.get(remote.remote(refs, "bfloat16")) == weights_checksum(pub.expected(trainer))
 
 
 @pytest.mark.ray
