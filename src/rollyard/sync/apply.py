@@ -7,8 +7,9 @@ bases). Applying is two calls so that nothing is ever half-applied:
   names, a delta's ``base_version`` equal to the held version), and build the new tensors *beside*
   the live ones. Raises ``SyncRejected`` (its ``needs_full`` is true: publish with ``full=True``)
   and leaves the model and the held version untouched.
-- ``receiver.swap(staged)``: copy the staged tensors into the live parameters and take the new
-  version. Only memory copies remain, so it cannot fail half-way on a bad update.
+- ``receiver.swap(staged)``: copy the staged tensors (scatter a delta's validated indices and
+  values) into the live parameters and take the new version. Only memory writes remain, so it
+  cannot fail half-way on a bad update.
 
 ``receiver.apply(update)`` is both in one call. ``inprocess`` updates carry no tensors: the
 trainer already changed the shared module.
@@ -37,6 +38,7 @@ class Staged:
 
     version: int
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    scatters: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # delta: (flat idx, values)
     bases: dict[str, torch.Tensor] | None = None  # LoRA: the receiver's new unmerged bases
 
 
@@ -64,10 +66,11 @@ class Receiver:
         if update.mode == "full":
             return Staged(update.version, full.stage(live, update))
         if update.mode == "delta":
-            return Staged(update.version, delta.stage(live, update, self.version))
+            tensors, scatters = delta.stage(live, update, self.version)
+            return Staged(update.version, tensors, scatters)
         if update.mode == "lora":
             tensors, bases = lora.stage(live, update, self.bases)
-            return Staged(update.version, tensors, bases)
+            return Staged(update.version, tensors, bases=bases)
         raise ValueError(f"unknown weight update mode {update.mode!r}: expected inprocess, full, delta or lora")
 
     @torch.no_grad()
@@ -75,6 +78,8 @@ class Receiver:
         live = named_params(self.model)
         for name, t in staged.tensors.items():
             live[name].copy_(t)
+        for name, (idx, vals) in staged.scatters.items():
+            live[name].view(-1)[idx] = vals
         if staged.bases is not None:
             self.bases = staged.bases
         self.version = staged.version

@@ -22,8 +22,8 @@ then costs what a full sync does, never more). Run-length coding is not used: ch
 scattered, so runs are short and a run costs at least as much as an index.
 
 Apply side: ``stage(live, update, held_version)`` checks the update applies on top of the version
-the receiver holds (``base_version``), decodes the indices and returns new tensors for the touched
-parameters, built beside the live ones.
+the receiver holds (``base_version``), decodes and range-checks the indices, and returns them with
+their values (dense tensors whole) for the receiver's swap to scatter.
 """
 
 from __future__ import annotations
@@ -115,13 +115,18 @@ class DeltaPublisher:
         return rollout_weights(model, self.dtype)
 
 
-def stage(live: dict[str, torch.Tensor], update: WeightUpdate, held_version: int) -> dict[str, torch.Tensor]:
-    """New tensors for the parameters ``update`` touches; ``live`` is not written."""
+def stage(live: dict[str, torch.Tensor], update: WeightUpdate, held_version: int
+          ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """``(whole tensors, {name: (flat indices, values)})`` for what ``update`` touches, all validated.
+
+    ``live`` is not written. Sparse entries stay sparse (staging a full copy of every touched
+    parameter would double the rollout copy's memory); the swap scatters them.
+    """
     if update.base_version != held_version:
         raise SyncRejected(f"delta update v{update.version} applies on top of v{update.base_version}, the rollout "
                            f"copy holds v{held_version}; a delta that skips a version would leave stale elements, "
                            f"so it is dropped and a full sync requested")
-    out = {}
+    out, scatters = {}, {}
     for name, values in update.tensors.items():
         if name not in live:
             raise SyncRejected(f"delta update v{update.version}: {name!r} is not a rollout parameter")
@@ -140,7 +145,5 @@ def stage(live: dict[str, torch.Tensor], update: WeightUpdate, held_version: int
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= p.numel()):
             raise SyncRejected(f"delta update v{update.version}: index out of range for {name!r} "
                                f"({p.numel()} elements): min {int(idx.min())}, max {int(idx.max())}")
-        new = p.detach().clone()
-        new.view(-1)[idx] = vals
-        out[name] = new
-    return out
+        scatters[name] = (idx, vals)
+    return out, scatters
