@@ -18,7 +18,7 @@ each published once and moved by every transport:
 - ``inprocess``: ``InProcessTransport`` (colocated): reports 0 bytes.
 
 Columns: ``bytes`` = steady-state bytes per sync as the transport reported them (values + indices +
-framing); ``plan`` = ``rollyard.plan.bytes.step_bytes`` for the same inputs (params, rollout
+framing); ``plan`` = ``rollyard.plan.bytes.predicted_sync_bytes`` for the same inputs (params, rollout
 bytes per param, the measured changed fraction for delta with index bytes per changed element of
 the encoding used: 4 for int32 indices, ``1 / (8 f)`` for a bitmask, 0 when tensors go dense; and the adapter / base
 parameter ratio for LoRA) -- the plan's formula, not the runtime's code; ``ratio`` = bytes / plan;
@@ -92,12 +92,11 @@ def adamw_step(model, opt, seed: int) -> None:
 
 def plan_bytes(mode: str, params: int, bpp: float, delta_fraction: float = 0.02, index_bytes: float = 0.0,
                lora_fraction: float = 0.005) -> float:
-    from rollyard.plan.bytes import step_bytes
-    from rollyard.plan.inputs import validate_plan
+    """``rollyard.plan.bytes.predicted_sync_bytes``: the plan's stable entry point for this bench."""
+    from rollyard.plan.bytes import predicted_sync_bytes
 
-    policy = {"params": params, "bytes_per_param": bpp, "delta_fraction": max(delta_fraction, 1e-12),
-              "delta_index_bytes": min(index_bytes, 8), "lora": mode == "lora", "lora_fraction": lora_fraction}
-    return step_bytes(validate_plan({"policy": policy})).sync(mode)
+    return predicted_sync_bytes(params, bpp, mode, delta_fraction=delta_fraction, delta_index_bytes=index_bytes,
+                                lora_fraction=lora_fraction)
 
 
 # ---- the rollout process (dist receiver) ------------------------------------------------------
