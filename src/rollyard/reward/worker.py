@@ -9,7 +9,12 @@ Protocol on stdin/stdout, frames of a 4-byte big-endian length and a pickle:
   worker -> parent: ``("ready", pid)`` or ``("init_error", message)``, then
                     ``(job_id, "ok", reward, seconds)`` or ``(job_id, "error", "ExcType: message", seconds)``
 EOF on stdin means exit. Anything the hook prints goes to stderr, never into the protocol.
-The worker also exits if its parent process goes away.
+The worker exits quietly (no traceback) when its parent goes away: a watcher thread notices within
+a second (not ``PR_SET_PDEATHSIG``: that fires when the spawning *thread* exits, and the dispatcher
+spawns replacements from its feeder thread), and a broken pipe ends it without a word.
+
+Before importing the hook, :func:`isolate` applies the init frame's limits: a private working
+directory, ``memory_mb`` (address space) and ``cpu_s`` (CPU seconds per call; 0 = no limit).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import importlib.util
 import math
 import os
 import pickle
+import resource
 import struct
 import sys
 import threading
@@ -114,7 +120,35 @@ def _watch_parent(ppid: int) -> None:
             os._exit(0)
 
 
+def isolate(init: dict) -> None:
+    """Private working directory and resource limits for this worker (from the init frame)."""
+    workdir = init.get("workdir")
+    if workdir:
+        mine = os.path.join(workdir, f"worker-{os.getpid()}")
+        os.makedirs(mine, exist_ok=True)
+        os.chdir(mine)
+    memory_mb = int(init.get("memory_mb") or 0)
+    if memory_mb > 0:
+        limit = memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def limit_cpu(cpu_s: float) -> None:
+    """Let the next call use at most ``cpu_s`` more CPU seconds (SIGXCPU kills the worker past it)."""
+    if cpu_s > 0:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(used.ru_utime + used.ru_stime + cpu_s) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+
+
 def main() -> None:
+    try:
+        _serve()
+    except (BrokenPipeError, KeyboardInterrupt):  # the parent went away or is stopping: leave quietly
+        os._exit(0)
+
+
+def _serve() -> None:
     proto_out = os.dup(1)
     os.dup2(2, 1)  # the hook's print() goes to stderr, not into the protocol
     stdin = sys.stdin.buffer
@@ -124,6 +158,7 @@ def main() -> None:
         return
     sys.path[:] = init["sys_path"]
     try:
+        isolate(init)
         kind, target, attr = init["hook"]
         fn = get_attr(import_target(kind, target), attr)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -135,6 +170,7 @@ def main() -> None:
         if job is None:
             return
         job_id, completion, prompt, meta = job
+        limit_cpu(float(init.get("cpu_s") or 0.0))
         t0 = time.perf_counter()
         try:
             reward = check_reward(fn(completion, prompt, meta))
