@@ -14,12 +14,12 @@ Nothing a verifier does stops the run:
     and a replacement starts;
   - it returns something that is not a finite number (in float32, the dtype advantages are computed
     in: 1e39 is not): reward 0, an ``error: TypeError/ValueError`` flag;
-  - it times out on ``max(num_workers, 2)`` calls in a row, for at least two different prompts, with
-    no answer in between: the batch's remaining queued samples are flagged ``timeout`` without
+  - it times out on the first ``max(num_workers, 2)`` calls of a batch (at least two different
+    prompts) without answering any: the batch's remaining queued samples are flagged ``timeout`` without
     running, so a hook that hangs on everything costs about one timeout per step, not one per
     sample (``score`` interleaves the prompts' samples so the first calls in flight are of different
-    prompts); a hook that hangs on one prompt's inputs only never trips this. The next batch tries
-    again.
+    prompts); a hook that answers some calls (hangs on some inputs only) never trips this. The next
+    batch tries again.
 ``stats`` counts them (``scored``, ``timeouts``, ``errors``, ``worker_restarts``).
 
 Isolation (see :func:`rollyard.reward.worker.isolate`): each worker runs in its own session, in a
@@ -241,7 +241,7 @@ class RewardDispatcher:
         self.start_timeout_s = float(start_timeout_s)
         self._workdir = tempfile.mkdtemp(prefix="rollyard-reward-")  # each worker gets a subdirectory
         self._limits = {"memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
-        self._hung: list = []  # request ids of the timeouts in a row in this batch, with no answer in between
+        self._hung: list | None = []  # request ids of this batch's timeouts while no call answered; None: one did
         self._decode = decode
         self._eos = eos_token_id
         self.stats: dict[str, float] = {
@@ -579,8 +579,9 @@ class RewardDispatcher:
                         job, w.job = w.job, None
                         self._replace(w)  # first, so stats and pool are settled when the caller sees the flag
                         self._finish(job, 0.0, "timeout", "timeout", latency=now - w.sent_at)
-                        self._hung.append(getattr(job.sample, "request_id", job.seq))
-                        if len(self._hung) >= max(self.num_workers, 2) and len(set(self._hung)) >= 2:
+                        if self._hung is not None:
+                            self._hung.append(getattr(job.sample, "request_id", job.seq))
+                        if self._hung and len(self._hung) >= max(self.num_workers, 2) and len(set(self._hung)) >= 2:
                             self._give_up_batch()
                     elif w.state == "starting" and now >= w.start_deadline:
                         self._start_failed(w, f"no worker finished importing the hook within {self.start_timeout_s:.0f}s")
@@ -649,7 +650,7 @@ class RewardDispatcher:
             job = w.job
             if job is None or seq != job.seq:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
-            w.job, w.state, self._hung = None, "idle", []
+            w.job, w.state, self._hung = None, "idle", None
             if status == "ok":
                 self._finish(job, value, None, None, latency=now - w.sent_at, verify_s=verify_s)
             else:
