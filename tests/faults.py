@@ -120,9 +120,9 @@ def reward_worker_pids() -> list[int]:
     return out
 
 
-def kill_reward_worker() -> int:
-    """SIGKILL one reward worker of this process; return its pid."""
-    pid = reward_worker_pids()[0]
+def kill_reward_worker(spare: set[int] = frozenset()) -> int:
+    """SIGKILL one reward worker of this process that is not in ``spare``; return its pid."""
+    pid = next(p for p in reward_worker_pids() if p not in spare)
     os.kill(pid, signal.SIGKILL)
     return pid
 
