@@ -13,10 +13,12 @@ No core loop knows about these. Each fault enters through an interface a real fa
   is a separate file (``hook_exits_on_import.py``) because it fails at import.
 - ``kill_reward_worker()``: SIGKILL one live reward worker process of this process (found in /proc).
 - ``truncate(path)`` / ``corrupt(path)``: damage a checkpoint or record file on disk.
+- ``nan_in_training(dir)``: a model directory whose training forward is NaN (rollout unaffected).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -146,3 +148,20 @@ def corrupt(path: str | Path, offset: int = 200) -> None:
 def slow(completion, prompt, meta):
     time.sleep(1.0)
     return 1.0
+
+
+def nan_in_training(path: str | Path) -> Path:
+    """A tiny-preset model directory whose *training* forward is NaN and whose rollout is fine.
+
+    Its config.json sets ``final_logit_softcapping`` to NaN: the trainer applies that soft cap to
+    its logits (Gemma-2 style), the rollout engine and the Llama architecture do not. Every
+    optimizer step of a run on it sees a NaN loss.
+    """
+    from rollyard.models import build_preset, char_tokenizer, export
+
+    tok = char_tokenizer()
+    out = export(build_preset("tiny", tok, max_position_embeddings=48), tok, path)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["final_logit_softcapping"] = float("nan")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out

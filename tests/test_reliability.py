@@ -17,10 +17,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import faults
 import pytest
 import torch
 
-import faults
 from rollyard import checkpoint
 from rollyard.cli import main
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -98,6 +98,7 @@ def test_kill9_then_resume_doubles_nothing_and_matches_uninterrupted(straight, t
     assert "removed records of steps after the checkpoint" in resumed.stdout
     _assert_each_step_once(run, STEPS)
     _same_losses(straight, run)  # step 4, the first after the resume, included
+    assert all("alarm/step_time" in r and r["train/skipped"] == 0.0 for r in _rows(run))
     summary = json.loads((run / rundir.SUMMARY).read_text())
     assert summary["recorded_steps"] == STEPS and summary["steps"] == STEPS
 
@@ -309,6 +310,18 @@ def test_non_finite_loss_skips_loudly_then_stops(capsys):
     trainer.step(batch)
     with pytest.raises(NumericalError, match="2 consecutive"):
         trainer.step(batch)
+
+
+def test_nan_loss_in_a_run_skips_steps_keeps_the_version_then_stops(tmp_path, capsys):
+    model = faults.nan_in_training(tmp_path / "nan_model")
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "steps=4", f"model.name={model}", "trainer.max_skipped_steps=2",
+                 f"out_dir={run}"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("optimizer step skipped") == 2
+    assert err.strip().splitlines()[-1].startswith("rollyard train: error: 2 consecutive optimizer steps")
+    [row] = _rows(run)  # step 1 raised before its row was written
+    assert row["train/skipped"] == 1.0 and row["train/skipped_steps"] == 1.0 and row["version"] == 0
 
 
 # ------------------------------------------------------------------------------- bad input

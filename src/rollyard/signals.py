@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import signal
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 _requested: list[int] = []  # signals received since graceful() was entered
 
@@ -24,7 +24,7 @@ class Stopped(Exception):
     def __init__(self, signum: int, step: int | None, abandoned: bool = False):
         self.signum, self.step, self.abandoned = signum, step, abandoned
         name = signal.Signals(signum).name
-        where = (f"the step in progress was abandoned; the latest checkpoint is intact" if abandoned
+        where = ("the step in progress was abandoned; the latest checkpoint is intact" if abandoned
                  else f"checkpoint written at step {step}")
         super().__init__(f"stopped by {name}: {where}")
 

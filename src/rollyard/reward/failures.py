@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from rollyard.telemetry import rundir
 from rollyard.types import Sample

@@ -15,8 +15,9 @@ a resumed run keeps its baseline.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from statistics import mean, median
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from rollyard.telemetry import rundir
 
