@@ -117,6 +117,20 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_143(straight, tmp_path)
     _same_losses(straight, run)
 
 
+def test_second_signal_abandons_the_step_at_once(capsys):
+    from rollyard import signals
+
+    with signals.graceful():
+        os.kill(os.getpid(), signal.SIGTERM)  # first: only a request, the step goes on
+        assert signals.stop_requested()
+        with pytest.raises(signals.Stopped) as stopped:
+            os.kill(os.getpid(), signal.SIGTERM)  # second: out of the step now
+        assert stopped.value.abandoned and stopped.value.exit_code == 143
+        assert "latest checkpoint is intact" in str(stopped.value)
+    assert not signals.stop_requested() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert "send it again to stop at once" in capsys.readouterr().err
+
+
 def test_sigint_checkpoints_and_exits_130(tmp_path):
     run = tmp_path / "run"
     stopped = _train(run, "checkpoint_every=10", hook="int_trainer", fault_at=_call_in_step(1))

@@ -157,6 +157,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     ctx = RunContext(cfg, run, model, tokenizer, context, device, engine, trainer, rewards, reference, stream,
                      held_out, Telemetry(run), state)
     ctx.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
+    ctx.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     ctx.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps(run_info(cfg, model), indent=1))
     if state.eval_before is None:
