@@ -210,10 +210,12 @@ def test_truncate_records_repairs_a_torn_line(tmp_path):
     rows = [json.dumps({"step": s, "x": s}) for s in range(6)]
     (tmp_path / rundir.METRICS).write_text("\n".join(rows) + '\n{"step": 6, "x"')
     (tmp_path / rundir.DEADLETTER).write_text('{"step": null, "source": "f:1"}\n{"step": 1, "source": "a@1"}\n')
+    (tmp_path / rundir.EVAL).write_text("".join(json.dumps({"step": s, "accuracy": 0.5}) + "\n" for s in (0, 2, 4, 6)))
     dropped = rundir.truncate_records(tmp_path, 4)
     assert [r["step"] for r in _rows(tmp_path)] == [0, 1, 2, 3]
+    assert [r["step"] for r in _rows(tmp_path, rundir.EVAL)] == [0, 2, 4]  # the eval at step 4 ran before checkpoint 4
     assert [r["source"] for r in _rows(tmp_path, rundir.DEADLETTER)] == ["a@1"]  # start-up letters are rewritten
-    assert dropped == {rundir.METRICS: 3, rundir.DEADLETTER: 1}
+    assert dropped == {rundir.METRICS: 3, rundir.DEADLETTER: 1, rundir.EVAL: 1}
 
 
 # ------------------------------------------------------------------------------ reward faults
@@ -393,9 +395,10 @@ def test_dataset_without_demos_warm_starts_from_its_answers(tmp_path, capsys):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(8)))
     args = [a for a in TINY if a != "sft.auto=false"]
-    assert main(["train", *args, "steps=1", f"data.path={data}", "sft.steps=2", "sft.eval_every=1",
+    assert main(["train", *args, "steps=1", f"data.path={data}", "reward.hook=rollyard.reward.verifiers:exact_match", "sft.steps=2", "sft.eval_every=1",
                  f"sft.cache_dir={tmp_path / 'cache'}", f"out_dir={tmp_path / 'run'}"]) == 0
-    assert "sft step 2/2" in capsys.readouterr().out
+    assert "warm start: SFT on task demonstrations" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / rundir.SUMMARY).read_text())["sft_steps"] == 2
 
 
 # ---------------------------------------------------------------------------------- alarms

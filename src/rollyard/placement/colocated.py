@@ -14,6 +14,7 @@ from rollyard import signals
 from rollyard.algo.advantages import grpo_advantages
 from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
+from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.rollout.scheduler import to_requests
 from rollyard.telemetry.report import StepProgress
 from rollyard.types import Sample, WeightUpdate
@@ -36,8 +37,9 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
             with tel.span("reward", step):
-                samples = ctx.rewards.score(samples)
+                samples, unscored = split_unscored(ctx.rewards.score(samples))
                 trained = ctx.settle_rewards(step, samples)  # failed verifier calls: counted, left out by default
+            ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
             tel.traffic(step, "rewards", 4 * len(samples))
 
             if cfg.algo.kl_coef > 0:

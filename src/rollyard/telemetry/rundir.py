@@ -20,6 +20,12 @@ RUN_DIR/
                      every session of it)
   reward_errors.json per failure kind ("timeout", "error: ValueError", ...): count and first texts
   run.lock           held (flock) by the process training in this directory
+  summary.json       written at the end: eval accuracy before/after (null: no held-out set), role shares, totals
+  eval.jsonl         one JSON object per held-out eval: {"step", "accuracy"} (step 0 = before RL)
+  completions.jsonl  every log.completions_every steps, per sample: {"step", "id", "prompt", "completion",
+                     "reward", "rewards" (per hook), "version", "finish_reason"}
+  plots/*.png        written by `rollyard report` (and at the end of train)
+  tensorboard/       TensorBoard event files (log.tensorboard)
   checkpoints/step_NNNNNN/   model, optimizer, RNG, step, weight version, dataset cursor
   model/             the final policy as a Hugging Face directory
 ```
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterator
@@ -44,6 +51,9 @@ LENGTHS = "lengths.jsonl"
 RUN_INFO = "run.json"
 REWARD_ERRORS = "reward_errors.json"
 LOCK = "run.lock"
+EVAL = "eval.jsonl"
+COMPLETIONS = "completions.jsonl"
+PLOTS = "plots"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 
@@ -83,6 +93,20 @@ STEP_TIME = "time/step"           # wall-clock seconds of the whole step
 STALENESS_MAX = "staleness/max"   # largest (trainer version - sample version) in the batch
 
 
+def strict_json(obj: Any, indent: int | None = 1) -> str:
+    """``obj`` as standard JSON: NaN and infinities (which ``json.dumps`` writes as bare ``NaN``, not
+    JSON) become null, so any JSON reader accepts the file."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), indent=indent, allow_nan=False)
+
+
 class RunDirError(ValueError):
     """A run directory is missing, truncated or not a rollyard run."""
 
@@ -118,11 +142,15 @@ def require(run_dir: str | Path, *names: str) -> Path:
 
 # Files of per-step records ("step" field). On resume each is cut back to the checkpoint's step
 # before the resumed session appends, so no step is recorded twice.
-STEP_RECORDS = (METRICS, SPANS, TRAFFIC, LENGTHS, DEADLETTER)
+STEP_RECORDS = (METRICS, SPANS, TRAFFIC, LENGTHS, DEADLETTER, COMPLETIONS, EVAL)
+# eval.jsonl's "step" counts the optimizer steps done before the eval (0: before RL), so an eval
+# at the checkpoint's own step happened before the checkpoint and is kept.
+_UP_TO_STEP = (EVAL,)
 
 
 def truncate_records(run_dir: str | Path, step: int) -> dict[str, int]:
-    """Keep only records of steps ``< step`` in every STEP_RECORDS file; return lines dropped per file.
+    """Keep only records of steps ``< step`` (eval: ``<= step``) in every STEP_RECORDS file; return lines
+    dropped per file.
 
     A torn line (a crash mid-write) is dropped wherever it is. Records without a step (start-up
     dead letters) are dropped too: the resumed start writes them again. Each file is rewritten
@@ -141,7 +169,8 @@ def truncate_records(run_dir: str | Path, step: int) -> dict[str, int]:
                 except json.JSONDecodeError:
                     lost += bool(line.strip())
                     continue
-                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] < step:
+                last = step if name in _UP_TO_STEP else step - 1
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= last:
                     keep.append(json.dumps(rec) + "\n")
                 else:
                     lost += 1

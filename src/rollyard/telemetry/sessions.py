@@ -18,7 +18,10 @@ def whole_run(run_dir: str | Path) -> dict:
     run = Path(run_dir)
     rows = list(rundir.read_jsonl(run / rundir.METRICS)) if (run / rundir.METRICS).exists() else []
     deadletters = sum(1 for _ in rundir.read_jsonl(run / rundir.DEADLETTER)) if (run / rundir.DEADLETTER).exists() else 0
-    total = lambda key: sum(float(r.get(key, 0.0) or 0.0) for r in rows)
+
+    def total(key: str) -> float:
+        return sum(float(r.get(key, 0.0) or 0.0) for r in rows)
+
     roles = [r for r in rundir.ROLES if any(rundir.TIME_KEY.format(role=r) in row for row in rows)]
     return {
         "recorded_steps": len(rows),
