@@ -1,27 +1,39 @@
-"""Colocated placement: rollout and trainer share one process and one copy of the weights.
+"""Colocated placement: rollout and trainer share one process. No Ray, nothing to start.
 
-Each step: generate, score, train, sync. Sync is in-process (the engine reads the module the
-trainer just stepped): zero bytes on the wire, version + 1. No Ray, nothing to start.
+Each step: generate, score, train, and every ``sync.every`` steps a sync. By default the engine
+reads the module the trainer just stepped (mode ``inprocess``: zero bytes on the wire); with
+another mode (``full`` for a bf16 rollout copy, ``lora`` for merged adapter weights) the engine
+holds its own copy and the transport's reported bytes go to the ledger. Samples carry the version
+the engine holds; it lags the trainer's by up to ``sync.every - 1``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rollyard import roles as build
+from rollyard import roles, signals
 from rollyard.config import RunConfig
-from rollyard.placement.run import evaluate, finish, start
+from rollyard.placement.run import finish, start
 from rollyard.placement.score import score
-from rollyard.telemetry.report import StepProgress, fmt_accuracy
-from rollyard.types import WeightUpdate
+from rollyard.sync.check import compare_weights
+from rollyard.sync.factory import make_publisher, make_transport, resolve
+from rollyard.sync.local import push_pull, rollout_copy
+from rollyard.telemetry.report import StepProgress
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
+    plan = resolve(cfg, roles.device_of(cfg))  # a sync setting that cannot work fails before any start-up work
     run, r, extra_rng = start(cfg, run_dir, resume)
     tel, trainer, ledger = run.telemetry, r.trainer, r.feed.ledger
-    engine = build.engine(cfg, r.model, r.tokenizer, version=run.state.version)
+    publisher, transport = make_publisher(plan.mode, plan.dtype), make_transport(plan.transport, cfg.sync.bucket_mb)
+    # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
+    model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
+    engine, syncs = roles.engine(cfg, model, r.tokenizer, version=run.state.version), 0
     if "engine" in extra_rng:
         engine.generator.set_state(extra_rng["engine"])
+    # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
+    tel.traffic(run.state.step, "weights", push_pull(publisher, transport, r.model, engine, run.state.version, full=True))
+    compare_weights(publisher.expected(r.model), engine.model, run.state.version)
     run.begin()
     with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:
         for step in range(run.state.step, cfg.steps):
@@ -30,26 +42,33 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             ledger.hand_out([q.id for q in requests], "local")
             tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
-            with tel.span("rollout", step, version=run.state.version, requests=[q.id for q in requests]):
+            with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
                 samples, rejected = engine.generate(requests)
             run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
             ledger.dead([q.id for q, _ in rejected])
             tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
-            samples = score(run, r, step, samples)
+            samples, trained = score(run, r, step, samples)
+            trained_at = run.state.version
             with tel.span("train", step):
-                train_metrics = trainer.step(samples)
+                train_metrics = trainer.step(trained)
             ledger.trained([q.id for q in requests if ledger.state[q.id] == "in_flight"])
 
-            with tel.span("sync", step, mode="inprocess"):
-                run.state.version += 1
-                engine.load_weights(WeightUpdate(version=run.state.version, mode="inprocess"))
-            tel.traffic(step, "weights", 0)
+            run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
+            nbytes = 0
+            if (step + 1) % cfg.sync.every == 0 and engine.version != run.state.version:
+                with tel.span("sync", step, mode=plan.mode, transport=plan.transport):
+                    nbytes = push_pull(publisher, transport, r.model, engine, run.state.version)
+                    syncs += 1
+                    if cfg.sync.check_every and syncs % cfg.sync.check_every == 0:
+                        compare_weights(publisher.expected(r.model), engine.model, engine.version)
+            tel.traffic(step, "weights", nbytes)
 
             run.state.step = step + 1
-            progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=run.state.version - 1))
-            if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps:
-                run.save_checkpoint(r, {"engine": engine.generator.get_state()})
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
-                run.log(f"step {run.state.step}: held-out greedy accuracy {fmt_accuracy(evaluate(run, r))}")
+                run.eval_during(r, step)  # in this step's row, where the reward-hacking alarm compares it
+            progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at))
+            if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps or signals.stop_requested():
+                run.save_checkpoint(r, {"engine": engine.generator.get_state()})
+            signals.raise_if_stopping(run.state.step)
     return finish(run, r)

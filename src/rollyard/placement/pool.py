@@ -42,8 +42,9 @@ class RolloutPool:
         self.P = cfg.rollout.prompts_per_step
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
         self.actor = ray.remote(num_cpus=1, max_concurrency=4)(RolloutWorker)
-        self.dtype = torch.bfloat16 if cfg.rollout.dtype == "bf16" else torch.float32
-        self.ref, nbytes = weights.publish(r.model, run.state.version, self.dtype, checksum=True)
+        self.publisher = weights.Publisher(torch.bfloat16 if cfg.rollout.dtype == "bf16" else torch.float32)
+        self.ref, nbytes = self.publisher.publish(r.model, run.state.version)
+        self.checksum = self.publisher.checksum(r.model)  # every worker must start equal to the trainer
         run.totals["sync/startup_bytes"] = nbytes
         run.telemetry.traffic(run.state.step, "weights", nbytes)  # the opening full sync (review expects it)
         self.meta: dict[str, tuple[int, int]] = {}  # request id -> (round, hand-out order)
@@ -72,6 +73,9 @@ class RolloutPool:
         t0 = time.time()
         info = ray.get(h.info.remote())  # then a round trip measures the clock offset
         self.offsets[name] = info["time"] - (t0 + time.time()) / 2
+        if info["checksum"] != self.checksum:
+            raise RuntimeError(f"rollout worker {name} starts with weights that differ from the trainer's "
+                               f"(checksum {info['checksum'][:12]} vs {self.checksum[:12]})")
         if info["rollyard"] != rollyard.__file__:
             raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
                               f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
@@ -195,9 +199,8 @@ class RolloutPool:
     def publish(self, step: int, version: int) -> None:
         """Put the trainer's weights at ``version`` in the object store and tell every worker."""
         self.syncs += 1
-        check = bool(self.cfg.sync.check_every) and self.syncs % self.cfg.sync.check_every == 0
         with self.run.telemetry.span("sync", step, mode="full", transport="ray", version=version):
-            self.ref, nbytes = weights.publish(self.r.model, version, self.dtype, checksum=check)
+            self.ref, nbytes = self.publisher.publish(self.r.model, version)
             for h in self.workers.values():
                 h.update.remote(self.ref)
         self.run.telemetry.traffic(step, "weights", nbytes)

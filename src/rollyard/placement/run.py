@@ -20,17 +20,19 @@ from typing import Any
 
 import torch
 
-from rollyard import checkpoint, roles, staleness
+from rollyard import checkpoint, roles, runguard, staleness
 from rollyard.accounting import PromptLedger
-from rollyard.config import ConfigError, RunConfig, dump_config
+from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
 from rollyard.models import PRESETS, export, num_params, source_dtype
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.failures import RewardFailures
 from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.sft import warm_start
+from rollyard.sync.factory import sync_facts
 from rollyard.tasks.base import Prompt
-from rollyard.telemetry import rundir
+from rollyard.telemetry import rundir, sessions
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records
@@ -62,10 +64,24 @@ class RunRecord:
     deadletters: int = 0
     flags: dict[str, int] = field(default_factory=lambda: {"timeouts": 0, "errors": 0})
     totals: dict[str, float] = field(default_factory=dict)  # run-wide counters a placement adds to the summary
+    reward_failures: RewardFailures | None = None
     _clock: float = field(default_factory=time.time)
 
     def log(self, msg: str) -> None:
         console.print(msg)
+
+    def settle_rewards(self, step: int, samples: list[Sample]) -> list[Sample]:
+        """The samples to train on (failed verifier calls counted, recorded, left out by default)."""
+        trained, values = self.reward_failures.settle(step, samples)
+        self.telemetry.note(step, values)
+        return trained
+
+    def eval_during(self, r: Roles, step: int) -> None:
+        """Held-out eval after ``step``, also written into its metrics row (``eval/accuracy``)."""
+        acc = evaluate(self, r)
+        if acc is not None:
+            self.telemetry.note(step, {"eval/accuracy": acc})
+        self.log(f"step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
@@ -144,17 +160,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     live prompts are queued again. ``info``: placement facts for run.json (see ``run_info``).
     """
     run = Path(run_dir)
-    if resume:
-        ckpt = checkpoint.latest(run)
-        if ckpt is None:
-            raise ConfigError(f"cannot resume {run}: no complete checkpoint under {run / rundir.CHECKPOINTS}")
-    else:
-        if (run / rundir.METRICS).exists() and (run / rundir.METRICS).stat().st_size > 0:
-            raise ConfigError(f"run directory {run} already holds a run; pass --resume {run} to continue it, "
-                              f"or choose another out_dir")
-        ckpt = None
-    run.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run / rundir.CONFIG)
+    ckpt = runguard.open_run(cfg, run, resume, log=console.print)  # checks, lock, records cut to the checkpoint
     tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = roles.device_of(cfg)
@@ -166,6 +172,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     sft_info: dict = {}
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
         model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, rewards, cfg, context, device, console.print)
+    model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
     reference = None
     if cfg.algo.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -182,12 +189,15 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
                       + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
     rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None), state)
     handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out)
+    rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
+    rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     rec.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model), **(info or {})}, indent=1))
     if state.eval_before is None:
         state.eval_before = evaluate(rec, handles)
         state.extra.update(sft_info)
         console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({len(held_out)} prompts)")
+    dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
     return rec, handles, extra_rng
 
 
@@ -200,19 +210,19 @@ def evaluate(run: RunRecord, r: Roles) -> float | None:
 
 
 def run_info(cfg: RunConfig, model) -> dict:
-    """run.json: the facts plan/review need (rundir.RUN_INFO_KEYS), plus the placement's (rundir.RUN_INFO_EXTRA)."""
+    """run.json: the facts plan/review need (rundir.RUN_INFO_KEYS, sync facts from the sync layer),
+    plus the placement's (rundir.RUN_INFO_EXTRA)."""
     colocated = cfg.placement == "colocated"
-    mode = "inprocess" if colocated else (cfg.sync.mode if cfg.sync.mode != "auto" else "full")
+    facts = sync_facts(cfg, model, roles.device_of(cfg))
     return {
-        "policy_params": num_params(model),
-        "bytes_per_param": 2 if (not colocated and cfg.rollout.dtype == "bf16") else next(model.parameters()).element_size(),
-        "placement": cfg.placement, "sync_mode": mode, "dp": 1,
+        "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
+        "placement": cfg.placement, "sync_mode": "inprocess", "dp": 1,
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
-        "max_new_tokens": cfg.rollout.max_new_tokens,
-        "staleness_bound": staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every),
-        "lora_fraction": None, "steps": cfg.steps,
-        "sync_transport": "inprocess" if colocated else (cfg.sync.transport if cfg.sync.transport != "auto" else "ray"),
-        "sync_every": 1 if colocated else cfg.sync.every,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "lora_fraction": None, "steps": cfg.steps, **facts,
+        "staleness_bound": (facts["staleness_bound"] if colocated else
+                            staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every)),
+        "sync_transport": "inprocess" if colocated and facts["sync_mode"] == "inprocess" else
+                          (cfg.sync.transport if cfg.sync.transport != "auto" else ("inprocess" if colocated else "ray")),
         "rollout_workers": 0 if colocated else cfg.rollout.workers,
         "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
     }
@@ -231,7 +241,9 @@ def finish(run: RunRecord, r: Roles) -> dict:
         **run.totals, **run.state.extra,
         "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
     }
+    summary.update(sessions.whole_run(run.run_dir))  # totals over every session of the run, not just this one
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     print_summary(run.telemetry.step_seconds, run.state.eval_before, after)
     console.print(f"run directory: {run.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
+    rundir.unlock(run.run_dir)
     return summary

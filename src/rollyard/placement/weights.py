@@ -1,40 +1,37 @@
-"""The weight-sync seam of the Ray placements: what the trainer publishes and how a worker applies it.
+"""The weight-sync seam of the Ray placements, over the sync layer (``rollyard.sync``).
 
-Until the sync layer (``sync/{full,delta,lora}`` x ``sync/transport_*``) lands, this ships full
-weights through the Ray object store: one ``ray.put`` per publish, every worker reads the same
-object. ``publish`` returns the object ref and the bytes put (what the traffic ledger records);
-``apply`` is the receiving half. Swapping in the sync layer changes these two functions only.
+Trainer side: ``Publisher(dtype).publish(model, version)`` -> ``(handle, nbytes)``: the sync
+layer's full publisher (every parameter in the rollout dtype, payload checksum) sent through its
+Ray object-store transport; ``nbytes`` is the serialized size the transport reports (what the
+traffic ledger records) and ``handle`` is what a worker receives it by (the object ref, wrapped so
+Ray does not resolve it in the control call). Worker side: ``receive(handle)`` then
+``engine.load_weights(update, inflight)``, which stages, verifies and swaps between decode steps.
+Only ``full`` for now: a restarted worker gets the latest publish as it is.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rollyard.sync.apply import apply_update, weights_checksum
-from rollyard.types import Sample, WeightUpdate
+from rollyard.sync.check import weights_checksum
+from rollyard.sync.factory import make_publisher
+from rollyard.sync.transport_ray import RayTransport
+from rollyard.types import WeightUpdate
 
 
-def publish(model, version: int, dtype: torch.dtype = torch.float32, checksum: bool = False):
-    """Put ``model``'s weights at ``version`` into the object store; returns ``(ref, nbytes)``.
+class Publisher:
+    def __init__(self, dtype: torch.dtype):
+        self.publisher, self.transport = make_publisher("full", dtype), RayTransport()
 
-    Tied parameters go once (``named_parameters`` de-duplicates them); the receiver's
-    ``apply_update`` resolves either name. ``checksum``: the receiver verifies its copy after applying.
-    """
-    import ray
+    def publish(self, model, version: int) -> tuple[list, int]:
+        nbytes = self.transport.send(self.publisher.publish(model, version, full=True))
+        return [self.transport.ref], nbytes
 
-    tensors = {n: p.detach().to("cpu", dtype).clone() for n, p in model.named_parameters()}
-    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-    same = dtype == next(model.parameters()).dtype
-    update = WeightUpdate(version=version, mode="full", tensors=tensors, nbytes=nbytes,
-                          checksum=weights_checksum(model) if checksum and same else None)
-    return ray.put(update), nbytes
+    def checksum(self, model) -> str:
+        """What a rollout copy in sync with ``model`` hashes to (the start-up equality check)."""
+        return weights_checksum(self.publisher.expected(model))
 
 
-def apply(engine, update: WeightUpdate, inflight: str) -> list[Sample]:
-    """Apply ``update`` to ``engine`` between two decode steps; returns the samples ``abort`` stopped."""
-    return engine.load_weights(update, inflight)
-
-
-def apply_initial(model, update: WeightUpdate) -> None:
-    """A new worker's model takes the trainer's weights (start-up, or a restart after a death)."""
-    apply_update(model, update)
+def receive(handle: list | WeightUpdate) -> WeightUpdate:
+    """The update a handle names (an update passed as itself -- in one process, in tests -- is returned)."""
+    return handle if isinstance(handle, WeightUpdate) else RayTransport().recv(handle[0])

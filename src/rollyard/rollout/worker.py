@@ -29,24 +29,26 @@ import torch
 from rollyard import roles, staleness
 from rollyard.config import RunConfig
 from rollyard.placement import weights
+from rollyard.sync.check import weights_checksum
 from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
 
 
 class RolloutWorker:
-    def __init__(self, cfg: dict, name: str, seed: int, update: WeightUpdate, out, bound: int, inflight: str):
+    def __init__(self, cfg: dict, name: str, seed: int, handle: list, out, bound: int, inflight: str):
         torch.set_num_threads(1)
         self.cfg = RunConfig.model_validate(cfg)
         self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
         model, tokenizer, _ = roles.policy(self.cfg, "cpu")
         if self.cfg.rollout.dtype == "bf16":
             model = model.to(torch.bfloat16)
-        weights.apply_initial(model, update)
-        self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version, seed=seed)
+        update = weights.receive(handle)  # the trainer's weights: start-up or a restart
+        self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version - 1, seed=seed)
+        self.engine.load_weights(update)
         self._lock = threading.Lock()
         self._inbox: list[tuple[Request, int]] = []
-        self._updates: deque[WeightUpdate] = deque()
+        self._updates: deque[list] = deque()  # weight handles, applied by the loop thread
         self._stop = False
         self.held: list[tuple[Request, int]] = []  # handed to this worker, not yet admitted
         self.requests: dict[str, tuple[Request, int]] = {}  # admitted, unfinished: id -> (request, target)
@@ -63,9 +65,9 @@ class RolloutWorker:
         with self._lock:
             self._inbox.extend(items)
 
-    def update(self, update: WeightUpdate) -> None:
+    def update(self, handle: list) -> None:
         with self._lock:
-            self._updates.append(update)
+            self._updates.append(handle)
 
     def stop(self) -> None:
         self._stop = True
@@ -73,6 +75,7 @@ class RolloutWorker:
     def info(self) -> dict:
         import rollyard
         return {"pid": os.getpid(), "time": time.time(), "version": self.engine.version,
+                "checksum": weights_checksum(self.engine.model),
                 "active": self.engine.num_active, "held": len(self.held), "rollyard": rollyard.__file__}
 
     # -- the loop (one thread) -------------------------------------------------------------------
@@ -91,8 +94,8 @@ class RolloutWorker:
             updates, self._updates = list(self._updates), deque()
             self.held += self._inbox
             self._inbox = []
-        for u in updates:
-            self._apply(u)
+        for handle in updates:
+            self._apply(weights.receive(handle))
         self._admit()
         if not self.engine.num_active and not self.engine.num_queued:
             self._close_span()
@@ -169,7 +172,7 @@ class RolloutWorker:
             self._ship()
         self._close_span()
         start = time.time()
-        aborted = weights.apply(self.engine, u, self.inflight)
+        aborted = self.engine.load_weights(u, self.inflight)
         if aborted:  # restart the aborted groups whole, under the new weights
             ids = {s.request_id for s in aborted}
             self.engine.abort(list(ids))
