@@ -7,6 +7,8 @@ No dashboard, no auth on a local session, nothing to start by hand. Workers get 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 
 import rollyard
@@ -31,8 +33,11 @@ def connect() -> None:
     src = str(Path(rollyard.__file__).resolve().parents[1])
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     env = {"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}}
+    prev = signal.getsignal(signal.SIGTERM)
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=True)
     else:
         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, runtime_env=env, log_to_driver=True,
                  configure_logging=False)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, prev)  # ray.init installs its own; rollyard's (signals.py) stays in charge
