@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rollyard.config import ConfigError
 from rollyard.telemetry import rundir
 
 STATE = "state.json"
@@ -95,7 +96,12 @@ def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
         raise ValueError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if "lm_head.weight" not in tensors and hasattr(model, "tie_weights"):
         model.tie_weights()
-    optimizer.load_state_dict(torch.load(p / OPTIM, weights_only=False))
+    optim = torch.load(p / OPTIM, weights_only=False)
+    shards = optim.get("rollyard_fsdp_ranks") if isinstance(optim, dict) else None  # trainer/dp.py SHARDED_KEY
+    if shards is not None and not getattr(optimizer, "loads_sharded", False):
+        raise ConfigError(f"checkpoint {p} holds optimizer state sharded over {len(shards)} FSDP ranks; resume with "
+                          f"trainer.dp={len(shards)} trainer.sharding=fsdp")
+    optimizer.load_state_dict(optim)
     rng = torch.load(p / RNG, weights_only=False)
     _set_rng_state(rng)
     return state, rng.get("extra", {})

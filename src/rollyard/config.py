@@ -85,6 +85,8 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(1024, ge=16, description="tokens per packed micro-batch (gradient accumulation beyond)")
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")
+    dp: int = Field(1, ge=1, description="data-parallel trainer ranks (processes rollyard starts; gloo on CPU, NCCL on GPU); each trains on its share of a step")
+    sharding: Literal["none", "fsdp"] = Field("none", description="none: every rank holds the whole model | fsdp: decoder layers' parameters, gradients and optimizer state sharded over the dp ranks (FSDP2); needs dp >= 2")
 
 
 class SyncConfig(Section):
@@ -133,6 +135,9 @@ class RunConfig(Section):
                 f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
                 f"{self.rollout.samples_per_prompt}; set rollout.samples_per_prompt=8"
             )
+        if self.trainer.sharding == "fsdp" and self.trainer.dp < 2:
+            raise ValueError(f"trainer.sharding=fsdp shards over data-parallel ranks but trainer.dp={self.trainer.dp}; "
+                             f"set trainer.dp=2 (or more) or trainer.sharding=none")
         return self
 
 

@@ -68,9 +68,18 @@ def engine(cfg: RunConfig, model, tokenizer, version: int = 0) -> RolloutEngine:
                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed, version=version)
 
 
-def trainer(cfg: RunConfig, model, device: str) -> Trainer:
+def trainer_kwargs(cfg: RunConfig) -> dict:
+    """The Trainer's keyword arguments from the config (one place, so every rank builds the same one)."""
     t, a = cfg.trainer, cfg.algo
-    return Trainer(model, lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
-                   micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature or 1.0,
-                   logprob_chunk=t.logprob_chunk, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
-                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device)
+    return {"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
+            "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
+            "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
+            "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap}
+
+
+def trainer(cfg: RunConfig, model, device: str):
+    """A Trainer, or with ``trainer.dp > 1`` a handle over dp ranks with the same methods (trainer/dp.py)."""
+    if cfg.trainer.dp > 1:
+        from rollyard.trainer.dp import DataParallelTrainer
+        return DataParallelTrainer(cfg, model, device)
+    return Trainer(model, **trainer_kwargs(cfg), device=device)

@@ -15,6 +15,7 @@ from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
 from rollyard.rollout.scheduler import to_requests
 from rollyard.telemetry.report import StepProgress
+from rollyard.trainer.dp import after_step
 from rollyard.types import Sample, WeightUpdate
 
 
@@ -50,6 +51,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
 
             with tel.span("train", step):
                 train_metrics = trainer.step(samples)
+            after_step(tel, step, trainer)  # dp ranks: the gradients edge; fsdp: the gather (span + edge)
 
             with tel.span("sync", step, mode="inprocess"):
                 ctx.state.version += 1

@@ -164,7 +164,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
 def run_info(cfg: RunConfig, model) -> dict:
     return {
         "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
-        "placement": cfg.placement, "sync_mode": "inprocess", "dp": 1,
+        "placement": cfg.placement, "sync_mode": "inprocess", "dp": cfg.trainer.dp, "sharding": cfg.trainer.sharding,
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens, "staleness_bound": 0, "lora_fraction": None,
         "steps": cfg.steps,
@@ -177,6 +177,8 @@ def finish(ctx: RunContext) -> dict:
     export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL)
     ctx.telemetry.close()
     ctx.rewards.close()
+    if hasattr(ctx.trainer, "close"):  # dp ranks (trainer/dp.py)
+        ctx.trainer.close()
     summary = {
         "eval_before": ctx.state.eval_before, "eval_after": after, "steps": ctx.state.step,
         "version": ctx.state.version, "seconds": time.time() - ctx.started, "deadletters": ctx.deadletters,

@@ -52,6 +52,7 @@ EDGES: dict[str, tuple[str, str, str, str]] = {
     "ref_logprobs": ("reference", "trainer", "fp32 logprob per completion token", "per step"),
     "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
     "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
+    "gather": ("trainer", "trainer", "all-gather of sharded (fsdp) parameters before a sync", "per sync"),
 }
 
 # run.json: key -> meaning. Written once at start by the driver; `review` builds its default
@@ -62,6 +63,7 @@ RUN_INFO_KEYS = {
     "placement": "colocated | disaggregated | async",
     "sync_mode": "inprocess | full | delta | lora",
     "dp": "trainer data-parallel width",
+    "sharding": "none | fsdp (trainer parameters sharded over the dp ranks)",
     "prompts_per_step": "prompts per step",
     "samples_per_prompt": "samples per prompt (GRPO group size)",
     "max_new_tokens": "response token cap",

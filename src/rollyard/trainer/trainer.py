@@ -200,11 +200,14 @@ class Trainer:
 
     # -- RL step --------------------------------------------------------------------------------
 
-    def accumulate_gradients(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict:
+    def accumulate_gradients(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None,
+                             denominators: tuple[int, int] | None = None) -> dict:
         """Forward/backward every micro-batch of ``samples``, adding into ``.grad``; no step.
 
         Returns raw accumulators (tensors) that :meth:`step` turns into metrics. Exposed so tests
-        can compare the accumulated gradient across micro-batch sizes.
+        can compare the accumulated gradient across micro-batch sizes. ``denominators``:
+        ``(tokens, sequences)`` of the whole step when ``samples`` is one rank's share of it
+        (data-parallel ranks, :mod:`rollyard.trainer.dp`); default: those of ``samples``.
         """
         if old_logprobs is not None and len(old_logprobs) != len(samples):
             raise ValueError(f"old_logprobs has {len(old_logprobs)} entries for {len(samples)} samples")
@@ -225,6 +228,8 @@ class Trainer:
 
         num_tokens = sum(len(s.completion_ids) for s in samples)
         num_seqs = sum(1 for s in samples if s.completion_ids)
+        if denominators is not None:
+            num_tokens, num_seqs = denominators
         want_kl = self.kl_coef > 0 or (num_seqs > 0 and all(s.ref_logprobs is not None for s in samples if s.completion_ids))
         dev = self.device
         zero = torch.zeros((), device=dev)
