@@ -19,11 +19,17 @@ from rollyard.trainer.trainer import Trainer
 
 
 def device_of(cfg: RunConfig) -> str:
+    """The trainer's device; fails at start-up when it cannot hold ``trainer.dp`` ranks."""
     if cfg.trainer.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif cfg.trainer.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu or auto")
-    return cfg.trainer.device
+    else:
+        device = cfg.trainer.device
+    if cfg.trainer.dp > 1:
+        from rollyard.trainer.dp import check_ranks
+        check_ranks(cfg.trainer.dp, device)
+    return device
 
 
 def prompts(cfg: RunConfig, deadletter: list[dict]) -> tuple[list[Prompt], list[Prompt]]:

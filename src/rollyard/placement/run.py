@@ -165,6 +165,7 @@ def run_info(cfg: RunConfig, model) -> dict:
     return {
         "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
         "placement": cfg.placement, "sync_mode": "inprocess", "dp": cfg.trainer.dp, "sharding": cfg.trainer.sharding,
+        "dp_backend": (("nccl" if roles.device_of(cfg).startswith("cuda") else "gloo") if cfg.trainer.dp > 1 else None),
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens, "staleness_bound": 0, "lora_fraction": None,
         "steps": cfg.steps,

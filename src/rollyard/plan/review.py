@@ -247,6 +247,14 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     dp = int(info.get("dp", 1))
     out["gradients"] = (plan.bytes.gradient_per_rank * steps,
                         "dp=1: no all-reduce" if dp <= 1 else f"ring all-reduce over dp={dp}")
+    out["gather"] = (0.0, "unsharded: nothing to gather")
+    if info.get("sharding") == "fsdp" and dp > 1:
+        # FSDP = all-gather (k-1)/k + reduce-scatter (k-1)/k: the ring formula. gloo has no reduce-scatter
+        # of its own and runs an all-reduce (2(k-1)/k), so over gloo a step costs 3(k-1)/k x message.
+        gloo = info.get("dp_backend") == "gloo"
+        out["gradients"] = (plan.bytes.gradient_per_rank * steps * (1.5 if gloo else 1.0),
+                            f"fsdp over dp={dp}: all-gather + reduce-scatter" + (" (an all-reduce on gloo)" if gloo else ""))
+        out["gather"] = (plan.bytes.gradient_per_rank / 2 * steps, f"all-gather of the parameters per sync, (k-1)/k x P, dp={dp}")
     return out
 
 

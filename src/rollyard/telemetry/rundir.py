@@ -63,13 +63,18 @@ RUN_INFO_KEYS = {
     "placement": "colocated | disaggregated | async",
     "sync_mode": "inprocess | full | delta | lora",
     "dp": "trainer data-parallel width",
-    "sharding": "none | fsdp (trainer parameters sharded over the dp ranks)",
     "prompts_per_step": "prompts per step",
     "samples_per_prompt": "samples per prompt (GRPO group size)",
     "max_new_tokens": "response token cap",
     "staleness_bound": "largest allowed (trainer version - sample version); 0 = on-policy",
     "lora_fraction": "adapter parameters / base parameters (null when not LoRA)",
     "steps": "optimizer steps the run was configured for",
+}
+
+# run.json keys a reader must not require (runs written before them lack them).
+RUN_INFO_OPTIONAL_KEYS = {
+    "sharding": "none | fsdp (trainer parameters sharded over the dp ranks); absent = none",
+    "dp_backend": "gloo | nccl: the trainer ranks' collectives (null at dp=1)",
 }
 
 # Metric keys that review and the progress display rely on.

@@ -222,7 +222,7 @@ class Rank:
         return self.trainer.step(samples, old)
 
     def gather(self, _=None) -> None:
-        fsdp.gather_into(self.trainer.model, self.model)
+        fsdp.gather_into(self.trainer.model, self.model if dist.get_rank() == 0 else None)
 
 
 def _receive(payloads: list | None = None):

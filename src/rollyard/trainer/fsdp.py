@@ -45,6 +45,7 @@ def shard(model) -> list[FSDPModule]:
     for layer in _layers(model):
         fully_shard(layer, reshard_after_forward=False)
         layer.set_gradient_divide_factor(1.0)  # sum, like the all-reduce: the loss already has global denominators
+        layer.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
         units.append(layer)
     return units
 
@@ -119,11 +120,14 @@ def clip_and_step(params: list[torch.Tensor], optimizer, max_norm: float) -> flo
 
 
 @torch.no_grad()
-def gather_into(sharded_model, full_model) -> None:
-    """Copy ``sharded_model``'s parameters, layers all-gathered, into the plain ``full_model`` (collective)."""
-    full = dict(full_model.named_parameters())
+def gather_into(sharded_model, full_model=None) -> None:
+    """Copy ``sharded_model``'s parameters, layers all-gathered, into the plain ``full_model`` (collective;
+    ``None`` on ranks that only contribute their shards)."""
+    full = dict(full_model.named_parameters()) if full_model is not None else {}
     for name, p in sharded_model.named_parameters():
-        full[name].copy_(p.full_tensor() if isinstance(p, DTensor) else p)
+        whole = p.full_tensor() if isinstance(p, DTensor) else p
+        if name in full:
+            full[name].copy_(whole)
 
 
 def local_optimizer_state(optimizer) -> dict:
