@@ -45,7 +45,7 @@ def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), pro
         metrics.append({"step": step, **{rundir.TIME_KEY.format(role=r): s * scale.get(r, 1.0) for r, s in PHASES},
                         rundir.STEP_TIME: t - start, rundir.STALENESS_MAX: staleness if step == 1 else 0})
         ledger = {"prompts": 4 * prompts * prompt_len, "samples": 8 * sum(resp), "rewards": 4 * n,
-                  "ref_logprobs": 0, "weights": 0, "gradients": 0}
+                  "ref_logprobs": 0, "weights": 0, "gradients": 0, "gather": 0}
         for edge in rundir.EDGES:
             traffic.append({"step": step, "edge": edge, "bytes": ledger[edge], "count": 1})
         if extra_traffic:
