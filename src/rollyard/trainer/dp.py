@@ -136,15 +136,18 @@ class RankTrainer(Trainer):
             if self.units and n_micro == 0:
                 fsdp.idle_backward(self.model)
         t1 = time.perf_counter()
+        dist.barrier()  # so allreduce_s is the transfer, not the wait for a slower rank (wait_s)
+        t2 = time.perf_counter()
         plain = [p for p in self.params if not isinstance(p, DTensor)]
         message = allreduce_gradients(plain)
-        after, t2 = sent_bytes(), time.perf_counter()
+        after, t3 = sent_bytes(), time.perf_counter()
         measured = before is not None and dist.get_backend() == "gloo"
         layer_bytes = sum(p.numel() * p.element_size() for p in self.params) * 1.0 - message
         k = dist.get_world_size()
         derived = 2 * (k - 1) / k * (message + layer_bytes)  # NCCL ring: all-reduce, or all-gather + reduce-scatter
         self.wire = {"gradient_bytes": float(after - before) if measured else derived, "measured": float(measured),
-                     "message_bytes": float(message + layer_bytes), "allreduce_s": t2 - t1, "backward_s": t1 - t0}
+                     "message_bytes": float(message + layer_bytes), "allreduce_s": t3 - t2, "wait_s": t2 - t1,
+                     "backward_s": t1 - t0}
         _reduce_metrics(acc, self.device)
         return acc
 
