@@ -277,6 +277,12 @@ class _Optimizer:
     def __init__(self, handle: DataParallelTrainer):
         self.handle = handle
 
+    @property
+    def param_groups(self) -> list[dict]:
+        """Rank 0's (every rank has the same hyper-parameters); read-only: a change here reaches rank 0 only."""
+        self.handle.start()
+        return self.handle.rank.trainer.optimizer.param_groups
+
     def state_dict(self) -> dict:
         h = self.handle
         h.start()
