@@ -24,7 +24,8 @@ def _cfg(*extra):
     return load_config(None, [f"trainer.dp={K}", "model.context=64", "trainer.micro_batch_tokens=64", *extra])
 
 
-def _samples(seed, n=10):
+def _samples(seed, n=10, ref=False):
+    """Random samples; ``ref``: with reference logprobs (then the step reports ``kl``)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -32,7 +33,8 @@ def _samples(seed, n=10):
         c = torch.randint(4, 80, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
         out.append(Sample(id=f"s{i}", request_id=f"r{i % 3}", prompt_ids=p, completion_ids=c,
                           logprobs=(-torch.rand(len(c), generator=g)).tolist(), versions=[0] * len(c),
-                          finish_reason="stop", advantage=float(torch.randn(1, generator=g))))
+                          finish_reason="stop", advantage=float(torch.randn(1, generator=g)),
+                          ref_logprobs=(-4 * torch.rand(len(c), generator=g)).tolist() if ref else None))
     return out
 
 
@@ -53,9 +55,11 @@ def test_dp2_update_equals_dp1_and_gradient_bytes_follow_the_ring(tmp_path):
     start = copy.deepcopy(dp.model)
     try:
         for step in range(2):
-            batch = _samples(step)
+            batch = _samples(step, ref=step == 1)
             m1, m2 = single.step(copy.deepcopy(batch)), dp.step(copy.deepcopy(batch))
-            for key in ("loss", "pg_loss", "grad_norm", "entropy", "clip_frac", "logprob_diff", "tokens"):
+            keys = ["loss", "pg_loss", "grad_norm", "entropy", "clip_frac", "logprob_diff", "logprob_diff_max",
+                    "ratio_p05", "ratio_p50", "ratio_p95", "tokens"] + (["kl"] if step == 1 else [])
+            for key in keys:
                 assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
             assert _max_diff(dp.model, single.model) < 2e-5
         assert _max_diff(dp.model, start) > 1e-4  # the steps did move the weights

@@ -31,6 +31,7 @@ import copy
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -249,6 +250,29 @@ def _join_group(rank: int, k: int, port: int, device: str) -> None:
                             timeout=timedelta(minutes=10))
 
 
+def _join_watching(procs: list, port: int, device: str) -> None:
+    """Rank 0 joins the group; a rank that dies before joining is an error now, not a 10-minute hang."""
+    joined: list[BaseException | None] = []
+
+    def join() -> None:
+        try:
+            _join_group(0, len(procs) + 1, port, device)
+            joined.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            joined.append(e)
+
+    t = threading.Thread(target=join, daemon=True, name="rollyard-dp-join")
+    t.start()
+    while t.is_alive():
+        t.join(timeout=0.5)
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead and t.is_alive():
+            raise RuntimeError(f"data-parallel rank process {dead[0].name} exited with code {dead[0].exitcode} "
+                               f"before joining the process group; its error is printed above")
+    if joined and joined[0] is not None:
+        raise joined[0]
+
+
 def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None:
     """A spawned rank (1..k-1): join the group, build the policy, serve rank 0's commands until 'stop'."""
     try:
@@ -330,7 +354,7 @@ class DataParallelTrainer:
                                   name=f"rollyard-dp-rank{r}") for r in range(1, self.k)]
         for p in self.procs:
             p.start()
-        _join_group(0, self.k, port, device)
+        _join_watching(self.procs, port, device)
         self.rank = Rank(cfg, model, device)
         self.optimizer = _Optimizer(self)
         self.pending_optimizer: list | None = None
