@@ -152,10 +152,17 @@ class RankTrainer(Trainer):
         _reduce_metrics(acc, self.device)
         return acc
 
-    def _optimizer_step(self) -> float:
+    def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
+        """fsdp: the Trainer's clip/skip/step with a norm over sharded and replicated gradients."""
         if not self.units:
-            return super()._optimizer_step()
-        return fsdp.clip_and_step(self.params, self.optimizer, self.max_grad_norm)
+            return super()._optimizer_step(loss)
+        norm = float(fsdp.global_grad_norm(self.params))
+        skipped = self.skips.check(loss, norm)  # same loss and norm on every rank: the same decision
+        if not skipped:
+            fsdp.clip_(self.params, self.max_grad_norm, norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, skipped
 
 
 class _nothing:

@@ -22,7 +22,6 @@ one gather per step instead of one per micro-batch).
 from __future__ import annotations
 
 import contextlib
-import math
 
 import torch
 import torch.distributed as dist
@@ -106,17 +105,14 @@ def global_grad_norm(params: list[torch.Tensor]) -> torch.Tensor:
     return (sharded + replicated).sqrt().float()
 
 
-def clip_and_step(params: list[torch.Tensor], optimizer, max_norm: float) -> float:
-    """clip_grad_norm_'s rule (coefficient max_norm / (norm + 1e-6), at most 1) over sharded + replicated grads."""
-    norm = float(global_grad_norm(params))
+@torch.no_grad()
+def clip_(params: list[torch.Tensor], max_norm: float, norm: float) -> None:
+    """clip_grad_norm_'s rule (coefficient max_norm / (norm + 1e-6), at most 1) given the global ``norm``."""
     coef = min(max_norm / (norm + 1e-6), 1.0)
-    if math.isfinite(norm):
+    if coef < 1.0:
         for p in params:
-            if p.grad is not None and coef < 1.0:
+            if p.grad is not None:
                 p.grad.mul_(coef)
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
 
 
 @torch.no_grad()
