@@ -149,3 +149,16 @@ def test_bad_input_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "trainer.dp=4096" in err and "available" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_train_fsdp_gather_is_a_span_and_an_edge(tmp_path):
+    run = tmp_path / "fsdp"
+    assert main(["train", *TINY, "trainer.sharding=fsdp", "steps=2", f"out_dir={run}"]) == 0
+    spans = [s for s in rundir.read_jsonl(run / rundir.SPANS) if s["role"] == "gather"]
+    assert [s["step"] for s in spans] == [0, 1]
+    ledger = list(rundir.read_jsonl(run / rundir.TRAFFIC))
+    assert all(r["bytes"] > 0 for r in ledger if r["edge"] in ("gather", "gradients"))
+    from rollyard.plan.review import review
+    rows = {r["edge"]: r for r in review(run).traffic}
+    assert rows["gradients"]["status"] == "ok" and rows["gather"]["status"] == "ok", (rows["gradients"], rows["gather"])
