@@ -14,6 +14,10 @@ dp=2 and fsdp sides run one after the other, each alternating step by step with 
 (dp=1 step i, then dp=2 step i), so a drifting load on the shared machine hits both alike.
 
 Columns: ``step s`` (median / min); ``vs dp=1`` = dp=1 median / this median (>1: faster);
+``cpu s`` = CPU seconds rank 0's process used in the step (``time.process_time``): the work
+a rank does, independent of how much CPU the machine's other load leaves it; dp=1 cpu s / dp=2
+cpu s is the speedup an otherwise idle machine with a core per rank would allow;
+``scatter s`` = rank 0's seconds handing the other ranks their shares (pickled samples);
 ``wait s`` = rank 0's seconds at a barrier before the all-reduce, waiting for the slower rank
 (imbalance and the machine's other load); ``collective s`` = rank 0's seconds in the flat gradient
 all-reduce after that barrier (fsdp: its
@@ -74,11 +78,11 @@ def run(preset: str, args) -> list[dict]:
             for i in range(args.warmup + args.steps):
                 samples = batch(i, args.prompts * args.samples, args.len)
                 for side, t in (("dp=1", single), (name, handle)):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     t.step(copy.deepcopy(samples))
                     if i >= args.warmup:
                         times[side].append(time.perf_counter() - t0)
-                        wires[side].append(dict(getattr(t, "wire", {})))
+                        wires[side].append({**getattr(t, "wire", {}), "cpu_s": time.process_time() - c0})
         finally:
             handle.close()
     rows = []
@@ -91,9 +95,11 @@ def run(preset: str, args) -> list[dict]:
         w = wires[name]
         coll = statistics.median([x.get("allreduce_s", 0.0) for x in w]) if w else 0.0
         wait = statistics.median([x.get("wait_s", 0.0) for x in w]) if w else 0.0
+        scatter = statistics.median([x.get("scatter_s", 0.0) for x in w]) if w else 0.0
+        cpu = statistics.median([x["cpu_s"] for x in w]) if w else 0.0
         wire = statistics.median([x.get("gradient_bytes", 0.0) for x in w]) if w else 0.0
         rows.append({"preset": preset, "params": params, "side": name, "step_median_s": med, "step_min_s": min(ts),
-                     "speedup_vs_dp1": base_med / med, "collective_s": coll, "collective_share": coll / med, "wait_s": wait,
+                     "speedup_vs_dp1": base_med / med, "collective_s": coll, "collective_share": coll / med, "wait_s": wait, "scatter_s": scatter, "rank0_cpu_s": cpu,
                      "wire_bytes_per_rank": wire, "ring_bytes": ring if name != "dp=1" else 0.0,
                      "allreduce_GBps": (wire / coll / 1e9) if (coll and name == "dp=2") else None})
     return rows
@@ -117,12 +123,12 @@ def main() -> int:
     for preset in args.presets:
         rows += run(preset, args)
     print(f"{'preset':6} {'side':10} {'step s med/min':>15} {'vs dp=1':>8} {'collective s':>13} {'share':>6} "
-          f"{'wire MB/rank':>13} {'ring MB':>8} {'GB/s':>6} {'wait s':>7}")
+          f"{'wire MB/rank':>13} {'ring MB':>8} {'GB/s':>6} {'wait s':>7} {'scatter s':>9} {'cpu s':>6}")
     for r in rows:
         gbps = f"{r['allreduce_GBps']:.2f}" if r["allreduce_GBps"] else "-"
         print(f"{r['preset']:6} {r['side']:10} {r['step_median_s']:7.3f}/{r['step_min_s']:.3f} {r['speedup_vs_dp1']:8.2f} "
               f"{r['collective_s']:13.4f} {r['collective_share']:6.1%} {r['wire_bytes_per_rank'] / 1e6:13.3f} "
-              f"{r['ring_bytes'] / 1e6:8.3f} {gbps:>6} {r['wait_s']:7.3f}")
+              f"{r['ring_bytes'] / 1e6:8.3f} {gbps:>6} {r['wait_s']:7.3f} {r['scatter_s']:9.3f} {r['rank0_cpu_s']:6.3f}")
     print(f"load avg after {os.getloadavg()[0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -387,9 +387,12 @@ class DataParallelTrainer:
         self.start()
         shares = [(([samples[i] for i in ix]), (None if old_logprobs is None else [old_logprobs[i] for i in ix]))
                   for ix in split(samples, self.k)]
-        self.command("step", shares)
+        before, t0 = sent_bytes(), time.perf_counter()
+        self.command("step", shares)  # the other ranks' shares, pickled, over the group
+        scatter_s, after = time.perf_counter() - t0, sent_bytes()
         metrics = self.rank.step(shares[0])
         self.wire = dict(self.rank.trainer.wire)
+        self.wire.update(scatter_s=scatter_s, scatter_bytes=float(after - before) if before is not None else 0.0)
         metrics.update({f"dp_{k}": v for k, v in self.wire.items()})
         return metrics
 
