@@ -27,6 +27,7 @@ otherwise). ``logprobs`` runs on rank 0 alone (reference and pi_old scoring have
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import socket
@@ -127,12 +128,14 @@ class RankTrainer(Trainer):
         self.wire: dict[str, float] = {}
 
     def accumulate_gradients(self, samples, old_logprobs=None, denominators=None) -> dict:
+        """This rank's share, with the whole step's denominators (``denominators`` is ignored: they
+        are all-reduced here); gradients summed over ranks; accumulators reduced (``_reduce_metrics``)."""
         counts = torch.tensor([sum(len(s.completion_ids) for s in samples), sum(1 for s in samples if s.completion_ids)],
                               dtype=torch.float64, device=self.device)
         dist.all_reduce(counts)
         n_micro = len(self._pack([(s.prompt_ids, s.completion_ids) for s in samples]))
         before, t0 = sent_bytes(), time.perf_counter()
-        with fsdp.one_sync_per_step(self.model, self.units, max(n_micro, 1)) if self.units else _nothing():
+        with fsdp.one_sync_per_step(self.model, self.units, max(n_micro, 1)) if self.units else contextlib.nullcontext():
             acc = super().accumulate_gradients(samples, old_logprobs, denominators=(int(counts[0]), int(counts[1])))
             if self.units and n_micro == 0:
                 fsdp.idle_backward(self.model)
@@ -143,7 +146,7 @@ class RankTrainer(Trainer):
         message = allreduce_gradients(plain)
         after, t3 = sent_bytes(), time.perf_counter()
         measured = before is not None and dist.get_backend() == "gloo"
-        layer_bytes = sum(p.numel() * p.element_size() for p in self.params) * 1.0 - message
+        layer_bytes = sum(p.numel() * p.element_size() for p in self.params) - message  # fsdp: the sharded layers
         k = dist.get_world_size()
         derived = 2 * (k - 1) / k * (message + layer_bytes)  # NCCL ring: all-reduce, or all-gather + reduce-scatter
         self.wire = {"gradient_bytes": float(after - before) if measured else derived, "measured": float(measured),
@@ -163,14 +166,6 @@ class RankTrainer(Trainer):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm, skipped
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _reduce_metrics(acc: dict, device) -> None:
