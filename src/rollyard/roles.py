@@ -11,6 +11,7 @@ import torch
 from rollyard.config import RunConfig
 from rollyard.models import context_length, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.tasks import builtin_verifier, load_task
 from rollyard.tasks.base import HookError, Prompt
@@ -52,8 +53,11 @@ def reward_hook(cfg: RunConfig) -> str:
 
 def rewards(cfg: RunConfig, tokenizer) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    t = cfg.tail  # streaming rewards (scheduler=tail) get the adaptive per-call timeout; T_max = reward.timeout_s
+    policy = (AnchorTimeout(t.reward_t_min, t.reward_lambda, cfg.reward.timeout_s, t.reward_window)
+              if cfg.rollout.scheduler == "tail" else None)
     return RewardDispatcher(reward_hook(cfg), num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
-                            decode=decode, eos_token_id=tokenizer.eos_token_id)
+                            decode=decode, eos_token_id=tokenizer.eos_token_id, timeout_policy=policy)
 
 
 def policy(cfg: RunConfig, device: str):

@@ -13,6 +13,7 @@ import torch
 from rollyard.algo.advantages import grpo_advantages
 from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
+from rollyard.placement.streamed import make_scheduler, streamed_step
 from rollyard.rollout.scheduler import to_requests
 from rollyard.telemetry.report import StepProgress
 from rollyard.types import Sample, WeightUpdate
@@ -22,34 +23,39 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
     ctx: RunContext = start(cfg, run_dir, resume)
     tel, engine, trainer = ctx.telemetry, ctx.engine, ctx.trainer
     r = cfg.rollout
+    sched = make_scheduler(ctx) if r.scheduler == "tail" else None
     with StepProgress(cfg.steps, ctx.state.step, cfg.progress) as progress:
         for step in range(ctx.state.step, cfg.steps):
-            requests, dead = to_requests(ctx.stream.take(r.prompts_per_step), ctx.tokenizer, r.samples_per_prompt,
-                                         r.max_new_tokens, ctx.context, suffix=f"@{step}")
-            ctx.dead_letter(dead, step)
-            tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+            round_metrics: dict = {}
+            if sched is not None:  # rollout.scheduler=tail: streamed round + streaming trainer
+                requests, samples, train_metrics, round_metrics = streamed_step(ctx, step, sched)
+            else:
+                requests, dead = to_requests(ctx.stream.take(r.prompts_per_step), ctx.tokenizer, r.samples_per_prompt,
+                                             r.max_new_tokens, ctx.context, suffix=f"@{step}")
+                ctx.dead_letter(dead, step)
+                tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
-            with tel.span("rollout", step, version=ctx.state.version, requests=[q.id for q in requests]):
-                samples, rejected = engine.generate(requests)
-            ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
-            tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
+                with tel.span("rollout", step, version=ctx.state.version, requests=[q.id for q in requests]):
+                    samples, rejected = engine.generate(requests)
+                ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
+                tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
-            with tel.span("reward", step):
-                samples = ctx.rewards.score(samples)
-            tel.traffic(step, "rewards", 4 * len(samples))
+                with tel.span("reward", step):
+                    samples = ctx.rewards.score(samples)
+                tel.traffic(step, "rewards", 4 * len(samples))
 
-            if cfg.algo.kl_coef > 0:
-                with tel.span("reference", step):
-                    ref = trainer.logprobs(samples, model=ctx.reference)
-                    for s, lp in zip(samples, ref):
-                        s.ref_logprobs = lp.tolist()
-                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in samples))
+                if cfg.algo.kl_coef > 0:
+                    with tel.span("reference", step):
+                        ref = trainer.logprobs(samples, model=ctx.reference)
+                        for s, lp in zip(samples, ref):
+                            s.ref_logprobs = lp.tolist()
+                    tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in samples))
 
-            with tel.span("algorithm", step):
-                assign_advantages(samples, cfg.algo.normalize_std)
+                with tel.span("algorithm", step):
+                    assign_advantages(samples, cfg.algo.normalize_std)
 
-            with tel.span("train", step):
-                train_metrics = trainer.step(samples)
+                with tel.span("train", step):
+                    train_metrics = trainer.step(samples)
 
             with tel.span("sync", step, mode="inprocess"):
                 ctx.state.version += 1
@@ -57,7 +63,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             tel.traffic(step, "weights", 0)
 
             ctx.state.step = step + 1
-            row = ctx.end_step(step, requests, samples, train_metrics)
+            row = ctx.end_step(step, requests, samples, train_metrics, round_metrics)
             progress.update(row)
             if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps:
                 ctx.save_checkpoint()

@@ -71,7 +71,8 @@ class RunContext:
         for rec in records[:3]:
             self.log(f"[yellow]dead-lettered {rec.get('source')}: {rec.get('reason')}[/yellow]")
 
-    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float]) -> dict:
+    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float],
+                 extra: dict[str, float] | None = None) -> dict:
         """Write the step's metrics (rewards, lengths, canaries, staleness) and ledger; return the row."""
         rewards = [s.reward for s in samples] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
@@ -94,6 +95,7 @@ class RunContext:
             rundir.STEP_TIME: sum(times.values()),
         }
         values.update({f"train/{k}": v for k, v in train_metrics.items()})
+        values.update(extra or {})
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 

@@ -197,7 +197,7 @@ class RewardDispatcher:
 
     def __init__(self, hook: str, *, num_workers: int = 2, timeout_s: float = 5.0,
                  decode: Callable[[list[int]], str], eos_token_id: int | None = None,
-                 start_timeout_s: float = 60.0):
+                 start_timeout_s: float = 60.0, timeout_policy: Any = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
@@ -207,6 +207,8 @@ class RewardDispatcher:
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
+        # Optional adaptive per-call timeout (reward/timeout.py): .timeout(meta) -> s, .observe(meta, s).
+        self.timeout_policy = timeout_policy
         self._decode = decode
         self._eos = eos_token_id
         self.stats: dict[str, float] = {
@@ -259,6 +261,15 @@ class RewardDispatcher:
                 _, sample = self._done.popitem(last=False)
                 self._outstanding -= 1
             yield sample
+
+    def poll(self) -> list[Sample]:
+        """The submitted samples finished since the last call (any order); never blocks."""
+        with self._cond:
+            self._raise_if_crashed()
+            out = list(self._done.values())
+            self._done.clear()
+            self._outstanding -= len(out)
+        return out
 
     def score(self, samples: list["Sample"]) -> list["Sample"]:
         """Score ``samples`` and return them (the same objects, rewards set) in input order."""
@@ -559,7 +570,8 @@ class RewardDispatcher:
                 continue
             w.sent_at = time.monotonic()
             if self._send(w, frame):
-                w.job, w.state, w.deadline = job, "busy", w.sent_at + self.timeout_s
+                limit = self.timeout_s if self.timeout_policy is None else self.timeout_policy.timeout(job.meta)
+                w.job, w.state, w.deadline = job, "busy", w.sent_at + limit
             else:  # the worker died while idle: not this job's fault, requeue it
                 with self._cond:
                     self._pending.appendleft(job)
@@ -590,6 +602,8 @@ class RewardDispatcher:
             if job is None or seq != job.seq:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
             w.job, w.state = None, "idle"
+            if self.timeout_policy is not None:
+                self.timeout_policy.observe(job.meta, now - w.sent_at)
             if status == "ok":
                 self._finish(job, value, None, None, latency=now - w.sent_at, verify_s=verify_s)
             else:
