@@ -175,8 +175,8 @@ def _samples(n_groups=3, per=4, seed=0):
     return out
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
-def test_streaming_trainer_equals_one_step(agg):
+@pytest.mark.parametrize("agg, min_tokens", [("token-mean", 1), ("seq-mean", 1), ("token-mean", 40)])
+def test_streaming_trainer_equals_one_step(agg, min_tokens):
     samples = _samples()
     kw = dict(lr=1e-2, loss_agg=agg, clip_low=0.2, clip_high=0.28, tis_cap=1.5, max_grad_norm=0.1)
     a, b = _model(1), _model(1)
@@ -184,7 +184,7 @@ def test_streaming_trainer_equals_one_step(agg):
     for t in (ta, tb):  # SGD: the update is the clipped gradient itself (Adam's first step is ~sign(g))
         t.optimizer = torch.optim.SGD(t.params, lr=1.0)
     ma = ta.step(samples)
-    stream = StreamingStep(tb)
+    stream = StreamingStep(tb, min_tokens=min_tokens)  # 1: every group its own backward; 40: groups buffered
     for i in (2, 0, 1):  # groups arrive in completion order, not request order
         stream.add([s for s in samples if s.request_id == f"r{i}"])
     mb = stream.finish()

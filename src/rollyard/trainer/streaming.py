@@ -18,17 +18,31 @@ from rollyard.types import Sample
 class StreamingStep:
     """One optimizer step assembled from groups: ``add(group)`` any number of times, then ``finish()``."""
 
-    def __init__(self, trainer: Trainer):
+    def __init__(self, trainer: Trainer, min_tokens: int | None = None):
         self.trainer = trainer
+        # Complete groups wait until they fill a packed micro-batch (a group alone is often far
+        # shorter than micro_batch_tokens, and a half-empty forward costs nearly a full one).
+        self.min_tokens = trainer.micro_batch_tokens if min_tokens is None else min_tokens
         self.accs: list[dict] = []
+        self.buffer: list[Sample] = []
+        self.groups = 0
         trainer.optimizer.zero_grad(set_to_none=True)
 
     def add(self, samples: list[Sample]) -> None:
-        """Forward/backward ``samples`` now (advantages set), adding into ``.grad``."""
-        self.accs.append(self.trainer.accumulate_gradients(samples, denominators=(1, 1)))
+        """Take a complete group (advantages set); forward/backward once ``min_tokens`` are buffered."""
+        self.buffer += samples
+        self.groups += 1
+        if sum(s.num_tokens for s in self.buffer) >= self.min_tokens:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.buffer:
+            self.accs.append(self.trainer.accumulate_gradients(self.buffer, denominators=(1, 1)))
+            self.buffer = []
 
     def finish(self) -> dict[str, float]:
         """Scale the summed gradient once, clip, step; the same metrics as ``Trainer.step``."""
+        self._flush()
         t, accs = self.trainer, self.accs
         tokens = sum(a["tokens"] for a in accs)
         seqs = sum(a["seqs"] for a in accs)
@@ -53,9 +67,9 @@ class StreamingStep:
             "tis_capped_frac": total("capped") / n, "logprob_diff": total("diff_sum") / n,
             "logprob_diff_max": max((float(a["diff_max"]) for a in accs), default=0.0),
             "tokens": float(tokens), "packed_tokens": total("packed_tokens"), "micro_batches": total("micro_batches"),
-            "groups": float(len(accs)),
+            "groups": float(self.groups),
         }
         if accs and all(a["want_kl"] for a in accs):
             metrics["kl"] = total("kl_sum") / n
-        self.accs = []
+        self.accs, self.groups = [], 0
         return metrics
