@@ -74,13 +74,15 @@ def summarize(arm: str, run: Path, cfg, curve: list[tuple[int, int, float]]) -> 
     step_s = [sum(v for k, v in r.items() if k.startswith("time/") and k != rundir.STEP_TIME) for r in rows]
     if arm == "tail":
         bubbles = [r["tail/bubble"] for r in rows]
-    else:
+        steps = [r["tail/decode_steps"] for r in rows]
+    else:  # every sample of a plain round holds a slot from its first step (P x n <= max_concurrent)
         bubbles = [1 - r["length/mean"] / r["length/max"] for r in rows]
+        steps = [r["length/max"] for r in rows]
     out = {
         "steps": len(rows), "trained_samples": trained_samples(run, cfg),
         "rollout_s_per_step": mean(r["time/rollout"] for r in rows),
         "step_s": mean(step_s), "end_to_end_s": sum(step_s), "bubble": mean(bubbles),
-        "tokens_per_step": mean(r["tokens/generated"] for r in rows),
+        "tokens_per_step": mean(r["tokens/generated"] for r in rows), "decode_steps_per_round": mean(steps),
         "curve": [{"step": s, "trained_samples": n, "accuracy": a} for s, n, a in curve],
         "final_accuracy": curve[-1][2],
     }
@@ -124,6 +126,7 @@ def main_bench() -> int:
     res["eval_before"] = before
     res["speedup_end_to_end"] = res["plain"]["end_to_end_s"] / res["tail"]["end_to_end_s"]
     res["speedup_rollout"] = res["plain"]["rollout_s_per_step"] / res["tail"]["rollout_s_per_step"]
+    res["speedup_decode_steps"] = res["plain"]["decode_steps_per_round"] / res["tail"]["decode_steps_per_round"]
     res["plan_whatif"] = plan_whatif(first, cfg, res["plain"]["rollout_s_per_step"], a.steps)
     res["load"] = os.getloadavg()
     print(f"\nlong-tailed countdown, {a.steps} steps per arm, {cfg.rollout.prompts_per_step}x{cfg.rollout.samples_per_prompt}"
@@ -138,7 +141,9 @@ def main_bench() -> int:
               f"{r['trained_samples']:8d}  {curve}")
     w = res["plan_whatif"]
     print(f"measured speedup: end to end {res['speedup_end_to_end']:.2f}x, rollout {res['speedup_rollout']:.2f}x; "
-          f"plan what-if (rollout only, same lengths): {w['speedup']:.2f}x, bubble {w['plain_bubble']:.1%} -> {w['tail_bubble']:.1%}")
+          f"decode steps per round {res['plain']['decode_steps_per_round']:.1f} -> {res['tail']['decode_steps_per_round']:.1f} "
+          f"({res['speedup_decode_steps']:.2f}x, the memory-bound GPU measure); plan what-if (decode steps, same lengths): "
+          f"{w['speedup']:.2f}x, bubble {w['plain_bubble']:.1%} -> {w['tail_bubble']:.1%}")
     t = res["tail"]
     print(f"tail: {t['long_rounds']:.0f} long rounds, {t['long_share']:.1%} of trained samples from long rounds, "
           f"{t['wasted_tokens_per_step']:.0f} dropped tokens/step, {t['train_in_round_s']:.2f}s/step of training "

@@ -123,6 +123,7 @@ def test_plain_round_runs_every_prompt_to_the_end():
     rnd = PlainScheduler(PromptStream(_prompts(), seed=0), TOK, prompts=4, n=3, max_new_tokens=40,
                          context=96).next_round(eng, InlineRewards(), 0, groups.append)
     assert rnd.kind == "plain" and len(groups) == 4 and not rnd.deferred and rnd.wasted_tokens == 0
+    assert rnd.decode_steps == 40  # the round lasts as long as its longest sample
     long = [s for s in rnd.samples if _pid(s.request_id) in LONG]
     assert long and max(len(s.completion_ids) for s in long) == 40
     assert rnd.bubble == pytest.approx(bubble([len(s.completion_ids) for s in rnd.samples], 12))

@@ -66,7 +66,7 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
     round_metrics = {
         "tail/long_round": float(rnd.kind == "long"), "tail/deferred": float(len(rnd.deferred)),
         "tail/queue": float(len(scheduler.queue)), "tail/bubble": rnd.bubble,
-        "tail/wasted_tokens": float(rnd.wasted_tokens), "tail/train_in_round_s": in_round["train_s"],
+        "tail/wasted_tokens": float(rnd.wasted_tokens), "tail/decode_steps": float(rnd.decode_steps), "tail/train_in_round_s": in_round["train_s"],
         "tail/long_share": trained["long"] / max(trained["short"] + trained["long"], 1),
     }
     return rnd.requests, rnd.samples, train_metrics, round_metrics

@@ -26,7 +26,7 @@ class PlainScheduler:
         out, rejected = stream_round(engine, rewards, requests, self.n, len(requests), on_group)
         dead += [{"source": q.id, "reason": why} for q, why in rejected]
         return Round("plain", [q for q in requests if q.id not in {r.id for r, _ in rejected}],
-                     [s for g in out.groups for s in g], [], dead, out.bubble, out.wasted_tokens)
+                     [s for g in out.groups for s in g], [], dead, out.bubble, out.wasted_tokens, out.decode_steps)
 
     def state(self) -> dict:
         return {}

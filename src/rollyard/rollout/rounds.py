@@ -34,6 +34,7 @@ class Round:
     dead: list[dict] = field(default_factory=list)  # dead-letter records (with reasons)
     bubble: float = 0.0  # share of rollout slot-time idle (see ``bubble``)
     wasted_tokens: int = 0  # tokens of aborted or surplus samples (decoded, never trained on)
+    decode_steps: int = 0  # the round's length in decode steps (what a memory-bound GPU round costs)
 
 
 @dataclass
@@ -42,6 +43,13 @@ class Streamed:
     incomplete: list[str]  # request ids aborted before n of their samples finished
     bubble: float
     wasted_tokens: int
+    decode_steps: int
+
+
+def decode_steps(lengths: list[int], slots: int) -> int:
+    """Decode steps a round of these sample lengths takes at least: its longest sample, or full slots."""
+    total = sum(lengths)
+    return max(max(lengths), math.ceil(total / slots)) if total and slots >= 1 else 0
 
 
 def bubble(lengths: list[int], slots: int) -> float:
@@ -55,8 +63,7 @@ def bubble(lengths: list[int], slots: int) -> float:
     total = sum(lengths)
     if total == 0 or slots < 1:
         return 0.0
-    steps = max(max(lengths), math.ceil(total / slots))
-    return 1.0 - total / (slots * steps)
+    return 1.0 - total / (slots * decode_steps(lengths, slots))
 
 
 def stream_round(engine, rewards, requests: list[Request], n: int, need: int,
@@ -113,4 +120,4 @@ def stream_round(engine, rewards, requests: list[Request], n: int, need: int,
     incomplete = [r for r in live if r not in complete]
     wasted += sum(len(x.completion_ids) for r in incomplete for x in finished.get(r, []))
     slots = min(engine.max_concurrent, sum(q.n for q in live.values()))
-    return Streamed(groups, incomplete, bubble(lengths, slots), wasted), rejected
+    return Streamed(groups, incomplete, bubble(lengths, slots), wasted, decode_steps(lengths, slots)), rejected

@@ -77,7 +77,7 @@ class TailScheduler:
         self.trained[kind] += len(samples)
         rejected_ids = {q.id for q, _ in rejected}
         return Round(kind, [q for q in requests if q.id not in rejected_ids], samples, deferred, dead,
-                     out.bubble, out.wasted_tokens)
+                     out.bubble, out.wasted_tokens, out.decode_steps)
 
     def state(self) -> dict:
         """JSON-able: the queued prompts (in order), the round counter, the trained-sample counts."""
