@@ -147,7 +147,8 @@ def test_shared_prefill_equals_separate_prefills():
         eng = _engine(model, temperature=1.0, seed=11)
         prefilled = []
         orig = eng.backend.prefill
-        eng.backend.prefill = lambda prompts, slots: (prefilled.extend(prompts), orig(prompts, slots))[1]
+        eng.backend.prefill = lambda prompts, slots, prefilled=prefilled, orig=orig: (
+            prefilled.extend(prompts), orig(prompts, slots))[1]
         samples, _ = eng.generate(reqs)
         runs[name] = (samples, len(prefilled))
     (shared, n_shared), (separate, n_sep) = runs["shared"], runs["separate"]
@@ -263,7 +264,7 @@ def test_oversize_requests_rejected_with_reason():
     too_long = Request("ctx", _prompt(1, 50), n=1, max_new_tokens=50)  # 100 > context 96
     too_big = Request("kv", _prompt(2, 40), n=1, max_new_tokens=45)  # 85 > max_cache_tokens 80
     empty = Request("empty", [], n=1)
-    rejected = dict((r.id, why) for r, why in eng.submit([ok, too_long, too_big, empty]))
+    rejected = {r.id: why for r, why in eng.submit([ok, too_long, too_big, empty])}
     assert set(rejected) == {"ctx", "kv", "empty"}
     assert "context of 96" in rejected["ctx"] and "max_cache_tokens=80" in rejected["kv"]
     assert [s.id for s in eng.results()] == ["ok#0", "ok#1"]
@@ -275,7 +276,7 @@ def test_kv_cache_stays_within_budget():
     eng = _engine(model, temperature=1.0, max_concurrent=16, max_cache_tokens=budget)
     reqs = [Request(f"q{i}", _prompt(i, 6), n=3, max_new_tokens=30 + 10 * (i % 3)) for i in range(5)]
     seen = 0
-    for s in eng.results() if not eng.submit(reqs) else []:
+    for _ in eng.results() if not eng.submit(reqs) else []:
         seen += 1
         b = eng.backend
         assert b.R * b.W <= budget, f"KV cache {b.R}x{b.W} exceeds max_cache_tokens={budget}"
@@ -303,7 +304,7 @@ def test_apply_update_full_and_delta_reach_checksum_equality():
     # delta: only the changed elements, as flat indices (half the elements of each parameter)
     r2 = _model(seed=0)
     with torch.no_grad():  # make half of the elements equal already, so the delta is partial
-        for (n, p), q in zip(r2.named_parameters(), trainer.parameters()):
+        for (_, p), q in zip(r2.named_parameters(), trainer.parameters()):
             p.view(-1)[::2] = q.view(-1)[::2]
     tensors, indices = {}, {}
     for (n, p), q in zip(r2.named_parameters(), trainer.parameters()):

@@ -7,6 +7,7 @@ filled in) is written to the run directory as ``config.yaml``.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import tomllib
 from pathlib import Path
@@ -18,6 +19,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 class ConfigError(ValueError):
     """A config file, key or value is wrong; the message says which, and the fix."""
+
+
+class MissingPackage(ConfigError):
+    """An optional package a setting needs is not installed; the message names the extra to install."""
+
+
+def require_package(module: str, extra: str, why: str):
+    """``import module``, or MissingPackage naming ``pip install 'rollyard[extra]'``."""
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise MissingPackage(f"{why} needs the {module.split('.')[0]} package, which is not installed; "
+                             f"pip install 'rollyard[{extra}]'") from None
 
 
 class Section(BaseModel):
@@ -39,7 +53,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); null when `path` is set")
+    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); off when `path` is set, unless named")
     task_options: dict[str, int | str] = Field(default_factory=dict, description="built-in task knobs, e.g. {max_operand: 30} (arithmetic) or {max_times: 8} (repeat)")
     path: str | None = Field(None, description="prompt dataset file (.jsonl or .parquet); replaces `task`")
     fields: dict[str, str] = Field(default_factory=dict, description="rollyard name -> dataset column, e.g. {prompt: question, answer: solution}")
@@ -48,6 +62,15 @@ class DataConfig(Section):
     eval_size: int = Field(200, ge=1, description="number of held-out prompts for greedy eval")
     eval_path: str | None = Field(None, description="held-out prompt file for a dataset run; none: eval uses the built-in task's eval split or is skipped")
     seed: int = Field(0, ge=0, description="seed of task generation and of the shuffle order")
+    chat_template: str | None = Field(None, description="Jinja chat template (or a file holding one) for message-list prompts; none: the tokenizer's own")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_turns_task_off(cls, data: Any) -> Any:
+        # A dataset replaces the built-in task unless the task is named too (then it is the eval set).
+        if isinstance(data, dict) and data.get("path") and "task" not in data:
+            return {**data, "task": None}
+        return data
 
 
 class RolloutConfig(Section):
@@ -65,9 +88,19 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function, fn(completion, prompt, meta) -> float; none: the task's verifier")
+    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function: fn(completion, prompt, meta) -> float, TRL's fn(prompts, completions, **columns) or verl's compute_score(...); none: the task's verifier")
     num_workers: int = Field(2, ge=1, le=256, description="verifier worker processes")
     timeout_s: float = Field(5.0, gt=0.0, description="per-call verifier timeout; a timeout scores 0 and is flagged")
+    hooks: list[str] = Field(default_factory=list, description="several reward functions (module:function or file.py:function), in any accepted form; the reward is their weighted sum")
+    weights: list[float] = Field(default_factory=list, description="one weight per entry of `hooks`; empty: all 1.0")
+
+
+class LogConfig(Section):
+    tensorboard: bool = Field(False, description="write TensorBoard event files to RUN_DIR/tensorboard (needs rollyard[tracking])")
+    wandb: bool = Field(False, description="log to Weights & Biases (offline unless WANDB_MODE says otherwise; needs rollyard[tracking])")
+    wandb_project: str = Field("rollyard", min_length=1, description="W&B project name")
+    completions_every: int = Field(0, ge=0, description="write sampled completions to completions.jsonl every N steps; 0: never")
+    plots: bool = Field(True, description="write PNG plots to RUN_DIR/plots at the end of train (needs rollyard[plots]; skipped with a note when missing)")
 
 
 class AlgoConfig(Section):
@@ -136,11 +169,19 @@ class RunConfig(Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
         if self.data.task is None and self.data.path is None:
             raise ValueError("data.task and data.path are both null: set one (a built-in task name or a dataset file)")
+        rw = self.reward
+        if rw.hook and rw.hooks:
+            raise ValueError(f"reward.hook={rw.hook!r} and reward.hooks={rw.hooks} are both set: put every "
+                             f"function in reward.hooks and drop reward.hook")
+        if rw.weights and len(rw.weights) != max(len(rw.hooks), 1):
+            raise ValueError(f"reward.weights has {len(rw.weights)} entries for {max(len(rw.hooks), 1)} reward "
+                             f"function(s): give one weight per entry of reward.hooks")
         _check_tail(self)  # first: with scheduler=tail, samples_per_prompt=1 gets the tail-specific message
         if self.rollout.samples_per_prompt < 2:
             raise ValueError(
@@ -167,9 +208,27 @@ def _check_tail(cfg: RunConfig) -> None:
                          f"T_max); lower tail.reward_t_min")
 
 
-def _closest(key: str, valid: list[str]) -> str:
-    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
-    return match[0] if match else "?"
+def leaf_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
+    """Every field's dotted path under ``model`` (sections and their fields)."""
+    out = []
+    for name, f in model.model_fields.items():
+        out.append(prefix + name)
+        sub = f.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += leaf_paths(sub, prefix + name + ".")
+    return out
+
+
+def suggest(key: str, model: type[BaseModel], prefix: str) -> str:
+    """The closest valid dotted key to ``prefix + key``: a field here, or one nested deeper whose own
+    name matches (``lr`` -> ``trainer.lr``, not ``eval_every``)."""
+    here = [prefix + n for n in model.model_fields]
+    deeper = [prefix + p for p in leaf_paths(model) if "." in p]
+    exact = [p for p in deeper + leaf_paths() if p.rsplit(".", 1)[-1] == key]
+    if exact:
+        return exact[0]
+    scored = [(difflib.SequenceMatcher(None, key, p.rsplit(".", 1)[-1]).ratio(), -len(p), p) for p in here + deeper]
+    return max(scored)[2] if scored else "?"
 
 
 def check_keys(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "") -> None:
@@ -179,7 +238,7 @@ def check_keys(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "")
         if key not in fields:
             valid = sorted(fields)
             raise ConfigError(
-                f"unknown config key {prefix + key!r}: did you mean {prefix + _closest(key, valid)!r}? "
+                f"unknown config key {prefix + key!r}: did you mean {suggest(key, model, prefix)!r}? "
                 f"Valid keys here: {', '.join(valid)}"
             )
         sub = fields[key].annotation
@@ -229,15 +288,25 @@ def read_file(path: str | Path) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """File (optional) + ``key.sub=value`` overrides -> validated RunConfig, or ConfigError."""
-    data = read_file(path) if path else {}
+    return from_dict(read_file(path) if path else {}, overrides)
+
+
+def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | None = None) -> RunConfig:
+    """A config mapping + ``key.sub=value`` overrides + dotted ``values`` (set as given) -> RunConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of sections (or a RunConfig, or a file), got {type(data).__name__}")
+    data = copy.deepcopy(data)
     for text in overrides:
         key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    for key, value in (values or {}).items():
         _set_dotted(data, key, value)
     check_keys(data)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError("invalid config:\n" + describe_errors(e)) from None
+        # One line (the CLI's bad-input contract): every broken field, each with its value.
+        raise ConfigError("invalid config: " + "; ".join(x.strip() for x in describe_errors(e).splitlines())) from None
 
 
 def describe_errors(e: ValidationError) -> str:

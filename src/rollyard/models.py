@@ -8,11 +8,13 @@ model rollyard exports loads back with ``AutoModelForCausalLM.from_pretrained(di
 
 from __future__ import annotations
 
+import copy
+import json
 import string
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, LlamaConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -87,10 +89,33 @@ def context_length(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
 
 
-def export(model, tokenizer, out_dir: str | Path) -> Path:
-    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors)."""
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and all of ``generation_config.eos_token_id``
+    (chat models list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids = [tokenizer.eos_token_id]
+    gen = getattr(model, "generation_config", None) if model is not None else None
+    extra = getattr(gen, "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def source_dtype(name_or_path: str) -> torch.dtype | None:
+    """The dtype a local model directory was saved in (its config.json), or None (a preset, or unstated)."""
+    path = Path(name_or_path) / "config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text())
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
+def export(model, tokenizer, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors), in ``dtype`` when given
+    (the dtype the model came in: training runs in fp32, the export keeps the user's bf16)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if dtype is not None and dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

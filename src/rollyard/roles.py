@@ -9,11 +9,12 @@ from __future__ import annotations
 import torch
 
 from rollyard.config import RunConfig
-from rollyard.models import context_length, load_policy
+from rollyard.models import context_length, eos_ids, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.tasks import builtin_verifier, load_task
+from rollyard.tasks import builtin_verifier, chat, load_task
 from rollyard.tasks.base import HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 from rollyard.trainer.trainer import Trainer
@@ -27,37 +28,41 @@ def device_of(cfg: RunConfig) -> str:
     return cfg.trainer.device
 
 
-def prompts(cfg: RunConfig, deadletter: list[dict]) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, eval) prompts from the built-in task or the dataset files."""
+def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, eval) prompts from the built-in task or the dataset files; chat prompts rendered by
+    ``tokenizer``'s chat template (or ``data.chat_template``)."""
     d = cfg.data
     if d.path:
         train = load_prompts(d.path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter)
         held = load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter) if d.eval_path else []
         if not held and d.task:
             held = load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options)
+        chat.render(train + held, tokenizer, d.chat_template)
         return train, held
     return (load_task(d.task, "train", d.train_size, d.seed, **d.task_options),
             load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options))
 
 
-def reward_hook(cfg: RunConfig) -> str:
-    if cfg.reward.hook:
-        return cfg.reward.hook
-    if cfg.data.path and not cfg.data.task:
+def reward_hooks(cfg: RunConfig) -> list[str]:
+    """The run's reward functions: ``reward.hooks``, else ``reward.hook``, else the built-in task's verifier."""
+    if cfg.reward.hooks or cfg.reward.hook:
+        return cfg.reward.hooks or [cfg.reward.hook]
+    if cfg.data.path:
         raise HookError(
             f"data.path={cfg.data.path!r} has no built-in verifier: set reward.hook=module:function "
-            f"(a function fn(completion, prompt, meta) -> float)"
+            f"(or reward.hooks=[...]) naming a function in one of {ACCEPTED}"
         )
-    return builtin_verifier(cfg.data.task)
+    return [builtin_verifier(cfg.data.task)]
 
 
-def rewards(cfg: RunConfig, tokenizer) -> RewardDispatcher:
+def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     t = cfg.tail  # streaming rewards (scheduler=tail) get the adaptive per-call timeout; T_max = reward.timeout_s
     policy = (AnchorTimeout(t.reward_t_min, t.reward_lambda, cfg.reward.timeout_s, t.reward_window)
               if cfg.rollout.scheduler == "tail" else None)
-    return RewardDispatcher(reward_hook(cfg), num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
-                            decode=decode, eos_token_id=tokenizer.eos_token_id, timeout_policy=policy)
+    return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
+                            timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
+                            timeout_policy=policy)
 
 
 def policy(cfg: RunConfig, device: str):
@@ -67,7 +72,7 @@ def policy(cfg: RunConfig, device: str):
 
 def engine(cfg: RunConfig, model, tokenizer, version: int = 0) -> RolloutEngine:
     r = cfg.rollout
-    return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0,
+    return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed, version=version)
 

@@ -53,10 +53,11 @@ class Sample:
     finish_reason: FinishReason
     meta: dict[str, Any] = field(default_factory=dict)
     # Filled in by later roles.
-    reward: float = 0.0
+    reward: float | None = 0.0  # None: no reward hook scored it (left out of the loss)
     reward_flag: str | None = None  # "timeout" | "error: ..." when the verifier failed
     ref_logprobs: list[float] | None = None
     advantage: float = 0.0
+    reward_parts: list[float | None] = field(default_factory=list)  # per reward hook, before weighting
 
     @property
     def version(self) -> int:

@@ -14,8 +14,9 @@ from rollyard.algo.advantages import grpo_advantages
 from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
 from rollyard.placement.streamed import make_scheduler, streamed_step
+from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.rollout.scheduler import to_requests
-from rollyard.telemetry.report import StepProgress
+from rollyard.telemetry.report import StepProgress, fmt_accuracy
 from rollyard.types import Sample, WeightUpdate
 
 
@@ -41,7 +42,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
                 tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
                 with tel.span("reward", step):
-                    samples = ctx.rewards.score(samples)
+                    samples, unscored = split_unscored(ctx.rewards.score(samples))
+                ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
                 tel.traffic(step, "rewards", 4 * len(samples))
 
                 if cfg.algo.kl_coef > 0:
@@ -68,7 +70,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps:
                 ctx.save_checkpoint()
             if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
-                ctx.log(f"step {ctx.state.step}: held-out greedy accuracy {ctx.evaluate():.1%}")
+                ctx.log(f"step {ctx.state.step}: held-out greedy accuracy {fmt_accuracy(ctx.evaluate())}")
     return finish(ctx)
 
 

@@ -21,15 +21,17 @@ import torch
 from rollyard import checkpoint, roles
 from rollyard.config import ConfigError, RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
-from rollyard.models import PRESETS, export, num_params
+from rollyard.models import PRESETS, export, num_params, source_dtype
+from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import PromptStream
 from rollyard.sft import warm_start
 from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir
-from rollyard.telemetry.report import console, print_summary, role_shares
+from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
+from rollyard.telemetry.tracking import Tracking, completion_records
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 
@@ -57,9 +59,13 @@ class RunContext:
     def log(self, msg: str) -> None:
         console.print(msg)
 
-    def evaluate(self) -> float:
-        return greedy_accuracy(self.model, self.tokenizer, self.held_out, self.rewards,
-                               self.cfg.rollout.max_new_tokens, self.context)
+    def evaluate(self) -> float | None:
+        """Held-out greedy accuracy now (recorded in eval.jsonl); None when there is no held-out set."""
+        acc = greedy_accuracy(self.model, self.tokenizer, self.held_out, self.rewards,
+                              self.cfg.rollout.max_new_tokens, self.context)
+        if acc is not None:
+            self.telemetry.evaluation(self.state.step, acc)
+        return acc
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
@@ -74,7 +80,7 @@ class RunContext:
     def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float],
                  extra: dict[str, float] | None = None) -> dict:
         """Write the step's metrics (rewards, lengths, canaries, staleness) and ledger; return the row."""
-        rewards = [s.reward for s in samples] or [0.0]
+        rewards = [s.reward for s in samples if s.reward is not None] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
         flags = [s.reward_flag or "" for s in samples]
         self.flags["timeouts"] += sum(f == "timeout" for f in flags)
@@ -95,6 +101,12 @@ class RunContext:
             rundir.STEP_TIME: sum(times.values()),
         }
         values.update({f"train/{k}": v for k, v in train_metrics.items()})
+        values.update({"train/lr": self.trainer.optimizer.param_groups[0]["lr"],
+                       "frac_reward_zero_std": reward_metrics.frac_zero_std(samples),
+                       **reward_metrics.per_hook(samples, self.rewards.names)})
+        every = self.cfg.log.completions_every
+        if every and step % every == 0:
+            self.telemetry.completions(step, completion_records(step, samples, self.tokenizer))
         values.update(extra or {})
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
@@ -128,12 +140,13 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
         ckpt = None
     run.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run / rundir.CONFIG)
+    tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = roles.device_of(cfg)
     deadletter: list[dict] = []
-    train_prompts, held_out = roles.prompts(cfg, deadletter)
     model, tokenizer, context = roles.policy(cfg, device)
-    rewards = roles.rewards(cfg, tokenizer)
+    train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
+    rewards = roles.rewards(cfg, tokenizer, model)
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
@@ -153,13 +166,13 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     if "engine" in extra_rng and isinstance(getattr(engine, "generator", None), torch.Generator):
         engine.generator.set_state(extra_rng["engine"])
     ctx = RunContext(cfg, run, model, tokenizer, context, device, engine, trainer, rewards, reference, stream,
-                     held_out, Telemetry(run), state)
+                     held_out, Telemetry(run, tracking=tracking if tracking.active else None), state)
     ctx.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps(run_info(cfg, model), indent=1))
     if state.eval_before is None:
         state.eval_before = ctx.evaluate()
         state.extra.update(sft_info)
-        console.print(f"held-out greedy accuracy before RL: {state.eval_before:.1%} ({len(held_out)} prompts)")
+        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({len(held_out)} prompts)")
     return ctx
 
 
@@ -176,7 +189,7 @@ def run_info(cfg: RunConfig, model) -> dict:
 def finish(ctx: RunContext) -> dict:
     """Eval after, export the policy, write summary.json and trace.json, print the tables."""
     after = ctx.evaluate()
-    export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL)
+    export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL, dtype=source_dtype(ctx.cfg.model.name))
     ctx.telemetry.close()
     ctx.rewards.close()
     summary = {
@@ -185,7 +198,7 @@ def finish(ctx: RunContext) -> dict:
         "reward_flags": ctx.flags, **ctx.state.extra,
         "role_seconds_per_step": {r: s for r, s, _ in role_shares(ctx.telemetry.step_seconds)},
     }
-    (ctx.run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=1))
+    (ctx.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     print_summary(ctx.telemetry.step_seconds, ctx.state.eval_before, after)
     console.print(f"run directory: {ctx.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     return summary

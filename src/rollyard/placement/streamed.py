@@ -15,6 +15,7 @@ import time
 import torch
 
 from rollyard.algo.advantages import grpo_advantages
+from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.rollout.tail import TailScheduler
 from rollyard.trainer.streaming import StreamingStep
 from rollyard.types import Request, Sample
@@ -43,9 +44,15 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
     cfg, tel, trainer = ctx.cfg, ctx.telemetry, ctx.trainer
     stream = StreamingStep(trainer)
     in_round = {"train_s": 0.0}
+    trained: list[Sample] = []
 
     def on_group(group: list[Sample]) -> None:
         t0 = time.perf_counter()
+        group, unscored = split_unscored(group)  # a sample no hook scored is left out of the loss
+        ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
+        trained.extend(group)
+        if not group:
+            return
         if cfg.algo.kl_coef > 0:
             for s, lp in zip(group, trainer.logprobs(group, model=ctx.reference)):
                 s.ref_logprobs = lp.tolist()
@@ -58,7 +65,7 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
     ctx.dead_letter(rnd.dead, step)
     tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in rnd.requests))
     tel.traffic(step, "samples", sum(s.payload_bytes() for s in rnd.samples))
-    tel.traffic(step, "rewards", 4 * len(rnd.samples))
+    tel.traffic(step, "rewards", 4 * len(trained))
     with tel.span("train", step):
         train_metrics = stream.finish()
     ctx.state.extra["tail"] = scheduler.state()
@@ -69,4 +76,4 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
         "tail/wasted_tokens": float(rnd.wasted_tokens), "tail/decode_steps": float(rnd.decode_steps), "tail/train_in_round_s": in_round["train_s"],
         "tail/long_share": trained["long"] / max(trained["short"] + trained["long"], 1),
     }
-    return rnd.requests, rnd.samples, train_metrics, round_metrics
+    return rnd.requests, trained, train_metrics, round_metrics

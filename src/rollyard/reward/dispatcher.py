@@ -1,10 +1,12 @@
 """Reward dispatcher: verifiers run in long-lived worker processes, each call under a timeout.
 
-A verifier is any ``fn(completion: str, prompt: str, meta: dict) -> float`` named by a
-``"module:function"`` or ``"path/to/file.py:function"`` path. The dispatcher validates the hook in
+A verifier is one or more weighted hooks in any of the forms ``hooks.py`` accepts, each named by a
+``"module:function"`` or ``"path/to/file.py:function"`` path. The dispatcher validates the hooks in
 the parent when it is built (a hook that does not import is a :class:`HookError` before the first
 step, not an hour in), decodes completions in the parent, and ships only strings and ``meta`` to
-the workers; each worker imports the hook itself by the same path.
+the workers; each worker imports the hooks itself by the same paths and calls every hook on a
+sample. The sample's reward is the weighted sum (``hooks.combine``); its per-hook values are in
+``sample.reward_parts``; ``reward is None`` when no hook scored it (TRL's ``None``).
 
 Nothing a verifier does stops the run:
   - it raises: reward 0, ``reward_flag = "error: <ExcType>: <msg>"``;
@@ -23,8 +25,6 @@ cost is the interpreter start plus the hook's own imports. A background thread f
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import os
 import pickle
 import select
@@ -39,6 +39,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from rollyard.reward import hooks
 from rollyard.reward import worker as _worker
 from rollyard.tasks.base import HookError
 
@@ -47,86 +48,43 @@ if TYPE_CHECKING:
 
 WORKER_SCRIPT = os.path.abspath(_worker.__file__)
 _HEADER = struct.Struct(">I")
-RULE = ("a reward hook is 'module:function' (an importable module) or 'path/to/file.py:function', "
-        "naming fn(completion: str, prompt: str, meta: dict) -> float")
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (and flags every call)
 
 
 
-# --------------------------------------------------------------------------------------------- hooks
-def _load(path: str) -> tuple[Callable, tuple[str, str, str]]:
-    """The hook's callable and its ``(kind, target, attr)`` spec (what the workers import); HookError otherwise."""
-    try:
-        kind, target, attr = _worker.parse_hook(path)
-    except ValueError:
-        raise HookError(f"reward hook {path!r} is malformed: {RULE}; e.g. reward.hook=my_rewards:score "
-                        f"or reward.hook=hooks/reward.py:score") from None
-    if kind == "file" and not os.path.isfile(target):
-        raise HookError(f"reward hook {path!r}: file {target} does not exist; {RULE} (relative paths are "
-                        f"from the working directory {os.getcwd()})")
-    try:
-        module = _import(kind, target)
-    except ModuleNotFoundError as e:
-        if e.name and (target == e.name or target.startswith(e.name + ".")):
-            raise HookError(f"reward hook {path!r}: no module named {e.name!r} on the Python path; install it, "
-                            f"run from the folder that holds it, or name the file: "
-                            f"reward.hook=path/to/{target.replace('.', '/')}.py:{attr}") from None
-        raise HookError(f"reward hook {path!r}: importing {target} failed: {type(e).__name__}: {e}; "
-                        f"install the missing package or fix the module's imports") from None
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 - any import-time failure of user code is bad input
-        raise HookError(f"reward hook {path!r}: importing {target} raised {type(e).__name__}: {e}; "
-                        f"fix the module so it imports cleanly") from None
-    try:
-        fn = _worker.get_attr(module, attr)
-    except AttributeError:
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        close = difflib.get_close_matches(attr, names, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise HookError(f"reward hook {path!r}: {target} has no function {attr!r}; {hint}"
-                        f"its functions: {', '.join(names[:12]) or '(none)'}") from None
-    if not callable(fn):
-        raise HookError(f"reward hook {path!r}: {attr} is a {type(fn).__name__}, not a function; {RULE}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins have no signature: let the call decide
-        sig = None
-    if sig is not None:
-        try:
-            sig.bind("completion", "prompt", {})
-        except TypeError as e:
-            raise HookError(f"reward hook {path!r}: {attr}{sig} cannot be called as fn(completion, prompt, meta) "
-                            f"({e}); give it exactly those three positional parameters") from None
-    return fn, (kind, target, attr)
-
-
-def _import(kind: str, target: str):
-    try:
-        return _worker.import_target(kind, target)
-    except ModuleNotFoundError as e:
-        # A console script does not put the working directory on sys.path; a hook module sitting in
-        # it should still import (the workers get the same sys.path).
-        cwd = os.getcwd()
-        if kind == "module" and e.name == target.split(".")[0] and cwd not in sys.path and "" not in sys.path:
-            sys.path.append(cwd)
-            return _worker.import_target(kind, target)
-        raise
-
-
 def load_hook(path: str) -> Callable:
     """Resolve ``"module:function"`` or ``"path/to/file.py:function"`` to the callable; :class:`HookError` otherwise."""
-    return _load(path)[0]
+    return hooks.load(path)[0]
+
+
+UNSCORED = "no reward hook scored it (every hook returned None)"
+
+
+def _groups(samples: list["Sample"]) -> list[list["Sample"]]:
+    """``samples`` split by ``request_id`` (one GRPO group per batch), in first-seen order."""
+    groups: dict[str, list] = {}
+    for s in samples:
+        groups.setdefault(s.request_id, []).append(s)
+    return list(groups.values())
+
+
+def split_unscored(samples: list["Sample"]) -> tuple[list["Sample"], list["Sample"]]:
+    """``(scored, unscored)``: a sample no hook scored (``reward is None``) is left out of the loss."""
+    return [s for s in samples if s.reward is not None], [s for s in samples if s.reward is None]
 
 
 # --------------------------------------------------------------------------------------- dispatcher
 @dataclass
 class _Job:
-    seq: int
-    sample: Any
-    completion: str
-    prompt: str
-    meta: dict
+    """One call to a worker: the samples it scores (one, or a GRPO group when a hook is batched)."""
+
+    seqs: list[int]
+    samples: list[Any]
+    items: list[hooks.Item]  # (completion, prompt, meta, completion_ids) per sample: what the worker gets
+
+    @property
+    def seq(self) -> int:
+        return self.seqs[0]
 
 
 @dataclass(eq=False)
@@ -195,22 +153,30 @@ class RewardDispatcher:
     updated in place (``reward``, ``reward_flag``). Use as a context manager or call ``close``.
     """
 
-    def __init__(self, hook: str, *, num_workers: int = 2, timeout_s: float = 5.0,
-                 decode: Callable[[list[int]], str], eos_token_id: int | None = None,
-                 start_timeout_s: float = 60.0, timeout_policy: Any = None):
+    def __init__(self, hook: str | list[str], *, num_workers: int = 2, timeout_s: float = 5.0,
+                 decode: Callable[[list[int]], str], eos_token_id: int | list[int] | None = None,
+                 start_timeout_s: float = 60.0, weights: list[float] | None = None,
+                 timeout_policy: Any = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.hook = hook
-        self.fn, self._spec = _load(hook)  # HookError here, in the parent, before any worker starts
+        paths = [hook] if isinstance(hook, str) else list(hook)
+        self.weights = [1.0] * len(paths) if weights is None else [float(w) for w in weights]
+        if not paths or len(self.weights) != len(paths):
+            raise ValueError(f"{len(paths)} reward hooks and {len(self.weights)} weights: give one weight per hook")
+        self.hook = hook if isinstance(hook, str) else ", ".join(paths)
+        self.names = hooks.names_of(paths)
+        loaded = [hooks.load(p) for p in paths]  # HookError here, in the parent, before any worker starts
+        self.forms = [form for _, _, form in loaded]
+        self._spec = [(spec, form) for _, spec, form in loaded]
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
         # Optional adaptive per-call timeout (reward/timeout.py): .timeout(meta) -> s, .observe(meta, s).
         self.timeout_policy = timeout_policy
         self._decode = decode
-        self._eos = eos_token_id
+        self._eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         self.stats: dict[str, float] = {
             "scored": 0, "timeouts": 0, "errors": 0, "worker_restarts": 0,
             "worker_start_s": 0.0, "latency_p50_s": 0.0, "latency_p99_s": 0.0, "verify_p50_s": 0.0,
@@ -247,7 +213,7 @@ class RewardDispatcher:
     # ------------------------------------------------------------------------------ public API
     def submit(self, sample: "Sample") -> None:
         """Queue ``sample`` for scoring; returns at once."""
-        self._submit(sample)
+        self._submit([sample])
 
     def results(self) -> Iterator["Sample"]:
         """Yield submitted samples as they finish (any order) until none is outstanding."""
@@ -272,8 +238,13 @@ class RewardDispatcher:
         return out
 
     def score(self, samples: list["Sample"]) -> list["Sample"]:
-        """Score ``samples`` and return them (the same objects, rewards set) in input order."""
-        seqs = [self._submit(s) for s in samples]
+        """Score ``samples`` and return them (the same objects, rewards set) in input order.
+
+        With a TRL-form (batched) hook, each GRPO group (same ``request_id``) is one call, as TRL
+        calls its reward functions; otherwise each sample is its own call (its own timeout).
+        """
+        batches = _groups(samples) if "trl" in self.forms else [[s] for s in samples]
+        seqs = [seq for batch in batches for seq in self._submit(batch)]
         with self._cond:
             for seq in seqs:
                 while seq not in self._done:
@@ -311,27 +282,27 @@ class RewardDispatcher:
         self.close()
 
     # ---------------------------------------------------------------------------- submission
-    def _submit(self, sample) -> int:
+    def _submit(self, samples: list) -> list[int]:
+        """Queue ``samples`` as one call; a sample that cannot be decoded is flagged at once instead."""
         if self._closed:
             raise RuntimeError("RewardDispatcher is closed")
         with self._cond:
             self._raise_if_crashed()
-            seq = self._seq
-            self._seq += 1
-            self._outstanding += 1
-        try:
-            ids = list(sample.completion_ids)
-            if self._eos is not None:
-                while ids and ids[-1] == self._eos:
-                    ids.pop()
-            completion = self._decode(ids)
-            prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
-            if not isinstance(prompt, str):
-                prompt = self._decode(list(sample.prompt_ids))
-            job = _Job(seq, sample, completion, prompt, dict(sample.meta or {}))
-        except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
-            self._finish(_Job(seq, sample, "", "", {}), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
-            return seq
+            seqs = list(range(self._seq, self._seq + len(samples)))
+            self._seq += len(samples)
+            self._outstanding += len(samples)
+        job = _Job([], [], [])
+        for seq, sample in zip(seqs, samples):
+            try:
+                item = self._item(sample)
+            except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
+                self._finish(_Job([seq], [sample], []), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
+                continue
+            job.seqs.append(seq)
+            job.samples.append(sample)
+            job.items.append(item)
+        if not job.seqs:
+            return seqs
         with self._cond:
             broken = self._broken
             if not broken:
@@ -340,7 +311,18 @@ class RewardDispatcher:
             self._finish(job, 0.0, f"error: {broken}", "error")
         else:
             self._wake()
-        return seq
+        return seqs
+
+    def _item(self, sample) -> hooks.Item:
+        """``(completion, prompt, meta, completion_ids)``: the completion without its trailing EOS ids."""
+        ids = list(sample.completion_ids)
+        while ids and ids[-1] in self._eos:
+            ids.pop()
+        completion = self._decode(ids)
+        prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
+        if not isinstance(prompt, str):
+            prompt = self._decode(list(sample.prompt_ids))
+        return completion, prompt, dict(sample.meta or {}), ids
 
     def _wait(self) -> None:
         """Wait on the condition (caller holds it), surfacing a crashed feeder thread instead of hanging."""
@@ -365,21 +347,26 @@ class RewardDispatcher:
             self._latencies.clear()
             self._verify.clear()
 
-    def _finish(self, job: _Job, reward: float, flag: str | None, kind: str | None,
-                latency: float | None = None, verify_s: float | None = None) -> None:
-        job.sample.reward = float(reward)
-        job.sample.reward_flag = flag
+    def _finish(self, job: _Job, reward: float | None, flag: str | None, kind: str | None,
+                latency: float | None = None, verify_s: float | None = None,
+                outcomes: list[tuple[float | None, str | None, list]] | None = None) -> None:
+        """Settle every sample of ``job``: each with its own ``(reward, flag, parts)`` from ``outcomes``
+        (a worker's reply), or all with ``reward`` and ``flag`` (a timeout, a dead worker, ...)."""
+        outcomes = outcomes or [(reward, flag, [])] * len(job.samples)
         with self._cond:
-            self.stats["scored"] += 1
-            if kind == "timeout":
-                self.stats["timeouts"] += 1
-            elif kind == "error":
-                self.stats["errors"] += 1
+            for seq, sample, (r, f, parts) in zip(job.seqs, job.samples, outcomes):
+                sample.reward, sample.reward_flag, sample.reward_parts = None if r is None else float(r), f, parts
+                self.stats["scored"] += 1
+                k = kind or ("error" if f else None)
+                if k == "timeout":
+                    self.stats["timeouts"] += 1
+                elif k == "error":
+                    self.stats["errors"] += 1
+                self._done[seq] = sample
             if latency is not None:
                 self._latencies.append(latency)
             if verify_s is not None:
                 self._verify.append(verify_s)
-            self._done[job.seq] = job.sample
             self._cond.notify_all()
 
     def _wake(self) -> None:
@@ -402,7 +389,7 @@ class RewardDispatcher:
                                 start_new_session=True, close_fds=True, bufsize=0)
         self._procs.add(proc)
         w = _Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
-        if not self._send(w, {"hook": self._spec, "sys_path": list(sys.path)}):
+        if not self._send(w, {"hooks": self._spec, "sys_path": list(sys.path)}):
             w.start_deadline = t0  # died at once: the loop notices it on EOF
         return w
 
@@ -563,14 +550,14 @@ class RewardDispatcher:
                 job = self._pending.popleft()
             w = idle[0]
             try:
-                frame = (job.seq, job.completion, job.prompt, job.meta)
+                frame = (job.seq, job.items)
                 pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001
                 self._finish(job, 0.0, f"error: meta is not picklable: {type(e).__name__}: {e}", "error")
                 continue
             w.sent_at = time.monotonic()
             if self._send(w, frame):
-                limit = self.timeout_s if self.timeout_policy is None else self.timeout_policy.timeout(job.meta)
+                limit = self.timeout_s if self.timeout_policy is None else self.timeout_policy.timeout(job.samples[0].meta)
                 w.job, w.state, w.deadline = job, "busy", w.sent_at + limit
             else:  # the worker died while idle: not this job's fault, requeue it
                 with self._cond:
@@ -603,8 +590,9 @@ class RewardDispatcher:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
             w.job, w.state = None, "idle"
             if self.timeout_policy is not None:
-                self.timeout_policy.observe(job.meta, now - w.sent_at)
-            if status == "ok":
-                self._finish(job, value, None, None, latency=now - w.sent_at, verify_s=verify_s)
+                self.timeout_policy.observe(job.samples[0].meta, now - w.sent_at)
+            if status == "ok":  # value: per sample, one part per hook
+                self._finish(job, 0.0, None, None, latency=now - w.sent_at, verify_s=verify_s,
+                             outcomes=[hooks.combine(parts, self.weights) for parts in value])
             else:
                 self._finish(job, 0.0, f"error: {value}"[:500], "error", latency=now - w.sent_at, verify_s=verify_s)

@@ -16,7 +16,12 @@ RUN_DIR/
                      "prompt_lengths": [int, ...] (tokens per prompt; review prices the prompts edge from it)
   run.json           written at start: the facts `plan`/`review` need (RUN_INFO_KEYS)
   deadletter.jsonl   prompts and samples that were set aside, with their reason
-  summary.json       written at the end: eval accuracy before/after, role shares, totals
+  summary.json       written at the end: eval accuracy before/after (null: no held-out set), role shares, totals
+  eval.jsonl         one JSON object per held-out eval: {"step", "accuracy"} (step 0 = before RL)
+  completions.jsonl  every log.completions_every steps, per sample: {"step", "id", "prompt", "completion",
+                     "reward", "rewards" (per hook), "version", "finish_reason"}
+  plots/*.png        written by `rollyard report` (and at the end of train)
+  tensorboard/       TensorBoard event files (log.tensorboard)
   checkpoints/step_NNNNNN/   model, optimizer, RNG, step, weight version, dataset cursor
   model/             the final policy as a Hugging Face directory
 ```
@@ -25,6 +30,7 @@ RUN_DIR/
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -37,6 +43,9 @@ DEADLETTER = "deadletter.jsonl"
 SUMMARY = "summary.json"
 LENGTHS = "lengths.jsonl"
 RUN_INFO = "run.json"
+EVAL = "eval.jsonl"
+COMPLETIONS = "completions.jsonl"
+PLOTS = "plots"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 
@@ -74,6 +83,20 @@ RUN_INFO_KEYS = {
 TIME_KEY = "time/{role}"          # seconds spent in the role this step
 STEP_TIME = "time/step"           # wall-clock seconds of the whole step
 STALENESS_MAX = "staleness/max"   # largest (trainer version - sample version) in the batch
+
+
+def strict_json(obj: Any, indent: int | None = 1) -> str:
+    """``obj`` as standard JSON: NaN and infinities (which ``json.dumps`` writes as bare ``NaN``, not
+    JSON) become null, so any JSON reader accepts the file."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+    return json.dumps(clean(obj), indent=indent, allow_nan=False)
 
 
 class RunDirError(ValueError):

@@ -21,8 +21,9 @@ from rollyard.telemetry import rundir
 class Telemetry:
     """``span(role, step)``, ``traffic(step, edge, nbytes)``, ``metrics(step, values)``."""
 
-    def __init__(self, run_dir: str | Path, worker: str = "driver"):
+    def __init__(self, run_dir: str | Path, worker: str = "driver", tracking=None):
         self.run_dir = Path(run_dir)
+        self.tracking = tracking  # telemetry.tracking.Tracking (TensorBoard / W&B) or None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.worker = worker
         self._lock = threading.Lock()
@@ -70,7 +71,7 @@ class Telemetry:
             for edge in rundir.EDGES:
                 nbytes, count = pending.get(edge, [0, 0])
                 self._traffic_file.write(json.dumps({"step": step, "edge": edge, "bytes": nbytes, "count": count}) + "\n")
-            for edge, (nbytes, count) in pending.items():
+            for edge, (nbytes, _count) in pending.items():
                 values[f"bytes/{edge}"] = nbytes
             row = {"step": step}
             for role, secs in self.step_seconds.get(step, {}).items():
@@ -79,11 +80,29 @@ class Telemetry:
             self._metrics.write(json.dumps(row, default=float) + "\n")
             for f in (self._spans, self._metrics, self._traffic_file, self._lengths):
                 f.flush()
+        if self.tracking is not None:
+            self.tracking.log(step, row)
         return row
+
+    def completions(self, step: int, records: list[dict[str, Any]]) -> None:
+        """Append sampled completions (``telemetry.tracking.completion_records``) to completions.jsonl."""
+        with open(self.run_dir / rundir.COMPLETIONS, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        if self.tracking is not None:
+            self.tracking.completions(step, records)
+
+    def evaluation(self, step: int, accuracy: float) -> None:
+        """Record a held-out greedy accuracy measured after ``step`` optimizer steps (eval.jsonl)."""
+        with open(self.run_dir / rundir.EVAL, "a") as f:
+            f.write(json.dumps({"step": step, "accuracy": accuracy}) + "\n")
+        if self.tracking is not None:
+            self.tracking.log(step, {"eval/accuracy": accuracy})
 
     def close(self) -> None:
         for f in (self._spans, self._metrics, self._traffic_file, self._lengths):
             f.close()
+        if self.tracking is not None:
+            self.tracking.close()
         export_trace(self.run_dir)
 
 

@@ -157,7 +157,8 @@ class Trainer:
         if not self.packing:
             warnings.warn(f"{type(model).__name__} ({model.config._attn_implementation} attention) lets packed "
                           f"sequences attend across boundaries; rollyard will not pack (one sequence per "
-                          f"micro-batch). Use attn_implementation='sdpa', 'eager' or 'flash_attention_2'.")
+                          f"micro-batch). Use attn_implementation='sdpa', 'eager' or 'flash_attention_2'.",
+                          stacklevel=2)
 
     # -- the packed forward ---------------------------------------------------------------------
 
