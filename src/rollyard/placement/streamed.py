@@ -69,11 +69,12 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
     with tel.span("train", step):
         train_metrics = stream.finish()
     ctx.state.extra["tail"] = scheduler.state()
-    trained = scheduler.trained
+    by_kind = scheduler.trained
     round_metrics = {
         "tail/long_round": float(rnd.kind == "long"), "tail/deferred": float(len(rnd.deferred)),
         "tail/queue": float(len(scheduler.queue)), "tail/bubble": rnd.bubble,
-        "tail/wasted_tokens": float(rnd.wasted_tokens), "tail/decode_steps": float(rnd.decode_steps), "tail/train_in_round_s": in_round["train_s"],
-        "tail/long_share": trained["long"] / max(trained["short"] + trained["long"], 1),
+        "tail/wasted_tokens": float(rnd.wasted_tokens), "tail/decode_steps": float(rnd.decode_steps),
+        "tail/train_in_round_s": in_round["train_s"],
+        "tail/long_share": by_kind["long"] / max(by_kind["short"] + by_kind["long"], 1),
     }
     return rnd.requests, trained, train_metrics, round_metrics
