@@ -31,9 +31,9 @@ from statistics import mean
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from rollyard.cli import main
-from rollyard.config import load_config
-from rollyard.telemetry import rundir
+from rollyard.cli import main  # noqa: E402
+from rollyard.config import load_config  # noqa: E402
+from rollyard.telemetry import rundir  # noqa: E402
 
 
 def plan_whatif(response_lengths: list[int], cfg, rollout_s: float, steps: int) -> dict:

@@ -397,6 +397,12 @@ def test_equal_hardware_best_split_hand_worked():
     assert onp["async"]["step_s"] == pytest.approx(2.2 + 2.0 + 0.04)
     # ... and the disaggregated pools take turns: best 3:1 -> round(3) 2.0 + 4.0 + 0.04 vs 2:2 -> 2.2 + 2.0 + 0.04.
     assert onp["disaggregated"]["step_s"] == pytest.approx(2.2 + 2.0 + 0.04)
+    # Streaming the trainer over 4 mini-batches (still on-policy): a two-stage pipeline,
+    # 2:2 -> max(2.2, 2.0) + min(2.2, 2.0) / 4 + 0.04 = 2.74 s.
+    st = make_plan(load_plan(None, [*EQUAL, "placement=disaggregated", "sync.staleness_bound=0",
+                                    "phases.train_streamed=true", "trainer.minibatches=4"]))
+    assert st.equal_hardware()["disaggregated"]["step_s"] == pytest.approx(2.2 + 2.0 / 4 + 0.04)
+    assert ("rollout", "train") in {(a, b) for a, b, _ in st.decision.overlaps}
     # At equal GPUs a split without bubble removal never beats colocated's R + T by more than the bubble.
     assert json.loads(json.dumps(plan.as_dict()))["equal_hardware"]["gpus"] == 4
 

@@ -249,8 +249,10 @@ def test_check_passes_only_when_every_item_passed(tmp_path, capsys):
 
 
 def test_weights_measured_at_the_transport_against_the_plan(tmp_path):
-    # run.json says full sync of 5e5 params x 4 B = 2 MB per sync, every step: the plan predicts 2 MB/step.
-    info = {"placement": "disaggregated", "sync_mode": "full", "sync_every": 1, "sync_transport": "gloo"}
+    # run.json says full sync of 5e5 params x 4 B = 2 MB per sync, every step: the plan predicts 2 MB/step
+    # (this runtime states it opens without a full sync; the default is one, see below).
+    info = {"placement": "disaggregated", "sync_mode": "full", "sync_every": 1, "sync_transport": "gloo",
+            "initial_full_sync": False}
     ok = review(make_run(tmp_path / "ok", info_extra=info, ledger_extra={"weights": 2_000_000 + 4_000}))
     w = {t["edge"]: t for t in ok.traffic}["weights"]
     assert w["predicted_per_step"] == 2_000_000 and w["status"] == "ok"  # 0.2% framing is within tolerance
@@ -265,6 +267,14 @@ def test_weights_measured_at_the_transport_against_the_plan(tmp_path):
     # Every 2 steps: 3 steps hold one sync (step 1), so 2 MB over the run.
     sparse = review(make_run(tmp_path / "sparse", info_extra={**info, "sync_every": 2}))
     assert {t["edge"]: t for t in sparse.traffic}["weights"]["predicted"] == 2_000_000
+    # By default a run opens with one full sync (the engine starts equal to the trainer): LoRA of
+    # 1% of 5e5 params x 4 B = 20 kB per step, plus 2 MB once: 3 x 20 kB + 2 MB over 3 steps.
+    lora = {**info, "sync_mode": "lora", "lora_fraction": 0.01}
+    del lora["initial_full_sync"]
+    rv = review(make_run(tmp_path / "lora", info_extra=lora, ledger_extra={"weights": 20_000},
+                         extra_traffic={"edge": "weights", "bytes": 2_000_000 / 3}))
+    w = {t["edge"]: t for t in rv.traffic}["weights"]
+    assert w["predicted"] == pytest.approx(3 * 20_000 + 2_000_000) and w["status"] == "ok"
     # Delta without a stated changed fraction cannot be priced: not checked, not a pass.
     delta = review(make_run(tmp_path / "delta", info_extra={**info, "sync_mode": "delta"}))
     assert items(delta)["No unexplained traffic"] == NOT_CHECKED

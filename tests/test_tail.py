@@ -1,7 +1,6 @@
 """Tail batching: short/long rounds, the deferral queue across checkpoints, the prompt ledger,
 the streaming trainer's equivalence with one big step, the adaptive reward timeout, bad input."""
 
-import copy
 import json
 from collections import Counter
 from pathlib import Path

@@ -50,6 +50,7 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
         t0 = time.perf_counter()
         group, unscored = split_unscored(group)  # a sample no hook scored is left out of the loss
         ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
+        group = ctx.settle_rewards(step, group)  # failed verifier calls (per group; the step row shows the last)
         trained.extend(group)
         if not group:
             return

@@ -148,6 +148,9 @@ def overlaps(p: PlanInputs, placement: str) -> list[tuple[str, str, str]]:
         out.append(("rollout", "train", "the two pools run concurrently: batch k+1 decodes while step k trains"))
     if placement == "async":
         out.append(("rollout", "sync", "the weight transfer runs under the rollout tail; the engine swaps at a batch boundary"))
+    if placement != "colocated" and p.phases.train_streamed and p.sync.staleness_bound == 0:
+        out.append(("rollout", "train", f"on-policy streaming: the trainer accumulates mini-batch 1 of "
+                                        f"{p.trainer.minibatches} while the rest decode"))
     if p.phases.reward_streamed:
         out.append(("rollout", "reward", "reward scoring is streamed while decode continues"))
     return out

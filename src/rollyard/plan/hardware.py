@@ -130,6 +130,7 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     """placement -> {"best": PoolSplit, "all": [PoolSplit...]} on G = p.total_gpus() accelerators."""
     G = p.total_gpus()
     reward = reward_on_rollout_side(p)
+    stream = p.trainer.minibatches if p.phases.train_streamed else 0
     ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G)
     colo = M.PoolSplit("colocated", G, G, ro, tr, reload_s, M.colocated_step_s(ro, 0.0, tr, reload_s))
     out = {"colocated": {"best": colo, "all": [colo]}}
@@ -139,11 +140,11 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
             if placement == "async":
                 ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
                 tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt)
-                step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound)
+                step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             else:
                 ro = rollout_s(p, gr, lengths=lengths) + reward
                 tr = reference_s(p, gt) + train_s(p, gt)
-                step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound)
+                step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             rows.append(M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step))
         best = min(rows, key=lambda r: r.step_s) if rows else None
         out[placement] = {"best": best, "all": rows}

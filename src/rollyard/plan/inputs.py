@@ -64,6 +64,7 @@ class TrainerSection(Section):
     grad_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per gradient element on the wire [bytes]; null = policy.bytes_per_param (the runbook's model)")
     gpus: int | None = Field(None, ge=1, description="GPUs in the trainer pool [count]; null = dp")
     flops_per_gpu: float = Field(4e14, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; 4e14 is ~40% of an H100's bf16 dense peak (seed 002 quotes ~8e14 as best case)")
+    minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
     sharding: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every rank holds all training state and ring-all-reduces gradients (the runbook); fsdp: state sharded over dp ranks, gradients reduce-scattered and parameters all-gathered twice per step (forward, backward)")
 
 
@@ -109,6 +110,7 @@ class PhasesSection(Section):
     algorithm_s: float = Field(0.0, ge=0, le=1e9, description="advantages / loss bookkeeping per step [s]")
     use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
     async_rollout_logprobs: bool = Field(False, description="async: the trainer takes the rollout engine's logprobs as the old logprobs (verl fully-async's default), so the trainer pool runs no old-logprob/reference forward")
+    train_streamed: bool = Field(False, description="split pools: the trainer accumulates gradients over trainer.minibatches pieces of the batch as they are generated (one optimizer step per batch, so on-policy): with staleness bound 0 the pools overlap within the step")
     reward_streamed: bool = Field(False, description="reward scoring is streamed while decode continues (then reward and rollout must overlap)")
 
 

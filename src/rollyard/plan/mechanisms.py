@@ -140,19 +140,37 @@ def colocated_step_s(rollout_round_s: float, reward_s: float, trainer_s: float, 
     return rollout_round_s + reward_s + trainer_s + reload_s
 
 
-def disaggregated_step_s(rollout_side_s: float, trainer_s: float, sync_s: float, staleness_bound: int = 1) -> float:
+def streamed_s(rollout_side_s: float, trainer_s: float, minibatches: int) -> float:
+    """On-policy streaming: the trainer accumulates gradients over ``minibatches`` pieces of the
+    step's batch as they are generated (one optimizer step at the end, so still on-policy). A
+    two-stage pipeline: the slower stage runs throughout, plus the faster stage's share of the
+    first piece (fill) or the last (drain)."""
+    if minibatches < 1:
+        raise ValueError(f"streaming needs >= 1 mini-batches, got {minibatches}")
+    return max(rollout_side_s, trainer_s) + min(rollout_side_s, trainer_s) / minibatches
+
+
+def disaggregated_step_s(rollout_side_s: float, trainer_s: float, sync_s: float, staleness_bound: int = 1,
+                         streamed_minibatches: int = 0) -> float:
     """Two pools one step apart in lockstep: the slower pool paces, and the broadcast holds both.
-    With bound 0 they cannot be a step apart: they take turns, each idle while the other works."""
+    With bound 0 they cannot be a step apart: they take turns, each idle while the other works,
+    unless the trainer streams the step's mini-batches (``streamed_minibatches`` > 0)."""
     if staleness_bound < 1:
+        if streamed_minibatches:
+            return streamed_s(rollout_side_s, trainer_s, streamed_minibatches) + sync_s
         return rollout_side_s + trainer_s + sync_s
     return max(rollout_side_s, trainer_s) + sync_s
 
 
-def async_step_s(rollout_side_s: float, trainer_s: float, sync_s: float, staleness_bound: int = 1) -> float:
+def async_step_s(rollout_side_s: float, trainer_s: float, sync_s: float, staleness_bound: int = 1,
+                 streamed_minibatches: int = 0) -> float:
     """Two pools decoupled by a staleness bound >= 1: each runs at its own rate, the sync is a
     background transfer; the slowest of the three (rollout, trainer, one sync per step) paces.
-    With bound 0 nothing may run ahead: generation waits for the new weights every step."""
+    With bound 0 nothing may run ahead: generation waits for the new weights every step (streaming
+    the trainer's mini-batches then overlaps within the step)."""
     if staleness_bound < 1:
+        if streamed_minibatches:
+            return streamed_s(rollout_side_s, trainer_s, streamed_minibatches) + sync_s
         return rollout_side_s + trainer_s + sync_s
     return max(rollout_side_s, trainer_s, sync_s)
 

@@ -257,7 +257,13 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
                                         delta_fraction=float(info.get("delta_fraction") or 0.0),
                                         delta_index_bytes=float(info.get("delta_index_bytes", 8)),
                                         lora_fraction=float(info.get("lora_fraction") or 0.0))
-        out["weights"] = (nbytes * syncs, f"{mode} sync: {B.fmt_bytes(nbytes)} x {syncs} syncs (values + indices)")
+        # The rollout engine starts equal to the trainer (DESIGN: equality check at start-up), so a
+        # run opens with one full sync unless run.json says it does not.
+        first = (B.predicted_sync_bytes(float(info["policy_params"]), float(info["bytes_per_param"]), "full")
+                 if info.get("initial_full_sync", True) else 0.0)
+        out["weights"] = (first + nbytes * syncs,
+                          f"{mode} sync: {B.fmt_bytes(nbytes)} x {syncs} syncs (values + indices)"
+                          + (f" + one full sync at start ({B.fmt_bytes(first)})" if first else ""))
     else:
         out["weights"] = (None, f"not priced: run.json sync_mode {mode!r}")
     dp = int(info.get("dp", 1))

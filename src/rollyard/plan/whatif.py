@@ -197,7 +197,10 @@ def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int,
             short += 1
 
     sample_pool = sorted(plain_s.draw() for _ in range(4000)) if not lengths else sorted(lengths)
-    pct = lambda q: float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])
+
+    def pct(q: float) -> float:
+        return float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])
+
     plain_len = sum(r[0] for r in plain) / steps
     tail_len = sum(r[0] for r in tail) / steps
     step_s = rollout_s / plain_len if plain_len else 0.0

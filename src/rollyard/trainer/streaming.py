@@ -47,6 +47,11 @@ class StreamingStep:
         tokens = sum(a["tokens"] for a in accs)
         seqs = sum(a["seqs"] for a in accs)
         den = max(tokens if t.loss_agg == "token-mean" else seqs, 1)
+
+        def total(key: str) -> float:
+            return float(sum(float(a[key]) for a in accs))
+
+        skipped = False
         if tokens == 0:
             t.optimizer.zero_grad(set_to_none=True)
             grad_norm = 0.0
@@ -55,9 +60,8 @@ class StreamingStep:
                 for p in t.params:
                     if p.grad is not None:
                         p.grad.div_(den)
-            grad_norm = t._optimizer_step()
+            grad_norm, skipped = t._optimizer_step(total("loss") / den)  # clip, non-finite guard, step
         n = max(tokens, 1)
-        total = lambda key: float(sum(float(a[key]) for a in accs))
         ratio = torch.cat([x for a in accs for x in a["log_ratio"]]).exp() if tokens else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         metrics = {
@@ -67,7 +71,7 @@ class StreamingStep:
             "tis_capped_frac": total("capped") / n, "logprob_diff": total("diff_sum") / n,
             "logprob_diff_max": max((float(a["diff_max"]) for a in accs), default=0.0),
             "tokens": float(tokens), "packed_tokens": total("packed_tokens"), "micro_batches": total("micro_batches"),
-            "groups": float(self.groups),
+            "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total),
         }
         if accs and all(a["want_kl"] for a in accs):
             metrics["kl"] = total("kl_sum") / n
