@@ -127,7 +127,7 @@ class TrainerConfig(Section):
 
 
 class SyncConfig(Section):
-    mode: str = Field("auto", description="weight sync mode: auto (inprocess when colocated, else full) | inprocess | full | delta | lora")
+    mode: str = Field("auto", description="weight sync mode: auto (lora when model.lora.r > 0; else inprocess when colocated with an fp32 rollout copy, else full) | inprocess | full | delta | lora")
     transport: str = Field("auto", description="auto (inprocess when colocated, else ray) | inprocess | dist (torch.distributed broadcast) | ray (object store)")
     every: int = Field(1, ge=1, description="publish weights every N optimizer steps")
     bucket_mb: float = Field(64.0, gt=0.0, description="dist transport: broadcast bucket size in MB")

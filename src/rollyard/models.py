@@ -140,11 +140,46 @@ def source_dtype(name_or_path: str) -> torch.dtype | None:
     return getattr(torch, name, None) if isinstance(name, str) else None
 
 
+ADAPTER_DIR = "adapter"
+
+
+def lora_target_error(model, targets: list[str]) -> str | None:
+    """Why ``targets`` cannot be LoRA-wrapped in ``model`` (a name no linear layer has), or None."""
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    missing = [t for t in targets if t not in linear]
+    if not targets or missing:
+        return (f"model.lora.targets={targets}: {missing or 'empty'} not among this model's linear layers "
+                f"{linear}; set model.lora.targets to some of those")
+    return None
+
+
+def attach_lora(model, r: int, alpha: float, targets: list[str]):
+    """Wrap ``model`` in a PEFT LoRA adapter of rank ``r`` on ``targets``; base weights frozen.
+
+    Returns the ``PeftModel`` (only ``lora_A``/``lora_B`` require grad; the adapter starts as an
+    identity: ``lora_B`` is zero). Raises ``ValueError`` when a target names no linear layer.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    why = lora_target_error(model, targets)
+    if why:
+        raise ValueError(why)
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0))
+
+
 def export(model, tokenizer, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors), in ``dtype`` when given
-    (the dtype the model came in: training runs in fp32, the export keeps the user's bf16)."""
+    (the dtype the model came in: training runs in fp32, the export keeps the user's bf16).
+
+    A PEFT model is written merged (``AutoModelForCausalLM.from_pretrained(out)`` loads the policy
+    as trained) and its adapter in PEFT format under ``out/adapter`` (``PeftModel.from_pretrained(
+    base, out / "adapter")`` loads it onto the base).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model.save_pretrained(out / ADAPTER_DIR)
+        model = copy.deepcopy(model).merge_and_unload()
     if dtype is not None and dtype != next(model.parameters()).dtype:
         model = copy.deepcopy(model).to(dtype)
     model.save_pretrained(out)

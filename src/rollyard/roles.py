@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rollyard.config import ConfigError, RunConfig
-from rollyard.models import context_length, eos_ids, load_policy
+from rollyard.models import attach_lora, context_length, eos_ids, load_policy, lora_target_error
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
@@ -93,7 +93,16 @@ def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
 
 def policy(cfg: RunConfig, device: str):
     model, tokenizer = load_policy(cfg.model.name, seed=cfg.model.seed, max_position_embeddings=cfg.model.context)
+    lora = cfg.model.lora
+    if lora.r > 0 and (why := lora_target_error(model, lora.targets)):  # at start-up, before any warm start
+        raise ConfigError(why)
     return model.to(device), tokenizer, context_length(model)
+
+
+def with_lora(cfg: RunConfig, model):
+    """The policy to train: ``model`` itself, or wrapped in a PEFT LoRA adapter when ``model.lora.r > 0``."""
+    lora = cfg.model.lora
+    return attach_lora(model, lora.r, lora.alpha, lora.targets) if lora.r > 0 else model
 
 
 def engine(cfg: RunConfig, model, tokenizer, version: int = 0) -> RolloutEngine:

@@ -28,6 +28,7 @@ from rollyard.reward.failures import RewardFailures
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import PromptStream
 from rollyard.sft import warm_start
+from rollyard.sync.factory import sync_facts
 from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir, sessions
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
@@ -156,6 +157,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     sft_info: dict = {}
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
         model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, rewards, cfg, context, device, console.print)
+    model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
     reference = None
     if cfg.algo.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -190,7 +192,7 @@ def run_info(cfg: RunConfig, model) -> dict:
         "placement": cfg.placement, "sync_mode": "inprocess", "dp": 1,
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens, "staleness_bound": 0, "lora_fraction": None,
-        "steps": cfg.steps,
+        "steps": cfg.steps, **sync_facts(cfg, model, roles.device_of(cfg)),
     }
 
 

@@ -61,7 +61,7 @@ def streamed_step(ctx, step: int, scheduler) -> tuple[list[Request], list[Sample
         stream.add(group)
         in_round["train_s"] += time.perf_counter() - t0
 
-    with tel.span("rollout", step, version=ctx.state.version):
+    with tel.span("rollout", step, version=ctx.engine.version):
         rnd = scheduler.next_round(ctx.engine, ctx.rewards, step, on_group)
     ctx.dead_letter(rnd.dead, step)
     tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in rnd.requests))

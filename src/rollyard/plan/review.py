@@ -250,6 +250,8 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     syncs = steps // every if every > 0 else steps
     if inprocess or mode == "inprocess":
         out["weights"] = (0.0, "in-process sync: no bytes")
+    elif info.get("sync_transport") == "inprocess":
+        out["weights"] = (0.0, f"{mode} sync over the in-process transport: a local copy, no bytes on a wire")
     elif mode == "delta" and not isinstance(info.get("delta_fraction"), (int, float)):
         out["weights"] = (None, "not priced: a delta's size needs run.json delta_fraction")
     elif mode in ("full", "delta", "lora"):
@@ -372,7 +374,10 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
     steps_s = step_seconds(run)
 
     overlaps = overlap_audit(run.spans, plan.decision.overlaps)
-    bound = plan.decision.staleness_bound
+    # The bound the run was configured with (run.json) is what its samples must respect; a plan file's
+    # own decision applies only when the review is held against that plan.
+    run_bound = run.info.get("staleness_bound") if run.info else None
+    bound = plan.decision.staleness_bound if plan_file is not None or run_bound is None else int(run_bound)
     vals = [float(m[rundir.STALENESS_MAX]) for m in run.metrics if isinstance(m.get(rundir.STALENESS_MAX), (int, float))]
     stale = {"bound": bound, "max": max(vals) if vals else None, "steps": len(vals),
              "ok": bool(vals) and max(vals) <= bound, "measured": bool(vals)}

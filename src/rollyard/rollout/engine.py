@@ -44,7 +44,7 @@ from typing import Iterator
 import torch
 
 from rollyard.rollout import llama_forward
-from rollyard.sync.apply import apply_update
+from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
 INFLIGHT_POLICIES = ("finish", "abort", "continue")
@@ -298,6 +298,7 @@ class RolloutEngine:
         self._length_cap = None
         self.backend = self._pick_backend()
         self._stamp = self._param_versions()
+        self._receiver = Receiver(model, self.version)  # staged apply of weight updates
 
     # -- backend selection -------------------------------------------------------------------
 
@@ -542,9 +543,15 @@ class RolloutEngine:
         out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on
         under the new weights, each token stamped with the version it was sampled under. Queued
         samples (including a partly admitted group's waiting samples) start under the new weights.
+        The update is staged and verified before anything else (``sync/apply.py``): a corrupted,
+        truncated or version-skipping one raises ``SyncRejected`` with weights, version and
+        in-flight work untouched; the caller then publishes a full sync.
         """
         if inflight not in INFLIGHT_POLICIES:
             raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
+        # Staged beside the live weights first: a rejected update (SyncRejected) changes nothing.
+        self._receiver.version = self.version
+        staged = self._receiver.stage(update)
         aborted: list[Sample] = []
         if self._active:
             if inflight == "finish":
@@ -562,7 +569,7 @@ class RolloutEngine:
                     self._finish(s, "abort", aborted)
         for g in self._queue:  # prompt KV from the old weights: re-prefill under the new ones
             g.stash = g.logits = None
-        apply_update(self.model, update)
+        self._receiver.swap(staged)
         self.backend.refresh()
         self._stamp = self._param_versions()
         self.version = int(update.version)
