@@ -12,6 +12,7 @@ from rollyard.config import ConfigError, RunConfig
 from rollyard.models import attach_lora, context_length, eos_ids, load_policy, lora_target_error
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
+from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.tasks import builtin_verifier, chat, load_task
 from rollyard.tasks.base import DataError, HookError, Prompt
@@ -89,9 +90,13 @@ def reward_hooks(cfg: RunConfig) -> list[str]:
 
 def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    t = cfg.tail  # streaming rewards (scheduler=tail) get the adaptive per-call timeout; T_max = reward.timeout_s
+    policy = (AnchorTimeout(t.reward_t_min, t.reward_lambda, cfg.reward.timeout_s, t.reward_window)
+              if cfg.rollout.scheduler == "tail" else None)
     return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
                             timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
-                            memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s)
+                            memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s,
+                            timeout_policy=policy)
 
 
 def policy(cfg: RunConfig, device: str):

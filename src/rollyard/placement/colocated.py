@@ -17,6 +17,7 @@ from rollyard import roles, signals
 from rollyard.algo.advantages import grpo_advantages
 from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
+from rollyard.placement.streamed import make_scheduler, streamed_step
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.rollout.scheduler import to_requests
 from rollyard.sync.check import compare_weights
@@ -41,36 +42,41 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
     # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
     tel.traffic(ctx.state.step, "weights", push_pull(publisher, transport, ctx.model, engine, ctx.state.version, full=True))
     compare_weights(publisher.expected(ctx.model), engine.model, ctx.state.version)
+    sched = make_scheduler(ctx) if r.scheduler == "tail" else None
     with StepProgress(cfg.steps, ctx.state.step, cfg.progress) as progress:
         for step in range(ctx.state.step, cfg.steps):
-            requests, dead = to_requests(ctx.stream.take(r.prompts_per_step), ctx.tokenizer, r.samples_per_prompt,
-                                         r.max_new_tokens, ctx.context, suffix=f"@{step}")
-            ctx.dead_letter(dead, step)
-            tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+            round_metrics: dict = {}
+            if sched is not None:  # rollout.scheduler=tail: streamed round + streaming trainer
+                requests, samples, train_metrics, round_metrics = streamed_step(ctx, step, sched)
+            else:
+                requests, dead = to_requests(ctx.stream.take(r.prompts_per_step), ctx.tokenizer, r.samples_per_prompt,
+                                             r.max_new_tokens, ctx.context, suffix=f"@{step}")
+                ctx.dead_letter(dead, step)
+                tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
-            with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
-                samples, rejected = engine.generate(requests)
-            ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
-            tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
+                with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
+                    samples, rejected = engine.generate(requests)
+                ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
+                tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
-            with tel.span("reward", step):
-                samples, unscored = split_unscored(ctx.rewards.score(samples))
-                trained = ctx.settle_rewards(step, samples)  # failed verifier calls: counted, left out by default
-            ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
-            tel.traffic(step, "rewards", 4 * len(samples))
+                with tel.span("reward", step):
+                    samples, unscored = split_unscored(ctx.rewards.score(samples))
+                    trained = ctx.settle_rewards(step, samples)  # failed verifier calls: counted, left out by default
+                ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
+                tel.traffic(step, "rewards", 4 * len(samples))
 
-            if cfg.algo.kl_coef > 0:
-                with tel.span("reference", step):
-                    ref = trainer.logprobs(trained, model=ctx.reference)
-                    for s, lp in zip(trained, ref):
-                        s.ref_logprobs = lp.tolist()
-                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
+                if cfg.algo.kl_coef > 0:
+                    with tel.span("reference", step):
+                        ref = trainer.logprobs(trained, model=ctx.reference)
+                        for s, lp in zip(trained, ref):
+                            s.ref_logprobs = lp.tolist()
+                    tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
 
-            with tel.span("algorithm", step):
-                assign_advantages(trained, cfg.algo.normalize_std)
+                with tel.span("algorithm", step):
+                    assign_advantages(trained, cfg.algo.normalize_std)
 
-            with tel.span("train", step):
-                train_metrics = trainer.step(trained)
+                with tel.span("train", step):
+                    train_metrics = trainer.step(trained)
             after_step(tel, step, trainer)  # dp ranks: the gradients edge; fsdp: the gather (span + edge)
 
             ctx.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
@@ -86,7 +92,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             ctx.state.step = step + 1
             if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
                 ctx.eval_during(step)  # in this step's row, where the reward-hacking alarm compares it
-            row = ctx.end_step(step, requests, samples, train_metrics)
+            row = ctx.end_step(step, requests, samples, train_metrics, round_metrics)
             progress.update(row)
             if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps or signals.stop_requested():
                 ctx.save_checkpoint()

@@ -93,7 +93,8 @@ class RunContext:
         for rec in records[:3]:
             self.log(f"[yellow]dead-lettered {rec.get('source')}: {rec.get('reason')}[/yellow]")
 
-    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float]) -> dict:
+    def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float],
+                 extra: dict[str, float] | None = None) -> dict:
         """Write the step's metrics (rewards, lengths, canaries, staleness) and ledger; return the row."""
         rewards = [s.reward for s in samples if s.reward is not None] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
@@ -122,6 +123,7 @@ class RunContext:
         every = self.cfg.log.completions_every
         if every and step % every == 0:
             self.telemetry.completions(step, completion_records(step, samples, self.tokenizer))
+        values.update(extra or {})
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 

@@ -209,9 +209,11 @@ class Trainer:
         """Forward/backward every micro-batch of ``samples``, adding into ``.grad``; no step.
 
         Returns raw accumulators (tensors) that :meth:`step` turns into metrics. Exposed so tests
-        can compare the accumulated gradient across micro-batch sizes. ``denominators``:
-        ``(tokens, sequences)`` of the whole step when ``samples`` is one rank's share of it
-        (data-parallel ranks, :mod:`rollyard.trainer.dp`); default: those of ``samples``.
+        can compare the accumulated gradient across micro-batch sizes. ``denominators``
+        (``num_tokens, num_seqs`` of the loss aggregation) default to this call's; ``(1, 1)`` makes
+        the loss a plain sum, for a caller that scales the gradient once per step itself
+        (trainer/streaming.py), or the whole step's counts when ``samples``
+        is one data-parallel rank's share (trainer/dp.py).
         """
         if old_logprobs is not None and len(old_logprobs) != len(samples):
             raise ValueError(f"old_logprobs has {len(old_logprobs)} entries for {len(samples)} samples")
@@ -232,8 +234,7 @@ class Trainer:
 
         num_tokens = sum(len(s.completion_ids) for s in samples)
         num_seqs = sum(1 for s in samples if s.completion_ids)
-        if denominators is not None:
-            num_tokens, num_seqs = denominators
+        den_tokens, den_seqs = denominators if denominators is not None else (num_tokens, num_seqs)
         want_kl = self.kl_coef > 0 or (num_seqs > 0 and all(s.ref_logprobs is not None for s in samples if s.completion_ids))
         dev = self.device
         zero = torch.zeros((), device=dev)
@@ -255,12 +256,12 @@ class Trainer:
             seq_index = mb.seq_index.to(dev, non_blocking=True)
             tis = tis_weights(old, mu, self.tis_cap)
             pg, st = ppo_clip_loss(logp, old, adv, seq_index, clip_low=self.clip_low, clip_high=self.clip_high,
-                                   agg=self.loss_agg, tis_weight=tis, num_tokens=num_tokens, num_seqs=num_seqs)
+                                   agg=self.loss_agg, tis_weight=tis, num_tokens=den_tokens, num_seqs=den_seqs)
             loss = pg
             if want_kl:
                 k3 = kl_k3(logp, cat(s.ref_logprobs for s in members))
                 if self.kl_coef > 0:
-                    loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, num_tokens, num_seqs)
+                    loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, den_tokens, den_seqs)
                 acc["kl_sum"] += k3.detach().sum()
             loss.backward()
 
