@@ -24,7 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
-from rollyard.trainer.packing import MicroBatch, pack
+from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan
 from rollyard.types import Sample
 
 
@@ -76,6 +76,17 @@ def chunked_token_logprobs(
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, (empty if with_entropy else None)
     return torch.cat(lps), (torch.cat(ents) if with_entropy else None)
+
+
+def attention_pair_weight(model) -> float:
+    """Cost of one (query, key) attention pair relative to one token's matmul work (FLOPs ratio).
+
+    Per layer a pair costs ~4 x hidden FLOPs (q.k and p.v); a token costs ~2 x the parameters
+    it touches. Used only to choose a micro-batch layout (:func:`rollyard.trainer.packing.plan`).
+    """
+    cfg = model.config
+    work = 4.0 * getattr(cfg, "hidden_size", 1) * getattr(cfg, "num_hidden_layers", 1)
+    return work / max(2.0 * sum(p.numel() for p in model.parameters()), 1.0)
 
 
 def _decoder(model):
@@ -133,7 +144,7 @@ class Trainer:
 
     def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
-                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu"):
+                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu", layout="auto"):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
         if temperature <= 0:
@@ -149,6 +160,10 @@ class Trainer:
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef = kl_coef
         self.tis_cap = tis_cap
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+        self.layout = layout
+        self.attn_weight = attention_pair_weight(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
         # Fail over at start-up, not silently an hour in: if this model's attention does not turn
@@ -156,8 +171,8 @@ class Trainer:
         self.packing = packing_is_isolated(self.model)
         if not self.packing:
             warnings.warn(f"{type(model).__name__} ({model.config._attn_implementation} attention) lets packed "
-                          f"sequences attend across boundaries; rollyard will not pack (one sequence per "
-                          f"micro-batch). Use attn_implementation='sdpa', 'eager' or 'flash_attention_2'.")
+                          f"sequences attend across boundaries; rollyard will not pack (padded micro-batches "
+                          f"only). Use attn_implementation='sdpa', 'eager' or 'flash_attention_2'.")
 
     # -- the packed forward ---------------------------------------------------------------------
 
@@ -170,18 +185,20 @@ class Trainer:
         """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``."""
         decoder = _decoder(model)
         ids = mb.input_ids.to(self.device, non_blocking=True)
-        pos = mb.position_ids.to(self.device, non_blocking=True)
+        pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
         with self._autocast():
-            # No attention_mask + restarting position_ids => block-diagonal causal mask (packing.py).
-            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
-            hidden = hidden.index_select(0, mb.rows.to(self.device, non_blocking=True))
+            # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
+            # position_ids None => plain causal, pads after every real token (padded; packing.py).
+            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.rows.to(self.device, non_blocking=True))
             return chunked_token_logprobs(
                 hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
                 temperature=self.temperature, chunk=self.logprob_chunk,
                 softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
 
     def _pack(self, pairs):
-        return pack(pairs, self.micro_batch_tokens if self.packing else 1)
+        layout = self.layout if self.packing else "padded"
+        return plan(pairs, self.micro_batch_tokens, layout, self.attn_weight)
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], model=None) -> list[torch.Tensor]:
