@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
 from rollyard.models import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
@@ -72,10 +72,25 @@ def _recompute_logprobs(model, sample, T):
 # --- fast forward vs the HF forward ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def _qwen3(seed=0):
+    """Qwen3: per-head q_norm / k_norm before RoPE, head_dim != hidden / heads (random norm weights)."""
+    cfg = Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=24,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CTX)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for p in (layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_fast_forward_equals_hf_forward(arch):
     if arch == "llama":
         model = _model()
+    elif arch == "qwen3":
+        model = _qwen3()
     else:  # qkv bias, another family member
         cfg = Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CTX)
@@ -123,6 +138,25 @@ def test_greedy_equals_naive_reference_and_hf_path():
             assert s.meta == {"i": int(s.request_id[1:])} and s.versions == [0] * len(ref)
         assert any(s.finish_reason == "stop" for s in samples)
         assert eng.num_active == 0 and eng.num_queued == 0
+
+
+def test_qwen3_model_dir_takes_the_fast_path_and_samples_match_the_hf_forward(tmp_path):
+    """A Qwen3 directory loaded as a user would: fast path chosen, and its samples' logprobs (and
+    greedy tokens) match the HF forward and the HF-backend engine."""
+    _qwen3(1).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    eng = _engine(model, temperature=1.0, max_concurrent=4, seed=2)
+    assert eng.backend.name == "fast"
+    samples, _ = eng.generate(_requests(n=3, max_new=10))
+    for s in samples:
+        err = (torch.tensor(s.logprobs) - _recompute_logprobs(model, s, 1.0)).abs().max().item()
+        assert err < 1e-4, (s.id, err)
+    greedy = {}
+    for backend in ("fast", "hf"):
+        e = _engine(model, temperature=0.0, max_concurrent=3)
+        e._use_backend(backend)
+        greedy[backend] = [s.completion_ids for s in e.generate(_requests(n=2, max_new=10))[0]]
+    assert greedy["fast"] == greedy["hf"]
 
 
 @pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.8), (0.0, 1.0)])

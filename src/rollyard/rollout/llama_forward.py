@@ -1,4 +1,4 @@
-"""A small functional forward for the Llama / Qwen2 / Mistral family over an HF module's own weights.
+"""A small functional forward for the Llama / Qwen2 / Qwen3 / Mistral family over an HF module's own weights.
 
 Why it exists: on a CPU with a tiny policy, a decode step is bound by per-op Python overhead, not
 FLOPs. This forward does one decode step in ~16 ops per layer (HF's modules do several times
@@ -9,6 +9,9 @@ more) by fusing, once per weight version, the weights that are always used toget
   concatenation). The attention scale ``head_dim ** -0.5`` is folded into the q rows. (Folding
   rotate_half into extra weight rows instead saves the gather but costs ~15% more FLOPs.)
 - ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and ``addmm`` for down + residual.
+- Qwen3's per-head ``q_norm`` / ``k_norm`` (RMSNorm over ``head_dim`` before RoPE): one
+  ``rms_norm`` over the q and k heads together and one multiply by their stacked weights; the
+  attention scale is folded into the q part of those weights instead of into ``W_qkv``.
 
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
 from ``load_weights``). Norm weights, embeddings and the LM head are read from the module.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def unsupported_reason(model) -> str | None:
@@ -43,10 +46,11 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "no .model.layers / .model.rotary_emb"
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return "sliding-window attention layers"
     attn = inner.layers[0].self_attn
-    for extra in ("q_norm", "k_norm"):
-        if hasattr(attn, extra):
-            return f"attention has {extra} (Qwen3-style), not implemented in the fast path"
+    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+        return "attention has only one of q_norm / k_norm"
     if getattr(inner.layers[0].mlp, "down_proj", None) is None:
         return "MLP is not gate/up/down"
     return None
@@ -83,17 +87,19 @@ class LlamaFast:
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
-            q = a.q_proj.weight * self.scale
+            qkn, qk_eps = self._qk_norm(a)
+            scale = 1.0 if qkn is not None else self.scale  # with q_norm, the scale sits in its weight
+            q = a.q_proj.weight * scale
             k = a.k_proj.weight
             w = torch.cat((q, k, a.v_proj.weight)).contiguous()
             b = None
             if a.q_proj.bias is not None:
-                b = torch.cat((a.q_proj.bias * self.scale, a.k_proj.bias, a.v_proj.bias)).contiguous()
+                b = torch.cat((a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias)).contiguous()
             gu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).contiguous()
             self.layers.append(dict(
                 ln1=layer.input_layernorm.weight, eps1=layer.input_layernorm.variance_epsilon,
                 ln2=layer.post_attention_layernorm.weight, eps2=layer.post_attention_layernorm.variance_epsilon,
-                wqkv=w, bqkv=b,
+                wqkv=w, bqkv=b, qkn=qkn, qk_eps=qk_eps,
                 wo_t=a.o_proj.weight.t(), bo=a.o_proj.bias,
                 wgu=gu, wd_t=m.down_proj.weight.t(),
             ))
@@ -109,6 +115,19 @@ class LlamaFast:
         self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).contiguous()
         self.perm = torch.cat((torch.arange(half, hd), torch.arange(half))).to(self.device)
         self.n_qk = (H + KVH) * hd
+
+    def _qk_norm(self, attn) -> tuple[torch.Tensor | None, float]:
+        """Qwen3: ``[H + KVH, hd]`` per-head norm weights (q rows times the attention scale), eps."""
+        if not hasattr(attn, "q_norm"):
+            return None, 0.0
+        q = (attn.q_norm.weight * self.scale).expand(self.H, self.hd)
+        k = attn.k_norm.weight.expand(self.KVH, self.hd)
+        return torch.cat((q, k)).contiguous(), float(attn.q_norm.variance_epsilon)
+
+    def _norm_qk(self, qk: torch.Tensor, w: dict) -> torch.Tensor:
+        if w["qkn"] is None:
+            return qk
+        return F.rms_norm(qk, (self.hd,), eps=w["qk_eps"]) * w["qkn"]
 
     def new_cache(self, slots: int, width: int) -> torch.Tensor:
         # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
@@ -132,7 +151,7 @@ class LlamaFast:
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
-            qk = y[..., :n].view(G, P, H + KVH, hd)
+            qk = self._norm_qk(y[..., :n].view(G, P, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
@@ -164,7 +183,7 @@ class LlamaFast:
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
-            qk = y[:, :n].view(B, H + KVH, hd)
+            qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             layer = kv[l]
             layer[0, rows, :, pos] = qk[:, H:]
