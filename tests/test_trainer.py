@@ -156,15 +156,18 @@ def test_auto_layout_takes_the_cheaper_estimate():
         plan(many_short, 64, "diagonal")
 
 
-LAYOUT_NAMES = ["packed", "padded", "auto"]
+# (layout, fast functional forward for padded rows): every way a micro-batch can be computed
+LAYOUTS = [("packed", True), ("padded", False), ("padded", True), ("auto", True)]
 
 
-@pytest.mark.parametrize("layout", LAYOUT_NAMES)
-def test_packed_logprobs_equal_unpacked(layout):
+@pytest.mark.parametrize("layout,fast", LAYOUTS)
+def test_packed_logprobs_equal_unpacked(layout, fast):
     model = _model()
     samples = _samples(0, n=10)
     for mbt in (4096, 40):  # one micro-batch; several
-        trainer = Trainer(model, micro_batch_tokens=mbt, temperature=0.7, logprob_chunk=5, layout=layout)
+        trainer = Trainer(model, micro_batch_tokens=mbt, temperature=0.7, logprob_chunk=5, layout=layout,
+                          fast_forward=fast)
+        assert trainer._use_fast(model) is fast
         assert {mb.layout for mb in trainer._pack([(s.prompt_ids, s.completion_ids) for s in samples])} <= (
             {layout} if layout != "auto" else {"packed", "padded"})
         got = trainer.logprobs(samples)
@@ -175,12 +178,12 @@ def test_packed_logprobs_equal_unpacked(layout):
     assert len(pack([(s.prompt_ids, s.completion_ids) for s in samples], 40)) > 1
 
 
-@pytest.mark.parametrize("layout", ["packed", "padded"])
-def test_no_attention_across_sequence_boundaries(layout):
+@pytest.mark.parametrize("layout,fast", [lf for lf in LAYOUTS if lf[0] != "auto"])
+def test_no_attention_across_sequence_boundaries(layout, fast):
     """Editing every other sequence of a micro-batch leaves a sequence's logprobs unchanged."""
     model = _model()
     samples = _samples(1, n=5)
-    trainer = Trainer(model, micro_batch_tokens=4096, layout=layout)
+    trainer = Trainer(model, micro_batch_tokens=4096, layout=layout, fast_forward=fast)
     mbs = trainer._pack([(s.prompt_ids, s.completion_ids) for s in samples])
     assert len(mbs) == 1 and mbs[0].layout == layout  # all in one micro-batch
     base = trainer.logprobs(samples)
@@ -204,6 +207,43 @@ def test_no_attention_across_sequence_boundaries(layout):
         l1 = model(row(a), use_cache=False).logits[0, -1]
         l2 = model(row(a2), use_cache=False).logits[0, -1]
     assert (l1 - l2).abs().max() > 1e-3
+
+
+def _family(arch):
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+    if arch == "llama":
+        return _model(8)
+    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(8)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(head_dim=24, **kw) if arch == "qwen3" else Qwen2Config(**kw))
+    with torch.no_grad():  # non-trivial biases / per-head norms
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape))
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch):
+    from rollyard.rollout.llama_forward import train_forward_matches, train_hidden
+
+    model = _family(arch)
+    assert train_forward_matches(model)
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(1))
+    w = torch.randn(3, 11, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for fwd in (lambda: train_hidden(model, ids), lambda: model.model(input_ids=ids, use_cache=False).last_hidden_state):
+        model.zero_grad(set_to_none=True)
+        out = fwd()
+        (out * w).sum().backward()
+        grads.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (got, g1), (want, g2) = grads
+    assert torch.allclose(got, want, atol=1e-5)
+    assert g1.keys() == g2.keys()
+    for n in g2:  # relative to the gradient's scale (fp32 rounding)
+        assert (g1[n] - g2[n]).abs().max() <= 1e-5 * g2[n].abs().max().clamp_min(1.0), n
 
 
 # -- the RL step ----------------------------------------------------------------------------------
@@ -234,9 +274,9 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("layout", LAYOUT_NAMES)
+@pytest.mark.parametrize("layout,fast", LAYOUTS)
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
-def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_reference(agg, layout):
+def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_reference(agg, layout, fast):
     model = _model(3)
     samples = _samples(3, n=9)
     g = torch.Generator().manual_seed(5)
@@ -252,7 +292,7 @@ def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_refer
     kw = dict(loss_agg=agg, clip_low=0.2, clip_high=0.28, kl_coef=0.1, tis_cap=1.5, temperature=0.9, logprob_chunk=4)
     results = []
     for mbt in (4096, 30, 1):  # one micro-batch; several; one sequence each
-        trainer = Trainer(model, micro_batch_tokens=mbt, layout=layout, **kw)
+        trainer = Trainer(model, micro_batch_tokens=mbt, layout=layout, fast_forward=fast, **kw)
         trainer.optimizer.zero_grad(set_to_none=True)
         acc = trainer.accumulate_gradients(samples, old)
         results.append((acc["micro_batches"], float(acc["loss"]), _grads(model)))

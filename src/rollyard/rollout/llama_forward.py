@@ -197,3 +197,74 @@ class LlamaFast:
             gu = F.linear(h, w["wgu"])
             x = torch.addmm(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"])
         return self._head(x)
+
+
+def _rope_tables(inner, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``cos [T, hd]``, ``sin`` with rotate_half's sign folded in, and the half-swap permutation."""
+    with torch.no_grad():
+        cos, sin = inner.rotary_emb(like, torch.arange(T, device=like.device)[None])
+        cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
+        half = cos.shape[-1] // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        perm = torch.cat((torch.arange(half, 2 * half), torch.arange(half))).to(like.device)
+    return cos, sin, perm
+
+
+def _attention_block(x: torch.Tensor, layer, cos, sin, perm) -> torch.Tensor:
+    """One layer's attention (fused q|k|v matmul, RoPE as a gather, causal SDPA), with autograd."""
+    a = layer.self_attn
+    B, T, _ = x.shape
+    hd = a.head_dim
+    H, KVH = a.q_proj.weight.shape[0] // hd, a.k_proj.weight.shape[0] // hd
+    h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+    w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
+    b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
+    y = F.linear(h, w, b)
+    qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
+    if hasattr(a, "q_norm"):
+        nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
+        qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
+    qk = qk * cos[:, None] + qk.index_select(-1, perm) * sin[:, None]
+    q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+    v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(a.scaling), enable_gqa=KVH != H)
+    return x + F.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
+
+
+def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
+    m, n = layer.mlp, layer.post_attention_layernorm
+    h = F.rms_norm(x, (x.shape[-1],), n.weight, n.variance_epsilon)
+    gate, up = F.linear(h, torch.cat((m.gate_proj.weight, m.up_proj.weight))).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, m.down_proj.weight)
+
+
+def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Final-norm hidden states ``[B, T, D]`` of right-padded rows ``input_ids [B, T]`` (positions
+    0..T-1, causal), differentiable w.r.t. the module's own parameters.
+
+    The trainer's padded micro-batches run through this instead of the HF module forward when
+    ``unsupported_reason(model)`` is ``None`` and :func:`train_forward_matches` holds: the same
+    math in fewer ops (q|k|v and gate|up concatenated per call, so gradients reach the original
+    weights; fused ``rms_norm``; RoPE as one gather). No dropout (the family has none in training).
+    """
+    inner = model.model
+    x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
+    cos, sin, perm = _rope_tables(inner, input_ids.shape[1], x)
+    for layer in inner.layers:
+        x = _mlp_block(_attention_block(x, layer, cos, sin, perm), layer)
+    return F.rms_norm(x, (x.shape[-1],), inner.norm.weight, inner.norm.variance_epsilon)
+
+
+@torch.no_grad()
+def train_forward_matches(model, tol: float = 1e-4) -> bool:
+    """Whether :func:`train_hidden` equals the HF decoder on a short random batch (relative max error)."""
+    if unsupported_reason(model) is not None or getattr(model.config, "attention_dropout", 0.0):
+        return False
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)).to(dev)
+    try:
+        got = train_hidden(model, ids).float()
+    except Exception:  # an unexpected variant of a supported family
+        return False
+    ref = model.model(input_ids=ids, use_cache=False).last_hidden_state.float()
+    return bool(((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)) < tol)

@@ -24,6 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
+from rollyard.rollout import llama_forward
 from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan
 from rollyard.types import Sample
 
@@ -144,7 +145,8 @@ class Trainer:
 
     def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
-                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu", layout="auto"):
+                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu", layout="auto",
+                 fast_forward=True):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
         if temperature <= 0:
@@ -163,6 +165,8 @@ class Trainer:
         if layout not in LAYOUTS:
             raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
         self.layout = layout
+        self.fast_forward = fast_forward
+        self._fast: dict[int, tuple[object, bool]] = {}  # id(model) -> (model, fast forward usable)
         self.attn_weight = attention_pair_weight(model)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
@@ -187,14 +191,25 @@ class Trainer:
         ids = mb.input_ids.to(self.device, non_blocking=True)
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
         with self._autocast():
-            # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
-            # position_ids None => plain causal, pads after every real token (padded; packing.py).
-            hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+            if pos is None and self._use_fast(model):
+                hidden = llama_forward.train_hidden(model, ids)  # padded rows, Llama family: fewer ops
+            else:
+                # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
+                # position_ids None => plain causal, pads after every real token (padded; packing.py).
+                hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.rows.to(self.device, non_blocking=True))
             return chunked_token_logprobs(
                 hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
                 temperature=self.temperature, chunk=self.logprob_chunk,
                 softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
+
+    def _use_fast(self, model) -> bool:
+        """Whether padded rows of ``model`` may take ``llama_forward.train_hidden`` (checked once per model)."""
+        if not self.fast_forward:
+            return False
+        if id(model) not in self._fast:
+            self._fast[id(model)] = (model, llama_forward.train_forward_matches(model))
+        return self._fast[id(model)][1]
 
     def _pack(self, pairs):
         layout = self.layout if self.packing else "padded"
