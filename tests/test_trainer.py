@@ -214,8 +214,8 @@ def _family(arch):
 
     if arch == "llama":
         return _model(8)
-    kw = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64)
+    kw = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
     torch.manual_seed(8)
     model = AutoModelForCausalLM.from_config(Qwen3Config(head_dim=24, **kw) if arch == "qwen3" else Qwen2Config(**kw))
     with torch.no_grad():  # non-trivial biases / per-head norms
