@@ -157,7 +157,7 @@ def test_auto_layout_takes_the_cheaper_estimate():
 
 
 # (layout, fast functional forward for padded rows): every way a micro-batch can be computed
-LAYOUTS = [("packed", True), ("padded", False), ("padded", True), ("auto", True)]
+LAYOUTS = [("packed", False), ("padded", False), ("padded", True), ("auto", False), ("auto", True)]
 
 
 @pytest.mark.parametrize("layout,fast", LAYOUTS)
