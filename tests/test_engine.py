@@ -116,6 +116,35 @@ def test_fast_forward_equals_hf_forward(arch):
     assert err < 1e-4, f"fast forward must equal the HF forward: max |logit diff| {err:.2e} (tolerance 1e-4)"
 
 
+def test_uniform_position_decode_equals_general_decode():
+    """The uniform-position shortcut (slice writes, no mask) gives the general path's logits and cache."""
+    model = _model()
+    fwd = LlamaFast(model)
+    ids = torch.randint(0, V, (4, 9), generator=torch.Generator().manual_seed(3))
+    caches, outs = [], []
+    for uniform in (False, True):
+        kv = fwd.new_cache(4, 16)
+        fwd.prefill(ids[:, :5], kv, torch.arange(4), torch.tensor([4] * 4))
+        got = []
+        for t in range(5, 9):
+            pos = torch.full((4,), t)
+            got.append(fwd.decode(ids[:, t], pos, kv, t + 1, same_pos=t if uniform else None))
+        caches.append(kv)
+        outs.append(torch.stack(got))
+    assert torch.allclose(outs[0], outs[1], atol=1e-6) and torch.equal(caches[0], caches[1])
+
+
+def test_sampler_draws_from_softmax_of_logits_over_t():
+    """The exponential-race draw: token frequencies match softmax(logits / T) (20k draws, 5 sigma)."""
+    eng = _engine(_model(), temperature=0.8, seed=4)
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5]]).expand(20000, 5)
+    toks, lps = eng._sample(logits)
+    p = torch.softmax(logits[0] / 0.8, -1)
+    freq = torch.bincount(torch.tensor(toks), minlength=5).float() / 20000
+    assert ((freq - p).abs() < 5 * (p * (1 - p) / 20000).sqrt()).all(), (freq, p)
+    assert torch.allclose(torch.tensor(lps), p.log()[torch.tensor(toks)], atol=1e-5)
+
+
 # --- correctness against references ------------------------------------------------------------
 
 

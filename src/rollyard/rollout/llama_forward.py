@@ -166,37 +166,53 @@ class LlamaFast:
         return self._head(x[torch.arange(G, device=x.device), last])
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, width: int) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, width: int,
+               same_pos: int | None = None) -> torch.Tensor:
         """One decode step for slots ``0..B-1``: ``tokens`` [B] at positions ``pos`` [B].
 
         Writes each slot's new K/V at its position, attends over positions ``<= pos`` (of the
         first ``width`` cache positions; ``width > max(pos)``) and returns logits [B, V].
+        ``same_pos``: the caller's promise that every slot is at this position (uniform lengths,
+        the common GRPO case): K/V are written with a plain slice and no mask is built, since
+        ``width == same_pos + 1`` leaves nothing to mask.
         """
         B = tokens.shape[0]
-        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
-        G = H // KVH
         rows = torch.arange(B, device=tokens.device)
         x = F.embedding(tokens, self.embed)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
-        ar = torch.arange(width, device=tokens.device)
-        mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(x.dtype)[:, None, None]  # [B,1,1,W]
+        if same_pos is not None:
+            assert width == same_pos + 1, (width, same_pos)
+            cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
+            at, mask = (slice(0, B), slice(None), same_pos), None
+        else:
+            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
+            ar = torch.arange(width, device=tokens.device)
+            mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(x.dtype)[:, None, None]  # [B,1,1,W]
+            at = (rows, slice(None), pos)
+        return self._head(self._decode_layers(x, at, cos, sin, mask, kv, width))
+
+    def _decode_layers(self, x, at, cos, sin, mask, kv, width) -> torch.Tensor:
+        B = x.shape[0]
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        G = H // KVH
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             layer = kv[l]
-            layer[0, rows, :, pos] = qk[:, H:]
-            layer[1, rows, :, pos] = y[:, n:].view(B, KVH, hd)
+            layer[0][at] = qk[:, H:]
+            layer[1][at] = y[:, n:].view(B, KVH, hd)
             K = layer[0, :B, :, :width]  # [B, KVH, W, hd] (strided view, no copy)
             V = layer[1, :B, :, :width]
-            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2)) + mask
+            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2))
+            if mask is not None:
+                s = s + mask
             o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd)
             x = torch.addmm(x, o, w["wo_t"]) if w["bo"] is None else torch.addmm(x + w["bo"], o, w["wo_t"])
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
             gu = F.linear(h, w["wgu"])
             x = torch.addmm(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"])
-        return self._head(x)
+        return x
 
 
 def _rope_tables(inner, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
