@@ -184,6 +184,8 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=64",
         "rollout.temperature=1.0", "rollout.top_p=1.0",
         "algo.kl_coef=0.0", "trainer.device=cpu",
+        # One micro-batch per step, as TRL's per_device_train_batch_size=32 (32 x 68 tokens padded).
+        "trainer.micro_batch_tokens=4096",
         *a.set,
     ]
     cfg = load_config(None, overrides)
