@@ -203,14 +203,29 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
     if sorted(ends) != list(range(steps)) or sorted(rows) != list(range(steps)):
         raise SystemExit(f"[rollyard] expected steps 0..{steps - 1} in {run_dir}, got spans for {sorted(ends)} "
                          f"and metrics for {sorted(rows)}")
+    params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    train_s = sum(rows[s]["time/train"] for s in timed)
+    positions = sum(rows[s]["train/packed_tokens"] for s in timed)
     return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "threads": torch.get_num_threads(),
+            "trainer_flops": [6 * params * positions / train_s], "matmul_flops": [matmul_flops(torch)],
             "step_seconds": [ends[s] - ends[s - 1] for s in timed],
             "generate_seconds": [rows[s].get("time/rollout", float("nan")) for s in timed],
             "generated_tokens": [int(rows[s]["tokens/generated"]) for s in timed],
             "rewards": [rows[s]["reward/mean"] for s in range(steps)],
             "role_seconds": {k.removeprefix("time/"): statistics.mean(rows[s][k] for s in timed)
                              for k in rows[a.warmup] if k.startswith("time/") and k != "time/step"}}
+
+
+def matmul_flops(torch, seconds: float = 0.5) -> float:
+    """Measured fp32 matmul FLOP/s (1024^3, this process's threads): the trainer's peak."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * 1024 ** 3 * reps / (time.perf_counter() - t0)
 
 
 def merge(sides: dict, name: str, res: dict) -> None:
@@ -220,6 +235,9 @@ def merge(sides: dict, name: str, res: dict) -> None:
     for key in ("step_seconds", "generate_seconds", "generated_tokens"):
         sides[name][key] += res[key]
     sides[name]["reward_rounds"].append(res["rewards"])
+    for key in ("trainer_flops", "matmul_flops"):
+        if key in res:
+            sides[name][key] += res[key]
     if "role_seconds" in res:  # mean over rounds, weighted by steps
         n_old = len(sides[name]["step_seconds"]) - len(res["step_seconds"])
         n_new = len(res["step_seconds"])
@@ -309,6 +327,10 @@ def report(label: str, sides: dict, rounds: list[dict], load: list[float], a) ->
     if "rollyard" in sides:
         roles = sides["rollyard"]["role_seconds"]
         log("rollyard seconds/step by role: " + ", ".join(f"{k} {x:.3f}" for k, x in roles.items()))
+        fl, peak = sides["rollyard"]["trainer_flops"], sides["rollyard"]["matmul_flops"]
+        log("rollyard trainer efficiency (6 x params x positions trained / train seconds, per round): "
+            + ", ".join(f"{f / 1e9:.1f} GFLOP/s = {f / p:.0%} of {p / 1e9:.1f}" for f, p in zip(fl, peak))
+            + " GFLOP/s measured matmul peak (1024^3 fp32, same threads, right after the run)")
     out = {"label": label, "sides": sides, "summary": summary}
     if len(summary) == 2:
         print()
