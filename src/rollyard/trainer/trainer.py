@@ -2,8 +2,14 @@
 
 Data path of one micro-batch (see :mod:`rollyard.trainer.packing`)::
 
-    packed row [1, L] --decoder--> hidden [L, H] --select--> [N, H] (rows predicting completion
-    tokens) --chunked lm_head + log_softmax(./T) + gather--> logp [N]
+    rows [B, T] (one packed row, or length-sorted right-padded rows) --decoder--> hidden
+    [B * T, H] --select--> [N, H] (positions predicting completion tokens) --chunked lm_head +
+    log_softmax(./T) + gather--> logp [N]
+
+The layout is chosen per micro-batch (``layout="auto"``): padded rows need only causal attention
+(no mask tensor), a packed row pays attention over the whole row with a dense mask; many short
+sequences are cheaper padded, a few very uneven ones packed. ``fast_forward=True`` runs padded
+rows of Llama-family models through ``llama_forward.train_hidden`` (checked against the decoder).
 
 The full ``[L, V]`` logits never exist: logits are computed ``logprob_chunk`` rows at a time,
 and under autograd each chunk is checkpointed, so the backward pass recomputes one chunk's
