@@ -23,6 +23,7 @@ demo: setup
 	$(BIN)/rollyard train --config examples/demo.toml out_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: setup
+	$(BIN)/ruff check src tests bench
 	$(BIN)/python -m pytest -q -x --durations=10
 
 bench: setup

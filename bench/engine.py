@@ -41,11 +41,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList  # noqa: E402
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from rollyard.models import PRESETS, build_preset, char_tokenizer, num_params  # noqa: E402
-from rollyard.rollout.engine import RolloutEngine  # noqa: E402
-from rollyard.types import Request  # noqa: E402
+from rollyard.models import PRESETS, build_preset, char_tokenizer, num_params
+from rollyard.rollout.engine import RolloutEngine
+from rollyard.types import Request
 
 
 def draw_lengths(case: str, prompts: int, n: int, seed: int, uniform_len: int, tail_frac: float) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The rollout engine against slow references: one-sequence-at-a-time greedy decoding, a full
 forward's log-probs, separate prefills, the HF forward; plus streaming, abort, weight-update
-policies, memory bounds, seeding, and the weight-update receiver (apply_update / checksum)."""
+policies, memory bounds, seeding. (The weight-update receiver is tested in test_sync.py.)"""
 
 import copy
 
@@ -11,7 +11,6 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 from rollyard.models import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.llama_forward import LlamaFast
-from rollyard.sync.apply import apply_update, weights_checksum
 from rollyard.types import Request, WeightUpdate
 
 TOK = char_tokenizer()
@@ -210,7 +209,8 @@ def test_shared_prefill_equals_separate_prefills():
         eng = _engine(model, temperature=1.0, seed=11)
         prefilled = []
         orig = eng.backend.prefill
-        eng.backend.prefill = lambda prompts, slots: (prefilled.extend(prompts), orig(prompts, slots))[1]
+        eng.backend.prefill = lambda prompts, slots, prefilled=prefilled, orig=orig: (
+            prefilled.extend(prompts), orig(prompts, slots))[1]
         samples, _ = eng.generate(reqs)
         runs[name] = (samples, len(prefilled))
     (shared, n_shared), (separate, n_sep) = runs["shared"], runs["separate"]
@@ -326,7 +326,7 @@ def test_oversize_requests_rejected_with_reason():
     too_long = Request("ctx", _prompt(1, 50), n=1, max_new_tokens=50)  # 100 > context 96
     too_big = Request("kv", _prompt(2, 40), n=1, max_new_tokens=45)  # 85 > max_cache_tokens 80
     empty = Request("empty", [], n=1)
-    rejected = dict((r.id, why) for r, why in eng.submit([ok, too_long, too_big, empty]))
+    rejected = {r.id: why for r, why in eng.submit([ok, too_long, too_big, empty])}
     assert set(rejected) == {"ctx", "kv", "empty"}
     assert "context of 96" in rejected["ctx"] and "max_cache_tokens=80" in rejected["kv"]
     assert [s.id for s in eng.results()] == ["ok#0", "ok#1"]
@@ -338,48 +338,9 @@ def test_kv_cache_stays_within_budget():
     eng = _engine(model, temperature=1.0, max_concurrent=16, max_cache_tokens=budget)
     reqs = [Request(f"q{i}", _prompt(i, 6), n=3, max_new_tokens=30 + 10 * (i % 3)) for i in range(5)]
     seen = 0
-    for s in eng.results() if not eng.submit(reqs) else []:
+    for _ in eng.results() if not eng.submit(reqs) else []:
         seen += 1
         b = eng.backend
         assert b.R * b.W <= budget, f"KV cache {b.R}x{b.W} exceeds max_cache_tokens={budget}"
         assert eng.num_active <= budget // 36
     assert seen == 15
-
-
-# --- weight-update receiver ---------------------------------------------------------------------
-
-
-def test_apply_update_full_and_delta_reach_checksum_equality():
-    trainer, rollout = _model(seed=0), _model(seed=0)
-    assert weights_checksum(trainer) == weights_checksum(rollout)
-    with torch.no_grad():
-        for p in trainer.parameters():
-            p.add_(0.01 * torch.randn_like(p))
-    target = weights_checksum(trainer)
-    assert weights_checksum(rollout) != target
-
-    full = {n: p.detach().clone() for n, p in trainer.named_parameters()}
-    r1 = _model(seed=0)
-    apply_update(r1, WeightUpdate(version=1, mode="full", tensors=full, checksum=target))
-    assert weights_checksum(r1) == target
-
-    # delta: only the changed elements, as flat indices (half the elements of each parameter)
-    r2 = _model(seed=0)
-    with torch.no_grad():  # make half of the elements equal already, so the delta is partial
-        for (n, p), q in zip(r2.named_parameters(), trainer.parameters()):
-            p.view(-1)[::2] = q.view(-1)[::2]
-    tensors, indices = {}, {}
-    for (n, p), q in zip(r2.named_parameters(), trainer.parameters()):
-        idx = (p.view(-1) != q.view(-1)).nonzero().squeeze(1)
-        indices[n], tensors[n] = idx, q.detach().view(-1)[idx].clone()
-    apply_update(r2, WeightUpdate(version=1, mode="delta", tensors=tensors, indices=indices, checksum=target))
-    assert weights_checksum(r2) == target
-
-    with pytest.raises(ValueError, match="weight sync check failed"):
-        apply_update(_model(seed=0), WeightUpdate(version=1, mode="delta", tensors={}, indices={}, checksum=target))
-    with pytest.raises(KeyError, match="does not have"):
-        apply_update(r1, WeightUpdate(version=2, mode="full", tensors={"nope.weight": torch.zeros(1)}))
-    with pytest.raises(ValueError, match="shape"):
-        apply_update(r1, WeightUpdate(version=2, mode="full", tensors={"model.norm.weight": torch.zeros(3)}))
-    with pytest.raises(ValueError, match="has none"):
-        apply_update(r1, WeightUpdate(version=2, mode="lora", tensors={}))

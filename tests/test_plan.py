@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from rollyard.plan import hardware as H
+from rollyard.plan import mechanisms as M
+from rollyard.plan.bytes import predicted_sync_bytes
 from rollyard.plan.command import plan_main
 from rollyard.plan.inputs import PlanError, load_plan
-from rollyard.plan.planner import make_plan
-from rollyard.plan.simulate import simulate, timeline_text
-from rollyard.plan.whatif import budget_whatif, tail_whatif
+from rollyard.plan.planner import make_plan, predicted_steps_per_hour
+from rollyard.plan.simulate import simulate, steady_state, timeline_text
+from rollyard.plan.whatif import TailWhatIf, bound_by_floor, budget_whatif, tail_whatif
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "plan_runbook.toml"
 GB = 1e9
@@ -56,9 +59,11 @@ def test_runbook_defaults_json_values(capsys):
     # The runbook's ratios: 50x delta, 200x LoRA; rollout payload is noise next to the weights.
     assert b["full_sync"] / b["delta_sync"] == pytest.approx(50) and b["full_sync"] / b["lora_sync"] == pytest.approx(200)
     assert b["rollout_payload"] < 0.005 * b["full_sync"]
-    # Each sync mode's time on each tier: bytes over bandwidth.
+    # Each sync mode's time on each tier: one link (rollout.tp = 1), bucketed, so the wire sets it
+    # (gather 28e9 / 600e9 = 47 ms and engine load 2 x 28e9 / 3.35e12 = 17 ms hide under 0.56 s).
     assert doc["sync_times"]["full"]["rdma"] == pytest.approx(28e9 / 50e9)
-    assert doc["sync_times"]["delta"]["commodity"] == pytest.approx(0.56e9 / 1.25e9)
+    # A delta adds its export/compare on the 8 trainer GPUs: 3 x 28e9 / (8 x 3.35e12) = 3.13 ms.
+    assert doc["sync_times"]["delta"]["commodity"] == pytest.approx(0.56e9 / 1.25e9 + 3 * 28e9 / (8 * 3.35e12))
     edges = {e["name"]: e for e in doc["edges"]}
     assert set(edges) == {"prompts", "samples", "rewards", "ref_logprobs", "weights", "gradients"}
     assert edges["samples"]["bytes_per_step"] == pytest.approx(67_108_864)
@@ -155,13 +160,19 @@ def test_decision_tree_paths():
     ro = make_plan(load_plan(None, ["phases.rollout_s=300", "phases.train_s=60", "phases.reference_s=0"]))
     assert ro.placement == "async"
     assert ("rollout", "sync") in {(a, b) for a, b, _ in ro.decision.overlaps}
-    # Same, but on-policy (bound 0): not async -> disaggregated.
+    # Same, but on-policy (bound 0): not async; the model fits one node, so equal hardware decides,
+    # and on-policy split pools only take turns (R + T + sync on fewer GPUs each): colocated.
     onp = make_plan(load_plan(None, ["phases.rollout_s=300", "phases.train_s=60", "phases.reference_s=0",
                                      "sync.staleness_bound=0"]))
-    assert onp.placement == "disaggregated"
+    assert onp.placement == "colocated"
+    assert onp.equal["disaggregated"]["best"].step_s > onp.equal["colocated"]["best"].step_s
     # Forced placement keeps the tree's recommendation in the record.
+    # The runbook workload fits one node (252 GB of training state < 640 GB) and is no prototype,
+    # rollout is not dominant: no branch says yes, so equal hardware decides among what bound 1
+    # allows: async 234.9 s < disaggregated 281.8 s < colocated 346.8 s on 16 GPUs.
     forced = make_plan(load_plan(None, ["placement=colocated"]))
-    assert forced.placement == "colocated" and forced.decision.recommended == "disaggregated"
+    assert forced.placement == "colocated" and forced.decision.recommended == "async"
+    assert make_plan(load_plan(None, ["sync.staleness_bound=0"])).decision.recommended in ("colocated", "disaggregated")
 
 
 def test_sync_mode_choice_follows_the_fabric():
@@ -186,7 +197,7 @@ def test_budget_whatif_hand_worked():
 
 
 def test_tail_batching_whatif():
-    kw = dict(prompts=8, samples=2, overprovision=0.25, steps=40, seed=0, cap=1000, rollout_s=10.0)
+    kw = {"prompts": 8, "samples": 2, "overprovision": 0.25, "steps": 40, "seed": 0, "cap": 1000, "rollout_s": 10.0}
     flat = tail_whatif(lengths=[100], **kw)
     assert flat.speedup == pytest.approx(1.0) and flat.plain_bubble == pytest.approx(0.0)
     assert flat.plain_rollout_s == pytest.approx(10.0)
@@ -291,3 +302,274 @@ def test_lora_crosssite_example_hand_worked(capsys):
     assert {"a": "rollout", "b": "reward", "why": "reward scoring is streamed while decode continues"} \
         in doc["decision"]["overlaps"]
     assert doc["budget_whatif"]["after"]["reward"] == 0  # verifier dispatcher: off the critical path
+
+
+# ---- v2: mechanisms against hand-worked values ----
+
+
+Z90 = 1.2815515655446004  # standard normal 0.9 quantile (table value)
+
+
+def test_expected_longest_is_the_order_statistic_quantile():
+    # 9 responses: the 1 - 1/10 = 0.9 quantile. Lognormal with mean 100, sigma 0.5:
+    # mu = ln 100 - 0.5^2 / 2 = 4.48017, so exp(4.48017 + 0.5 x 1.28155) = 167.5 tokens.
+    assert M.expected_longest(9, mean=100, sigma=0.5, cap=1e9) == pytest.approx(math.exp(4.605170186 - 0.125 + 0.5 * Z90))
+    assert M.expected_longest(9, mean=100, sigma=0.5, cap=150) == 150  # the engine's cap clips it
+    # Measured lengths 1..8, 3 responses: the 0.75 quantile is the 7th of 8 sorted values.
+    assert M.expected_longest(3, mean=1, sigma=1, cap=100, lengths=[8, 1, 2, 3, 4, 5, 6, 7]) == 7
+
+
+def test_decode_round_floor_and_bubble_hand_worked():
+    # 40 sequences on 8 GPUs at tp 2: 4 replicas of 10. Weights 1e9 B over 2 x 1e12 B/s = 0.5 ms a step.
+    # KV: 1e7 B/token x mean context (50 prompt + 100/2) = 1e9 B per sequence per step;
+    # 10 x 100 tokens x 1e9 B / 2e12 B/s = 0.5 s of KV reads in any schedule.
+    d = M.replica_decode(sequences_total=40, gpus=8, tp=2, mean_len=100, longest=400, concurrency=100,
+                         weight_bytes=1e9, kv_bytes_per_token=1e7, prompt_tokens=50, mem_bw=1e12)
+    assert d.sequences == 10 and d.weight_step_s == pytest.approx(0.5e-3) and d.kv_s == pytest.approx(0.5)
+    assert M.synchronous_round_s(d) == pytest.approx(400 * 0.5e-3 + 0.5)  # the longest response's 400 steps
+    assert M.continuous_s(d) == pytest.approx(10 * 100 / 100 * 0.5e-3 + 0.5)  # 10 full-batch steps
+    assert M.balanced_round_s(d) == pytest.approx(100 * 0.5e-3 + 0.5)  # every response 100 tokens
+    assert M.bubble_fraction(d) == pytest.approx(1 - 0.505 / 0.7)
+
+
+def test_sync_time_parallel_links_bucketing_fixed_cost():
+    # 100 GB over 4 links of 50 GB/s = 0.5 s; gather 100 GB / (4 x 200 GB/s) = 0.125 s;
+    # load 2 x 100 GB / (4 x 1 TB/s) = 0.05 s. Bucketed: the wire sets it; serial: the stages add.
+    kw = {"link_bw": 50e9, "links": 4, "gather_bw": 200e9, "load_bw": 1e12, "receivers": 4, "fixed_s": 0.5}
+    assert M.sync_time(100e9, **kw).total == pytest.approx(0.5 + 0.5)
+    assert M.sync_time(100e9, overlap=False, **kw).total == pytest.approx(0.5 + 0.5 + 0.125 + 0.05)
+    with pytest.raises(ValueError, match="link_bw must be > 0"):
+        M.sync_time(1e9, **{**kw, "link_bw": 0})
+    # Delta export/compare on 8 trainer GPUs: 3 HBM passes over 28 GB at 3.35 TB/s each.
+    assert M.delta_compare_s(28e9, 8, 3.35e12) == pytest.approx(84e9 / 26.8e12)
+    # Colocated reload: one read + one write of 28 GB on one GPU = 16.7 ms, not free.
+    assert M.colocated_reload_s(28e9, 1, 3.35e12) == pytest.approx(0.0167164, rel=1e-4)
+
+
+def test_fsdp_traffic_and_memory_findings():
+    # FSDP over 8 ranks, 28 GB of bf16: reduce-scatter 7/8 x 28 + two all-gathers 2 x 7/8 x 28 = 73.5 GB.
+    assert M.fsdp_bytes_per_rank(28e9, 28e9, 8) == pytest.approx(73.5e9)
+    plan = make_plan(load_plan(None, ["trainer.sharding=fsdp"]))
+    assert plan.bytes.gradient_per_rank == pytest.approx(73.5e9)
+    # The runbook workload (DDP): 18 B x 14e9 = 252 GB of training state per GPU, and a KV cache of
+    # 256 sequences x 4096 tokens x 196,608 B = 206 GB per GPU: neither fits 80 GB.
+    rb = make_plan(load_plan(None, []))
+    assert rb.memory.trainer_per_gpu == pytest.approx(252e9)
+    assert rb.memory.kv_per_gpu == pytest.approx(256 * 4096 * 196608)
+    assert any(f.startswith("trainer does not fit") for f in rb.findings)
+    assert any(f.startswith("rollout does not fit") for f in rb.findings)
+    assert "## Findings" in __import__("rollyard.plan.record", fromlist=["x"]).decision_record(rb)
+    # Sharded over 8 GPUs: 252 / 8 = 31.5 GB fits.
+    assert make_plan(load_plan(None, ["trainer.sharding=fsdp"])).memory.trainer_per_gpu == pytest.approx(31.5e9)
+
+
+def test_moe_active_params_for_flops_total_for_sync():
+    # 14e9 total, 1e9 active: train = 6 x 1e9 x 8,388,608 tokens / (4e14 x 8) = 15.73 s; sync stays 28 GB.
+    plan = make_plan(load_plan(None, ["policy.active_params=1e9"]))
+    assert plan.phases.train == pytest.approx(6 * 1e9 * 8388608 / 3.2e15)
+    assert plan.bytes.full_sync == pytest.approx(28e9)
+
+
+EQUAL = ["policy.params=1e9", "rollout.prompts=8", "rollout.samples=1", "rollout.concurrency=2",
+         "rollout.kv_bytes_per_token=0", "rollout.mem_bandwidth=1e12", "rollout.gpus=2", "trainer.dp=2",
+         "cluster.gpus=4", "phases.train_s=2.0", "phases.use_reference=false", "tail.lengths=[100, 1000]"]
+
+
+def test_equal_hardware_best_split_hand_worked():
+    # Weights 2e9 B over 1 TB/s: 2 ms per decode step; no KV term. Lengths {100, 1000}: mean 550,
+    # longest of 8 = 1000. Trainer: 2 s on 2 GPUs, FLOP-bound, so 4 / g seconds on g GPUs.
+    # Synchronous round on g GPUs (ceil(8/g) sequences, 2 slots): max(1000, n x 550 / 2) steps.
+    #   g=4: 1000 steps = 2.0 s. Colocated: 2.0 + 1.0 + reload 2 x 2e9 / 1e12 = 4 ms -> 3.004 s.
+    # Async (bubble-free: n x 550 / 2 steps): 1:3 -> max(4.4, 1.33) = 4.4; 2:2 -> max(2.2, 2.0) = 2.2;
+    #   3:1 -> max(1.65, 4.0) = 4.0. Best 2:2 at 2.2 s: 3.004 / 2.2 = 1.365x colocated.
+    # Disaggregated (synchronous rounds): 2:2 -> max(max(1000, 1100) x 2 ms, 2.0) + sync 0.04 = 2.24 s.
+    plan = make_plan(load_plan(None, EQUAL + ["placement=async"]))
+    eq = plan.equal_hardware()
+    assert eq["colocated"]["step_s"] == pytest.approx(3.004)
+    assert [s["step_s"] for s in eq["async"]["splits"]] == pytest.approx([4.4, 2.2, 4.0])
+    assert (eq["async"]["rollout_gpus"], eq["async"]["trainer_gpus"]) == (2, 2)
+    assert eq["async"]["vs_colocated"] == pytest.approx(3.004 / 2.2)
+    # One full sync: 2 GB over one 50 GB/s link = 40 ms (gather 3.3 ms and load 4 ms hide under it).
+    assert eq["disaggregated"]["step_s"] == pytest.approx(2.2 + 0.04)
+    assert plan.rate.balanced == (2, 2)
+    # On-policy (bound 0) the pools cannot decouple: 2:2 -> 2.2 + 2.0 + 0.04 s; best is still 2:2.
+    onp = make_plan(load_plan(None, [*EQUAL, "placement=async", "sync.staleness_bound=0"])).equal_hardware()
+    assert onp["async"]["step_s"] == pytest.approx(2.2 + 2.0 + 0.04)
+    # ... and the disaggregated pools take turns: best 3:1 -> round(3) 2.0 + 4.0 + 0.04 vs 2:2 -> 2.2 + 2.0 + 0.04.
+    assert onp["disaggregated"]["step_s"] == pytest.approx(2.2 + 2.0 + 0.04)
+    # Streaming the trainer over 4 mini-batches (still on-policy): a two-stage pipeline,
+    # 2:2 -> max(2.2, 2.0) + min(2.2, 2.0) / 4 + 0.04 = 2.74 s.
+    st = make_plan(load_plan(None, [*EQUAL, "placement=disaggregated", "sync.staleness_bound=0",
+                                    "phases.train_streamed=true", "trainer.minibatches=4"]))
+    assert st.equal_hardware()["disaggregated"]["step_s"] == pytest.approx(2.2 + 2.0 / 4 + 0.04)
+    assert ("rollout", "train") in {(a, b) for a, b, _ in st.decision.overlaps}
+    # At equal GPUs a split without bubble removal never beats colocated's R + T by more than the bubble.
+    assert json.loads(json.dumps(plan.as_dict()))["equal_hardware"]["gpus"] == 4
+
+
+def test_measured_trainer_times_win_over_flop_scaling():
+    # Measured 2.0 s on 2 GPUs (the plan's train_s), 3.0 s on 1 GPU and 1.2 s on 4: a 1-GPU pool takes
+    # 3.0 s (FLOP scaling would say 4.0); 3 GPUs lie between 2 and 4: 2.0 + (1.2 - 2.0) x 1/2 = 1.6 s;
+    # 8 GPUs scale FLOP-bound from the 4-GPU measurement: 1.2 x 4 / 8 = 0.6 s.
+    plan = make_plan(load_plan(None, [*EQUAL, "placement=async", "phases.train_s_measured={1: 3.0, 4: 1.2}"]))
+    assert H.train_s(plan.inputs, 1) == pytest.approx(3.0)
+    assert H.train_s(plan.inputs, 2) == pytest.approx(2.0)
+    assert H.train_s(plan.inputs, 3) == pytest.approx(1.6)
+    assert H.train_s(plan.inputs, 8) == pytest.approx(0.6)
+    with pytest.raises(PlanError, match="train_s_measured"):
+        load_plan(None, ["phases.train_s_measured={0: 1.0}"])
+
+
+def test_steady_state_horizon_and_sync_bound():
+    # A 100 s sync on a 60 s / 30 s pipeline: the link carries one version per 100 s, so async runs
+    # at 100 s/step and disaggregated (the sync holds both pools) at 60 + 100 = 160 s/step.
+    asy = steady_state("async", 60, 30, 100)
+    assert asy.period_s == pytest.approx(100) and asy.horizon_steps >= 16
+    assert steady_state("disaggregated", 60, 30, 100).period_s == pytest.approx(160)
+    assert predicted_steps_per_hour("disaggregated", rollout_s=60, train_s=30, sync_s=5) == pytest.approx(3600 / 65)
+    with pytest.raises(ValueError, match="unknown placement"):
+        predicted_steps_per_hour("split", rollout_s=1, train_s=1)
+
+
+def test_sparse_cadence_with_its_minimum_bound_is_not_slower():
+    # Syncing every 2 steps needs a bound of 2 (a version serves 2 batches, one batch ahead); with it
+    # one 5 s sync per two 60 s steps: 62.5 s/step, faster than syncing every step (65 s).
+    every1 = steady_state("disaggregated", 60, 30, 5)
+    every2 = steady_state("disaggregated", 60, 30, 5, sync_every=2, staleness_bound=2)
+    assert every2.period_s == pytest.approx(62.5) and every1.period_s == pytest.approx(65)
+    with pytest.raises(PlanError, match="needs sync.staleness_bound >= 2"):
+        load_plan(None, ["sync.every_steps=2", "sync.staleness_bound=1"])
+
+
+def test_decision_tree_answers_from_evidence():
+    # 70B: 18 B x 70e9 = 1.26 TB of training state > one node's 640 GB -> step 2 says yes.
+    big = make_plan(load_plan(None, ["policy.params=70e9", "phases.rollout_s=100", "phases.train_s=100",
+                                     "phases.reference_s=0"]))
+    assert big.placement == "disaggregated" and big.decision.tree[2].answer == "yes"
+    # 10B fits one node (180 GB) but is no prototype and rollout is not dominant: no branch says yes,
+    # so equal hardware decides, and the record says so.
+    mid = make_plan(load_plan(None, ["policy.params=10e9", "phases.rollout_s=100", "phases.train_s=100",
+                                     "phases.reference_s=0"]))
+    assert mid.decision.tree[2].answer == "no" and "equal hardware decides" in mid.decision.tree[-1].question
+    # Reward time counts on the rollout side: 100 s rollout + 150 s unstreamed reward vs 100 s train.
+    rew = make_plan(load_plan(None, ["policy.params=10e9", "phases.rollout_s=100", "phases.reward_s=150",
+                                     "phases.train_s=100", "phases.reference_s=0"]))
+    assert rew.placement == "async"
+
+
+def test_budget_whatif_on_the_critical_path():
+    # Disaggregated, rollout 300 s, train 100 s, one 0.56 s sync: the step is max(300, 100) + 0.56.
+    base = ["placement=disaggregated", "phases.rollout_s=300", "phases.train_s=100", "phases.use_reference=false"]
+    w = make_plan(load_plan(None, base + ["budget.optimizations=[prefix_caching]"])).budget
+    assert w.placement_step_s == pytest.approx(300.56)
+    assert w.placement_new_step_s == pytest.approx(100.56)  # rollout 300 / 3 = 100 = train
+    assert w.placement_win == pytest.approx(300.56 / 100.56)
+    assert w.win == pytest.approx(400.56 / 200.56)  # the serialized sum says something else
+    # Speeding up the trainer of a rollout-bound placement gains nothing on its critical path.
+    w = make_plan(load_plan(None, base + ["budget.optimizations=[packed_varlen]"])).budget
+    assert w.placement_win == pytest.approx(1.0) and w.win > 1.05
+
+
+def test_tail_whatif_is_bounded_by_the_floor():
+    t = TailWhatIf("x", 1, 1, 1, 1, 100, 20, 0.5, 0.1, 4, 1, 0.1, 10.0, 5.0, 2.0)
+    b = bound_by_floor(t, 8.0)  # tail batching said 5 s, but no schedule beats 8 s
+    assert b.bounded and b.tail_rollout_s == 8.0 and b.speedup == pytest.approx(10 / 8)
+    assert not bound_by_floor(t, 4.0).bounded
+    plan = make_plan(load_plan(None, []))
+    assert plan.tail.tail_rollout_s >= plan.tail.floor_rollout_s > 0
+
+
+def test_stable_entry_points_for_benches():
+    assert predicted_sync_bytes(14e9, 2, "full") == pytest.approx(28e9)
+    assert predicted_sync_bytes(14e9, 2, "delta", delta_fraction=0.02, delta_index_bytes=8) == pytest.approx(2.8e9)
+    assert predicted_sync_bytes(14e9, 2, "lora", lora_fraction=0.005) == pytest.approx(0.14e9)
+    assert predicted_sync_bytes(14e9, 2, "inprocess") == 0
+    with pytest.raises(ValueError, match="unknown sync mode"):
+        predicted_sync_bytes(1, 2, "zip")
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["phases.train_s=0"], ["phases.train_s", "greater than 0"]),
+    (["phases.rollout_s=-3"], ["phases.rollout_s", "greater than 0"]),
+    (["network.custom={slow: 0}", "network.sync_link=slow"], ["network.custom.slow = 0", "> 0"]),
+    (["network.custom={slow: -5e9}", "network.sync_link=slow"], ["network.custom.slow", "> 0"]),
+    (["rollout.mem_bandwidth=-1"], ["rollout.mem_bandwidth", "greater than 0"]),
+    (["rollout.mem_bandwidth=.inf"], ["rollout.mem_bandwidth", "finite"]),
+    (["rollout.mem_bandwidth=inf"], ["rollout.mem_bandwidth", "finite"]),
+    (["policy.params=.nan"], ["policy.params", "finite"]),
+    (["trainer.flops_per_gpu=.inf"], ["trainer.flops_per_gpu", "finite"]),
+    (["policy.lora=true", "policy.lora_fraction=0"], ["lora_fraction = 0 with policy.lora = true"]),
+    (["policy.active_params=2e10"], ["active_params", "exceeds"]),
+])
+def test_bad_numbers_are_one_line_errors(capsys, argv, words):
+    code, out, err = run_plan(capsys, *argv)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and "fix" in err  # one line, with the fix
+    for w in words:
+        assert w in err
+
+
+def test_lora_fraction_zero_is_fine_with_lora_off(capsys):
+    code, out, _ = run_plan(capsys, "policy.lora_fraction=0", "--json")
+    assert code == 0 and json.loads(out)["bytes"]["lora_sync"] == 0
+
+
+def test_empty_plan_file_needs_defaults(tmp_path, capsys):
+    f = tmp_path / "empty.toml"
+    f.write_text("# nothing here\n")
+    code, _, err = run_plan(capsys, str(f))
+    assert code == 2 and "is empty" in err and "--defaults" in err and err.count("\n") == 1
+    code, out, _ = run_plan(capsys, str(f), "--defaults", "--json")
+    assert code == 0 and json.loads(out)["bytes"]["full_sync"] == pytest.approx(28e9)
+
+
+def test_calibration_rows_hold_their_figures(capsys):
+    # The figures docs/calibration.md quotes, so the table cannot drift from the code.
+    def doc(name, *extra):
+        code, out, err = run_plan(capsys, str(EXAMPLE.parent / name), *extra, "--json")
+        assert code == 0, err
+        return json.loads(out)
+    d = doc("plan_nemo_refit_247.toml")
+    assert d["sync_breakdown"]["total"] == pytest.approx(247.2e9 / (8 * 50e9))  # 0.618 s
+    d = doc("plan_nemo_refit_247.toml", "sync.fixed_s=0.68")
+    assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 0.618)
+    d = doc("plan_nemo_refit_470.toml", "sync.fixed_s=0.68")
+    assert d["sync_breakdown"]["total"] == pytest.approx(0.68 + 470.2e9 / (8 * 50e9))  # 1.86 s
+    eq = doc("plan_verl_async_128.toml")["equal_hardware"]
+    assert eq["async"]["configured"]["trainer_s"] == pytest.approx(113.81 * 2)  # FLOP-bound on 64 of 128
+    # Colocated on 128: the measured 177.85 + 53.92 + 113.81 s plus the engine reload of 15.2 GB.
+    assert eq["colocated"]["step_s"] == pytest.approx(345.58 + 2 * 15.2e9 / 4.0e12)
+    assert eq["async"]["vs_colocated"] == pytest.approx(2.59, abs=0.005)
+    assert eq["async"]["configured"]["vs_colocated"] == pytest.approx(1.52, abs=0.005)
+    assert doc("plan_verl_async_64.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(2.16, abs=0.005)
+    eq = doc("plan_verl_async_128.toml", "phases.train_s_measured={64: 133.41}")["equal_hardware"]["async"]
+    assert eq["configured"]["trainer_s"] == pytest.approx(133.41)
+    assert eq["configured"]["vs_colocated"] == pytest.approx(2.59, abs=0.005) and eq["vs_colocated"] == pytest.approx(2.87, abs=0.005)
+    eq = doc("plan_verl_async_64.toml", "phases.train_s_measured={32: 313.81}")["equal_hardware"]["async"]
+    assert eq["configured"]["vs_colocated"] == pytest.approx(1.13, abs=0.005) and eq["vs_colocated"] == pytest.approx(1.85, abs=0.005)
+    assert doc("plan_verl_async_32.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(1.75, abs=0.005)
+    assert doc("plan_rollpacker_tail.toml")["tail_whatif"]["step_speedup"] == pytest.approx(1.39, abs=0.005)
+    assert doc("plan_kimi_k2_ckpt_engine.toml")["sync_breakdown"]["total"] == pytest.approx(1.88 + 1.04e12 / (16 * 50e9))
+
+
+def _numeric_fields():
+    from rollyard.plan.inputs import describe
+    return [line.split(" = ")[0] for line in describe()
+            if any(t in line for t in ("[>", "[>=", "[<", "<=")) and "list" not in line]
+
+
+@pytest.mark.parametrize("value", [".inf", ".nan"])
+def test_no_numeric_field_takes_inf_or_nan(capsys, value):
+    fields = _numeric_fields()
+    assert len(fields) > 30
+    for key in fields:
+        code, out, err = run_plan(capsys, f"{key}={value}")
+        assert code == 2 and out == "" and err.count("\n") == 1 and key in err, (key, err)
+
+
+def test_the_overflow_guard_names_the_figure():
+    # Bounds keep every input finite and physical; should a product still overflow, `plan` names
+    # the first non-finite figure instead of printing invalid JSON.
+    from rollyard.plan.command import _non_finite
+    assert _non_finite({"a": [1.0, {"b": float("inf")}]}) == "a.1.b"
+    assert _non_finite({"a": [1.0, 2]}) is None

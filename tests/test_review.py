@@ -13,7 +13,8 @@ PHASES = (("rollout", 1.0), ("reward", 0.2), ("algorithm", 0.01), ("train", 0.5)
 
 def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), prompts=2, samples=2,
              prompt_len=5, staleness=0, extra_traffic=None, overlap_train=False, phase_scale=None,
-             staleness_bound=0, dp=1, prompt_lengths=True):
+             staleness_bound=0, dp=1, prompt_lengths=True, info_extra=None, ledger_extra=None,
+             sample_bytes_per_token=8):
     """Write a run directory by hand, with exactly the names and fields rundir.py defines.
 
     Each step runs the PHASES back to back (colocated) unless ``overlap_train`` starts the next
@@ -25,6 +26,7 @@ def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), pro
             "dp": dp, "prompts_per_step": prompts, "samples_per_prompt": samples, "max_new_tokens": 16,
             "staleness_bound": staleness_bound, "lora_fraction": None, "steps": steps}
     assert set(info) == set(rundir.RUN_INFO_KEYS)
+    info.update(info_extra or {})  # keys other engineers' runtimes add (sync_every, sync_transport, ...)
     (path / rundir.RUN_INFO).write_text(json.dumps(info))
     (path / rundir.CONFIG).write_text("algo:\n  kl_coef: 0.0\n")
     scale = phase_scale or {}
@@ -44,8 +46,8 @@ def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), pro
             t = s0 + secs
         metrics.append({"step": step, **{rundir.TIME_KEY.format(role=r): s * scale.get(r, 1.0) for r, s in PHASES},
                         rundir.STEP_TIME: t - start, rundir.STALENESS_MAX: staleness if step == 1 else 0})
-        ledger = {"prompts": 4 * prompts * prompt_len, "samples": 8 * sum(resp), "rewards": 4 * n,
-                  "ref_logprobs": 0, "weights": 0, "gradients": 0}
+        ledger = {"prompts": 4 * prompts * prompt_len, "samples": sample_bytes_per_token * sum(resp),
+                  "rewards": 4 * n, "ref_logprobs": 0, "weights": 0, "gradients": 0, **(ledger_extra or {})}
         for edge in rundir.EDGES:
             traffic.append({"step": step, "edge": edge, "bytes": ledger[edge], "count": 1})
         if extra_traffic:
@@ -209,3 +211,101 @@ def test_unknown_plan_field_in_review(tmp_path, capsys):
     assert review_main([str(make_run(tmp_path / "run")), "--plan", str(plan)]) == 2
     err = capsys.readouterr().err
     assert "phases.rollout_seconds" in err and "phases.rollout_s" in err
+
+
+PLAN_OK = """
+placement = "colocated"
+[policy]
+params = 5e5
+bytes_per_param = 4
+[trainer]
+dp = 1
+[rollout]
+prompts = 2
+samples = 2
+avg_tokens = 7
+prompt_tokens = 5
+[sync]
+staleness_bound = 0
+[phases]
+rollout_s = 1.0
+reward_s = 0.2
+train_s = 0.5
+algorithm_s = 0.01
+use_reference = false
+"""
+
+
+def test_check_passes_only_when_every_item_passed(tmp_path, capsys):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN_OK)
+    run = make_run(tmp_path / "run")
+    assert review_main([str(run), "--plan", str(plan), "--check", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == PASS
+    # No plan: the budget is not checked, and "not checked" is not a pass.
+    assert review_main([str(run), "--check", "--json"]) == 1
+    err = capsys.readouterr().err
+    assert "Measured step breakdown matches the budget: NOT CHECKED" in err
+
+
+def test_weights_measured_at_the_transport_against_the_plan(tmp_path):
+    # run.json says full sync of 5e5 params x 4 B = 2 MB per sync, every step: the plan predicts 2 MB/step
+    # (this runtime states it opens without a full sync; the default is one, see below).
+    info = {"placement": "disaggregated", "sync_mode": "full", "sync_every": 1, "sync_transport": "gloo",
+            "initial_full_sync": False}
+    ok = review(make_run(tmp_path / "ok", info_extra=info, ledger_extra={"weights": 2_000_000 + 4_000}))
+    w = {t["edge"]: t for t in ok.traffic}["weights"]
+    assert w["predicted_per_step"] == 2_000_000 and w["status"] == "ok"  # 0.2% framing is within tolerance
+    # The transport moved 1.5x what the plan predicts: review fails.
+    over = review(make_run(tmp_path / "over", info_extra=info, ledger_extra={"weights": 3_000_000}))
+    assert {t["edge"]: t for t in over.traffic}["weights"]["status"] == "over"
+    assert items(over)["No unexplained traffic"] == FAIL
+    # The runtime wrote 0 for a sync that must move 2 MB (the v1 self-fulfilling ledger): missing, fails.
+    zero = review(make_run(tmp_path / "zero", info_extra=info))
+    assert {t["edge"]: t for t in zero.traffic}["weights"]["status"] == "missing"
+    assert items(zero)["No unexplained traffic"] == FAIL
+    # Every 2 steps: 3 steps hold one sync (step 1), so 2 MB over the run.
+    sparse = review(make_run(tmp_path / "sparse", info_extra={**info, "sync_every": 2}))
+    assert {t["edge"]: t for t in sparse.traffic}["weights"]["predicted"] == 2_000_000
+    # By default a run opens with one full sync (the engine starts equal to the trainer): LoRA of
+    # 1% of 5e5 params x 4 B = 20 kB per step, plus 2 MB once: 3 x 20 kB + 2 MB over 3 steps.
+    lora = {**info, "sync_mode": "lora", "lora_fraction": 0.01}
+    del lora["initial_full_sync"]
+    rv = review(make_run(tmp_path / "lora", info_extra=lora, ledger_extra={"weights": 20_000},
+                         extra_traffic={"edge": "weights", "bytes": 2_000_000 / 3}))
+    w = {t["edge"]: t for t in rv.traffic}["weights"]
+    assert w["predicted"] == pytest.approx(3 * 20_000 + 2_000_000) and w["status"] == "ok"
+    # Delta without a stated changed fraction cannot be priced: not checked, not a pass.
+    delta = review(make_run(tmp_path / "delta", info_extra={**info, "sync_mode": "delta"}))
+    assert items(delta)["No unexplained traffic"] == NOT_CHECKED
+
+
+def test_samples_edge_against_the_encoded_size(tmp_path):
+    # The plan encodes a sample token as 8 B (int32 id + fp32 logprob); a runtime that sends 12 B fails.
+    rv = review(make_run(tmp_path / "run", sample_bytes_per_token=12))
+    s = {t["edge"]: t for t in rv.traffic}["samples"]
+    assert s["predicted_per_step"] == 8 * 28 and s["measured_per_step"] == 12 * 28 and s["status"] == "over"
+    assert items(rv)["No unexplained traffic"] == FAIL
+
+
+def test_budget_is_two_sided_and_shape_must_match(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN_OK)
+    fast = review(make_run(tmp_path / "fast", phase_scale={"rollout": 0.5, "train": 0.5}), plan)
+    flagged = {p["role"]: p["direction"] for p in fast.phases if p["flag"]}
+    assert flagged == {"rollout": "under", "train": "under"}
+    assert items(fast)["Measured step breakdown matches the budget"] == FAIL
+    # A run of another shape (4 prompts x 2 samples, not 2 x 2): the plan does not describe it.
+    other = review(make_run(tmp_path / "other", prompts=4), plan)
+    assert items(other)["The plan describes this run's shape"] == FAIL
+    ev = next(v["evidence"] for v in other.verification if v["item"] == "The plan describes this run's shape")
+    assert "prompts_per_step: run 4 vs plan rollout.prompts = 2" in ev
+    assert review_main([str(tmp_path / "other"), "--plan", str(plan), "--check", "--json"]) == 1
+
+
+def test_missing_staleness_metric_is_not_checked(tmp_path):
+    run = make_run(tmp_path / "run")
+    lines = [json.loads(x) for x in (run / rundir.METRICS).read_text().splitlines()]
+    (run / rundir.METRICS).write_text("".join(json.dumps({k: v for k, v in m.items() if k != rundir.STALENESS_MAX})
+                                              + "\n" for m in lines))
+    assert items(review(run))["The staleness bound holds under load"] == NOT_CHECKED

@@ -46,7 +46,7 @@ def test_load_hook_module_and_file_paths():
     ("rollyard.reward.verifiers:exact_mach", "has no function 'exact_mach'; did you mean 'exact_match'"),
     ("missing/dir/hook.py:f", "does not exist"),
     (f"{HOOKS}:NOT_CALLABLE", "is a int, not a function"),
-    (f"{HOOKS}:two_args", r"cannot be called as fn\(completion, prompt, meta\)"),
+    (f"{HOOKS}:two_args", r"matches none of the three accepted reward forms: fn\(completion, prompt, meta\)"),
 ])
 def test_bad_hooks_are_hook_errors(hook, message):
     with pytest.raises(HookError, match=message):

@@ -104,7 +104,7 @@ def test_jsonl_defaults_and_field_mapping(tmp_path):
     ('{"prompt": "ok", ', "not valid JSON"),
     ('["prompt", "x"]', "not an object"),
     ('{"question": "x"}', "no 'prompt' field"),
-    ('{"prompt": 5}', "must be a string, got int"),
+    ('{"prompt": 5}', "must be a string or a list of chat messages, got int"),
     ('{"prompt": ""}', "empty string"),
     ('{"prompt": "x", "id": [1]}', "id field 'id' must be a string or an integer"),
     ('{"prompt": "x", "id": "a"}', "duplicate id 'a' \\(first at line 1\\)"),
@@ -156,7 +156,7 @@ def test_parquet(tmp_path):
     f = tmp_path / "d.parquet"
     pq.write_table(pa.table({"question": ["1+1=", None, "2+2="], "solution": ["2", "0", "4"],
                              "n": [1, 2, 3]}), f)
-    with pytest.raises(DataError, match=r"d\.parquet:2: field 'question' must be a string, got NoneType"):
+    with pytest.raises(DataError, match=r"d\.parquet:2: field 'question' must be a string or a list of chat messages, got NoneType"):
         load_prompts(f, fields={"prompt": "question", "answer": "solution"})
     dead: list = []
     ps = load_prompts(f, fields={"prompt": "question", "answer": "solution"}, on_error="deadletter", deadletter=dead)

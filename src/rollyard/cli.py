@@ -2,6 +2,9 @@
 
 Bad input (an unknown config key, a dataset line that does not parse, a reward hook that does not
 import, a run directory that is not one) prints one clear message and exits with code 2.
+A run that fails on its own (diverging numerics) prints one line and exits 1; SIGINT / SIGTERM
+finish the step, checkpoint and exit 130 / 143 (see ``rollyard.signals``); resuming a finished run
+says so and exits 0.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ commands:
   sft     [--config FILE] [--out DIR] [key.sub=value ...]           warm-start a preset on task demos
   plan    [FILE] [--json] [--out DIR] ...                           price a configuration (bytes, steps/hour)
   review  RUN_DIR [--plan FILE] ...                                 hold a measured run against its plan
+  report  RUN_DIR                                                   PNG plots of a run (RUN_DIR/plots/)
   config                                                            list every config key with its default
 """
 
@@ -37,21 +41,28 @@ def _train_parser(name: str) -> argparse.ArgumentParser:
 
 
 def cmd_train(argv: list[str]) -> int:
-    from rollyard.config import load_config
-    from rollyard.placement import colocated
-    from rollyard.telemetry import rundir
+    from rollyard import api
+    from rollyard.config import ConfigError
+    from rollyard.signals import graceful
 
     p = _train_parser("train")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     args = p.parse_args(argv)
-    if args.resume:
-        if args.config:
-            raise SystemExit("rollyard train: --resume uses the run's saved config; pass overrides, not --config")
-        cfg = load_config(Path(args.resume) / rundir.CONFIG, args.overrides + [f"out_dir={args.resume}"])
-        colocated.train(cfg, args.resume, resume=True)
-    else:
-        cfg = load_config(args.config, args.overrides)
-        colocated.train(cfg, cfg.out_dir, resume=False)
+    if args.resume and args.config:
+        raise ConfigError("--resume uses the run's saved config; pass overrides, not --config")
+    with graceful():
+        api.train(args.config, overrides=args.overrides, resume=args.resume)
+    return 0
+
+
+def cmd_report(argv: list[str]) -> int:
+    from rollyard.telemetry.plots import write_plots
+
+    p = argparse.ArgumentParser(prog="rollyard report")
+    p.add_argument("run_dir", help="a run directory written by `rollyard train`")
+    args = p.parse_args(argv)
+    for path in write_plots(args.run_dir):
+        print(path)
     return 0
 
 
@@ -66,9 +77,9 @@ def cmd_sft(argv: list[str]) -> int:
     args = p.parse_args(argv)
     cfg = load_config(args.config, args.overrides)
     device = roles.device_of(cfg)
-    train, held = roles.prompts(cfg, [])
     model, tokenizer, context = roles.policy(cfg, device)
-    with roles.rewards(cfg, tokenizer) as rewards:
+    train, held = roles.prompts(cfg, [], tokenizer)
+    with roles.rewards(cfg, tokenizer, model) as rewards:
         info = train_sft(model, tokenizer, train, held, rewards, cfg, context, device)
     export(model, tokenizer, Path(args.out))
     print(f"warm-started model written to {args.out}: {info}")
@@ -94,15 +105,27 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "review":
         from rollyard.plan.command import review_main
         return review_main(rest)
-    commands = {"train": cmd_train, "sft": cmd_sft, "config": cmd_config}
+    commands = {"train": cmd_train, "sft": cmd_sft, "config": cmd_config, "report": cmd_report}
     if cmd not in commands:
         print(f"rollyard: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    from rollyard.runguard import RunFinished
+    from rollyard.signals import Stopped
+    from rollyard.trainer.numerics import NumericalError
     try:
         return commands[cmd](rest)
     except _bad_input_errors() as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 2
+    except RunFinished as e:
+        print(f"rollyard {cmd}: {e}", file=sys.stderr)
+        return 0
+    except Stopped as e:
+        print(f"rollyard {cmd}: {e}; resume with --resume", file=sys.stderr)
+        return e.exit_code
+    except NumericalError as e:
+        print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rollyard {cmd}: interrupted; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)
         return 130

@@ -7,6 +7,7 @@ filled in) is written to the run directory as ``config.yaml``.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import tomllib
 from pathlib import Path
@@ -18,6 +19,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 class ConfigError(ValueError):
     """A config file, key or value is wrong; the message says which, and the fix."""
+
+
+class MissingPackage(ConfigError):
+    """An optional package a setting needs is not installed; the message names the extra to install."""
+
+
+def require_package(module: str, extra: str, why: str):
+    """``import module``, or MissingPackage naming ``pip install 'rollyard[extra]'``."""
+    try:
+        return __import__(module, fromlist=["_"])
+    except ImportError:
+        raise MissingPackage(f"{why} needs the {module.split('.')[0]} package, which is not installed; "
+                             f"pip install 'rollyard[{extra}]'") from None
 
 
 class Section(BaseModel):
@@ -39,7 +53,7 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); null when `path` is set")
+    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); off when `path` is set, unless named")
     task_options: dict[str, int | str] = Field(default_factory=dict, description="built-in task knobs, e.g. {max_operand: 30} (arithmetic) or {max_times: 8} (repeat)")
     path: str | None = Field(None, description="prompt dataset file (.jsonl or .parquet); replaces `task`")
     fields: dict[str, str] = Field(default_factory=dict, description="rollyard name -> dataset column, e.g. {prompt: question, answer: solution}")
@@ -48,6 +62,15 @@ class DataConfig(Section):
     eval_size: int = Field(200, ge=1, description="number of held-out prompts for greedy eval")
     eval_path: str | None = Field(None, description="held-out prompt file for a dataset run; none: eval uses the built-in task's eval split or is skipped")
     seed: int = Field(0, ge=0, description="seed of task generation and of the shuffle order")
+    chat_template: str | None = Field(None, description="Jinja chat template (or a file holding one) for message-list prompts; none: the tokenizer's own")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_turns_task_off(cls, data: Any) -> Any:
+        # A dataset replaces the built-in task unless the task is named too (then it is the eval set).
+        if isinstance(data, dict) and data.get("path") and "task" not in data:
+            return {**data, "task": None}
+        return data
 
 
 class RolloutConfig(Section):
@@ -64,9 +87,23 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function, fn(completion, prompt, meta) -> float; none: the task's verifier")
+    hook: str | None = Field(None, description="reward function as module:function or path/file.py:function: fn(completion, prompt, meta) -> float, TRL's fn(prompts, completions, **columns) or verl's compute_score(...); none: the task's verifier")
     num_workers: int = Field(2, ge=1, le=256, description="verifier worker processes")
     timeout_s: float = Field(5.0, gt=0.0, description="per-call verifier timeout; a timeout scores 0 and is flagged")
+    on_failure: Literal["skip", "zero"] = Field("skip", description="samples whose verifier failed (timeout, error): left out of the loss (skip) or trained on as reward 0 (zero)")
+    max_failure_frac: float = Field(0.5, ge=0.0, le=1.0, description="alarm (printed, alarm/reward_failures in metrics) when more than this fraction of a step's reward calls fail")
+    memory_mb: int = Field(4096, ge=0, description="address-space limit of each verifier worker in MB (exceeding it fails the call); 0: no limit")
+    cpu_s: float = Field(30.0, ge=0.0, description="CPU seconds one verifier call may use (past it the worker is killed and the call flagged); 0: no limit")
+    hooks: list[str] = Field(default_factory=list, description="several reward functions (module:function or file.py:function), in any accepted form; the reward is their weighted sum")
+    weights: list[float] = Field(default_factory=list, description="one weight per entry of `hooks`; empty: all 1.0")
+
+
+class LogConfig(Section):
+    tensorboard: bool = Field(False, description="write TensorBoard event files to RUN_DIR/tensorboard (needs rollyard[tracking])")
+    wandb: bool = Field(False, description="log to Weights & Biases (offline unless WANDB_MODE says otherwise; needs rollyard[tracking])")
+    wandb_project: str = Field("rollyard", min_length=1, description="W&B project name")
+    completions_every: int = Field(0, ge=0, description="write sampled completions to completions.jsonl every N steps; 0: never")
+    plots: bool = Field(True, description="write PNG plots to RUN_DIR/plots at the end of train (needs rollyard[plots]; skipped with a note when missing)")
 
 
 class AlgoConfig(Section):
@@ -85,10 +122,11 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(1024, ge=16, description="tokens per packed micro-batch (gradient accumulation beyond)")
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")
+    max_skipped_steps: int = Field(3, ge=1, le=1000, description="consecutive optimizer steps with a non-finite loss or gradient (each skipped and counted in train/skipped_steps) before the run stops with an error")
 
 
 class SyncConfig(Section):
-    mode: str = Field("auto", description="weight sync mode: auto (inprocess when colocated, else full) | inprocess | full | delta | lora")
+    mode: str = Field("auto", description="weight sync mode: auto (lora when model.lora.r > 0; else inprocess when colocated with an fp32 rollout copy, else full) | inprocess | full | delta | lora")
     transport: str = Field("auto", description="auto (inprocess when colocated, else ray) | inprocess | dist (torch.distributed broadcast) | ray (object store)")
     every: int = Field(1, ge=1, description="publish weights every N optimizer steps")
     bucket_mb: float = Field(64.0, gt=0.0, description="dist transport: broadcast bucket size in MB")
@@ -123,11 +161,19 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
         if self.data.task is None and self.data.path is None:
             raise ValueError("data.task and data.path are both null: set one (a built-in task name or a dataset file)")
+        rw = self.reward
+        if rw.hook and rw.hooks:
+            raise ValueError(f"reward.hook={rw.hook!r} and reward.hooks={rw.hooks} are both set: put every "
+                             f"function in reward.hooks and drop reward.hook")
+        if rw.weights and len(rw.weights) != max(len(rw.hooks), 1):
+            raise ValueError(f"reward.weights has {len(rw.weights)} entries for {max(len(rw.hooks), 1)} reward "
+                             f"function(s): give one weight per entry of reward.hooks")
         if self.rollout.samples_per_prompt < 2:
             raise ValueError(
                 f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
@@ -136,9 +182,27 @@ class RunConfig(Section):
         return self
 
 
-def _closest(key: str, valid: list[str]) -> str:
-    match = difflib.get_close_matches(key, valid, n=1, cutoff=0.0)
-    return match[0] if match else "?"
+def leaf_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
+    """Every field's dotted path under ``model`` (sections and their fields)."""
+    out = []
+    for name, f in model.model_fields.items():
+        out.append(prefix + name)
+        sub = f.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += leaf_paths(sub, prefix + name + ".")
+    return out
+
+
+def suggest(key: str, model: type[BaseModel], prefix: str) -> str:
+    """The closest valid dotted key to ``prefix + key``: a field here, or one nested deeper whose own
+    name matches (``lr`` -> ``trainer.lr``, not ``eval_every``)."""
+    here = [prefix + n for n in model.model_fields]
+    deeper = [prefix + p for p in leaf_paths(model) if "." in p]
+    exact = [p for p in deeper + leaf_paths() if p.rsplit(".", 1)[-1] == key]
+    if exact:
+        return exact[0]
+    scored = [(difflib.SequenceMatcher(None, key, p.rsplit(".", 1)[-1]).ratio(), -len(p), p) for p in here + deeper]
+    return max(scored)[2] if scored else "?"
 
 
 def check_keys(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "") -> None:
@@ -148,7 +212,7 @@ def check_keys(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "")
         if key not in fields:
             valid = sorted(fields)
             raise ConfigError(
-                f"unknown config key {prefix + key!r}: did you mean {prefix + _closest(key, valid)!r}? "
+                f"unknown config key {prefix + key!r}: did you mean {suggest(key, model, prefix)!r}? "
                 f"Valid keys here: {', '.join(valid)}"
             )
         sub = fields[key].annotation
@@ -191,6 +255,10 @@ def read_file(path: str | Path) -> dict:
             raise ConfigError(f"config file {p}: expected a .toml, .yaml or .yml file, got {p.suffix!r}")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"config file {p} does not parse: {e}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {p} is a directory; pass a .toml or .yaml file to --config") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
     return data
@@ -198,15 +266,25 @@ def read_file(path: str | Path) -> dict:
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> RunConfig:
     """File (optional) + ``key.sub=value`` overrides -> validated RunConfig, or ConfigError."""
-    data = read_file(path) if path else {}
+    return from_dict(read_file(path) if path else {}, overrides)
+
+
+def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | None = None) -> RunConfig:
+    """A config mapping + ``key.sub=value`` overrides + dotted ``values`` (set as given) -> RunConfig."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a config must be a mapping of sections (or a RunConfig, or a file), got {type(data).__name__}")
+    data = copy.deepcopy(data)
     for text in overrides:
         key, value = parse_override(text)
+        _set_dotted(data, key, value)
+    for key, value in (values or {}).items():
         _set_dotted(data, key, value)
     check_keys(data)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError("invalid config:\n" + describe_errors(e)) from None
+        # One line (the CLI's bad-input contract): every broken field, each with its value.
+        raise ConfigError("invalid config: " + "; ".join(x.strip() for x in describe_errors(e).splitlines())) from None
 
 
 def describe_errors(e: ValidationError) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rollyard.models import eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import to_requests
@@ -9,11 +10,11 @@ from rollyard.tasks.base import Prompt
 
 
 def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDispatcher,
-                    max_new_tokens: int, context: int, max_concurrent: int = 256) -> float:
-    """Fraction of ``prompts`` whose greedy completion the verifier scores > 0.5."""
+                    max_new_tokens: int, context: int, max_concurrent: int = 256) -> float | None:
+    """Fraction of ``prompts`` whose greedy completion the verifier scores > 0.5; None with no prompts."""
     if not prompts:
-        return float("nan")
-    engine = RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0,
+        return None
+    engine = RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                            temperature=0.0, max_concurrent=max_concurrent)
     requests, _dead = to_requests(prompts, tokenizer, n=1, max_new_tokens=max_new_tokens, context=context, suffix="@eval")
     was_training = model.training
@@ -21,4 +22,4 @@ def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDisp
     samples, _rejected = engine.generate(requests)
     model.train(was_training)
     scored = rewards.score(samples)
-    return sum(s.reward > 0.5 for s in scored) / len(prompts)
+    return sum(s.reward is not None and s.reward > 0.5 for s in scored) / len(prompts)

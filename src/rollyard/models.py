@@ -8,11 +8,15 @@ model rollyard exports loads back with ``AutoModelForCausalLM.from_pretrained(di
 
 from __future__ import annotations
 
+import copy
+import json
 import string
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, LlamaConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+
+from rollyard.config import ConfigError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -70,27 +74,114 @@ def load_policy(name_or_path: str, seed: int = 0, max_position_embeddings: int =
     """Return ``(model, tokenizer)`` for a preset name or a local HF model directory."""
     path = Path(name_or_path)
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"{path} is not a Hugging Face model directory: config.json is missing. "
-                f"Point model.name at a directory written by save_pretrained, or use a preset "
-                f"({sorted(PRESETS)})."
-            )
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        check_causal_lm_dir(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"model.name={path}: the model directory does not load ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}); point it at a directory written by save_pretrained") from None
+        tied = set(getattr(model, "_tied_weights_keys", None) or ())
+        missing = [k for k in info.get("missing_keys", ()) if k not in tied and not (
+            "lm_head" in k and getattr(model.config, "tie_word_embeddings", False))]
+        if missing:
+            raise ConfigError(f"model.name={path}: {len(missing)} weights are not in the directory (e.g. {missing[0]}); "
+                              f"they would train from a random init. Save the whole causal LM with save_pretrained")
         return model, tokenizer
+    if path.exists():
+        raise ConfigError(f"model.name={path} is a file; expected a Hugging Face model directory (with config.json) "
+                          f"or a preset ({', '.join(sorted(PRESETS))})")
+    if name_or_path not in PRESETS:
+        raise ConfigError(f"model.name={name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an "
+                          f"existing directory (relative to {Path.cwd()}); fix the path or use model.name=tiny")
     tokenizer = char_tokenizer()
     return build_preset(name_or_path, tokenizer, seed, max_position_embeddings), tokenizer
+
+
+def check_causal_lm_dir(path: Path) -> None:
+    """ConfigError unless ``path/config.json`` parses and names a causal (decoder-only) LM."""
+    if not (path / "config.json").exists():
+        raise ConfigError(f"model.name={path} is not a Hugging Face model directory: config.json is missing; point "
+                          f"it at a directory written by save_pretrained, or use a preset ({', '.join(sorted(PRESETS))})")
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"model.name={path}: config.json does not load ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}); fix or re-save the model directory") from None
+    archs = list(getattr(cfg, "architectures", None) or [])
+    causal = [a for a in archs if a.endswith(("ForCausalLM", "LMHeadModel"))]
+    if getattr(cfg, "is_encoder_decoder", False) or (archs and not causal):
+        raise ConfigError(f"model.name={path} is not a causal language model: config.json names "
+                          f"{', '.join(archs) or cfg.model_type} (expected *ForCausalLM); RL here needs a decoder-only "
+                          f"LM with its language-model head")
 
 
 def context_length(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
 
 
-def export(model, tokenizer, out_dir: str | Path) -> Path:
-    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors)."""
+def eos_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS and all of ``generation_config.eos_token_id``
+    (chat models list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``)."""
+    ids = [tokenizer.eos_token_id]
+    gen = getattr(model, "generation_config", None) if model is not None else None
+    extra = getattr(gen, "eos_token_id", None)
+    ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    return sorted({int(i) for i in ids if i is not None})
+
+
+def source_dtype(name_or_path: str) -> torch.dtype | None:
+    """The dtype a local model directory was saved in (its config.json), or None (a preset, or unstated)."""
+    path = Path(name_or_path) / "config.json"
+    if not path.is_file():
+        return None
+    cfg = json.loads(path.read_text())
+    name = cfg.get("dtype") or cfg.get("torch_dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
+ADAPTER_DIR = "adapter"
+
+
+def lora_target_error(model, targets: list[str]) -> str | None:
+    """Why ``targets`` cannot be LoRA-wrapped in ``model`` (a name no linear layer has), or None."""
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+    missing = [t for t in targets if t not in linear]
+    if not targets or missing:
+        return (f"model.lora.targets={targets}: {missing or 'empty'} not among this model's linear layers "
+                f"{linear}; set model.lora.targets to some of those")
+    return None
+
+
+def attach_lora(model, r: int, alpha: float, targets: list[str]):
+    """Wrap ``model`` in a PEFT LoRA adapter of rank ``r`` on ``targets``; base weights frozen.
+
+    Returns the ``PeftModel`` (only ``lora_A``/``lora_B`` require grad; the adapter starts as an
+    identity: ``lora_B`` is zero). Raises ``ValueError`` when a target names no linear layer.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    why = lora_target_error(model, targets)
+    if why:
+        raise ValueError(why)
+    return get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0))
+
+
+def export(model, tokenizer, out_dir: str | Path, dtype: torch.dtype | None = None) -> Path:
+    """Write ``model`` and ``tokenizer`` as a Hugging Face directory (safetensors), in ``dtype`` when given
+    (the dtype the model came in: training runs in fp32, the export keeps the user's bf16).
+
+    A PEFT model is written merged (``AutoModelForCausalLM.from_pretrained(out)`` loads the policy
+    as trained) and its adapter in PEFT format under ``out/adapter`` (``PeftModel.from_pretrained(
+    base, out / "adapter")`` loads it onto the base).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "merge_and_unload"):
+        model.save_pretrained(out / ADAPTER_DIR)
+        model = copy.deepcopy(model).merge_and_unload()
+    if dtype is not None and dtype != next(model.parameters()).dtype:
+        model = copy.deepcopy(model).to(dtype)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out

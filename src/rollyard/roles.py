@@ -8,62 +8,101 @@ from __future__ import annotations
 
 import torch
 
-from rollyard.config import RunConfig
-from rollyard.models import context_length, load_policy
+from rollyard.config import ConfigError, RunConfig
+from rollyard.models import attach_lora, context_length, eos_ids, load_policy, lora_target_error
 from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.hooks import ACCEPTED
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.tasks import builtin_verifier, load_task
-from rollyard.tasks.base import HookError, Prompt
+from rollyard.tasks import builtin_verifier, chat, load_task
+from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 from rollyard.trainer.trainer import Trainer
 
 
 def device_of(cfg: RunConfig) -> str:
-    if cfg.trainer.device == "auto":
+    dev = cfg.trainer.device
+    if dev == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu or auto")
-    return cfg.trainer.device
+    try:
+        kind = torch.device(dev).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"trainer.device={dev!r} is not a device rollyard trains on: expected auto, cpu, cuda "
+                          f"or cuda:N; set trainer.device=auto")
+    if kind == "cuda":
+        index = torch.device(dev).index or 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ConfigError(f"trainer.device={dev} but {torch.cuda.device_count()} CUDA devices are visible; "
+                              f"set trainer.device=cpu or auto")
+    return dev
 
 
-def prompts(cfg: RunConfig, deadletter: list[dict]) -> tuple[list[Prompt], list[Prompt]]:
-    """(train, eval) prompts from the built-in task or the dataset files."""
+def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Prompt], list[Prompt]]:
+    """(train, eval) prompts from the built-in task or the dataset files; chat prompts rendered by
+    ``tokenizer``'s chat template (or ``data.chat_template``)."""
     d = cfg.data
     if d.path:
         train = load_prompts(d.path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter)
+        if not train:
+            first = deadletter[0].get("reason", "?") if deadletter else "the file holds no prompts"
+            raise DataError(f"{d.path}: no usable prompt ({len(deadletter)} lines dead-lettered; first: {first}); "
+                            f"fix the file or data.fields")
         held = load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter) if d.eval_path else []
         if not held and d.task:
-            held = load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options)
+            held = _task_prompts(cfg, "eval", d.eval_size)
+        chat.render(train + held, tokenizer, d.chat_template)
         return train, held
-    return (load_task(d.task, "train", d.train_size, d.seed, **d.task_options),
-            load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options))
+    return _task_prompts(cfg, "train", d.train_size), _task_prompts(cfg, "eval", d.eval_size)
 
 
-def reward_hook(cfg: RunConfig) -> str:
-    if cfg.reward.hook:
-        return cfg.reward.hook
-    if cfg.data.path and not cfg.data.task:
+def _task_prompts(cfg: RunConfig, split: str, n: int) -> list[Prompt]:
+    d = cfg.data
+    try:
+        return load_task(d.task, split, n, d.seed, **d.task_options)
+    except DataError:
+        raise
+    except (TypeError, ValueError) as e:  # a knob of the right name with a value the task cannot use
+        raise DataError(f"data.task_options={d.task_options} are not valid for task {d.task!r}: {e}; "
+                        f"see the task's options in its module docstring") from None
+
+
+def reward_hooks(cfg: RunConfig) -> list[str]:
+    """The run's reward functions: ``reward.hooks``, else ``reward.hook``, else the built-in task's verifier."""
+    if cfg.reward.hooks or cfg.reward.hook:
+        return cfg.reward.hooks or [cfg.reward.hook]
+    if cfg.data.path:
         raise HookError(
             f"data.path={cfg.data.path!r} has no built-in verifier: set reward.hook=module:function "
-            f"(a function fn(completion, prompt, meta) -> float)"
+            f"(or reward.hooks=[...]) naming a function in one of {ACCEPTED}"
         )
-    return builtin_verifier(cfg.data.task)
+    return [builtin_verifier(cfg.data.task)]
 
 
-def rewards(cfg: RunConfig, tokenizer) -> RewardDispatcher:
+def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    return RewardDispatcher(reward_hook(cfg), num_workers=cfg.reward.num_workers, timeout_s=cfg.reward.timeout_s,
-                            decode=decode, eos_token_id=tokenizer.eos_token_id)
+    return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
+                            timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
+                            memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s)
 
 
 def policy(cfg: RunConfig, device: str):
     model, tokenizer = load_policy(cfg.model.name, seed=cfg.model.seed, max_position_embeddings=cfg.model.context)
+    lora = cfg.model.lora
+    if lora.r > 0 and (why := lora_target_error(model, lora.targets)):  # at start-up, before any warm start
+        raise ConfigError(why)
     return model.to(device), tokenizer, context_length(model)
+
+
+def with_lora(cfg: RunConfig, model):
+    """The policy to train: ``model`` itself, or wrapped in a PEFT LoRA adapter when ``model.lora.r > 0``."""
+    lora = cfg.model.lora
+    return attach_lora(model, lora.r, lora.alpha, lora.targets) if lora.r > 0 else model
 
 
 def engine(cfg: RunConfig, model, tokenizer, version: int = 0) -> RolloutEngine:
     r = cfg.rollout
-    return RolloutEngine(model, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0,
+    return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed, version=version)
 
@@ -73,4 +112,4 @@ def trainer(cfg: RunConfig, model, device: str) -> Trainer:
     return Trainer(model, lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
                    micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature or 1.0,
                    logprob_chunk=t.logprob_chunk, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
-                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device)
+                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device, max_skipped_steps=t.max_skipped_steps)

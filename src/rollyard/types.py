@@ -53,10 +53,11 @@ class Sample:
     finish_reason: FinishReason
     meta: dict[str, Any] = field(default_factory=dict)
     # Filled in by later roles.
-    reward: float = 0.0
+    reward: float | None = 0.0  # None: no reward hook scored it (left out of the loss)
     reward_flag: str | None = None  # "timeout" | "error: ..." when the verifier failed
     ref_logprobs: list[float] | None = None
     advantage: float = 0.0
+    reward_parts: list[float | None] = field(default_factory=list)  # per reward hook, before weighting
 
     @property
     def version(self) -> int:
@@ -84,12 +85,15 @@ class WeightUpdate:
     ``mode``:
       - ``inprocess``: colocated; the engine shares the trainer's module, ``tensors`` is empty
         and zero bytes move. The engine must refresh anything it derived from the weights.
-      - ``full``: ``tensors`` maps every parameter name to its new value.
-      - ``delta``: ``tensors`` maps ``name -> values`` and ``indices[name]`` holds flat int64
-        indices of the elements that changed in the rollout dtype.
-      - ``lora``: ``tensors`` holds adapter weights only.
-    ``nbytes`` counts what crossed the wire (values + indices); ``checksum`` is over the full
-    weights after the update, so the receiver can prove its copy equals the trainer's.
+      - ``full``: ``tensors`` maps every parameter name to its new value (rollout dtype).
+      - ``delta``: ``tensors`` maps ``name -> values`` of the elements whose rollout-dtype bits
+        changed since ``base_version``; ``indices[name]`` says which (int32: flat indices,
+        uint8: a packed bitmask; see ``sync/delta.py``). Applies only on top of ``base_version``.
+      - ``lora``: adapter tensors (``<module>.lora_A``, ``.lora_B``, ``.scaling``), plus every base
+        parameter by name when it is a full LoRA sync (start-up, or after a rejected update).
+    ``checksum`` is sha256 over the payload (names, dtypes, shapes, raw bytes of tensors and
+    indices); the receiver recomputes it over what arrived before it touches its weights.
+    ``nbytes`` is set by a transport to what it moved (values + indices + framing).
     """
 
     version: int
@@ -98,3 +102,4 @@ class WeightUpdate:
     indices: dict[str, torch.Tensor] = field(default_factory=dict)
     nbytes: int = 0
     checksum: str | None = None
+    base_version: int | None = None

@@ -1,7 +1,10 @@
-"""Colocated placement: rollout and trainer share one process and one copy of the weights.
+"""Colocated placement: rollout and trainer share one process.
 
-Each step: generate, score, reference, advantages, train, sync. Sync is in-process (the engine
-reads the module the trainer just stepped): zero bytes on the wire, version + 1.
+Each step: generate, score, reference, advantages, train, and every ``sync.every`` steps a sync.
+By default the engine reads the module the trainer just stepped (mode ``inprocess``: zero bytes on
+the wire); with another mode (``full`` for a bf16 rollout copy, ``lora`` for merged adapter
+weights) the engine holds its own copy and the transport's reported bytes go to the ledger.
+Samples carry the version the engine holds; it lags the trainer's by up to ``sync.every - 1``.
 """
 
 from __future__ import annotations
@@ -10,18 +13,33 @@ from pathlib import Path
 
 import torch
 
+from rollyard import roles, signals
 from rollyard.algo.advantages import grpo_advantages
 from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
+from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.rollout.scheduler import to_requests
+from rollyard.sync.check import compare_weights
+from rollyard.sync.factory import make_publisher, make_transport, resolve
+from rollyard.sync.local import push_pull, rollout_copy
 from rollyard.telemetry.report import StepProgress
-from rollyard.types import Sample, WeightUpdate
+from rollyard.types import Sample
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
+    plan = resolve(cfg, roles.device_of(cfg))  # a sync setting that cannot work fails before any start-up work
     ctx: RunContext = start(cfg, run_dir, resume)
-    tel, engine, trainer = ctx.telemetry, ctx.engine, ctx.trainer
+    tel, trainer = ctx.telemetry, ctx.trainer
     r = cfg.rollout
+    publisher, transport = make_publisher(plan.mode, plan.dtype), make_transport(plan.transport, cfg.sync.bucket_mb)
+    if plan.mode != "inprocess":  # the engine gets its own copy (rollout dtype, LoRA merged)
+        engine = roles.engine(cfg, rollout_copy(ctx.model, plan.dtype), ctx.tokenizer, version=ctx.state.version)
+        engine.generator.set_state(ctx.engine.generator.get_state())
+        ctx.engine = engine
+    engine, syncs = ctx.engine, 0
+    # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
+    tel.traffic(ctx.state.step, "weights", push_pull(publisher, transport, ctx.model, engine, ctx.state.version, full=True))
+    compare_weights(publisher.expected(ctx.model), engine.model, ctx.state.version)
     with StepProgress(cfg.steps, ctx.state.step, cfg.progress) as progress:
         for step in range(ctx.state.step, cfg.steps):
             requests, dead = to_requests(ctx.stream.take(r.prompts_per_step), ctx.tokenizer, r.samples_per_prompt,
@@ -29,40 +47,48 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             ctx.dead_letter(dead, step)
             tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
-            with tel.span("rollout", step, version=ctx.state.version, requests=[q.id for q in requests]):
+            with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
                 samples, rejected = engine.generate(requests)
             ctx.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
             tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
             with tel.span("reward", step):
-                samples = ctx.rewards.score(samples)
+                samples, unscored = split_unscored(ctx.rewards.score(samples))
+                trained = ctx.settle_rewards(step, samples)  # failed verifier calls: counted, left out by default
+            ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
             tel.traffic(step, "rewards", 4 * len(samples))
 
             if cfg.algo.kl_coef > 0:
                 with tel.span("reference", step):
-                    ref = trainer.logprobs(samples, model=ctx.reference)
-                    for s, lp in zip(samples, ref):
+                    ref = trainer.logprobs(trained, model=ctx.reference)
+                    for s, lp in zip(trained, ref):
                         s.ref_logprobs = lp.tolist()
-                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in samples))
+                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
 
             with tel.span("algorithm", step):
-                assign_advantages(samples, cfg.algo.normalize_std)
+                assign_advantages(trained, cfg.algo.normalize_std)
 
             with tel.span("train", step):
-                train_metrics = trainer.step(samples)
+                train_metrics = trainer.step(trained)
 
-            with tel.span("sync", step, mode="inprocess"):
-                ctx.state.version += 1
-                engine.load_weights(WeightUpdate(version=ctx.state.version, mode="inprocess"))
-            tel.traffic(step, "weights", 0)
+            ctx.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
+            nbytes = 0
+            if (step + 1) % cfg.sync.every == 0 and engine.version != ctx.state.version:
+                with tel.span("sync", step, mode=plan.mode, transport=plan.transport):
+                    nbytes = push_pull(publisher, transport, ctx.model, engine, ctx.state.version)
+                    syncs += 1
+                    if cfg.sync.check_every and syncs % cfg.sync.check_every == 0:
+                        compare_weights(publisher.expected(ctx.model), engine.model, engine.version)
+            tel.traffic(step, "weights", nbytes)
 
             ctx.state.step = step + 1
+            if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
+                ctx.eval_during(step)  # in this step's row, where the reward-hacking alarm compares it
             row = ctx.end_step(step, requests, samples, train_metrics)
             progress.update(row)
-            if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps:
+            if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps or signals.stop_requested():
                 ctx.save_checkpoint()
-            if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
-                ctx.log(f"step {ctx.state.step}: held-out greedy accuracy {ctx.evaluate():.1%}")
+            signals.raise_if_stopping(ctx.state.step)
     return finish(ctx)
 
 

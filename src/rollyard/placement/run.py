@@ -18,18 +18,22 @@ from typing import Any
 
 import torch
 
-from rollyard import checkpoint, roles
-from rollyard.config import ConfigError, RunConfig, dump_config
+from rollyard import checkpoint, roles, runguard
+from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
-from rollyard.models import PRESETS, export, num_params
+from rollyard.models import PRESETS, export, num_params, source_dtype
+from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.failures import RewardFailures
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import PromptStream
 from rollyard.sft import warm_start
+from rollyard.sync.factory import sync_facts
 from rollyard.tasks.base import Prompt
-from rollyard.telemetry import rundir
-from rollyard.telemetry.report import console, print_summary, role_shares
+from rollyard.telemetry import rundir, sessions
+from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
+from rollyard.telemetry.tracking import Tracking, completion_records
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 
@@ -53,13 +57,31 @@ class RunContext:
     started: float = field(default_factory=time.time)
     deadletters: int = 0
     flags: dict[str, int] = field(default_factory=lambda: {"timeouts": 0, "errors": 0})
+    reward_failures: RewardFailures | None = None
 
     def log(self, msg: str) -> None:
         console.print(msg)
 
-    def evaluate(self) -> float:
-        return greedy_accuracy(self.model, self.tokenizer, self.held_out, self.rewards,
-                               self.cfg.rollout.max_new_tokens, self.context)
+    def evaluate(self) -> float | None:
+        """Held-out greedy accuracy now (recorded in eval.jsonl); None when there is no held-out set."""
+        acc = greedy_accuracy(self.model, self.tokenizer, self.held_out, self.rewards,
+                              self.cfg.rollout.max_new_tokens, self.context)
+        if acc is not None:
+            self.telemetry.evaluation(self.state.step, acc)
+        return acc
+
+    def settle_rewards(self, step: int, samples: list[Sample]) -> list[Sample]:
+        """The samples to train on (failed verifier calls counted, recorded, left out by default)."""
+        trained, values = self.reward_failures.settle(step, samples)
+        self.telemetry.note(step, values)
+        return trained
+
+    def eval_during(self, step: int) -> None:
+        """Held-out eval after ``step``, also written into its metrics row (``eval/accuracy``)."""
+        acc = self.evaluate()
+        if acc is not None:
+            self.telemetry.note(step, {"eval/accuracy": acc})
+        self.log(f"step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
@@ -73,7 +95,7 @@ class RunContext:
 
     def end_step(self, step: int, requests: list[Request], samples: list[Sample], train_metrics: dict[str, float]) -> dict:
         """Write the step's metrics (rewards, lengths, canaries, staleness) and ledger; return the row."""
-        rewards = [s.reward for s in samples] or [0.0]
+        rewards = [s.reward for s in samples if s.reward is not None] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
         flags = [s.reward_flag or "" for s in samples]
         self.flags["timeouts"] += sum(f == "timeout" for f in flags)
@@ -94,6 +116,12 @@ class RunContext:
             rundir.STEP_TIME: sum(times.values()),
         }
         values.update({f"train/{k}": v for k, v in train_metrics.items()})
+        values.update({"train/lr": self.trainer.optimizer.param_groups[0]["lr"],
+                       "frac_reward_zero_std": reward_metrics.frac_zero_std(samples),
+                       **reward_metrics.per_hook(samples, self.rewards.names)})
+        every = self.cfg.log.completions_every
+        if every and step % every == 0:
+            self.telemetry.completions(step, completion_records(step, samples, self.tokenizer))
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
 
@@ -115,27 +143,19 @@ def _seed_everything(seed: int) -> None:
 def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     """Set up every role; with ``resume``, ``cfg`` is the run's saved config (plus CLI overrides)."""
     run = Path(run_dir)
-    if resume:
-        ckpt = checkpoint.latest(run)
-        if ckpt is None:
-            raise ConfigError(f"cannot resume {run}: no complete checkpoint under {run / rundir.CHECKPOINTS}")
-    else:
-        if (run / rundir.METRICS).exists() and (run / rundir.METRICS).stat().st_size > 0:
-            raise ConfigError(f"run directory {run} already holds a run; pass --resume {run} to continue it, "
-                              f"or choose another out_dir")
-        ckpt = None
-    run.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run / rundir.CONFIG)
+    ckpt = runguard.open_run(cfg, run, resume, log=console.print)  # checks, lock, records cut to the checkpoint
+    tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = roles.device_of(cfg)
     deadletter: list[dict] = []
-    train_prompts, held_out = roles.prompts(cfg, deadletter)
     model, tokenizer, context = roles.policy(cfg, device)
-    rewards = roles.rewards(cfg, tokenizer)
+    train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
+    rewards = roles.rewards(cfg, tokenizer, model)
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
         model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, rewards, cfg, context, device, console.print)
+    model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
     reference = None
     if cfg.algo.kl_coef > 0:
         reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -151,13 +171,16 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     if "engine" in extra_rng and isinstance(getattr(engine, "generator", None), torch.Generator):
         engine.generator.set_state(extra_rng["engine"])
     ctx = RunContext(cfg, run, model, tokenizer, context, device, engine, trainer, rewards, reference, stream,
-                     held_out, Telemetry(run), state)
+                     held_out, Telemetry(run, tracking=tracking if tracking.active else None), state)
+    ctx.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
+    ctx.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     ctx.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps(run_info(cfg, model), indent=1))
     if state.eval_before is None:
         state.eval_before = ctx.evaluate()
         state.extra.update(sft_info)
-        console.print(f"held-out greedy accuracy before RL: {state.eval_before:.1%} ({len(held_out)} prompts)")
+        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({len(held_out)} prompts)")
+    dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
     return ctx
 
 
@@ -167,14 +190,14 @@ def run_info(cfg: RunConfig, model) -> dict:
         "placement": cfg.placement, "sync_mode": "inprocess", "dp": 1,
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens, "staleness_bound": 0, "lora_fraction": None,
-        "steps": cfg.steps,
+        "steps": cfg.steps, **sync_facts(cfg, model, roles.device_of(cfg)),
     }
 
 
 def finish(ctx: RunContext) -> dict:
     """Eval after, export the policy, write summary.json and trace.json, print the tables."""
     after = ctx.evaluate()
-    export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL)
+    export(ctx.model, ctx.tokenizer, ctx.run_dir / rundir.MODEL, dtype=source_dtype(ctx.cfg.model.name))
     ctx.telemetry.close()
     ctx.rewards.close()
     summary = {
@@ -183,7 +206,9 @@ def finish(ctx: RunContext) -> dict:
         "reward_flags": ctx.flags, **ctx.state.extra,
         "role_seconds_per_step": {r: s for r, s, _ in role_shares(ctx.telemetry.step_seconds)},
     }
-    (ctx.run_dir / rundir.SUMMARY).write_text(json.dumps(summary, indent=1))
+    summary.update(sessions.whole_run(ctx.run_dir))  # totals over every session of the run, not just this one
+    (ctx.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     print_summary(ctx.telemetry.step_seconds, ctx.state.eval_before, after)
     console.print(f"run directory: {ctx.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
+    rundir.unlock(ctx.run_dir)
     return summary

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from rollyard.plan import mechanisms as M
 from rollyard.plan.inputs import PlanInputs
 from rollyard.telemetry import rundir
 
@@ -61,10 +62,14 @@ def step_bytes(p: PlanInputs) -> StepBytes:
     samples = ro.prompts * ro.samples
     tokens = samples * ro.avg_tokens
     grad_bpp = p.trainer.grad_bytes_per_param or pol.bytes_per_param
+    if p.trainer.sharding == "fsdp":
+        grad = M.fsdp_bytes_per_rank(pol.params * pol.bytes_per_param, pol.params * grad_bpp, p.trainer.dp)
+    else:
+        grad = ring_allreduce_bytes(pol.params * grad_bpp, p.trainer.dp)
     return StepBytes(
         full_sync=full, delta_sync=delta, lora_sync=lora,
         rollout_tokens=tokens, rollout_payload=tokens * ro.bytes_per_token,
-        gradient_per_rank=ring_allreduce_bytes(pol.params * grad_bpp, p.trainer.dp),
+        gradient_per_rank=grad,
         prompts=ro.prompts * ro.prompt_tokens * PROMPT_TOKEN_BYTES,
         rewards=samples * REWARD_BYTES,
         ref_logprobs=tokens * LOGPROB_BYTES if p.phases.use_reference else 0.0,
@@ -88,10 +93,50 @@ def per_hour(p: PlanInputs, b: StepBytes) -> dict[str, float]:
     }
 
 
-def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
-    """mode -> tier -> seconds to move one sync's bytes over that tier's bandwidth."""
+def sync_breakdown(p: PlanInputs, b: StepBytes, mode: str, tier: str | None = None) -> M.SyncTime:
+    """One sync of ``mode`` over ``tier`` (default: the sync link), stage by stage.
+
+    Parallel links: ``network.senders`` (default ``rollout.tp``: each GPU of the receiving replica
+    takes its 1/tp share on its own NIC). A delta also costs its export/compare on the trainer at
+    HBM bandwidth; fixed and per-tensor software costs are the plan's stated figures.
+    """
     tiers = p.tiers()
-    return {mode: {t: b.sync(mode) / bw for t, bw in tiers.items()} for mode in ("full", "delta", "lora")}
+    link = tiers[tier or p.network.sync_link]
+    gpus_t = p.trainer.gpus or p.trainer.dp
+    compare = M.delta_compare_s(b.full_sync, gpus_t, p.rollout.mem_bandwidth) if mode == "delta" else 0.0
+    return M.sync_time(b.sync(mode), link_bw=link, links=p.network.senders or p.rollout.tp,
+                       gather_bw=tiers[p.network.gather_link], load_bw=p.rollout.mem_bandwidth,
+                       receivers=p.rollout.tp, fixed_s=p.sync.fixed_s,
+                       per_tensor_s=p.sync.per_tensor_s * p.policy.weight_tensors, compare_s=compare,
+                       overlap=p.sync.bucket_overlap)
+
+
+def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
+    """mode -> tier -> seconds of one sync over that tier (``sync_breakdown``'s total)."""
+    return {mode: {t: sync_breakdown(p, b, mode, t).total for t in p.tiers()} for mode in ("full", "delta", "lora")}
+
+
+def colocated_reload_seconds(p: PlanInputs) -> float:
+    """Colocated sync: each engine GPU copies its 1/tp shard of the weights at HBM bandwidth."""
+    return M.colocated_reload_s(p.policy.params * p.policy.bytes_per_param, p.rollout.tp, p.rollout.mem_bandwidth)
+
+
+def predicted_sync_bytes(params: float, bytes_per_param: float, mode: str, *, delta_fraction: float = 0.02,
+                         delta_index_bytes: float = 0.0, lora_fraction: float = 0.005) -> float:
+    """Stable entry point (bench/sync.py): bytes one sync of ``mode`` moves, predicted by the plan.
+
+    full = P x bytes; delta = P x fraction x (bytes + index bytes); lora = P x lora_fraction x bytes;
+    inprocess = 0. Values only: transport framing is the runtime's to measure.
+    """
+    if mode == "inprocess":
+        return 0.0
+    if mode == "full":
+        return params * bytes_per_param
+    if mode == "delta":
+        return params * delta_fraction * (bytes_per_param + delta_index_bytes)
+    if mode == "lora":
+        return params * lora_fraction * bytes_per_param
+    raise ValueError(f"unknown sync mode {mode!r}; expected full, delta, lora or inprocess")
 
 
 @dataclass(frozen=True)
@@ -135,7 +180,7 @@ def edges(p: PlanInputs, b: StepBytes, placement: str, sync_mode: str) -> list[E
 
 
 def training_state_bytes(p: PlanInputs) -> float:
-    """Trainer memory for weights + grads + master + Adam (decision tree step 1)."""
+    """Trainer memory for weights + grads + master + Adam (decision tree step 1), all ranks together."""
     return p.policy.params * p.cluster.train_bytes_per_param
 
 
@@ -197,12 +242,13 @@ def runbook_lines(p: PlanInputs, b: StepBytes, hourly: dict[str, float]) -> list
     pol = p.policy
     u = unit_of(b.full_sync)
     return [
-        f"weight sync per step : full {dtype_name(pol.bytes_per_param)} {fmt_bytes(b.full_sync, 2, u)} | "
-        f"delta ({fmt_fraction(pol.delta_fraction)}) {fmt_bytes(b.delta_sync, 2, u)} | "
-        f"LoRA ({fmt_fraction(pol.lora_fraction)}) {fmt_bytes(b.lora_sync, 2, u)}",
-        f"rollout payload      : {fmt_tokens(b.rollout_tokens)} tokens = "
-        f"{fmt_bytes(b.rollout_payload, 3, u)} (ids + logprobs)",
-        f"gradient all-reduce  : {fmt_bytes(b.gradient_per_rank, 2, u)}/rank/step at DP={p.trainer.dp} (ring)",
-        f"per hour at {p.sync.per_hour:g} syncs: full {fmt_bytes(hourly['full_sync'], 2)} | "
-        f"delta {fmt_bytes(hourly['delta_sync'], 1)} | LoRA {fmt_bytes(hourly['lora_sync'], 1)}",
+        (f"weight sync per step : full {dtype_name(pol.bytes_per_param)} {fmt_bytes(b.full_sync, 2, u)} | "
+         f"delta ({fmt_fraction(pol.delta_fraction)}) {fmt_bytes(b.delta_sync, 2, u)} | "
+         f"LoRA ({fmt_fraction(pol.lora_fraction)}) {fmt_bytes(b.lora_sync, 2, u)}"),
+        (f"rollout payload      : {fmt_tokens(b.rollout_tokens)} tokens = "
+         f"{fmt_bytes(b.rollout_payload, 3, u)} (ids + logprobs)"),
+        (f"gradient all-reduce  : {fmt_bytes(b.gradient_per_rank, 2, u)}/rank/step at DP={p.trainer.dp} "
+         + ("(ring)" if p.trainer.sharding == "ddp" else "(FSDP: reduce-scatter + 2 all-gathers)")),
+        (f"per hour at {p.sync.per_hour:g} syncs: full {fmt_bytes(hourly['full_sync'], 2)} | "
+         f"delta {fmt_bytes(hourly['delta_sync'], 1)} | LoRA {fmt_bytes(hourly['lora_sync'], 1)}"),
     ]

@@ -47,6 +47,8 @@ def plan_parser() -> argparse.ArgumentParser:
                         "e.g. policy.params=7e9 trainer.dp=4")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a field override (repeatable)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    p.add_argument("--defaults", action="store_true", help="allow an empty plan file: price the runbook's reference "
+                                                           "workload (without it an empty file is an error)")
     p.add_argument("--out", metavar="DIR", help="write plan.json, plan.yaml (resolved inputs), decision_record.md, "
                                                 "timeline.txt and timeline.png to DIR")
     p.add_argument("--lengths-from", metavar="RUN_DIR", help="tail what-if: response lengths from RUN_DIR/lengths.jsonl")
@@ -84,7 +86,7 @@ def _plan(args: argparse.Namespace) -> int:
     overrides = [a for a in args.args if "=" in a] + args.set
     if len(files) > 1:
         raise I.PlanError(f"give one plan file, got {len(files)}: {', '.join(files)}")
-    inputs = I.load_plan(files[0] if files else None, overrides)
+    inputs = I.load_plan(files[0] if files else None, overrides, defaults=args.defaults)
     lengths = source = None
     if args.lengths_from:
         from rollyard.plan.review import read_lengths
@@ -93,6 +95,10 @@ def _plan(args: argparse.Namespace) -> int:
             raise RunDirError(f"{args.lengths_from}: lengths.jsonl holds no response lengths")
         source = f"{args.lengths_from} ({len(lengths)} responses)"
     plan = make_plan(inputs, lengths, source)
+    bad = _non_finite(plan.as_dict())
+    if bad:
+        raise I.PlanError(f"the plan overflows: {bad} is not a finite number; fix: check the exponents of the inputs "
+                          f"(rollyard plan --fields lists every unit)")
     record = decision_record(plan)
     if args.json:
         print(json.dumps({**plan.as_dict(), "decision_record": record}, indent=1, default=str))
@@ -108,6 +114,20 @@ def _plan(args: argparse.Namespace) -> int:
         print()
         print(record)
     return 0
+
+
+def _non_finite(doc, path: str = "") -> str | None:
+    """The dotted path of the first infinite or NaN number in ``doc``, or None."""
+    import math
+
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return path or "a figure"
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        found = _non_finite(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
 
 
 def write_plan(plan, record: str, out: Path) -> None:
@@ -150,7 +170,8 @@ def review_parser() -> argparse.ArgumentParser:
                                                    "budget.tolerance, 0.2)")
     p.add_argument("--json", action="store_true", help="print the review as JSON instead of tables")
     p.add_argument("--out", metavar="DIR", help="write review.json and decision_record.md to DIR")
-    p.add_argument("--check", action="store_true", help="exit 1 when a verification item fails")
+    p.add_argument("--check", action="store_true", help="exit 1 unless every verification item passed "
+                                                         "(an item not checked is not a pass)")
     return p
 
 
@@ -168,12 +189,12 @@ def _review(args: argparse.Namespace) -> int:
     from rollyard.plan.inputs import PlanError
     from rollyard.plan.record import decision_record
     from rollyard.plan.render import console
-    from rollyard.plan.review import FAIL, print_review, review
+    from rollyard.plan.review import PASS, print_review, review
 
     if args.set and not args.plan:
         raise PlanError("--set overrides a --plan file's fields; pass --plan FILE too")
-    if args.tolerance is not None and args.tolerance < 0:
-        raise PlanError(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.tolerance is not None and not (0 <= args.tolerance < float("inf")):
+        raise PlanError(f"--tolerance must be a finite fraction >= 0, got {args.tolerance}; fix: e.g. --tolerance 0.2")
     rv = review(args.run_dir, args.plan, args.tolerance, args.set)
     note = "" if args.plan else f" (from {rv.run.path.name}/run.json)"
     record = decision_record(rv.plan, rv.verification, title_note=note)
@@ -190,7 +211,11 @@ def _review(args: argparse.Namespace) -> int:
     elif not args.json:
         print()
         print(record)
-    return 1 if (args.check and rv.verdict == FAIL) else 0
+    if args.check and rv.verdict != PASS:
+        bad = [f"{v['item']}: {v['result']}" for v in rv.verification if v["result"] != PASS]
+        print(f"rollyard review: --check: {len(bad)} item(s) did not pass: " + "; ".join(bad), file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

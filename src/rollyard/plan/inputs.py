@@ -1,11 +1,11 @@
 """What `rollyard plan` prices: one typed, documented plan file (TOML or YAML) plus overrides.
 
-Every field states its unit and bounds. The defaults are the runbook's reference workload
-(seed 000, ``rl_step_bytes.py``: a 14B dense policy in bf16, LoRA 0.5%, delta 2%, DP 8,
-256 prompts x 8 samples x 4096 tokens at 8 bytes per token, 60 syncs per hour), so an empty plan
-prints the runbook's figures. Hardware defaults are one H100 class GPU; phase times left out are
-estimated (rollout from bytes moved per decoded token over memory bandwidth, training from
-6 * P * tokens over sustained FLOP/s).
+Every field states its unit and bounds; infinite and NaN values are refused everywhere. The
+defaults are the runbook's reference workload (seed 000, ``rl_step_bytes.py``: a 14B dense policy
+in bf16, LoRA 0.5%, delta 2%, DP 8, 256 prompts x 8 samples x 4096 tokens at 8 bytes per token, 60
+syncs per hour), so no plan file (or an empty one with ``--defaults``) prints the runbook's figures.
+Hardware defaults are H100-class GPUs; phase times left out are estimated (rollout from the decode
+model of ``mechanisms``, training from 6 * P_active * tokens over sustained FLOP/s).
 
 An unknown field anywhere is an error naming the field and the closest valid one; ``key.sub=value``
 overrides (values parsed as YAML) beat the file.
@@ -13,12 +13,20 @@ overrides (values parsed as YAML) beat the file.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollyard.config import ConfigError, _set_dotted, check_keys, describe_errors, parse_override, read_file
+from rollyard.config import (
+    ConfigError,
+    _set_dotted,
+    check_keys,
+    describe_errors,
+    parse_override,
+    read_file,
+)
 from rollyard.telemetry import rundir
 
 # Link bandwidths in bytes/s (decimal). NVLink and RDMA are seed 002's figures for a weight
@@ -36,16 +44,19 @@ class PlanError(ConfigError):
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: an infinite or NaN figure is a typo, never a property of hardware.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class PolicySection(Section):
     params: float = Field(14e9, gt=0, le=1e13, description="policy parameters [count]; runbook: 14e9")
     bytes_per_param: float = Field(2, gt=0, le=8, description="bytes per parameter in the synced (rollout) dtype [bytes]; 2 = bf16, 1 = fp8, 4 = fp32")
     lora: bool = Field(False, description="train LoRA adapters only: the adapter is then all that must sync")
-    lora_fraction: float = Field(0.005, gt=0, le=1, description="adapter parameters / base parameters [fraction]; runbook: 0.005")
+    active_params: float | None = Field(None, gt=0, le=1e13, description="parameters active per token [count] (MoE: the routed experts' share plus the dense layers); FLOPs use these, sync and memory use params; null = params (dense)")
+    lora_fraction: float = Field(0.005, ge=0, le=1, description="adapter parameters / base parameters [fraction]; runbook: 0.005")
     delta_fraction: float = Field(0.02, gt=0, le=1, description="share of weights that change per sync [fraction]; 1-3% per the delta weight sync page; runbook: 0.02")
     delta_index_bytes: float = Field(0, ge=0, le=8, description="index bytes sent per changed element in delta sync [bytes]; the runbook ignores indexes (0); rollyard's delta sync sends int64 (8)")
+    weight_tensors: int = Field(0, ge=0, description="number of weight tensors a sync moves [count]; with sync.per_tensor_s it prices per-tensor software cost (0 = not priced)")
 
 
 class TrainerSection(Section):
@@ -53,48 +64,61 @@ class TrainerSection(Section):
     grad_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per gradient element on the wire [bytes]; null = policy.bytes_per_param (the runbook's model)")
     gpus: int | None = Field(None, ge=1, description="GPUs in the trainer pool [count]; null = dp")
     flops_per_gpu: float = Field(4e14, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; 4e14 is ~40% of an H100's bf16 dense peak (seed 002 quotes ~8e14 as best case)")
+    minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
+    sharding: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every rank holds all training state and ring-all-reduces gradients (the runbook); fsdp: state sharded over dp ranks, gradients reduce-scattered and parameters all-gathered twice per step (forward, backward)")
 
 
 class RolloutSection(Section):
     prompts: int = Field(256, ge=1, description="prompts per step [count]; runbook: 256")
     samples: int = Field(8, ge=1, description="samples per prompt (GRPO group size) [count]; runbook: 8")
-    avg_tokens: float = Field(4096, gt=0, description="mean generated tokens per sample [tokens]; runbook: 4096")
-    bytes_per_token: float = Field(8, gt=0, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
-    prompt_tokens: float = Field(0, ge=0, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
+    avg_tokens: float = Field(4096, gt=0, le=1e7, description="mean generated tokens per sample [tokens]; runbook: 4096")
+    bytes_per_token: float = Field(8, gt=0, le=1e6, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
+    prompt_tokens: float = Field(0, ge=0, le=1e7, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
     gpus: int = Field(8, ge=1, description="GPUs in the rollout pool [count] (colocated: the same GPUs as the trainer)")
-    mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per rollout GPU [bytes/s]; 3.35e12 = H100 SXM")
-    concurrency: int = Field(256, ge=1, description="sequences decoded at once per engine replica [count]; one weight read is shared by these")
-    kv_bytes_per_token: float = Field(196608, ge=0, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
-    bytes_per_decoded_token: float | None = Field(None, gt=0, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
+    tp: int = Field(1, ge=1, description="GPUs per inference engine replica (tensor parallel) [count]; a replica decodes its sequences in lockstep, and its GPUs each receive 1/tp of a weight sync on their own NIC")
+    mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per GPU [bytes/s]; 3.35e12 = H100 SXM (NVIDIA datasheet); 4.0e12 = H20; 4.8e12 = H200")
+    concurrency: int = Field(256, ge=1, description="most sequences decoded at once per engine replica [count] (KV-cache slots); one weight read per decode step is shared by those in flight")
+    kv_bytes_per_token: float = Field(196608, ge=0, le=1e9, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
+    bytes_per_decoded_token: float | None = Field(None, gt=0, le=1e15, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
 
 
 class SyncSection(Section):
     mode: Literal["auto", "full", "delta", "lora"] = Field("auto", description="weight-sync mode; auto = lora when policy.lora, else full if a full sync costs <= 5% of the step on the sync link, else delta")
-    per_hour: float = Field(60, gt=0, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
+    per_hour: float = Field(60, gt=0, le=1e6, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
     every_steps: int = Field(1, ge=1, description="optimizer steps between weight syncs [steps]")
     staleness_bound: int = Field(1, ge=0, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
+    fixed_s: float = Field(0.0, ge=0, description="fixed cost per sync [s]: metadata gather, process-group setup, engine pause/resume (a published or measured figure; 0 = not priced)")
+    per_tensor_s: float = Field(0.0, ge=0, description="software cost per weight tensor loaded by the engine [s] (with policy.weight_tensors); 0 = not priced")
+    bucket_overlap: bool = Field(True, description="the sync is bucketed and pipelined: gather, wire and engine load of successive buckets overlap, so the slowest stage sets the time; false = the stages add up")
 
 
 class NetworkSection(Section):
     sync_link: str = Field("rdma", description="tier that carries the weight sync between pools (a preset: nvlink, rdma, commodity, or a name in custom)")
     trainer_link: str = Field("nvlink", description="tier that carries the trainer's gradient collectives")
-    custom: dict[str, float] = Field(default_factory=dict, description="extra tiers: name = bandwidth [bytes/s], e.g. {roce = 25e9}")
+    gather_link: str = Field("nvlink", description="tier over which trainer shards are gathered into whole tensors before a sync (inside a node)")
+    senders: int | None = Field(None, ge=1, description="parallel links a sync uses, each at the sync_link bandwidth [count] (one NIC per GPU); null = rollout.tp (each GPU of a receiving replica takes its 1/tp share on its own NIC)")
+    custom: dict[str, float] = Field(default_factory=dict, description="extra tiers: name = bandwidth [bytes/s] (> 0, finite), e.g. {roce = 25e9}")
 
 
 class PhasesSection(Section):
-    rollout_s: float | None = Field(None, ge=0, description="rollout generation per step [s]; null = estimated from bytes per decoded token over memory bandwidth")
-    reward_s: float = Field(0.0, ge=0, description="reward / verifier scoring per step [s] (not estimated)")
-    reference_s: float | None = Field(None, ge=0, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
-    train_s: float | None = Field(None, ge=0, description="forward + backward + optimizer per step [s]; null = estimated as 6*P*tokens over trainer FLOP/s")
-    algorithm_s: float = Field(0.0, ge=0, description="advantages / loss bookkeeping per step [s]")
+    rollout_s: float | None = Field(None, gt=0, le=1e9, description="rollout generation per step, synchronous rounds (the step waits for its longest response) [s]; null = estimated from the decode model")
+    reward_s: float = Field(0.0, ge=0, le=1e9, description="reward / verifier scoring per step [s] (not estimated)")
+    reference_s: float | None = Field(None, ge=0, le=1e9, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
+    train_s: float | None = Field(None, gt=0, le=1e9, description="forward + backward + optimizer per step [s]; null = estimated as 6*P_active*tokens over trainer FLOP/s")
+    gpus: int | None = Field(None, ge=1, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = the configured pools")
+    train_s_measured: dict[int, float] = Field(default_factory=dict, description="train seconds per step measured on other GPU counts, {gpus = seconds}; a trainer pool of a measured size takes the measured time, other sizes scale FLOP-bound from the nearest measured size")
+    algorithm_s: float = Field(0.0, ge=0, le=1e9, description="advantages / loss bookkeeping per step [s]")
     use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
+    async_rollout_logprobs: bool = Field(False, description="async: the trainer takes the rollout engine's logprobs as the old logprobs (verl fully-async's default), so the trainer pool runs no old-logprob/reference forward")
+    train_streamed: bool = Field(False, description="split pools: the trainer accumulates gradients over trainer.minibatches pieces of the batch as they are generated (one optimizer step per batch, so on-policy): with staleness bound 0 the pools overlap within the step")
     reward_streamed: bool = Field(False, description="reward scoring is streamed while decode continues (then reward and rollout must overlap)")
 
 
 class ClusterSection(Section):
+    gpus: int | None = Field(None, ge=2, description="accelerators in the pool every placement is priced on [count] (equal hardware); null = rollout.gpus + trainer GPUs")
     gpus_per_node: int = Field(8, ge=1, description="GPUs per node [count]")
     gpu_memory: float = Field(80e9, gt=0, description="memory per GPU [bytes]")
-    train_bytes_per_param: float = Field(18, gt=0, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
+    train_bytes_per_param: float = Field(18, gt=0, le=100, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
     prototype: bool = Field(False, description="a low-effort prototype (decision tree step 1)")
 
 
@@ -107,7 +131,7 @@ class BudgetSection(Section):
 
 
 class TailSection(Section):
-    lengths: list[int] = Field(default_factory=list, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
+    lengths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
     sigma: float = Field(0.6, gt=0, le=5, description="lognormal shape of response lengths when no lengths are given")
     max_tokens: int = Field(16384, ge=1, description="response length cap [tokens] (lengths above are clipped, as the engine does)")
     overprovision: float = Field(0.25, gt=0, le=4, description="tail batching: extra prompts issued per short round [fraction of prompts] (RollPacker's speculative over-provisioning)")
@@ -116,7 +140,7 @@ class TailSection(Section):
 
 
 class SimSection(Section):
-    steps: int = Field(6, ge=2, le=200, description="training steps drawn in each placement's timeline [count]")
+    steps: int = Field(6, ge=2, le=200, description="training steps drawn in each placement's timeline [count]; the steps/hour figures come from a longer run to steady state")
 
 
 class PlanInputs(Section):
@@ -134,9 +158,9 @@ class PlanInputs(Section):
     sim: SimSection = Field(default_factory=SimSection)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "PlanInputs":
+    def _cross_checks(self) -> PlanInputs:
         tiers = self.tiers()
-        for key in ("sync_link", "trainer_link"):
+        for key in ("sync_link", "trainer_link", "gather_link"):
             name = getattr(self.network, key)
             if name not in tiers:
                 raise ValueError(f"network.{key} = {name!r} is not a tier; valid tiers: {', '.join(tiers)} "
@@ -147,10 +171,27 @@ class PlanInputs(Section):
         if self.budget.shares and abs(sum(self.budget.shares.values()) - 1.0) > 0.01:
             raise ValueError(f"budget.shares must sum to 1, got {sum(self.budget.shares.values()):.3f} "
                              f"({self.budget.shares})")
-        if self.sync.every_steps - 1 > self.sync.staleness_bound:
-            raise ValueError(f"sync.every_steps = {self.sync.every_steps} makes batches up to "
-                             f"{self.sync.every_steps - 1} versions old, over sync.staleness_bound = "
-                             f"{self.sync.staleness_bound}; raise the bound or sync more often")
+        for name, bw in self.network.custom.items():
+            if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+                raise ValueError(f"network.custom.{name} = {bw!r}: a tier's bandwidth must be a finite number > 0 "
+                                 f"bytes/s; fix: give its bytes per second, e.g. {name} = 25e9")
+        if self.sync.every_steps > 1 and self.sync.staleness_bound < self.sync.every_steps:
+            # A version serves every_steps batches and the pools run one batch apart, so the last
+            # batch sampled on a version is trained every_steps versions later.
+            raise ValueError(f"sync.every_steps = {self.sync.every_steps} needs sync.staleness_bound >= "
+                             f"{self.sync.every_steps} (a version serves {self.sync.every_steps} batches, one "
+                             f"batch ahead of the trainer), got staleness_bound = {self.sync.staleness_bound}; "
+                             f"fix: raise the bound or sync more often")
+        for g, secs in self.phases.train_s_measured.items():
+            if g < 1 or not (isinstance(secs, (int, float)) and math.isfinite(secs) and secs > 0):
+                raise ValueError(f"phases.train_s_measured has {g} GPUs = {secs!r}: expected GPUs >= 1 and a finite "
+                                 f"time > 0 s; fix: e.g. {{64 = 133.4}}")
+        if self.policy.lora and self.policy.lora_fraction == 0:
+            raise ValueError("policy.lora_fraction = 0 with policy.lora = true: the adapter has no parameters; "
+                             "fix: give the adapter's share of the base parameters, e.g. 0.005")
+        if self.policy.active_params is not None and self.policy.active_params > self.policy.params:
+            raise ValueError(f"policy.active_params = {self.policy.active_params:g} exceeds policy.params = "
+                             f"{self.policy.params:g}; fix: active parameters are a subset of all parameters")
         if self.sync.mode == "lora" and not self.policy.lora:
             raise ValueError("sync.mode = 'lora' needs policy.lora = true (only adapters can sync when only adapters train)")
         return self
@@ -159,20 +200,33 @@ class PlanInputs(Section):
         """Every network tier by name -> bandwidth in bytes/s (presets, then custom)."""
         return {**TIER_PRESETS, **self.network.custom}
 
+    def total_gpus(self) -> int:
+        """G: the accelerators every placement is priced on (equal hardware)."""
+        return self.cluster.gpus or (self.rollout.gpus + (self.trainer.gpus or self.trainer.dp))
+
 
 def validate_plan(data: dict) -> PlanInputs:
-    """A plan as nested dicts -> PlanInputs, or PlanError naming each bad field."""
+    """A plan as nested dicts -> PlanInputs, or PlanError naming each bad field on one line."""
     check_keys(data, PlanInputs)
     try:
         return PlanInputs.model_validate(data)
     except ValidationError as e:
-        raise PlanError("invalid plan:\n" + describe_errors(e)) from None
+        lines = [ln.strip() for ln in describe_errors(e).splitlines() if ln.strip()]
+        raise PlanError("invalid plan: " + "; ".join(lines)
+                        + "; fix: correct the value in the plan file or override it with key.sub=value") from None
 
 
-def load_plan(path: str | Path | None = None, overrides: list[str] = ()) -> PlanInputs:
-    """Plan file (optional, TOML or YAML) + ``key.sub=value`` overrides -> validated PlanInputs."""
+def load_plan(path: str | Path | None = None, overrides: list[str] = (), defaults: bool = True) -> PlanInputs:
+    """Plan file (optional, TOML or YAML) + ``key.sub=value`` overrides -> validated PlanInputs.
+
+    An empty plan file is an error unless ``defaults`` is true: it most likely means the wrong
+    file, and silently pricing the runbook workload instead would mislead.
+    """
     try:
         data = read_file(path) if path else {}
+        if path and not data and not defaults:
+            raise PlanError(f"plan file {path} is empty: expected at least one section (e.g. [policy]); "
+                            f"fix: fill it in, or pass --defaults to price the runbook's reference workload")
         for text in overrides:
             key, value = parse_override(text)
             _set_dotted(data, key, value)

@@ -1,19 +1,20 @@
-"""Phase times of one step: given in the plan, or estimated from first principles (seed 002).
+"""Phase times of one step on the configured pools: given in the plan, or estimated (seed 002).
 
-- rollout: decode is memory-bandwidth-bound, so time = decoded tokens x bytes read per decoded
-  token / (HBM bandwidth x rollout GPUs). Bytes per decoded token = one weight read shared by the
-  ``concurrency`` sequences in flight + the KV cache of the token's context (mean context =
-  prompt + half the response).
-- train: 6 x P x tokens FLOPs (forward 2, backward 4) / (sustained FLOP/s x trainer GPUs).
-- reference: forward only, 2 x P x tokens on the trainer GPUs.
-- sync: the chosen mode's bytes over the sync link (disaggregated, async); colocated moves an IPC
-  handle, which is taken as 0 s.
+- rollout: a synchronous round on ``rollout.gpus`` from the decode model (``mechanisms``): the
+  weight read is paid once per decode step for as many steps as the longest response, the KV
+  read once per decoded token; a given ``phases.rollout_s`` is taken as measured (rescaled only
+  when ``phases.gpus`` says it was measured on another GPU count).
+- train: 6 x P_active x tokens FLOPs (forward 2, backward 4) / (sustained FLOP/s x trainer GPUs).
+- reference: forward only, 2 x P_active x tokens on the trainer GPUs.
+- sync: the chosen mode's sync time (``mechanisms.sync_time``) per step; colocated: the reload of
+  the weights into the engine's buffers at HBM bandwidth.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from rollyard.plan import hardware as H
 from rollyard.plan.bytes import StepBytes
 from rollyard.plan.inputs import PlanInputs
 
@@ -27,15 +28,15 @@ class Phases:
     reference: float
     algorithm: float
     train: float
-    sync: float  # per step: one sync over the sync link / every_steps (0 when colocated)
+    sync: float  # per step: one sync / every_steps (colocated: the engine reload)
     source: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self) -> dict[str, float]:
         return {k: v for k, v in asdict(self).items() if k != "source"}
 
 
-
 def bytes_per_decoded_token(p: PlanInputs) -> float:
+    """Mean HBM bytes per decoded token at a full batch (kept for callers of the v1 API)."""
     ro = p.rollout
     if ro.bytes_per_decoded_token is not None:
         return ro.bytes_per_decoded_token
@@ -43,40 +44,36 @@ def bytes_per_decoded_token(p: PlanInputs) -> float:
     return weights + ro.kv_bytes_per_token * (ro.prompt_tokens + ro.avg_tokens / 2)
 
 
-def trainer_gpus(p: PlanInputs) -> int:
-    return p.trainer.gpus or p.trainer.dp
+trainer_gpus = H.trainer_gpus
+train_tokens = H.train_tokens
 
 
-def train_tokens(p: PlanInputs) -> float:
-    """Tokens the trainer processes per step: prompt + response for every sample."""
-    ro = p.rollout
-    return ro.prompts * ro.samples * (ro.prompt_tokens + ro.avg_tokens)
-
-
-def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float) -> Phases:
+def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int] | None = None) -> Phases:
+    """Phase budget on the configured pools; ``sync_seconds`` is one sync (or the colocated reload)."""
     ph = p.phases
+    gt = trainer_gpus(p)
     src: dict[str, str] = {}
-    flops = p.trainer.flops_per_gpu * trainer_gpus(p)
+    rollout = H.rollout_s(p, p.rollout.gpus, lengths=lengths)
     if ph.rollout_s is not None:
-        rollout, src["rollout"] = ph.rollout_s, "given"
+        src["rollout"] = "given" + (f" on {ph.gpus} GPUs, scaled to {p.rollout.gpus} by the decode model"
+                                    if ph.gpus and ph.gpus != p.rollout.gpus else "")
+    elif p.rollout.bytes_per_decoded_token is not None:
+        src["rollout"] = (f"estimated: {b.rollout_tokens:.3g} tokens x {p.rollout.bytes_per_decoded_token:.3g} "
+                          f"B/token / ({p.rollout.mem_bandwidth:.3g} B/s x {p.rollout.gpus} GPUs)")
     else:
-        bpt = bytes_per_decoded_token(p)
-        rollout = b.rollout_tokens * bpt / (p.rollout.mem_bandwidth * p.rollout.gpus)
-        src["rollout"] = (f"estimated: {b.rollout_tokens:.3g} tokens x {bpt:.3g} B/token / "
-                          f"({p.rollout.mem_bandwidth:.3g} B/s x {p.rollout.gpus} GPUs)")
-    if ph.train_s is not None:
-        train, src["train"] = ph.train_s, "given"
-    else:
-        train = 6 * p.policy.params * train_tokens(p) / flops
-        src["train"] = f"estimated: 6 x {p.policy.params:.3g} x {train_tokens(p):.3g} tokens / {flops:.3g} FLOP/s"
-    if not ph.use_reference:
-        reference, src["reference"] = 0.0, "no reference model"
-    elif ph.reference_s is not None:
-        reference, src["reference"] = ph.reference_s, "given"
-    else:
-        reference = 2 * p.policy.params * train_tokens(p) / flops
-        src["reference"] = "estimated: 2 x P x tokens (forward only) on the trainer GPUs"
+        d = H.decode_on(p, p.rollout.gpus, lengths)
+        src["rollout"] = (f"estimated: synchronous round of {d.sequences:g} sequences per replica, longest "
+                          f"{d.longest:.0f} tokens x {d.weight_step_s * 1e3:.3g} ms weight read per decode step "
+                          f"+ KV {d.kv_s:.3g} s (bubble {H.M.bubble_fraction(d):.0%})")
+    train = H.train_s(p, gt)
+    src["train"] = ("given" if ph.train_s is not None and not ph.gpus else
+                    f"given on {ph.gpus} GPUs, x {ph.gpus}/{gt} (FLOP-bound)" if ph.train_s is not None else
+                    f"estimated: 6 x {H.active_params(p):.3g} x {train_tokens(p):.3g} tokens / "
+                    f"({p.trainer.flops_per_gpu:.3g} FLOP/s x {gt} GPUs)")
+    reference = H.reference_s(p, gt)
+    src["reference"] = ("no reference model" if not ph.use_reference else "given" if ph.reference_s is not None
+                        else "estimated: 2 x P_active x tokens (forward only) on the trainer GPUs")
     src["reward"] = src["algorithm"] = "given"
-    src["sync"] = f"one sync's bytes over {p.network.sync_link}, per {p.sync.every_steps} step(s)"
+    src["sync"] = f"one sync over {p.network.sync_link} (fixed + gather/wire/load), per {p.sync.every_steps} step(s)"
     return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, algorithm=ph.algorithm_s,
                   train=train, sync=sync_seconds / p.sync.every_steps, source=src)

@@ -39,6 +39,22 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
              + ", ".join(f"{k} {v.steps_per_hour:.1f} ({v.period_s:.1f} s/step)" for k, v in sims.items())
              + f". Cadence: {plan.cadence()}.")
     L.append("")
+    eq = plan.equal_hardware()
+    L.append(f"At equal hardware ({p.total_gpus()} GPUs, best split of each): "
+             + ", ".join(f"{k} {v['step_s']:.1f} s/step ({v['vs_colocated']:.2f}x colocated"
+                         + (f", {v['rollout_gpus']}:{v['trainer_gpus']}" if k != "colocated" else "") + ")"
+                         for k, v in eq.items()) + ".")
+    L.append("")
+    L.append("## Findings")
+    L.append("")
+    if plan.findings:
+        for f in plan.findings:
+            L.append(f"- {f}")
+    else:
+        m = plan.memory
+        L.append(f"- memory fits: trainer {fmt_bytes(m.trainer_per_gpu)}, rollout {fmt_bytes(m.rollout_per_gpu)} "
+                 f"per GPU of {fmt_bytes(m.gpu_memory)}" if m else "- none")
+    L.append("")
     L.append(f"## Sync mode: {'in-process (colocated)' if d.placement == 'colocated' else d.sync_mode}")
     L.append("")
     L.append(d.sync_why + ".")
@@ -49,7 +65,8 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
         L.append(f"| {mode} | {fmt_bytes(b.sync(mode))} | {fmt_bytes(plan.per_hour[mode + '_sync'], 1)} | "
                  f"{fmt_seconds(plan.sync_times[mode][link])} |")
     L.append("")
-    L.append(f"Rollout payload {fmt_bytes(b.rollout_payload, 3)}/step; gradient ring all-reduce "
+    collective = "ring all-reduce" if p.trainer.sharding == "ddp" else "FSDP reduce-scatter + 2 all-gathers"
+    L.append(f"Rollout payload {fmt_bytes(b.rollout_payload, 3)}/step; gradient {collective} "
              f"{fmt_bytes(b.gradient_per_rank)}/rank/step at DP={p.trainer.dp}.")
     L.append("")
     L.append(f"## Staleness bound: {d.staleness_bound} step{'s' if d.staleness_bound != 1 else ''}")
@@ -75,10 +92,11 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
     L.append("## Collectives and topology fit")
     L.append("")
     grad_s = b.gradient_per_rank / tiers[tlink]
-    L.append(f"- trainer: gradient ring all-reduce {fmt_bytes(b.gradient_per_rank)}/rank over {tlink}: "
+    L.append(f"- trainer: gradient {collective} {fmt_bytes(b.gradient_per_rank)}/rank over {tlink}: "
              f"{fmt_seconds(grad_s)} per step; trainer ranks are gang-scheduled (all {p.trainer.dp} or none)")
     if d.placement == "colocated":
-        L.append("- weights: CUDA-IPC handle inside the node, no bytes between pools")
+        L.append(f"- weights: CUDA-IPC handle inside the node, no bytes between pools; the engine's reload of its "
+                 f"shard costs {fmt_seconds(plan.sync_seconds())} per sync at HBM bandwidth")
     else:
         L.append(f"- weights: {d.sync_mode} sync {fmt_bytes(b.sync(d.sync_mode))} trainer -> rollout over {link}: "
                  f"{fmt_seconds(plan.sync_seconds())} per sync; rollout replicas restart individually")

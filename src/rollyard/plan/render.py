@@ -75,17 +75,46 @@ def print_plan(plan: Plan, c: Console) -> None:
             t.add_row(role, f"{secs:.2f}", ph.source.get(role, ""))
     c.print(t)
 
-    t = Table(title="Steps per hour by placement (discrete-event simulation)", title_justify="left")
-    for col in ("placement", "model", "s/step", "steps/h", "vs colocated", "max staleness"):
+    t = Table(title=f"Steps per hour by placement on the configured pools ({p.rollout.gpus} rollout, "
+                    f"{p.trainer.gpus or p.trainer.dp} trainer GPUs; discrete-event simulation to steady state)",
+              title_justify="left")
+    for col in ("placement", "model", "s/step", "steps/h", "vs colocated", "max staleness", "horizon"):
         t.add_column(col, justify="left" if col in ("placement", "model") else "right")
-    model = {"colocated": "R + W + F + T", "disaggregated": "max(R, F + T) + sync", "async": "continuous, sync on a cadence"}
+    model = {"colocated": "R + W + F + T + reload", "disaggregated": "max(R, F + T) + sync", "async": "continuous, sync on a cadence"}
     base = plan.sims["colocated"].steps_per_hour
     for name, res in plan.sims.items():
         mark = " <- chosen" if name == d.placement else ""
         t.add_row(name + mark, model[name], f"{res.period_s:.1f}", f"{res.steps_per_hour:.1f}",
-                  f"{res.steps_per_hour / base:.2f}x", str(res.max_staleness))
+                  f"{res.steps_per_hour / base:.2f}x", str(res.max_staleness), f"{res.horizon_steps} steps")
     c.print(t)
     text(c, f"Cadence: {plan.cadence()}")
+    t = Table(title=f"Equal hardware: every placement on the same {p.total_gpus()} GPUs, best split of each",
+              title_justify="left")
+    for col in ("placement", "rollout:trainer GPUs", "rollout s", "trainer s", "sync s", "s/step", "steps/h",
+                "vs colocated"):
+        t.add_column(col, justify="left" if col == "placement" else "right")
+    for name, v in plan.equal_hardware().items():
+        split = "shared" if name == "colocated" else f"{v['rollout_gpus']}:{v['trainer_gpus']}"
+        t.add_row(name + (" (best)" if name != "colocated" else ""), split, f"{v['rollout_s']:.1f}",
+                  f"{v['trainer_s']:.1f}", f"{v['sync_s']:.2f}", f"{v['step_s']:.1f}", f"{v['steps_per_hour']:.2f}",
+                  f"{v['vs_colocated']:.2f}x")
+        m = v.get("configured")
+        if m:
+            t.add_row(name + " (configured)", f"{m['rollout_gpus']}:{m['trainer_gpus']}", f"{m['rollout_s']:.1f}",
+                      f"{m['trainer_s']:.1f}", f"{m['sync_s']:.2f}", f"{m['step_s']:.1f}",
+                      f"{m['steps_per_hour']:.2f}", f"{m['vs_colocated']:.2f}x")
+    c.print(t)
+    text(c, "  colocated: synchronous rounds (the step waits for its longest response) + trainer + engine reload; "
+            "disaggregated: synchronous rounds, pools one step apart; async: continuous batching with partial "
+            "rollout (bubble-free), pools decoupled by the staleness bound")
+    if plan.sync_detail:
+        s = plan.sync_detail
+        text(c, f"Sync ({plan.decision.sync_mode} over {p.network.sync_link}): fixed {s.fixed_s:.3g} s + per-tensor "
+                f"{s.per_tensor_s:.3g} s + compare {s.compare_s:.3g} s + "
+                f"{'max' if s.overlap else 'sum'}(gather {s.gather_s:.3g} s, wire {s.wire_s:.3g} s, "
+                f"load {s.load_s:.3g} s) = {s.total:.3g} s")
+    for f in plan.findings:
+        text(c, f"Finding: {f}")
     text(c, "Timelines (digits: step index; r: reference forward; '.': idle):")
     for name, res in plan.sims.items():
         text(c, f" {name}: {res.period_s:.1f} s/step, {res.steps_per_hour:.1f} steps/h")
@@ -116,6 +145,9 @@ def print_plan(plan: Plan, c: Console) -> None:
     t.add_row("step", "100%", f"{bw.step_s:.2f}", f"{bw.new_step_s:.2f}", f"win {bw.win:.2f}x" if bw.win else "")
     c.print(t)
 
+    if bw.placement_win is not None:
+        text(c, f"  on the chosen placement's critical path ({bw.placement}): {bw.placement_step_s:.1f} s -> "
+                f"{bw.placement_new_step_s:.1f} s per step, win {bw.placement_win:.2f}x")
     tw = plan.tail
     t = Table(title=f"Tail-batching what-if (seed 003), lengths: {tw.source}", title_justify="left")
     for col in ("strategy", "decode steps/round", "rollout s/step", "idle slots", "rounds"):
@@ -126,4 +158,7 @@ def print_plan(plan: Plan, c: Console) -> None:
               f"{tw.tail_rollout_s:.1f}", f"{tw.tail_bubble:.0%}", f"{tw.short_rounds} short + {tw.long_rounds} long")
     c.print(t)
     text(c, f"  lengths: mean {tw.mean_length:.0f}, p50 {tw.p50_length:.0f}, p99 {tw.p99_length:.0f}, "
-            f"max {tw.max_length:.0f} tokens; tail batching predicts {tw.speedup:.2f}x faster rollout")
+            f"max {tw.max_length:.0f} tokens; tail batching predicts {tw.speedup:.2f}x faster rollout"
+            + (f" (bounded by the bubble-free floor {tw.floor_rollout_s:.1f} s)" if tw.bounded else
+               f"; bubble-free floor {tw.floor_rollout_s:.1f} s" if tw.floor_rollout_s is not None else "")
+            + (f"; the {plan.placement} step {tw.step_speedup:.2f}x faster" if tw.step_speedup else ""))

@@ -1,12 +1,16 @@
 """`rollyard review`: hold a measured run against its plan (the runbook's Verification).
 
-- per-phase step breakdown from spans.jsonl against the plan's budget (flag > tolerance over);
+- the run's shape (run.json) against the plan's: a plan of another workload does not describe it;
+- per-phase step breakdown from spans.jsonl against the plan's budget, two-sided (a phase more
+  than the tolerance over *or under* its budget is flagged);
 - overlap audit: for each pair of roles, seconds of overlap in the timeline;
-- staleness audit: the largest ``staleness/max`` against the bound;
-- traffic audit: traffic.jsonl per edge against the prediction; an unpredicted flow is unexplained.
+- staleness audit: the largest ``staleness/max`` against the bound (absent: not checked);
+- traffic audit: the bytes the runtime measured where they crossed (traffic.jsonl: the weight
+  transport's own count, the encoded samples) against the plan's independent prediction (the
+  plan's formulas from run.json's sync mode and the measured token counts; never the runtime's).
 
 Without ``--plan`` the plan is built from run.json (+ config.yaml, measured token counts), and
-there is no phase budget: the breakdown is printed, the budget item reads "not checked".
+there is no phase budget: the budget item reads "not checked", which ``--check`` counts as a failure.
 """
 
 from __future__ import annotations
@@ -193,7 +197,7 @@ def plan_from_run(run: Run) -> PlanInputs:
     avg = sum(lengths) / len(lengths) if lengths else float(info["max_new_tokens"])
     prompts = [n for v in run.prompt_lengths.values() for n in v]
     secs = {r: sum(v) / len(v) for r, v in phase_seconds(run.spans).items() if v}
-    kl = float(((run.config.get("algo") or {}).get("kl_coef") or 0.0))
+    kl = float((run.config.get("algo") or {}).get("kl_coef") or 0.0)
     use_ref = kl > 0 or "reference" in secs
     mode = info.get("sync_mode")
     step = sum(step_seconds(run)) / max(len(step_seconds(run)), 1)
@@ -208,8 +212,9 @@ def plan_from_run(run: Run) -> PlanInputs:
         "sync": {"staleness_bound": info["staleness_bound"],
                  "mode": mode if mode in ("full", "delta", "lora") else "auto",
                  "per_hour": 3600.0 / step if step > 0 else 60},
-        "phases": {"rollout_s": secs.get("rollout", 0.0), "reward_s": secs.get("reward", 0.0),
-                   "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train", 0.0),
+        # A role with no measurable time is left to the plan's estimate (times must be > 0).
+        "phases": {"rollout_s": secs.get("rollout") or None, "reward_s": secs.get("reward", 0.0),
+                   "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train") or None,
                    "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref},
         "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
     }
@@ -225,25 +230,44 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     gen = sum(sum(v) for v in run.lengths.values())
     n_samples = sum(len(v) for v in run.lengths.values())
     have_lengths = bool(run.lengths)
-    inprocess = info.get("sync_mode") == "inprocess" or plan.placement == "colocated"
+    inprocess = info.get("sync_mode") == "inprocess" or (info.get("sync_mode") is None and plan.placement == "colocated")
     out: dict[str, tuple[float | None, str]] = {}
     if run.prompt_lengths:
         out["prompts"] = (4.0 * sum(sum(v) for v in run.prompt_lengths.values()), "4 B x prompt tokens")
     else:
         out["prompts"] = (None, "not priced: lengths.jsonl has no prompt_lengths")
     if have_lengths:
-        out["samples"] = (8.0 * gen, f"8 B x {gen} generated tokens")
+        bpt = plan.inputs.rollout.bytes_per_token  # the plan's stated encoding: int32 id + fp32 logprob
+        out["samples"] = (bpt * gen, f"{bpt:g} B x {gen} generated tokens (encoded ids + logprobs)")
         out["rewards"] = (4.0 * n_samples, f"4 B x {n_samples} samples")
         out["ref_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.use_reference
                                else (0.0, "no reference model"))
     else:
         for e in ("samples", "rewards", "ref_logprobs"):
             out[e] = (None, "not priced: no lengths.jsonl")
-    if inprocess:
+    mode = info.get("sync_mode")
+    every = int(info.get("sync_every") or 1)
+    syncs = steps // every if every > 0 else steps
+    if inprocess or mode == "inprocess":
         out["weights"] = (0.0, "in-process sync: no bytes")
+    elif info.get("sync_transport") == "inprocess":
+        out["weights"] = (0.0, f"{mode} sync over the in-process transport: a local copy, no bytes on a wire")
+    elif mode == "delta" and not isinstance(info.get("delta_fraction"), (int, float)):
+        out["weights"] = (None, "not priced: a delta's size needs run.json delta_fraction")
+    elif mode in ("full", "delta", "lora"):
+        nbytes = B.predicted_sync_bytes(float(info["policy_params"]), float(info["bytes_per_param"]), mode,
+                                        delta_fraction=float(info.get("delta_fraction") or 0.0),
+                                        delta_index_bytes=float(info.get("delta_index_bytes", 8)),
+                                        lora_fraction=float(info.get("lora_fraction") or 0.0))
+        # The rollout engine starts equal to the trainer (DESIGN: equality check at start-up), so a
+        # run opens with one full sync unless run.json says it does not.
+        first = (B.predicted_sync_bytes(float(info["policy_params"]), float(info["bytes_per_param"]), "full")
+                 if info.get("initial_full_sync", True) else 0.0)
+        out["weights"] = (first + nbytes * syncs,
+                          f"{mode} sync: {B.fmt_bytes(nbytes)} x {syncs} syncs (values + indices)"
+                          + (f" + one full sync at start ({B.fmt_bytes(first)})" if first else ""))
     else:
-        mode = plan.decision.sync_mode
-        out["weights"] = (plan.bytes.sync(mode) * steps / plan.inputs.sync.every_steps, f"{mode} sync per step")
+        out["weights"] = (None, f"not priced: run.json sync_mode {mode!r}")
     dp = int(info.get("dp", 1))
     out["gradients"] = (plan.bytes.gradient_per_rank * steps,
                         "dp=1: no all-reduce" if dp <= 1 else f"ring all-reduce over dp={dp}")
@@ -272,6 +296,21 @@ def traffic_audit(run: Run, predicted: dict[str, tuple[float | None, str]], tol:
                      "measured_per_step": m / steps if steps else 0.0,
                      "predicted_per_step": pred / steps if (pred is not None and steps) else None})
     return rows, steps
+
+
+def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01) -> list[str]:
+    """What run.json says that the plan does not: 'field: run X vs plan Y' per difference."""
+    pairs = (("policy_params", p.policy.params, "policy.params"), ("bytes_per_param", p.policy.bytes_per_param,
+             "policy.bytes_per_param"), ("prompts_per_step", p.rollout.prompts, "rollout.prompts"),
+             ("samples_per_prompt", p.rollout.samples, "rollout.samples"), ("dp", p.trainer.dp, "trainer.dp"))
+    out = []
+    for key, planned, field in pairs:
+        got = info.get(key)
+        if isinstance(got, (int, float)) and abs(got - planned) > rel * max(abs(planned), 1e-12):
+            out.append(f"{key}: run {got:g} vs plan {field} = {planned:g}")
+    if p.placement != "auto" and info.get("placement") not in (None, p.placement):
+        out.append(f"placement: run {info['placement']} vs plan {p.placement}")
+    return out
 
 
 # ---- the review ----
@@ -326,16 +365,22 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
     phases = []
     for role, mean in means.items():
         b = budget.get(role) if budget else None
-        over = b is not None and mean > b * (1 + tol) + floor
+        over = b is not None and mean > b * (1 + tol) + floor  # b = 0: any measurable time is over
+        # Two-sided: a phase far under its budget means the plan does not describe this run either.
+        under = b is not None and mean < b * (1 - tol) - floor
         phases.append({"role": role, "measured_s": mean, "max_s": max(per[role]), "share": mean / total,
-                       "budget_s": b, "over_by": (mean / b - 1) if b else None, "flag": over})
+                       "budget_s": b, "over_by": (mean / b - 1) if b else None, "flag": over or under,
+                       "direction": "over" if over else "under" if under else ""})
     steps_s = step_seconds(run)
 
     overlaps = overlap_audit(run.spans, plan.decision.overlaps)
-    bound = plan.decision.staleness_bound
+    # The bound the run was configured with (run.json) is what its samples must respect; a plan file's
+    # own decision applies only when the review is held against that plan.
+    run_bound = run.info.get("staleness_bound") if run.info else None
+    bound = plan.decision.staleness_bound if plan_file is not None or run_bound is None else int(run_bound)
     vals = [float(m[rundir.STALENESS_MAX]) for m in run.metrics if isinstance(m.get(rundir.STALENESS_MAX), (int, float))]
     stale = {"bound": bound, "max": max(vals) if vals else None, "steps": len(vals),
-             "ok": bool(vals) and max(vals) <= bound}
+             "ok": bool(vals) and max(vals) <= bound, "measured": bool(vals)}
 
     n_steps = len({int(r["step"]) for r in run.traffic})
     if plan_file is not None:
@@ -350,7 +395,9 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
         flagged = [p for p in phases if p["flag"]]
         ver.append({"item": "Measured step breakdown matches the budget", "result": FAIL if flagged else PASS,
                     "evidence": ("; ".join(f"{p['role']} {p['measured_s']:.3g} s vs {p['budget_s']:.3g} s "
-                                           f"({p['over_by']:+.0%})" for p in flagged) if flagged else
+                                           f"({p['over_by']:+.0%}, {p['direction']} budget)" if p["budget_s"] else
+                                           f"{p['role']} {p['measured_s']:.3g} s vs no budget (0 s planned)"
+                                           for p in flagged) if flagged else
                                  f"every phase within {tol:.0%} of its budget (step {sum(budget.values()):.3g} s planned, "
                                  f"{sum(steps_s) / len(steps_s):.3g} s measured)")})
     else:
@@ -365,16 +412,25 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
                                           if req else f"{plan.placement}: no overlap designed; "
                                           f"{sum(o['verdict'] == 'serialized' for o in overlaps)} of {len(overlaps)} "
                                           f"role pairs serialized"))})
-    ver.append({"item": "The staleness bound holds under load", "result": PASS if stale["ok"] else FAIL,
+    ver.append({"item": "The staleness bound holds under load",
+                "result": (PASS if stale["ok"] else FAIL) if vals else NOT_CHECKED,
                 "evidence": (f"max staleness {stale['max']:g} over {stale['steps']} steps, bound {bound}"
                              if vals else f"no {rundir.STALENESS_MAX} in {rundir.METRICS}: the bound is not measured")})
     off = [t for t in traffic if t["status"] not in ("ok", "unpriced")]
     unpriced = [t["edge"] for t in traffic if t["status"] == "unpriced"]
-    ver.append({"item": "No unexplained traffic", "result": FAIL if off else PASS,
+    ver.append({"item": "No unexplained traffic", "result": FAIL if off else (NOT_CHECKED if unpriced else PASS),
                 "evidence": ("; ".join(f"{t['edge']} {t['status']}: {B.fmt_bytes(t['measured'])} measured vs "
                                        f"{B.fmt_bytes(t['predicted'] or 0)} predicted" for t in off) if off else
                              f"{len(traffic) - len(unpriced)} edges within {tol:.0%} of prediction")
                             + (f" ({', '.join(unpriced)} not priced)" if unpriced else "")})
+    if plan_file is not None:
+        diffs = shape_differences(run.info, inputs)
+        ver.insert(0, {"item": "The plan describes this run's shape", "result": FAIL if diffs else
+                       (PASS if run.info else NOT_CHECKED),
+                       "evidence": ("the plan does not describe this run, so its budget and traffic do not apply: "
+                                    + "; ".join(diffs)) if diffs else
+                       ("parameters, dtype, batch shape and placement agree with run.json" if run.info else
+                        f"no {rundir.RUN_INFO}: the run's shape is unknown")})
     return Review(run, plan, source, tol, phases, sum(steps_s) / len(steps_s) if steps_s else 0.0, bool(budget),
                   overlaps, stale, traffic, n_steps, ver)
 

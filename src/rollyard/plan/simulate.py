@@ -14,7 +14,8 @@ Work items per step k: ``gen k`` (rollout, R s) -> ``reward k`` (W s) -> ``ref k
 
 Admission enforces staleness: batch k is trained at trainer version k, so ``gen k`` may start
 only once the rollout pool holds a version >= k - bound (disaggregated: bound min(1, plan bound);
-async: the plan's bound). Deterministic and pure: same inputs, same events.
+async: the plan's bound). Deterministic and pure: same inputs, same events. ``steady_state``
+doubles the simulated horizon until the period stops changing and reports the horizon.
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ class SimResult:
     period_s: float  # steady-state seconds per step
     steps_per_hour: float
     max_staleness: int
+    horizon_steps: int = 0  # steps simulated to reach the steady-state period (0: the events' own run)
 
     def as_dict(self) -> dict:
         return {"placement": self.placement, "period_s": self.period_s, "steps_per_hour": self.steps_per_hour,
-                "max_staleness": self.max_staleness,
+                "max_staleness": self.max_staleness, "horizon_steps": self.horizon_steps,
                 "events": [{"lane": e.lane, "kind": e.kind, "step": e.step, "start": e.start, "end": e.end}
                            for e in self.events]}
 
@@ -66,6 +68,24 @@ def simulate(placement: str, rollout: float, train: float, sync: float, *, rewar
     m = max(1, steps // 2)
     period = (ends[-1] - ends[-1 - m]) / m
     return SimResult(placement, events, period, 3600.0 / period if period > 0 else float("inf"), staleness)
+
+
+def steady_state(placement: str, rollout: float, train: float, sync: float, *, draw_steps: int = 6,
+                 max_steps: int = 1024, **kw) -> SimResult:
+    """The steady-state period: simulate 8, 16, 32, ... steps until the period stops changing
+    (relative 1e-9) or ``max_steps``; the events kept are a ``draw_steps`` run for the timeline."""
+    n = 8
+    prev = simulate(placement, rollout, train, sync, steps=n, **kw)
+    while n < max_steps:
+        n *= 2
+        cur = simulate(placement, rollout, train, sync, steps=n, **kw)
+        done = abs(cur.period_s - prev.period_s) <= 1e-9 * max(cur.period_s, 1e-12)
+        prev = cur
+        if done:
+            break
+    drawn = simulate(placement, rollout, train, sync, steps=draw_steps, **kw)
+    return SimResult(placement, drawn.events, prev.period_s, prev.steps_per_hour,
+                     max(prev.max_staleness, drawn.max_staleness), n)
 
 
 def _colocated(R, W, F, T, S, steps, every):
@@ -160,8 +180,8 @@ def timeline_text(res: SimResult, width: int = 72) -> list[str]:
     for lane in LANES:
         cells = ["."] * width
         for e in (e for e in res.events if e.lane == lane):
-            i0 = min(int(round(e.start / cell)), width - 1)
-            i1 = max(int(round(e.end / cell)), i0 + 1)  # a short event still gets one cell
+            i0 = min(round(e.start / cell), width - 1)
+            i1 = max(round(e.end / cell), i0 + 1)  # a short event still gets one cell
             for i in range(i0, min(i1, width)):
                 cells[i] = "r" if e.kind == "ref" else str(e.step % 10)
         if any(e.lane == lane for e in res.events):

@@ -59,6 +59,11 @@ class BudgetWhatIf:
     after: dict[str, float]
     new_step_s: float
     win: float | None  # None: nothing left on the critical path
+    # The same optimizations on the chosen placement's critical path (planner.critical_path):
+    placement: str = ""
+    placement_step_s: float | None = None
+    placement_new_step_s: float | None = None
+    placement_win: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -111,9 +116,23 @@ class TailWhatIf:
     plain_rollout_s: float
     tail_rollout_s: float
     speedup: float
+    floor_rollout_s: float | None = None  # the bubble-free floor: no schedule beats it
+    bounded: bool = False  # the tail-batching figure was raised to the floor
+    step_speedup: float | None = None  # the chosen placement's steady-state step, plain / tail rollout
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def bound_by_floor(t: TailWhatIf, floor_s: float) -> TailWhatIf:
+    """Tail batching only removes bubble: its rollout time cannot go below a synchronous round of
+    mean-length responses (``mechanisms.balanced_round_s``), the floor without working ahead."""
+    from dataclasses import replace
+
+    if t.tail_rollout_s >= floor_s:
+        return replace(t, floor_rollout_s=floor_s)
+    return replace(t, floor_rollout_s=floor_s, tail_rollout_s=floor_s, bounded=True,
+                   speedup=t.plain_rollout_s / floor_s if floor_s > 0 else t.speedup)
 
 
 class LengthSampler:
@@ -178,7 +197,10 @@ def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int,
             short += 1
 
     sample_pool = sorted(plain_s.draw() for _ in range(4000)) if not lengths else sorted(lengths)
-    pct = lambda q: float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])  # noqa: E731
+
+    def pct(q: float) -> float:
+        return float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])
+
     plain_len = sum(r[0] for r in plain) / steps
     tail_len = sum(r[0] for r in tail) / steps
     step_s = rollout_s / plain_len if plain_len else 0.0

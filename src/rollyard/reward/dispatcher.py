@@ -1,10 +1,12 @@
 """Reward dispatcher: verifiers run in long-lived worker processes, each call under a timeout.
 
-A verifier is any ``fn(completion: str, prompt: str, meta: dict) -> float`` named by a
-``"module:function"`` or ``"path/to/file.py:function"`` path. The dispatcher validates the hook in
+A verifier is one or more weighted hooks in any of the forms ``hooks.py`` accepts, each named by a
+``"module:function"`` or ``"path/to/file.py:function"`` path. The dispatcher validates the hooks in
 the parent when it is built (a hook that does not import is a :class:`HookError` before the first
 step, not an hour in), decodes completions in the parent, and ships only strings and ``meta`` to
-the workers; each worker imports the hook itself by the same path.
+the workers; each worker imports the hooks itself by the same paths and calls every hook on a
+sample. The sample's reward is the weighted sum (``hooks.combine``); its per-hook values are in
+``sample.reward_parts``; ``reward is None`` when no hook scored it (TRL's ``None``).
 
 Nothing a verifier does stops the run:
   - it raises: reward 0, ``reward_flag = "error: <ExcType>: <msg>"``;
@@ -12,8 +14,22 @@ Nothing a verifier does stops the run:
     worker started) is killed and replaced, so the pool keeps its size;
   - its worker dies (segfault, ``os._exit``): reward 0, ``reward_flag = "error: worker died (...)"``,
     and a replacement starts;
-  - it returns something that is not a finite number: reward 0, an ``error: TypeError/ValueError`` flag.
+  - it returns something that is not a finite number (in float32, the dtype advantages are computed
+    in: 1e39 is not): reward 0, an ``error: TypeError/ValueError`` flag;
+  - it times out on the first ``max(num_workers, 2)`` calls of a batch (at least two different
+    prompts) without answering any: the batch's remaining queued samples are flagged ``timeout`` without
+    running, so a hook that hangs on everything costs about one timeout per step, not one per
+    sample (``score`` interleaves the prompts' samples so the first calls in flight are of different
+    prompts); a hook that answers some calls (hangs on some inputs only) never trips this. The next
+    batch tries again.
 ``stats`` counts them (``scored``, ``timeouts``, ``errors``, ``worker_restarts``).
+
+Isolation (see :func:`rollyard.reward.worker.isolate`): each worker runs in its own session, in a
+temporary working directory (removed by ``close``), with an address-space limit of ``memory_mb`` and
+a CPU-time limit of ``cpu_s`` per call (past the memory limit the call fails with MemoryError; past
+the CPU limit the worker is killed and the call flagged ``error: worker died (killed by SIGXCPU)``). Not isolated: the filesystem outside the working directory, the network,
+processes the hook starts (they are killed with the worker's process group, but their CPU time is
+not limited), and the parent's import of the hook at start-up (it validates the path).
 
 Workers are started as ``python rollyard/reward/worker.py``: a fresh interpreter that imports the
 standard library and the hook's module only (not torch, not the parent's ``__main__``), so start
@@ -23,15 +39,15 @@ cost is the interpreter start plus the hook's own imports. A background thread f
 
 from __future__ import annotations
 
-import difflib
-import inspect
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -39,6 +55,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
+from rollyard.reward import hooks
 from rollyard.reward import worker as _worker
 from rollyard.tasks.base import HookError
 
@@ -47,86 +64,43 @@ if TYPE_CHECKING:
 
 WORKER_SCRIPT = os.path.abspath(_worker.__file__)
 _HEADER = struct.Struct(">I")
-RULE = ("a reward hook is 'module:function' (an importable module) or 'path/to/file.py:function', "
-        "naming fn(completion: str, prompt: str, meta: dict) -> float")
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (and flags every call)
 
 
 
-# --------------------------------------------------------------------------------------------- hooks
-def _load(path: str) -> tuple[Callable, tuple[str, str, str]]:
-    """The hook's callable and its ``(kind, target, attr)`` spec (what the workers import); HookError otherwise."""
-    try:
-        kind, target, attr = _worker.parse_hook(path)
-    except ValueError:
-        raise HookError(f"reward hook {path!r} is malformed: {RULE}; e.g. reward.hook=my_rewards:score "
-                        f"or reward.hook=hooks/reward.py:score") from None
-    if kind == "file" and not os.path.isfile(target):
-        raise HookError(f"reward hook {path!r}: file {target} does not exist; {RULE} (relative paths are "
-                        f"from the working directory {os.getcwd()})")
-    try:
-        module = _import(kind, target)
-    except ModuleNotFoundError as e:
-        if e.name and (target == e.name or target.startswith(e.name + ".")):
-            raise HookError(f"reward hook {path!r}: no module named {e.name!r} on the Python path; install it, "
-                            f"run from the folder that holds it, or name the file: "
-                            f"reward.hook=path/to/{target.replace('.', '/')}.py:{attr}") from None
-        raise HookError(f"reward hook {path!r}: importing {target} failed: {type(e).__name__}: {e}; "
-                        f"install the missing package or fix the module's imports") from None
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except BaseException as e:  # noqa: BLE001 - any import-time failure of user code is bad input
-        raise HookError(f"reward hook {path!r}: importing {target} raised {type(e).__name__}: {e}; "
-                        f"fix the module so it imports cleanly") from None
-    try:
-        fn = _worker.get_attr(module, attr)
-    except AttributeError:
-        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        close = difflib.get_close_matches(attr, names, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise HookError(f"reward hook {path!r}: {target} has no function {attr!r}; {hint}"
-                        f"its functions: {', '.join(names[:12]) or '(none)'}") from None
-    if not callable(fn):
-        raise HookError(f"reward hook {path!r}: {attr} is a {type(fn).__name__}, not a function; {RULE}")
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):  # some builtins have no signature: let the call decide
-        sig = None
-    if sig is not None:
-        try:
-            sig.bind("completion", "prompt", {})
-        except TypeError as e:
-            raise HookError(f"reward hook {path!r}: {attr}{sig} cannot be called as fn(completion, prompt, meta) "
-                            f"({e}); give it exactly those three positional parameters") from None
-    return fn, (kind, target, attr)
-
-
-def _import(kind: str, target: str):
-    try:
-        return _worker.import_target(kind, target)
-    except ModuleNotFoundError as e:
-        # A console script does not put the working directory on sys.path; a hook module sitting in
-        # it should still import (the workers get the same sys.path).
-        cwd = os.getcwd()
-        if kind == "module" and e.name == target.split(".")[0] and cwd not in sys.path and "" not in sys.path:
-            sys.path.append(cwd)
-            return _worker.import_target(kind, target)
-        raise
-
-
 def load_hook(path: str) -> Callable:
     """Resolve ``"module:function"`` or ``"path/to/file.py:function"`` to the callable; :class:`HookError` otherwise."""
-    return _load(path)[0]
+    return hooks.load(path)[0]
+
+
+UNSCORED = "no reward hook scored it (every hook returned None)"
+
+
+def _groups(samples: list["Sample"]) -> list[list["Sample"]]:
+    """``samples`` split by ``request_id`` (one GRPO group per batch), in first-seen order."""
+    groups: dict[str, list] = {}
+    for s in samples:
+        groups.setdefault(s.request_id, []).append(s)
+    return list(groups.values())
+
+
+def split_unscored(samples: list["Sample"]) -> tuple[list["Sample"], list["Sample"]]:
+    """``(scored, unscored)``: a sample no hook scored (``reward is None``) is left out of the loss."""
+    return [s for s in samples if s.reward is not None], [s for s in samples if s.reward is None]
 
 
 # --------------------------------------------------------------------------------------- dispatcher
 @dataclass
 class _Job:
-    seq: int
-    sample: Any
-    completion: str
-    prompt: str
-    meta: dict
+    """One call to a worker: the samples it scores (one, or a GRPO group when a hook is batched)."""
+
+    seqs: list[int]
+    samples: list[Any]
+    items: list[hooks.Item]  # (completion, prompt, meta, completion_ids) per sample: what the worker gets
+
+    @property
+    def seq(self) -> int:
+        return self.seqs[0]
 
 
 @dataclass(eq=False)
@@ -179,6 +153,31 @@ def _kill_all(procs: set) -> None:
     procs.clear()
 
 
+def _finite_f32(x: float) -> bool:
+    """Finite and within float32 range (advantages are computed in float32)."""
+    return isinstance(x, (int, float)) and abs(float(x)) <= 3.4028234663852886e38
+
+
+def _within_f32(outcome: tuple) -> tuple:
+    """A scored ``(reward, flag, parts)`` whose reward is not finite in float32 becomes an error (reward 0)."""
+    reward, flag, parts = outcome
+    if flag is None and reward is not None and not _finite_f32(reward):
+        return 0.0, (f"error: ValueError: reward {reward!r} is not finite in float32 (|reward| must be "
+                     f"< 3.4e38)"), parts
+    return outcome
+
+
+def _interleave(samples: list) -> list:
+    """Round-robin over request ids: the first samples sent are of different prompts."""
+    groups: dict[Any, list] = {}
+    for s in samples:
+        groups.setdefault(getattr(s, "request_id", None), []).append(s)
+    out, lists = [], list(groups.values())
+    for i in range(max((len(g) for g in lists), default=0)):
+        out += [g[i] for g in lists if i < len(g)]
+    return out
+
+
 def _percentile(sorted_xs: list[float], q: float) -> float:
     if not sorted_xs:
         return 0.0
@@ -195,20 +194,31 @@ class RewardDispatcher:
     updated in place (``reward``, ``reward_flag``). Use as a context manager or call ``close``.
     """
 
-    def __init__(self, hook: str, *, num_workers: int = 2, timeout_s: float = 5.0,
-                 decode: Callable[[list[int]], str], eos_token_id: int | None = None,
-                 start_timeout_s: float = 60.0):
+    def __init__(self, hook: str | list[str], *, num_workers: int = 2, timeout_s: float = 5.0,
+                 decode: Callable[[list[int]], str], eos_token_id: int | list[int] | None = None,
+                 start_timeout_s: float = 60.0, weights: list[float] | None = None, memory_mb: int = 0,
+                 cpu_s: float = 0.0):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        self.hook = hook
-        self.fn, self._spec = _load(hook)  # HookError here, in the parent, before any worker starts
+        paths = [hook] if isinstance(hook, str) else list(hook)
+        self.weights = [1.0] * len(paths) if weights is None else [float(w) for w in weights]
+        if not paths or len(self.weights) != len(paths):
+            raise ValueError(f"{len(paths)} reward hooks and {len(self.weights)} weights: give one weight per hook")
+        self.hook = hook if isinstance(hook, str) else ", ".join(paths)
+        self.names = hooks.names_of(paths)
+        loaded = [hooks.load(p) for p in paths]  # HookError here, in the parent, before any worker starts
+        self.forms = [form for _, _, form in loaded]
+        self._spec = [(spec, form) for _, spec, form in loaded]
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
+        self._workdir = tempfile.mkdtemp(prefix="rollyard-reward-")  # each worker gets a subdirectory
+        self._limits = {"memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
+        self._hung: list | None = []  # request ids of this batch's timeouts while no call answered; None: one did
         self._decode = decode
-        self._eos = eos_token_id
+        self._eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         self.stats: dict[str, float] = {
             "scored": 0, "timeouts": 0, "errors": 0, "worker_restarts": 0,
             "worker_start_s": 0.0, "latency_p50_s": 0.0, "latency_p99_s": 0.0, "verify_p50_s": 0.0,
@@ -228,6 +238,7 @@ class RewardDispatcher:
         self._start_times: list[float] = []
         self._procs: set[subprocess.Popen] = set()
         self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+        weakref.finalize(self, shutil.rmtree, self._workdir, True)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -245,7 +256,7 @@ class RewardDispatcher:
     # ------------------------------------------------------------------------------ public API
     def submit(self, sample: "Sample") -> None:
         """Queue ``sample`` for scoring; returns at once."""
-        self._submit(sample)
+        self._submit([sample])
 
     def results(self) -> Iterator["Sample"]:
         """Yield submitted samples as they finish (any order) until none is outstanding."""
@@ -261,8 +272,14 @@ class RewardDispatcher:
             yield sample
 
     def score(self, samples: list["Sample"]) -> list["Sample"]:
-        """Score ``samples`` and return them (the same objects, rewards set) in input order."""
-        seqs = [self._submit(s) for s in samples]
+        """Score ``samples`` and return them (the same objects, rewards set) in input order.
+
+        With a TRL-form (batched) hook, each GRPO group (same ``request_id``) is one call, as TRL
+        calls its reward functions; otherwise each sample is its own call (its own timeout), the
+        prompts' samples interleaved so that the first calls in flight are of different prompts.
+        """
+        batches = _groups(samples) if "trl" in self.forms else [[s] for s in _interleave(samples)]
+        seqs = [seq for batch in batches for seq in self._submit(batch)]
         with self._cond:
             for seq in seqs:
                 while seq not in self._done:
@@ -292,6 +309,7 @@ class RewardDispatcher:
             w.job = None
         self._shutdown_workers()
         self._close_wake()
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> "RewardDispatcher":
         return self
@@ -300,27 +318,29 @@ class RewardDispatcher:
         self.close()
 
     # ---------------------------------------------------------------------------- submission
-    def _submit(self, sample) -> int:
+    def _submit(self, samples: list) -> list[int]:
+        """Queue ``samples`` as one call; a sample that cannot be decoded is flagged at once instead."""
         if self._closed:
             raise RuntimeError("RewardDispatcher is closed")
         with self._cond:
             self._raise_if_crashed()
-            seq = self._seq
-            self._seq += 1
-            self._outstanding += 1
-        try:
-            ids = list(sample.completion_ids)
-            if self._eos is not None:
-                while ids and ids[-1] == self._eos:
-                    ids.pop()
-            completion = self._decode(ids)
-            prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
-            if not isinstance(prompt, str):
-                prompt = self._decode(list(sample.prompt_ids))
-            job = _Job(seq, sample, completion, prompt, dict(sample.meta or {}))
-        except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
-            self._finish(_Job(seq, sample, "", "", {}), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
-            return seq
+            if self._outstanding == 0:
+                self._hung = []  # a new batch: a hook that hung on the last one gets tried again
+            seqs = list(range(self._seq, self._seq + len(samples)))
+            self._seq += len(samples)
+            self._outstanding += len(samples)
+        job = _Job([], [], [])
+        for seq, sample in zip(seqs, samples):
+            try:
+                item = self._item(sample)
+            except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded is flagged, not fatal
+                self._finish(_Job([seq], [sample], []), 0.0, f"error: decode: {type(e).__name__}: {e}", "error")
+                continue
+            job.seqs.append(seq)
+            job.samples.append(sample)
+            job.items.append(item)
+        if not job.seqs:
+            return seqs
         with self._cond:
             broken = self._broken
             if not broken:
@@ -329,7 +349,18 @@ class RewardDispatcher:
             self._finish(job, 0.0, f"error: {broken}", "error")
         else:
             self._wake()
-        return seq
+        return seqs
+
+    def _item(self, sample) -> hooks.Item:
+        """``(completion, prompt, meta, completion_ids)``: the completion without its trailing EOS ids."""
+        ids = list(sample.completion_ids)
+        while ids and ids[-1] in self._eos:
+            ids.pop()
+        completion = self._decode(ids)
+        prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
+        if not isinstance(prompt, str):
+            prompt = self._decode(list(sample.prompt_ids))
+        return completion, prompt, dict(sample.meta or {}), ids
 
     def _wait(self) -> None:
         """Wait on the condition (caller holds it), surfacing a crashed feeder thread instead of hanging."""
@@ -354,21 +385,27 @@ class RewardDispatcher:
             self._latencies.clear()
             self._verify.clear()
 
-    def _finish(self, job: _Job, reward: float, flag: str | None, kind: str | None,
-                latency: float | None = None, verify_s: float | None = None) -> None:
-        job.sample.reward = float(reward)
-        job.sample.reward_flag = flag
+    def _finish(self, job: _Job, reward: float | None, flag: str | None, kind: str | None,
+                latency: float | None = None, verify_s: float | None = None,
+                outcomes: list[tuple[float | None, str | None, list]] | None = None) -> None:
+        """Settle every sample of ``job``: each with its own ``(reward, flag, parts)`` from ``outcomes``
+        (a worker's reply), or all with ``reward`` and ``flag`` (a timeout, a dead worker, ...)."""
+        outcomes = outcomes or [(reward, flag, [])] * len(job.samples)
+        outcomes = [_within_f32(o) for o in outcomes]
         with self._cond:
-            self.stats["scored"] += 1
-            if kind == "timeout":
-                self.stats["timeouts"] += 1
-            elif kind == "error":
-                self.stats["errors"] += 1
+            for seq, sample, (r, f, parts) in zip(job.seqs, job.samples, outcomes):
+                sample.reward, sample.reward_flag, sample.reward_parts = None if r is None else float(r), f, parts
+                self.stats["scored"] += 1
+                k = kind or ("error" if f else None)
+                if k == "timeout":
+                    self.stats["timeouts"] += 1
+                elif k == "error":
+                    self.stats["errors"] += 1
+                self._done[seq] = sample
             if latency is not None:
                 self._latencies.append(latency)
             if verify_s is not None:
                 self._verify.append(verify_s)
-            self._done[job.seq] = job.sample
             self._cond.notify_all()
 
     def _wake(self) -> None:
@@ -391,7 +428,9 @@ class RewardDispatcher:
                                 start_new_session=True, close_fds=True, bufsize=0)
         self._procs.add(proc)
         w = _Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
-        if not self._send(w, {"hook": self._spec, "sys_path": list(sys.path)}):
+        init = {"hooks": self._spec, "sys_path": [p or os.getcwd() for p in sys.path], "workdir": self._workdir,
+                **self._limits}
+        if not self._send(w, init):
             w.start_deadline = t0  # died at once: the loop notices it on EOF
         return w
 
@@ -534,12 +573,28 @@ class RewardDispatcher:
                         job, w.job = w.job, None
                         self._replace(w)  # first, so stats and pool are settled when the caller sees the flag
                         self._finish(job, 0.0, "timeout", "timeout", latency=now - w.sent_at)
+                        if self._hung is not None:
+                            self._hung.append(getattr(job.samples[0], "request_id", job.seqs[0]) if job.samples else None)
+                        if self._hung and len(self._hung) >= max(self.num_workers, 2) and len(set(self._hung)) >= 2:
+                            self._give_up_batch()
                     elif w.state == "starting" and now >= w.start_deadline:
                         self._start_failed(w, f"no worker finished importing the hook within {self.start_timeout_s:.0f}s")
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiter instead of a silent hang
             with self._cond:
                 self._crash = e
                 self._cond.notify_all()
+
+    def _give_up_batch(self) -> None:
+        """Every worker timed out in a row: flag this batch's queued samples ``timeout`` without running them."""
+        with self._cond:
+            jobs = list(self._pending)
+            self._pending.clear()
+        if jobs:
+            print(f"rollyard: reward hook {self.hook!r} timed out on {len(self._hung)} calls in a row (every worker); "
+                  f"the {len(jobs)} samples still queued in this batch are flagged timeout without running",
+                  file=sys.stderr, flush=True)
+        for job in jobs:
+            self._finish(job, 0.0, "timeout", "timeout")
 
     def _assign(self) -> None:
         while True:
@@ -552,7 +607,7 @@ class RewardDispatcher:
                 job = self._pending.popleft()
             w = idle[0]
             try:
-                frame = (job.seq, job.completion, job.prompt, job.meta)
+                frame = (job.seq, job.items)
                 pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001
                 self._finish(job, 0.0, f"error: meta is not picklable: {type(e).__name__}: {e}", "error")
@@ -589,8 +644,9 @@ class RewardDispatcher:
             job = w.job
             if job is None or seq != job.seq:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
-            w.job, w.state = None, "idle"
-            if status == "ok":
-                self._finish(job, value, None, None, latency=now - w.sent_at, verify_s=verify_s)
+            w.job, w.state, self._hung = None, "idle", None
+            if status == "ok":  # value: per sample, one part per hook
+                self._finish(job, 0.0, None, None, latency=now - w.sent_at, verify_s=verify_s,
+                             outcomes=[hooks.combine(parts, self.weights) for parts in value])
             else:
                 self._finish(job, 0.0, f"error: {value}"[:500], "error", latency=now - w.sent_at, verify_s=verify_s)

@@ -44,7 +44,7 @@ from typing import Iterator
 import torch
 
 from rollyard.rollout import llama_forward
-from rollyard.sync.apply import apply_update
+from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
 INFLIGHT_POLICIES = ("finish", "abort", "continue")
@@ -271,7 +271,7 @@ def _fast_path_matches(model, backend: _SlotBackend) -> float:
 class RolloutEngine:
     """Continuous-batching sampler over an HF causal LM (see the module docstring for the contract)."""
 
-    def __init__(self, model, *, eos_token_id: int, pad_token_id: int = 0, temperature: float = 1.0,
+    def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
                  top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
                  seed: int = 0, version: int = 0):
         if temperature < 0:
@@ -283,6 +283,8 @@ class RolloutEngine:
                              f"{max_cache_tokens}")
         self.model = model
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
+        # Every id that ends a sequence (a chat model's generation_config lists several).
+        self.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.temperature, self.top_p = float(temperature), float(top_p)
         self.max_concurrent, self.max_cache_tokens = int(max_concurrent), int(max_cache_tokens)
         self.version = int(version)
@@ -297,6 +299,7 @@ class RolloutEngine:
         self._length_cap = None
         self.backend = self._pick_backend()
         self._stamp = self._param_versions()
+        self._receiver = Receiver(model, self.version)  # staged apply of weight updates
 
     # -- backend selection -------------------------------------------------------------------
 
@@ -310,9 +313,9 @@ class RolloutEngine:
                 if err <= tol:
                     return backend
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
-            except Exception as e:  # an unexpected variant of a supported family
+            except Exception as e:  # noqa: BLE001 - an unexpected variant of a supported family
                 reason = f"fast path failed: {type(e).__name__}: {e}"
-        warnings.warn(f"RolloutEngine: using the HF forward (one cache per sequence, slower): {reason}")
+        warnings.warn(f"RolloutEngine: using the HF forward (one cache per sequence, slower): {reason}", stacklevel=2)
         return _HFBackend(self.model, self.max_concurrent, self.max_cache_tokens)
 
     def _use_backend(self, name: str) -> None:
@@ -479,12 +482,12 @@ class RolloutEngine:
 
     def _append(self, seqs: list[_Seq], logits: torch.Tensor) -> None:
         toks, lps = self._sample(logits)
-        v, eos = self.version, self.eos_token_id
+        v, eos = self.version, self.eos_ids
         for s, t, lp in zip(seqs, toks, lps):
             s.tokens.append(t)
             s.logprobs.append(lp)
             s.versions.append(v)
-            if t == eos:
+            if t in eos:
                 self._finish(s, "stop")
             elif len(s.tokens) >= s.max_new:
                 self._finish(s, "length")
@@ -544,9 +547,15 @@ class RolloutEngine:
         out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on
         under the new weights, each token stamped with the version it was sampled under. Queued
         samples (including a partly admitted group's waiting samples) start under the new weights.
+        The update is staged and verified before anything else (``sync/apply.py``): a corrupted,
+        truncated or version-skipping one raises ``SyncRejected`` with weights, version and
+        in-flight work untouched; the caller then publishes a full sync.
         """
         if inflight not in INFLIGHT_POLICIES:
             raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
+        # Staged beside the live weights first: a rejected update (SyncRejected) changes nothing.
+        self._receiver.version = self.version
+        staged = self._receiver.stage(update)
         aborted: list[Sample] = []
         if self._active:
             if inflight == "finish":
@@ -564,7 +573,7 @@ class RolloutEngine:
                     self._finish(s, "abort", aborted)
         for g in self._queue:  # prompt KV from the old weights: re-prefill under the new ones
             g.stash = g.logits = None
-        apply_update(self.model, update)
+        self._receiver.swap(staged)
         self.backend.refresh()
         self._stamp = self._param_versions()
         self.version = int(update.version)

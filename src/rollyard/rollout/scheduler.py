@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rollyard.reward.hooks import MESSAGES_KEY
 from rollyard.tasks.base import Prompt
 from rollyard.types import Request
 
@@ -66,12 +67,14 @@ def to_requests(prompts: list[Prompt], tokenizer, n: int, max_new_tokens: int, c
     """
     requests, dead = [], []
     for p in prompts:
-        ids = tokenizer(p.text, add_special_tokens=True)["input_ids"]
+        # A rendered chat template already holds the special tokens (BOS, role markers): add none.
+        ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]
         room = context - len(ids)
         if room < 1:
             dead.append({"source": p.id, "reason": f"prompt is {len(ids)} tokens, longer than the model context "
                          f"of {context} (needs at least one free position to generate)", "prompt": p.text[:200]})
             continue
         requests.append(Request(id=p.id + suffix, prompt_ids=ids, n=n, max_new_tokens=min(max_new_tokens, room),
-                                meta={**p.meta, "prompt": p.text}))
+                                meta={**p.meta, "prompt": p.text,
+                                      **({MESSAGES_KEY: p.messages} if p.messages else {})}))
     return requests, dead

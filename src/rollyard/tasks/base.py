@@ -21,13 +21,16 @@ class Prompt:
     column; ``task/split/index`` for built-ins). ``text`` is fed to the model as-is (built-ins use
     no chat template). ``meta`` holds the verifier's inputs (``{"task": "arithmetic", "answer":
     "19"}``) and must be JSON-serialisable. ``demo`` is a correct completion (without EOS) for the
-    SFT warm start; built-in tasks always set it.
+    SFT warm start; built-in tasks always set it. ``messages`` is a chat prompt (``[{"role": ...,
+    "content": ...}]``); ``text`` is then its rendering by the chat template (``tasks/chat.py``),
+    which already holds any special tokens the model expects.
     """
 
     id: str
     text: str
     meta: dict[str, Any]
     demo: str | None = None
+    messages: list[dict[str, Any]] | None = None
 
 
 class DataError(ValueError):

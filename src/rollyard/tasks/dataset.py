@@ -5,7 +5,11 @@
 (a line without one gets ``"{file stem}:{line}"``). ``demo`` (a reference completion for the SFT
 warm start) is read only when mapped. Every other rollyard name in ``fields`` renames a column
 into ``meta`` (``answer`` above: ``meta["answer"] = row["solution"]``), and every unmapped column
-goes into ``meta`` under its own name.
+goes into ``meta`` under its own name. A mapped column may be a dotted path into a nested record:
+a verl dataset's ``{ground_truth: reward_model.ground_truth}``.
+
+A prompt is a non-empty string, or a chat message list (``[{"role": "user", "content": "..."}]``,
+as TRL and verl datasets store it), rendered later by the model's chat template (``tasks/chat.py``).
 
 A malformed line (not JSON, not an object, no prompt field, a prompt that is not a non-empty
 string, a bad or duplicate id, a mapped column missing) raises :class:`DataError` naming
@@ -51,8 +55,9 @@ def _rows_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
 def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
     try:
         import pyarrow.parquet as pq
-    except ImportError as e:  # pragma: no cover - pyarrow is a dependency
-        raise DataError(f"{path}: reading Parquet needs pyarrow ({e}); pip install pyarrow") from None
+    except ImportError:
+        raise DataError(f"{path}: reading Parquet needs pyarrow, which is not installed; "
+                        f"pip install 'rollyard[parquet]' (or use a .jsonl file)") from None
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
@@ -123,11 +128,13 @@ def _parse(rec: Any, path: Path, lineno: int, prompt_col: str, id_col: str, id_m
         mapped = " (data.fields maps prompt to it)" if "prompt" in fields else ""
         raise _Bad(f"no {prompt_col!r} field{mapped}; the line has {_keys(rec)}: set data.fields={{prompt: <column>}} "
                    f"to the column that holds the prompt")
-    text = rec[prompt_col]
-    if not isinstance(text, str):
-        raise _Bad(f"field {prompt_col!r} must be a string, got {type(text).__name__} {_short(text)}; "
-                   f"store the prompt text as a JSON string")
-    if not text:
+    text, messages = rec[prompt_col], None
+    if isinstance(text, (list, tuple)):
+        messages, text = _messages(text, prompt_col), ""
+    elif not isinstance(text, str):
+        raise _Bad(f"field {prompt_col!r} must be a string or a list of chat messages, got {type(text).__name__} "
+                   f"{_short(text)}; store the prompt as a string or as [{{\"role\": \"user\", \"content\": \"...\"}}]")
+    elif not text:
         raise _Bad(f"field {prompt_col!r} is an empty string; every prompt needs text")
     if id_col in rec and rec[id_col] is not None:
         pid = rec[id_col]
@@ -148,16 +155,40 @@ def _parse(rec: Any, path: Path, lineno: int, prompt_col: str, id_col: str, id_m
         if demo is not None and not isinstance(demo, str):
             raise _Bad(f"demo field {demo_col!r} must be a string, got {type(demo).__name__} {_short(demo)}")
     meta: dict[str, Any] = {}
+    mapped = {}
     for col, name in renames.items():
-        if col not in rec:
+        found, mapped[name] = _lookup(rec, col)
+        if not found:
             raise _Bad(f"no {col!r} field (data.fields maps {name} to it); the line has {_keys(rec)}")
     for col, value in rec.items():
         if col not in (prompt_col, demo_col, id_col) and col not in renames:
             meta[col] = value
-    for col, name in renames.items():  # a mapped column wins over an unmapped one of the same name
-        meta[name] = rec[col]
+    meta.update(mapped)  # a mapped column wins over an unmapped one of the same name
     seen[pid] = lineno
-    return Prompt(id=pid, text=text, meta=meta, demo=demo)
+    return Prompt(id=pid, text=text, meta=meta, demo=demo, messages=messages)
+
+
+def _lookup(rec: dict, col: str) -> tuple[bool, Any]:
+    """``(found, value)`` of column ``col``, or of a dotted path into nested records (``a.b``)."""
+    if col in rec:
+        return True, rec[col]
+    node: Any = rec
+    for part in col.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _messages(value: Any, col: str) -> list[dict[str, Any]]:
+    """A chat prompt checked: a non-empty list of ``{"role": str, "content": str}``."""
+    if not value:
+        raise _Bad(f"field {col!r} is an empty message list; a chat prompt needs at least one message")
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise _Bad(f"field {col!r}: message {i} is {_short(m)}, expected {{\"role\": str, \"content\": str}}; "
+                       f"write each message as {{\"role\": \"user\", \"content\": \"...\"}}")
+    return [dict(m) for m in value]
 
 
 def _keys(rec: dict) -> str:

@@ -49,6 +49,11 @@ def role_shares(step_seconds: dict[int, dict[str, float]]) -> list[tuple[str, fl
     return [(r, means[r], means[r] / total) for r in rundir.ROLES]
 
 
+def fmt_accuracy(acc: float | None) -> str:
+    """``"12.5%"``, or ``"no held-out eval"`` when the run has no held-out set."""
+    return "no held-out eval" if acc is None else f"{acc:.1%}"
+
+
 def print_summary(step_seconds: dict[int, dict[str, float]], before: float | None, after: float | None) -> None:
     table = Table(title="where a step's time went (mean per step)")
     table.add_column("role")
@@ -60,3 +65,5 @@ def print_summary(step_seconds: dict[int, dict[str, float]], before: float | Non
     if before is not None and after is not None:
         console.print(f"held-out greedy accuracy: before RL {before:.1%} -> after RL {after:.1%} "
                       f"({(after - before) * 100:+.1f} points)")
+    else:
+        console.print("held-out greedy accuracy: no held-out eval (set data.eval_path, or name data.task)")

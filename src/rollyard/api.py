@@ -1,0 +1,149 @@
+"""The Python API: ``rollyard.train(...)``, the same run ``rollyard train`` starts.
+
+    import rollyard
+
+    def correct(prompts, completions, answer, **kwargs):          # a TRL reward function
+        return [float(c[0]["content"].strip() == a) for c, a in zip(completions, answer)]
+
+    run = rollyard.train({"model": {"name": "path/to/hf_model"}, "steps": 50},
+                         dataset=[{"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}],
+                         reward_funcs=[correct])
+    run.summary["eval_after"], run.metrics[-1]["reward/mean"], run.run_dir
+
+What is given as Python objects is written into ``RUN_DIR/inputs/`` and named in the config: the
+model and tokenizer (``inputs/model``, in their own dtype), the dataset (``inputs/train.jsonl``);
+reward functions become ``module:function`` paths (the reward workers import them by name, so they
+must be module-level functions; in a script, guard the call with ``if __name__ == "__main__":``).
+The run is then described entirely by its ``config.yaml``, and ``rollyard train --resume RUN_DIR``
+continues it like any other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rollyard.config import ConfigError, MissingPackage, RunConfig, from_dict, load_config, read_file
+from rollyard.reward.hooks import path_of
+from rollyard.telemetry import rundir
+from rollyard.telemetry.report import console
+
+INPUTS = "inputs"
+
+
+@dataclass
+class Run:
+    """A finished run: its directory, resolved config, summary.json, metrics.jsonl rows and plot files."""
+
+    run_dir: Path
+    config: RunConfig
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    plots: list[Path]
+
+
+def train(config: RunConfig | dict | str | Path | None = None, *, model=None, tokenizer=None,
+          dataset: str | Path | Iterable[dict] | None = None,
+          reward_funcs: Callable | str | list[Callable | str] | None = None,
+          overrides: list[str] = (), resume: str | Path | None = None) -> Run:
+    """Train with ``config`` (a RunConfig, a mapping of sections, or a TOML/YAML file) plus
+    ``key.sub=value`` ``overrides``; ``model``/``tokenizer``/``dataset``/``reward_funcs`` replace
+    ``model.name``/``data.path``/``reward.hooks``. ``resume=RUN_DIR`` continues that run from its
+    latest checkpoint (with its saved config). Bad input raises ConfigError, DataError or HookError.
+    """
+    from rollyard.placement import colocated
+
+    if resume is not None:
+        if config is not None or any(x is not None for x in (model, tokenizer, dataset, reward_funcs)):
+            raise ConfigError("resume=RUN_DIR continues a run with its saved config and inputs; pass only "
+                              "overrides with it (no config, model, tokenizer, dataset or reward_funcs)")
+        cfg = load_config(Path(resume) / rundir.CONFIG, [*overrides, f"out_dir={resume}"])
+    else:
+        data, values = _as_dict(config), _reward_values(reward_funcs)
+        run_dir = Path(from_dict(data, overrides, values).out_dir)
+        _check_fresh(run_dir)
+        cfg = from_dict(data, overrides, {**values, **_inputs(run_dir, model, tokenizer, dataset)})
+    summary = colocated.train(cfg, cfg.out_dir, resume=resume is not None)
+    run = Path(cfg.out_dir)
+    return Run(run, cfg, summary, list(rundir.read_jsonl(run / rundir.METRICS)), _plots(run, cfg))
+
+
+def _as_dict(config) -> dict:
+    if config is None:
+        return {}
+    if isinstance(config, RunConfig):
+        return config.model_dump(mode="json")
+    if isinstance(config, (str, Path)):
+        return read_file(config)
+    return config
+
+
+def _check_fresh(run: Path) -> None:
+    metrics = run / rundir.METRICS
+    if metrics.exists() and metrics.stat().st_size > 0:
+        raise ConfigError(f"run directory {run} already holds a run; pass resume={str(run)!r} to continue it, "
+                          f"or choose another out_dir")
+
+
+def _reward_values(reward_funcs) -> dict[str, Any]:
+    """``reward.hooks`` naming ``reward_funcs`` (functions or hook paths)."""
+    if reward_funcs is None:
+        return {}
+    funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    try:
+        return {"reward.hooks": [f if isinstance(f, str) else path_of(f) for f in funcs]}
+    except ValueError as e:
+        raise ConfigError(f"reward_funcs: {e}") from None
+
+
+def _inputs(run: Path, model, tokenizer, dataset) -> dict[str, Any]:
+    """Write Python-object inputs under ``RUN_DIR/inputs`` and return the config values naming them."""
+    values: dict[str, Any] = {}
+    if model is not None and not isinstance(model, (str, Path)):
+        if tokenizer is None:
+            raise ConfigError("model= is a model object but tokenizer= is missing: pass its tokenizer too "
+                              "(or pass model= as a Hugging Face model directory)")
+        path = run / INPUTS / "model"
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        values["model.name"] = str(path.resolve())
+    elif tokenizer is not None:
+        raise ConfigError("tokenizer= is given without a model object; a model directory carries its own "
+                          "tokenizer: save the tokenizer into it, or pass model= as the model object")
+    elif model is not None:
+        values["model.name"] = str(model)
+    if dataset is not None:
+        values["data.path"] = str(dataset) if isinstance(dataset, (str, Path)) else _write_rows(run, dataset)
+    return values
+
+
+def _write_rows(run: Path, rows: Iterable[dict]) -> str:
+    path = run / INPUTS / "train.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for i, row in enumerate(rows, 1):
+            if not isinstance(row, dict):
+                raise ConfigError(f"dataset row {i} is a {type(row).__name__}, expected a dict of columns "
+                                  f"(e.g. {{'prompt': ..., 'answer': ...}})")
+            try:
+                f.write(json.dumps(row) + "\n")
+            except TypeError as e:
+                raise ConfigError(f"dataset row {i} is not JSON-serialisable ({e}); give plain strings, numbers, "
+                                  f"lists and dicts") from None
+    return str(path.resolve())
+
+
+def _plots(run: Path, cfg: RunConfig) -> list[Path]:
+    if not cfg.log.plots:
+        return []
+    from rollyard.telemetry.plots import write_plots
+    try:
+        paths = write_plots(run)
+    except MissingPackage as e:
+        console.print(f"plots skipped: {e}")
+        return []
+    console.print(f"plots: {run / rundir.PLOTS}/ ({', '.join(p.name for p in paths)})")
+    return paths

@@ -1,0 +1,151 @@
+"""Equal hardware: every placement priced on the same G accelerators (runbook step 6's rate matching).
+
+Phase times are functions of the GPUs a pool gets:
+
+- rollout on g GPUs: the decode model of ``mechanisms`` (synchronous round or bubble-free floor) on
+  the real per-replica batch; a measured ``phases.rollout_s`` (taken on ``phases.gpus``) is scaled by
+  the model's ratio between the two GPU counts, so measurement sets the level and the model the shape;
+- trainer on g GPUs: FLOP-bound, so time x GPUs is constant (6 x P_active x tokens for fwd+bwd,
+  2 x P_active x tokens for a reference forward);
+- reward: CPU verifiers, independent of the GPU split.
+
+``split_table`` evaluates colocated on G, and disaggregated and async at every split of G into whole
+engine replicas, and reports the best split of each.
+"""
+
+from __future__ import annotations
+
+from rollyard.plan import mechanisms as M
+from rollyard.plan.inputs import PlanInputs
+
+
+def active_params(p: PlanInputs) -> float:
+    """Parameters that do FLOPs per token (MoE: active; dense: all)."""
+    return p.policy.active_params or p.policy.params
+
+
+def weight_bytes(p: PlanInputs) -> float:
+    """Bytes of the rollout copy of the weights (all experts: every one is resident and synced)."""
+    return p.policy.params * p.policy.bytes_per_param
+
+
+def sequences(p: PlanInputs) -> int:
+    return p.rollout.prompts * p.rollout.samples
+
+
+def trainer_gpus(p: PlanInputs) -> int:
+    return p.trainer.gpus or p.trainer.dp
+
+
+def longest(p: PlanInputs, lengths: list[int] | None = None) -> float:
+    """Expected longest response of one step (the synchronous barrier)."""
+    return M.expected_longest(sequences(p), mean=p.rollout.avg_tokens, sigma=p.tail.sigma,
+                              cap=p.tail.max_tokens, lengths=lengths)
+
+
+def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.Decode:
+    ro = p.rollout
+    # Measured lengths may hold empty responses; a decode of zero mean tokens has nothing to price.
+    mean = max(sum(lengths) / len(lengths), 1.0) if lengths else ro.avg_tokens
+    return M.replica_decode(sequences_total=sequences(p), gpus=gpus, tp=ro.tp, mean_len=mean,
+                            longest=longest(p, lengths), concurrency=ro.concurrency, weight_bytes=weight_bytes(p),
+                            kv_bytes_per_token=ro.kv_bytes_per_token, prompt_tokens=ro.prompt_tokens,
+                            mem_bw=ro.mem_bandwidth)
+
+
+SCHEDULES = {"round": M.synchronous_round_s, "continuous": M.continuous_s, "balanced": M.balanced_round_s}
+
+
+def _modelled_rollout(p: PlanInputs, gpus: int, schedule: str, lengths: list[int] | None) -> float:
+    ro = p.rollout
+    if ro.bytes_per_decoded_token is not None:  # a stated per-token cost: no schedule to model
+        return sequences(p) * ro.avg_tokens * ro.bytes_per_decoded_token / (ro.mem_bandwidth * gpus)
+    return SCHEDULES[schedule](decode_on(p, gpus, lengths))
+
+
+def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, balanced: bool = False,
+              lengths: list[int] | None = None) -> float:
+    """Rollout seconds per step on ``gpus`` GPUs: a synchronous round (default), the bubble-free
+    floor of continuous batching with partial rollout (``continuous``), or a round of mean-length
+    responses (``balanced``)."""
+    schedule = "continuous" if continuous else "balanced" if balanced else "round"
+    model = _modelled_rollout(p, gpus, schedule, lengths)
+    if p.phases.rollout_s is None:
+        return model
+    ref = p.phases.gpus or p.rollout.gpus  # the given time is a synchronous round on these GPUs
+    den = _modelled_rollout(p, ref, "round", lengths)
+    return p.phases.rollout_s * model / den if den > 0 else p.phases.rollout_s
+
+
+def train_tokens(p: PlanInputs) -> float:
+    """Tokens the trainer processes per step: prompt + response for every sample."""
+    return sequences(p) * (p.rollout.prompt_tokens + p.rollout.avg_tokens)
+
+
+def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int) -> float:
+    if given is not None:
+        ref = p.phases.gpus or trainer_gpus(p)
+        return given * ref / gpus  # FLOP-bound: time x GPUs is the work
+    return flops_per_token_param * active_params(p) * train_tokens(p) / (p.trainer.flops_per_gpu * gpus)
+
+
+def train_s(p: PlanInputs, gpus: int) -> float:
+    """Forward + backward + optimizer on ``gpus`` GPUs (6 x P_active x tokens FLOPs).
+
+    Measured times at several pool sizes (``phases.train_s_measured`` and the given ``train_s``)
+    win over FLOP scaling: between two measured sizes the time is interpolated linearly, beyond
+    them it scales FLOP-bound (time x GPUs constant) from the nearest end.
+    """
+    points = dict(p.phases.train_s_measured)
+    if p.phases.train_s is not None:
+        points.setdefault(p.phases.gpus or trainer_gpus(p), p.phases.train_s)
+    if len(points) < 2 and gpus not in points:
+        return _flop_seconds(p, 6, p.phases.train_s, gpus)
+    gs = sorted(points)
+    if gpus <= gs[0]:
+        return points[gs[0]] * gs[0] / gpus
+    if gpus >= gs[-1]:
+        return points[gs[-1]] * gs[-1] / gpus
+    hi = next(g for g in gs if g >= gpus)
+    lo = max(g for g in gs if g <= gpus)
+    if hi == lo:
+        return points[lo]
+    return points[lo] + (points[hi] - points[lo]) * (gpus - lo) / (hi - lo)
+
+
+def reference_s(p: PlanInputs, gpus: int) -> float:
+    """Reference (or old-logprob) forward on ``gpus`` GPUs (2 x P_active x tokens FLOPs); 0 when unused."""
+    if not p.phases.use_reference:
+        return 0.0
+    return _flop_seconds(p, 2, p.phases.reference_s, gpus)
+
+
+def reward_on_rollout_side(p: PlanInputs) -> float:
+    """Reward seconds the rollout side waits for: 0 when scoring streams under decode."""
+    return 0.0 if p.phases.reward_streamed else p.phases.reward_s
+
+
+def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
+                lengths: list[int] | None = None) -> dict[str, dict]:
+    """placement -> {"best": PoolSplit, "all": [PoolSplit...]} on G = p.total_gpus() accelerators."""
+    G = p.total_gpus()
+    reward = reward_on_rollout_side(p)
+    stream = p.trainer.minibatches if p.phases.train_streamed else 0
+    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G)
+    colo = M.PoolSplit("colocated", G, G, ro, tr, reload_s, M.colocated_step_s(ro, 0.0, tr, reload_s))
+    out = {"colocated": {"best": colo, "all": [colo]}}
+    for placement in ("disaggregated", "async"):
+        rows = []
+        for gr, gt in M.splits(G, p.rollout.tp):
+            if placement == "async":
+                ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
+                tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt)
+                step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
+            else:
+                ro = rollout_s(p, gr, lengths=lengths) + reward
+                tr = reference_s(p, gt) + train_s(p, gt)
+                step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
+            rows.append(M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step))
+        best = min(rows, key=lambda r: r.step_s) if rows else None
+        out[placement] = {"best": best, "all": rows}
+    return out
