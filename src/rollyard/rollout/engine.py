@@ -142,7 +142,21 @@ class _SlotBackend:
         if active:
             hi = max(s.slot for s in active) + 1
             if hi > 2 * len(active) + 8:
-                self._relayout(self.R, self.W, sorted(active, key=lambda s: s.slot))
+                self._compact(sorted(active, key=lambda s: s.slot))
+
+    def _compact(self, active: list[_Seq]) -> None:
+        """Move the active sequences to slots 0..a-1 within the same cache (no new allocation).
+
+        The right-hand side gathers a copy first, so overlapping source and destination slots are
+        safe; the slots left behind keep stale (finite) entries, masked out like any garbage."""
+        old = torch.tensor([s.slot for s in active], device=self.kv.device)
+        wc = max(s.length for s in active)
+        if wc:
+            self.kv[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
+        for i, s in enumerate(active):
+            s.slot = i
+        self.free = list(range(len(active), self.R))
+        heapq.heapify(self.free)
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         P = max(len(p) for p in prompts)
