@@ -137,9 +137,9 @@ class RankTrainer(Trainer):
         before, t0 = sent_bytes(), time.perf_counter()
         with fsdp.one_sync_per_step(self.model, self.units, max(n_micro, 1)) if self.units else contextlib.nullcontext():
             acc = super().accumulate_gradients(samples, old_logprobs, denominators=(int(counts[0]), int(counts[1])))
-        acc["tokens"], acc["seqs"] = int(counts[0]), int(counts[1])  # metrics are per step, not per rank
             if self.units and n_micro == 0:
                 fsdp.idle_backward(self.model)
+        acc["tokens"], acc["seqs"] = int(counts[0]), int(counts[1])  # metrics are per step, not per rank
         t1 = time.perf_counter()
         dist.barrier()  # so allreduce_s is the transfer, not the wait for a slower rank (wait_s)
         t2 = time.perf_counter()
