@@ -23,10 +23,15 @@ def digits(completion: str, prompt: str, meta: dict) -> float:
     return sum(c.isdigit() for c in completion) / max(len(completion), 1)
 
 
+REWARD_MEANS: list[float] = []  # mean reward of every scored batch (one per optimizer step here)
+
+
 def digits_trl(completions, prompts=None, **kwargs) -> list[float]:
-    """The same reward in TRL's reward-function signature."""
+    """The same reward in TRL's reward-function signature (records each batch's mean)."""
     prompts = prompts if prompts is not None else [""] * len(completions)
-    return [digits(c, p, {}) for c, p in zip(completions, prompts)]
+    out = [digits(c, p, {}) for c, p in zip(completions, prompts)]
+    REWARD_MEANS.append(sum(out) / max(len(out), 1))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_seconds": step_seconds,
         "generate_seconds": gen_seconds,
         "generated_tokens": gen_tokens,
+        "reward_means": REWARD_MEANS[:args.steps],
         "warmup": args.warmup,
     }
     with open(args.out, "w") as f:

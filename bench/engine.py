@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from rollyard.models import build_preset, char_tokenizer, num_params
+from rollyard.models import PRESETS, build_preset, char_tokenizer, num_params
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.types import Request
 
@@ -133,9 +133,29 @@ def flops_per_token(model, mean_ctx: float) -> float:
     return 2 * matmul + attn
 
 
+def build_model(preset: str, arch: str, tok, seed: int, ctx: int = 512):
+    """The preset's Llama model, or (``arch="qwen3"``) a Qwen3 model of the preset's dimensions,
+    saved to a directory and loaded back with ``AutoModelForCausalLM`` as a user would."""
+    if arch == "llama":
+        return build_preset(preset, tok, seed=seed, max_position_embeddings=ctx).eval()
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, Qwen3Config
+
+    dims = PRESETS[preset]
+    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=ctx, tie_word_embeddings=False,
+                      head_dim=dims["hidden_size"] // dims["num_attention_heads"], **dims)
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory() as d:
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+        return AutoModelForCausalLM.from_pretrained(d).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--arch", choices=["llama", "qwen3"], default="llama",
+                    help="llama: the presets as built; qwen3: a Qwen3 config of the preset's dimensions, via a model dir")
     ap.add_argument("--cases", nargs="+", default=["uniform", "longtail"])
     ap.add_argument("--prompts", type=int, default=32, help="prompts per case (x n samples)")
     ap.add_argument("--n", type=int, default=8)
@@ -165,7 +185,7 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for preset in args.presets:
-        model = build_preset(preset, tok, seed=args.seed, max_position_embeddings=512).eval()
+        model = build_model(preset, args.arch, tok, args.seed)
         # warm-up both sides (first-call allocations, lazy init)
         wl = torch.full((args.batch // args.n, args.n), 4, dtype=torch.long)
         run_hf(model, prompts[:args.batch // args.n], wl, args.n, args.batch, tok.pad_token_id, 0)
@@ -188,7 +208,8 @@ def main() -> None:
             print(f"{preset:6} {case:9} {e_tok:7d} | {r['hf_tok_s']:9.0f} {r['hf_bubble']:6.1%} "
                   f"{r['hf_tok_s'] / limit:5.1%} | {r['eng_tok_s']:9.0f} {r['eng_bubble']:6.1%} "
                   f"{r['eng_tok_s'] / limit:5.1%} | {r['ratio']:4.2f}x", flush=True)
-        print(f"  {preset}: {num_params(model) / 1e6:.2f}M params, limit {limit:.0f} tok/s "
+        backend = RolloutEngine(model, eos_token_id=-1).backend.name
+        print(f"  {preset} ({model.config.model_type}, engine backend {backend!r}): {num_params(model) / 1e6:.2f}M params, limit {limit:.0f} tok/s "
               f"({flops_per_token(model, mean_ctx) / 1e6:.1f} MFLOP/token at the last case's mean context)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

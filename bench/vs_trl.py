@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -98,19 +99,46 @@ def ensure_trl_venv(venv: Path, specs: list[str]) -> Path:
 
 
 # ------------------------------------------------------------------------------- shared inputs
-def build_inputs(work: Path, n_prompts: int, seed: int, allow_eos: bool) -> tuple[Path, Path]:
-    """Export the tiny model + tokenizer and write the prompt file both sides read."""
+def warm_start(model, tok, seed: int, steps: int = 60) -> None:
+    """SFT ``model`` in place to answer ``"a+b="`` with 4-56 random digits/letters, then EOS.
+
+    The ``varlen`` case starts from here: sampled completions then end at EOS at different lengths
+    (on both sides alike), and the reward (digit fraction, ~0.45 after the warm start) has room
+    to rise, so the reward curves show learning.
+    """
+    import string
+
+    from rollyard.trainer.trainer import Trainer
+
+    rng = random.Random(seed)
+    alphabet = string.digits + "abcdefghij +"
+
+    def enc(text: str) -> list[int]:
+        return tok(text, add_special_tokens=False)["input_ids"]
+
+    trainer = Trainer(model, lr=3e-3, micro_batch_tokens=4096)
+    for _ in range(steps):
+        pairs = [(enc(f"{rng.randint(0, 9)}+{rng.randint(0, 9)}="),
+                  enc("".join(rng.choice(alphabet) for _ in range(rng.randint(4, 56)))) + [tok.eos_token_id])
+                 for _ in range(32)]
+        trainer.sft_step(pairs)
+
+
+def build_inputs(work: Path, preset: str, case: str, n_prompts: int, seed: int, allow_eos: bool) -> tuple[Path, Path]:
+    """Export the preset's model + tokenizer (warm-started for ``varlen``) and write the prompt file."""
     from rollyard.models import build_preset, char_tokenizer, export
 
     tok = char_tokenizer()
-    model = build_preset("tiny", tok, seed=seed, max_position_embeddings=256)
-    if not allow_eos:
+    model = build_preset(preset, tok, seed=seed, max_position_embeddings=256)
+    if case == "varlen":
+        warm_start(model, tok, seed)
+    elif not allow_eos:
         # EOS becomes an id the model cannot produce (its logits cover ids 0..vocab-1 only).
         tok.add_special_tokens({"eos_token": "<never>"})
         assert tok.eos_token_id >= model.config.vocab_size
         model.config.eos_token_id = None
         model.generation_config.eos_token_id = None
-    model_dir = export(model, tok, work / "model")
+    model_dir = export(model, tok, work / f"model-{preset}-{case}")
     rng = random.Random(seed)
     prompts = work / "prompts.jsonl"
     with prompts.open("w") as f:
@@ -133,7 +161,7 @@ def run_trl(py: Path, model_dir: Path, prompts: Path, work: Path, a) -> dict:
     w = res["warmup"]
     return {"versions": res["versions"], "threads": res["threads"],
             "step_seconds": res["step_seconds"][w:], "generate_seconds": res["generate_seconds"][w:],
-            "generated_tokens": res["generated_tokens"][w:]}
+            "generated_tokens": res["generated_tokens"][w:], "rewards": res["reward_means"]}
 
 
 def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
@@ -156,6 +184,8 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=64",
         "rollout.temperature=1.0", "rollout.top_p=1.0",
         "algo.kl_coef=0.0", "trainer.device=cpu",
+        # One micro-batch per step, as TRL's per_device_train_batch_size=32 (32 x 68 tokens padded).
+        "trainer.micro_batch_tokens=4096",
         *a.set,
     ]
     cfg = load_config(None, overrides)
@@ -173,21 +203,41 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
     if sorted(ends) != list(range(steps)) or sorted(rows) != list(range(steps)):
         raise SystemExit(f"[rollyard] expected steps 0..{steps - 1} in {run_dir}, got spans for {sorted(ends)} "
                          f"and metrics for {sorted(rows)}")
+    params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    train_s = sum(rows[s]["time/train"] for s in timed)
+    positions = sum(rows[s]["train/packed_tokens"] for s in timed)
     return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "threads": torch.get_num_threads(),
+            "trainer_flops": [6 * params * positions / train_s], "matmul_flops": [matmul_flops(torch)],
             "step_seconds": [ends[s] - ends[s - 1] for s in timed],
             "generate_seconds": [rows[s].get("time/rollout", float("nan")) for s in timed],
             "generated_tokens": [int(rows[s]["tokens/generated"]) for s in timed],
+            "rewards": [rows[s]["reward/mean"] for s in range(steps)],
             "role_seconds": {k.removeprefix("time/"): statistics.mean(rows[s][k] for s in timed)
                              for k in rows[a.warmup] if k.startswith("time/") and k != "time/step"}}
 
 
+def matmul_flops(torch, seconds: float = 0.5) -> float:
+    """Measured fp32 matmul FLOP/s (1024^3, this process's threads): the trainer's peak."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * 1024 ** 3 * reps / (time.perf_counter() - t0)
+
+
 def merge(sides: dict, name: str, res: dict) -> None:
     if name not in sides:
-        sides[name] = res
+        sides[name] = {**res, "reward_rounds": [res["rewards"]]}
         return
     for key in ("step_seconds", "generate_seconds", "generated_tokens"):
         sides[name][key] += res[key]
+    sides[name]["reward_rounds"].append(res["rewards"])
+    for key in ("trainer_flops", "matmul_flops"):
+        if key in res:
+            sides[name][key] += res[key]
     if "role_seconds" in res:  # mean over rounds, weighted by steps
         n_old = len(sides[name]["step_seconds"]) - len(res["step_seconds"])
         n_new = len(res["step_seconds"])
@@ -231,6 +281,103 @@ def table(trl: dict, ry: dict) -> str:
     return "\n".join(lines)
 
 
+def round_ratios(rounds: list[dict]) -> list[float]:
+    """rollyard / TRL steps/s of each round that ran both sides."""
+    out = []
+    for r in rounds:
+        if "trl" in r and "rollyard" in r:
+            out.append(summarize(r["rollyard"])["steps_per_s"] / summarize(r["trl"])["steps_per_s"])
+    return out
+
+
+def reward_curve(side: dict) -> list[float]:
+    """Mean reward per step (warm-up steps included), averaged over rounds."""
+    rounds = side["reward_rounds"]
+    return [statistics.mean(r[i] for r in rounds) for i in range(min(map(len, rounds)))]
+
+
+def learning_check(sides: dict) -> str:
+    """Both reward curves and their gap; "equal" when the last half's means are within 2 std errors."""
+    lines = []
+    tails = {}
+    for name in ("trl", "rollyard"):
+        curve = reward_curve(sides[name])
+        lines.append(f"reward/step {name:8}: " + " ".join(f"{x:.3f}" for x in curve))
+        tails[name] = [x for r in sides[name]["reward_rounds"] for x in r[len(r) // 2:]]
+    gap = statistics.mean(tails["rollyard"]) - statistics.mean(tails["trl"])
+    se = math.sqrt(sum(statistics.pvariance(t) / len(t) for t in tails.values()))
+    verdict = "equal within noise" if abs(gap) <= 2 * se + 1e-9 else ("rollyard higher" if gap > 0 else "rollyard LOWER")
+    lines.append(f"learning check: last-half mean reward rollyard - TRL = {gap:+.3f} (2 s.e. {2 * se:.3f}): {verdict}; "
+                 f"first step TRL {reward_curve(sides['trl'])[0]:.3f} / rollyard {reward_curve(sides['rollyard'])[0]:.3f}")
+    return "\n".join(lines)
+
+
+def report(label: str, sides: dict, rounds: list[dict], load: list[float], a) -> dict:
+    summary = {name: summarize(side) for name, side in sides.items()}
+    print()
+    log(f"== {label}: 4 prompts x 8 samples = 32 completions/step, up to 64 new tokens, T=1.0, no KL, "
+        f"1 optimizer step/batch; {a.warmup} warm-up + {a.steps} timed steps per side and round, {a.rounds} round(s), "
+        f"sides run one after the other; torch threads {a.threads} (set_num_threads + OMP/MKL_NUM_THREADS) on both sides")
+    log(f"machine: {os.cpu_count()} CPUs, 1-min load average {' -> '.join(f'{x:.1f}' for x in load)} "
+        f"(before, and after each side){'  WARNING: other work was running; numbers are noisy' if max(load) > a.threads + 1 else ''}")
+    v = {**sides.get("rollyard", {}).get("versions", {}), **sides.get("trl", {}).get("versions", {})}
+    log("versions: " + ", ".join(f"{k} {v[k]}" for k in ("torch", "transformers", "trl") if k in v))
+    for name, side in sides.items():
+        log(f"{name} per-step seconds: " + " ".join(f"{x:.2f}" for x in side["step_seconds"]))
+    if "rollyard" in sides:
+        roles = sides["rollyard"]["role_seconds"]
+        log("rollyard seconds/step by role: " + ", ".join(f"{k} {x:.3f}" for k, x in roles.items()))
+        fl, peak = sides["rollyard"]["trainer_flops"], sides["rollyard"]["matmul_flops"]
+        log("rollyard trainer efficiency (6 x params x positions trained / train seconds, per round): "
+            + ", ".join(f"{f / 1e9:.1f} GFLOP/s = {f / p:.0%} of {p / 1e9:.1f}" for f, p in zip(fl, peak))
+            + " GFLOP/s measured matmul peak (1024^3 fp32, same threads, right after the run)")
+    out = {"label": label, "sides": sides, "summary": summary}
+    if len(summary) == 2:
+        print()
+        log(table(summary["trl"], summary["rollyard"]))
+        ratios = round_ratios(rounds)
+        out["round_ratios"] = ratios
+        log(f"\n{label}: rollyard runs {summary['rollyard']['steps_per_s'] / summary['trl']['steps_per_s']:.2f}x "
+            f"TRL's steps/s over all rounds; per round min {min(ratios):.2f}x / median {statistics.median(ratios):.2f}x"
+            f" / max {max(ratios):.2f}x ({len(ratios)} rounds)")
+        log(learning_check(sides))
+    else:
+        for name, x in summary.items():
+            log(f"{name}: " + ", ".join(f"{lab} {fmt.format(x[key])}" for key, lab, fmt, _ in ROWS))
+    return out
+
+
+def run_pair(preset: str, case: str, py, a) -> dict:
+    """All rounds of one (preset, case): inputs built once, sides alternating who goes first."""
+    work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
+    try:
+        model_dir, prompts = build_inputs(work, preset, case, n_prompts=64, seed=a.seed, allow_eos=a.allow_eos)
+        sides: dict[str, dict] = {}
+        rounds: list[dict] = []
+        load = [os.getloadavg()[0]]
+        for r in range(a.rounds):  # alternate the sides so drifting load on the machine hits both alike
+            order = ["trl", "rollyard"] if r % 2 == 0 else ["rollyard", "trl"]
+            rounds.append({})
+            for name in order:
+                if a.only and name != a.only:
+                    continue
+                rd = work / f"round{r}"
+                rd.mkdir(exist_ok=True)
+                res = (run_trl(py, model_dir, prompts, rd, a) if name == "trl"
+                       else run_rollyard(model_dir, prompts, rd, a))
+                rounds[-1][name] = {k: (list(x) if isinstance(x, list) else x) for k, x in res.items()}
+                merge(sides, name, res)
+                load.append(os.getloadavg()[0])
+    finally:
+        if a.keep:
+            log(f"work directory kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    length = "EOS at varying lengths (warm-started)" if case == "varlen" else (
+        "real EOS" if a.allow_eos else "EOS unreachable: every completion is 64 tokens")
+    return report(f"{preset} / {case} ({length})", sides, rounds, load, a)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -241,7 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="run the pair this many times, alternating which side goes first (default 1)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--allow-eos", action="store_true", help="keep the model's EOS (completions may end early)")
+    ap.add_argument("--presets", nargs="+", choices=["tiny", "small"], default=["tiny"],
+                    help="model presets to run (default tiny)")
+    ap.add_argument("--cases", nargs="+", choices=["uniform", "varlen"], default=["uniform"],
+                    help="uniform: every completion 64 tokens (EOS unreachable); varlen: a warm-started model whose "
+                         "completions end at EOS at different lengths (default uniform)")
+    ap.add_argument("--allow-eos", action="store_true", help="uniform case: keep the model's EOS (completions may end early)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra rollyard config override (repeatable), e.g. --set trainer.micro_batch_tokens=1024")
     ap.add_argument("--only", choices=["trl", "rollyard"], help="run one side only (no table)")
@@ -261,57 +413,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.only != "rollyard":
         py = a.trl_python or ensure_trl_venv(a.venv, a.trl_spec)
 
-    work = Path(tempfile.mkdtemp(prefix="vs-trl-"))
-    try:
-        model_dir, prompts = build_inputs(work, n_prompts=64, seed=a.seed, allow_eos=a.allow_eos)
-        sides: dict[str, dict] = {}
-        load = [os.getloadavg()[0]]
-        for r in range(a.rounds):  # alternate the sides so drifting load on the machine hits both alike
-            order = ["trl", "rollyard"] if r % 2 == 0 else ["rollyard", "trl"]
-            for name in order:
-                if a.only and name != a.only:
-                    continue
-                rd = work / f"round{r}"
-                rd.mkdir(exist_ok=True)
-                res = (run_trl(py, model_dir, prompts, rd, a) if name == "trl"
-                       else run_rollyard(model_dir, prompts, rd, a))
-                merge(sides, name, res)
-                load.append(os.getloadavg()[0])
-    finally:
-        if a.keep:
-            log(f"work directory kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-
-    summary = {name: summarize(side) for name, side in sides.items()}
-    v = {**sides.get("rollyard", {}).get("versions", {}), **sides.get("trl", {}).get("versions", {})}
-    print()
-    log(f"vs_trl: tiny preset, 4 prompts x 8 samples = 32 completions/step, 64 new tokens "
-        f"({'real EOS' if a.allow_eos else 'EOS unreachable: every completion is 64 tokens'}), T=1.0, no KL, "
-        f"1 optimizer step/batch; {a.warmup} warm-up + {a.steps} timed steps per side and round, {a.rounds} round(s), "
-        f"sides run one after the other; "
-        f"torch threads {a.threads} (set_num_threads + OMP/MKL_NUM_THREADS) on both sides")
-    log(f"machine: {os.cpu_count()} CPUs, 1-min load average {' -> '.join(f'{x:.1f}' for x in load)} "
-        f"(before, and after each side){'  WARNING: other work was running; numbers are noisy' if max(load) > a.threads + 1 else ''}")
-    log("versions: " + ", ".join(f"{k} {v[k]}" for k in ("torch", "transformers", "trl") if k in v))
-    for name, side in sides.items():
-        log(f"{name} per-step seconds: " + " ".join(f"{s:.2f}" for s in side["step_seconds"]))
-    if "rollyard" in sides:
-        roles = sides["rollyard"]["role_seconds"]
-        log("rollyard seconds/step by role: " + ", ".join(f"{k} {s:.3f}" for k, s in roles.items()))
-    if len(summary) == 2:
+    results = [run_pair(preset, case, py, a) for preset in a.presets for case in a.cases]
+    if len(results) > 1 and all("round_ratios" in r for r in results):
         print()
-        log(table(summary["trl"], summary["rollyard"]))
-        ratio = summary["rollyard"]["steps_per_s"] / summary["trl"]["steps_per_s"]
-        log(f"\nrollyard runs {ratio:.2f}x TRL's steps/s: "
-            f"{'parity or better' if ratio >= 0.995 else 'BELOW parity'}")
-    else:
-        for name, s in summary.items():
-            log(f"{name}: " + ", ".join(f"{label} {fmt.format(s[key])}" for key, label, fmt, _ in ROWS))
+        log("summary (rollyard / TRL steps/s per round: min / median / max):")
+        for r in results:
+            x = r["round_ratios"]
+            log(f"  {r['label']:60} {min(x):.2f}x / {statistics.median(x):.2f}x / {max(x):.2f}x")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"args": {k: str(x) for k, x in vars(a).items()}, "sides": sides,
-                                      "summary": summary}, indent=1))
+        a.json.write_text(json.dumps({"args": {k: str(x) for k, x in vars(a).items()}, "results": results}, indent=1))
     return 0
 
 

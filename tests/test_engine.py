@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
 from rollyard.models import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
@@ -71,10 +71,25 @@ def _recompute_logprobs(model, sample, T):
 # --- fast forward vs the HF forward ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def _qwen3(seed=0):
+    """Qwen3: per-head q_norm / k_norm before RoPE, head_dim != hidden / heads (random norm weights)."""
+    cfg = Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, head_dim=24,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CTX)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for p in (layer.self_attn.q_norm.weight, layer.self_attn.k_norm.weight):
+                p.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_fast_forward_equals_hf_forward(arch):
     if arch == "llama":
         model = _model()
+    elif arch == "qwen3":
+        model = _qwen3()
     else:  # qkv bias, another family member
         cfg = Qwen2Config(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CTX)
@@ -100,6 +115,60 @@ def test_fast_forward_equals_hf_forward(arch):
     assert err < 1e-4, f"fast forward must equal the HF forward: max |logit diff| {err:.2e} (tolerance 1e-4)"
 
 
+def test_uniform_position_decode_equals_general_decode():
+    """The uniform-position shortcut (slice writes, no mask) gives the general path's logits and cache."""
+    model = _model()
+    fwd = LlamaFast(model)
+    ids = torch.randint(0, V, (4, 9), generator=torch.Generator().manual_seed(3))
+    caches, outs = [], []
+    for uniform in (False, True):
+        kv = fwd.new_cache(4, 16)
+        fwd.prefill(ids[:, :5], kv, torch.arange(4), torch.tensor([4] * 4))
+        got = []
+        for t in range(5, 9):
+            pos = torch.full((4,), t)
+            got.append(fwd.decode(ids[:, t], pos, kv, t + 1, same_pos=t if uniform else None))
+        caches.append(kv)
+        outs.append(torch.stack(got))
+    assert torch.allclose(outs[0], outs[1], atol=1e-6) and torch.equal(caches[0], caches[1])
+
+
+def _greedy_with_early_stops(model, backend: str, moved: list | None = None) -> list[list[int]]:
+    eng = _engine(model, temperature=0.0, max_concurrent=24)
+    eng._use_backend(backend)
+    eng._length_cap = lambda sid: 20 if sid.endswith(("#0", "#7")) else 3
+    if moved is not None:
+        real, kv = eng.backend._compact, eng.backend
+
+        def spy(active):
+            moved.append(kv.kv)
+            real(active)
+
+        eng.backend._compact = spy
+    samples = eng.generate(_requests(lengths=(4, 6, 5), n=8, max_new=20))[0]
+    if moved is not None:
+        assert moved and all(t is eng.backend.kv for t in moved)  # compacted, same cache tensor
+    return [s.completion_ids for s in samples]
+
+
+def test_compaction_moves_survivors_in_place_and_keeps_their_tokens():
+    """Most samples stop early (length caps): survivors are compacted to low slots mid-decode, in
+    the same cache, and their greedy tokens still equal the HF backend's (which never compacts)."""
+    model = _model()
+    assert _greedy_with_early_stops(model, "fast", moved=[]) == _greedy_with_early_stops(model, "hf")
+
+
+def test_sampler_draws_from_softmax_of_logits_over_t():
+    """The exponential-race draw: token frequencies match softmax(logits / T) (20k draws, 5 sigma)."""
+    eng = _engine(_model(), temperature=0.8, seed=4)
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5]]).expand(20000, 5)
+    toks, lps = eng._sample(logits)
+    p = torch.softmax(logits[0] / 0.8, -1)
+    freq = torch.bincount(torch.tensor(toks), minlength=5).float() / 20000
+    assert ((freq - p).abs() < 5 * (p * (1 - p) / 20000).sqrt()).all(), (freq, p)
+    assert torch.allclose(torch.tensor(lps), p.log()[torch.tensor(toks)], atol=1e-5)
+
+
 # --- correctness against references ------------------------------------------------------------
 
 
@@ -122,6 +191,25 @@ def test_greedy_equals_naive_reference_and_hf_path():
             assert s.meta == {"i": int(s.request_id[1:])} and s.versions == [0] * len(ref)
         assert any(s.finish_reason == "stop" for s in samples)
         assert eng.num_active == 0 and eng.num_queued == 0
+
+
+def test_qwen3_model_dir_takes_the_fast_path_and_samples_match_the_hf_forward(tmp_path):
+    """A Qwen3 directory loaded as a user would: fast path chosen, and its samples' logprobs (and
+    greedy tokens) match the HF forward and the HF-backend engine."""
+    _qwen3(1).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    eng = _engine(model, temperature=1.0, max_concurrent=4, seed=2)
+    assert eng.backend.name == "fast"
+    samples, _ = eng.generate(_requests(n=3, max_new=10))
+    for s in samples:
+        err = (torch.tensor(s.logprobs) - _recompute_logprobs(model, s, 1.0)).abs().max().item()
+        assert err < 1e-4, (s.id, err)
+    greedy = {}
+    for backend in ("fast", "hf"):
+        e = _engine(model, temperature=0.0, max_concurrent=3)
+        e._use_backend(backend)
+        greedy[backend] = [s.completion_ids for s in e.generate(_requests(n=2, max_new=10))[0]]
+    assert greedy["fast"] == greedy["hf"]
 
 
 @pytest.mark.parametrize("temperature,top_p", [(0.7, 1.0), (1.3, 0.8), (0.0, 1.0)])

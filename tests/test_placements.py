@@ -191,10 +191,10 @@ def test_consumption_drops_and_requeues_what_admission_let_through(tmp_path):
 def test_inflight_policies_under_async(tmp_path, policy):
     """``finish`` is checked in the consumption test above (it is the default)."""
     run = tmp_path / policy
-    # 6 steps: a weight update lands during a 40-token generation in most of them (timing, not logic,
-    # decides which; one is enough for the assertions below)
-    assert main(["train", *LONG, "steps=6", f"out_dir={run}", "placement=async", "max_staleness=1",
-                 f"rollout.inflight={policy}"]) == 0
+    # Two sequences decode at a time, so a round (8 samples x 40 tokens) takes four waves and the
+    # next round is still decoding when the weights of the step before it arrive.
+    assert main(["train", *LONG, "steps=4", f"out_dir={run}", "placement=async", "max_staleness=1",
+                 "rollout.max_concurrent=2", f"rollout.inflight={policy}"]) == 0
     rows = _metrics(run)
     assert all(r[rundir.STALENESS_MAX] <= 1 for r in rows)
     mixed = sum(r["staleness/mixed_samples"] for r in rows)

@@ -65,7 +65,7 @@ def test_runbook_defaults_json_values(capsys):
     # A delta adds its export/compare on the 8 trainer GPUs: 3 x 28e9 / (8 x 3.35e12) = 3.13 ms.
     assert doc["sync_times"]["delta"]["commodity"] == pytest.approx(0.56e9 / 1.25e9 + 3 * 28e9 / (8 * 3.35e12))
     edges = {e["name"]: e for e in doc["edges"]}
-    assert set(edges) == {"prompts", "samples", "rewards", "ref_logprobs", "weights", "gradients"}
+    assert set(edges) == {"prompts", "samples", "rewards", "ref_logprobs", "weights", "gradients", "gather"}
     assert edges["samples"]["bytes_per_step"] == pytest.approx(67_108_864)
     assert "# Decision record" in doc["decision_record"]
 

@@ -8,7 +8,7 @@ import torch
 
 from rollyard.algo.loss import kl_k3
 from rollyard.models import build_preset, char_tokenizer
-from rollyard.trainer.packing import pack
+from rollyard.trainer.packing import layout_cost, pack, plan
 from rollyard.trainer.trainer import Trainer, chunked_token_logprobs
 from rollyard.types import Sample
 
@@ -128,11 +128,48 @@ def test_pack_bins_respect_budget_and_keep_every_token():
         pack([([], [1, 2])], 16)
 
 
-def test_packed_logprobs_equal_unpacked():
+def test_padded_plan_sorts_by_length_and_respects_budget():
+    seqs = [([1] * p, [2] * c) for p, c in [(3, 4), (10, 1), (1, 30), (5, 0), (2, 2), (7, 7), (4, 4)]]
+    mbs = plan(seqs, max_tokens=24, layout="padded")
+    assert sorted(i for mb in mbs for i in mb.members) == [0, 1, 2, 4, 5, 6]
+    for mb in mbs:
+        assert mb.layout == "padded" and mb.position_ids is None
+        B, T = mb.input_ids.shape
+        assert B == len(mb.members) and (B * T <= 24 or B == 1)
+        flat = mb.input_ids.reshape(-1).tolist()
+        for k, i in enumerate(mb.members):
+            p, c = seqs[i]
+            assert flat[k * T:k * T + len(p) + len(c) - 1] == p + c[:-1]  # from position 0, right-padded
+            rows = mb.rows[mb.seq_index == k].tolist()
+            assert rows[0] == k * T + len(p) - 1 and mb.targets[mb.seq_index == k].tolist() == c
+    firsts = [len(seqs[mb.members[0]][0]) + len(seqs[mb.members[0]][1]) for mb in mbs]
+    assert firsts == sorted(firsts, reverse=True)  # longest first
+
+
+def test_auto_layout_takes_the_cheaper_estimate():
+    many_short = [([1] * 4, [2] * 60)] * 16  # 16 x 63: a packed row would pay 1008^2 attention pairs
+    assert layout_cost([63] * 16, "padded", 0.01) < layout_cost([63] * 16, "packed", 0.01)
+    assert {mb.layout for mb in plan(many_short, 2048, "auto", attn_weight=0.01)} == {"padded"}
+    uneven = [([1] * 2, [2] * 200)] + [([1] * 2, [2] * 3)] * 5  # pads would dominate a padded batch
+    assert {mb.layout for mb in plan(uneven, 4096, "auto", attn_weight=1e-5)} == {"packed"}
+    with pytest.raises(ValueError, match="layout"):
+        plan(many_short, 64, "diagonal")
+
+
+# (layout, fast functional forward for padded rows): every way a micro-batch can be computed
+LAYOUTS = [("packed", False), ("padded", False), ("padded", True), ("auto", False), ("auto", True)]
+
+
+@pytest.mark.parametrize("layout,fast", LAYOUTS)
+def test_packed_logprobs_equal_unpacked(layout, fast):
     model = _model()
     samples = _samples(0, n=10)
-    for mbt in (4096, 40):  # one pack; several packs
-        trainer = Trainer(model, micro_batch_tokens=mbt, temperature=0.7, logprob_chunk=5)
+    for mbt in (4096, 40):  # one micro-batch; several
+        trainer = Trainer(model, micro_batch_tokens=mbt, temperature=0.7, logprob_chunk=5, layout=layout,
+                          fast_forward=fast)
+        assert trainer._use_fast(model) is fast
+        assert {mb.layout for mb in trainer._pack([(s.prompt_ids, s.completion_ids) for s in samples])} <= (
+            {layout} if layout != "auto" else {"packed", "padded"})
         got = trainer.logprobs(samples)
         for s, lp in zip(samples, got):
             ref = _unpacked_logprobs(model, s, temperature=0.7)
@@ -141,12 +178,14 @@ def test_packed_logprobs_equal_unpacked():
     assert len(pack([(s.prompt_ids, s.completion_ids) for s in samples], 40)) > 1
 
 
-def test_no_attention_across_sequence_boundaries():
-    """Editing every other sequence of a pack leaves a sequence's logprobs unchanged."""
+@pytest.mark.parametrize("layout,fast", [lf for lf in LAYOUTS if lf[0] != "auto"])
+def test_no_attention_across_sequence_boundaries(layout, fast):
+    """Editing every other sequence of a micro-batch leaves a sequence's logprobs unchanged."""
     model = _model()
     samples = _samples(1, n=5)
-    trainer = Trainer(model, micro_batch_tokens=4096)
-    assert len(trainer._pack([(s.prompt_ids, s.completion_ids) for s in samples])) == 1  # all in one row
+    trainer = Trainer(model, micro_batch_tokens=4096, layout=layout, fast_forward=fast)
+    mbs = trainer._pack([(s.prompt_ids, s.completion_ids) for s in samples])
+    assert len(mbs) == 1 and mbs[0].layout == layout  # all in one micro-batch
     base = trainer.logprobs(samples)
     g = torch.Generator().manual_seed(7)
     for k in range(len(samples)):
@@ -168,6 +207,43 @@ def test_no_attention_across_sequence_boundaries():
         l1 = model(row(a), use_cache=False).logits[0, -1]
         l2 = model(row(a2), use_cache=False).logits[0, -1]
     assert (l1 - l2).abs().max() > 1e-3
+
+
+def _family(arch):
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+    if arch == "llama":
+        return _model(8)
+    kw = {"vocab_size": V, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+    torch.manual_seed(8)
+    model = AutoModelForCausalLM.from_config(Qwen3Config(head_dim=24, **kw) if arch == "qwen3" else Qwen2Config(**kw))
+    with torch.no_grad():  # non-trivial biases / per-head norms
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(0.3 * torch.randn(p.shape))
+    return model
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch):
+    from rollyard.rollout.llama_forward import train_forward_matches, train_hidden
+
+    model = _family(arch)
+    assert train_forward_matches(model)
+    ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(1))
+    w = torch.randn(3, 11, model.config.hidden_size, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for fwd in (lambda: train_hidden(model, ids), lambda: model.model(input_ids=ids, use_cache=False).last_hidden_state):
+        model.zero_grad(set_to_none=True)
+        out = fwd()
+        (out * w).sum().backward()
+        grads.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (got, g1), (want, g2) = grads
+    assert torch.allclose(got, want, atol=1e-5)
+    assert g1.keys() == g2.keys()
+    for n in g2:  # relative to the gradient's scale (fp32 rounding)
+        assert (g1[n] - g2[n]).abs().max() <= 1e-5 * g2[n].abs().max().clamp_min(1.0), n
 
 
 # -- the RL step ----------------------------------------------------------------------------------
@@ -198,8 +274,9 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
+@pytest.mark.parametrize("layout,fast", LAYOUTS)
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
-def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_reference(agg):
+def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_reference(agg, layout, fast):
     model = _model(3)
     samples = _samples(3, n=9)
     g = torch.Generator().manual_seed(5)
@@ -215,7 +292,7 @@ def test_accumulated_gradient_is_independent_of_micro_batching_and_matches_refer
     kw = dict(loss_agg=agg, clip_low=0.2, clip_high=0.28, kl_coef=0.1, tis_cap=1.5, temperature=0.9, logprob_chunk=4)
     results = []
     for mbt in (4096, 30, 1):  # one micro-batch; several; one sequence each
-        trainer = Trainer(model, micro_batch_tokens=mbt, **kw)
+        trainer = Trainer(model, micro_batch_tokens=mbt, layout=layout, fast_forward=fast, **kw)
         trainer.optimizer.zero_grad(set_to_none=True)
         acc = trainer.accumulate_gradients(samples, old)
         results.append((acc["micro_batches"], float(acc["loss"]), _grads(model)))
@@ -381,9 +458,10 @@ def test_model_that_leaks_across_pack_boundaries_is_detected_and_not_packed(monk
     with pytest.warns(UserWarning, match="attend across boundaries"):
         t = Trainer(model, micro_batch_tokens=4096)
     samples = _samples(2, n=4)
-    got = t.logprobs(samples)  # still correct: one sequence per micro-batch
+    assert {mb.layout for mb in t._pack([(s.prompt_ids, s.completion_ids) for s in samples])} == {"padded"}
+    got = t.logprobs(samples)  # still correct: padded rows need only causal attention
     assert all((lp - _unpacked_logprobs(model, s)).abs().max() < 1e-5 for s, lp in zip(samples, got))
-    assert t.step([_with_logprobs(s, lp) for s, lp in zip(samples, got)])["micro_batches"] == len(samples)
+    assert math.isfinite(t.step([_with_logprobs(s, lp) for s, lp in zip(samples, got)])["loss"])
 
 
 def _with_logprobs(s, lp):

@@ -148,7 +148,12 @@ def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
                           f"resume with the run's own model settings (drop model.* overrides)")
     if "lm_head.weight" not in tensors and hasattr(model, "tie_weights"):
         model.tie_weights()
-    optimizer.load_state_dict(torch.load(p / OPTIM, weights_only=False))
+    optim = torch.load(p / OPTIM, weights_only=False)
+    shards = optim.get("rollyard_fsdp_ranks") if isinstance(optim, dict) else None  # trainer/dp.py SHARDED_KEY
+    if shards is not None and not getattr(optimizer, "loads_sharded", False):
+        raise ConfigError(f"checkpoint {p} holds optimizer state sharded over {len(shards)} FSDP ranks; resume with "
+                          f"trainer.dp={len(shards)} trainer.sharding=fsdp")
+    optimizer.load_state_dict(optim)
     rng = torch.load(p / RNG, weights_only=False)
     _set_rng_state(rng)
     return state, rng.get("extra", {})

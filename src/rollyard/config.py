@@ -84,6 +84,7 @@ class RolloutConfig(Section):
     dtype: Literal["auto", "fp32", "bf16"] = Field("auto", description="dtype of the rollout copy of the weights; auto: bf16 on GPU, fp32 on CPU")
     workers: int = Field(1, ge=1, le=1024, description="rollout workers (Ray actors, each with its own model copy) in the disaggregated and async placements")
     inflight: Literal["finish", "abort", "continue"] = Field("finish", description="async: what in-flight sequences do when new weights arrive")
+    scheduler: Literal["plain", "tail"] = Field("plain", description="plain: each round runs its prompts to the end; tail: RollPacker short and long rounds (see tail.*)")
 
 
 class RewardConfig(Section):
@@ -123,6 +124,8 @@ class TrainerConfig(Section):
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")
     max_skipped_steps: int = Field(3, ge=1, le=1000, description="consecutive optimizer steps with a non-finite loss or gradient (each skipped and counted in train/skipped_steps) before the run stops with an error")
+    dp: int = Field(1, ge=1, description="data-parallel trainer ranks (processes rollyard starts; gloo on CPU, NCCL on GPU); each trains on its share of a step")
+    sharding: Literal["none", "fsdp"] = Field("none", description="none: every rank holds the whole model | fsdp: decoder layers' parameters, gradients and optimizer state sharded over the dp ranks (FSDP2); needs dp >= 2")
 
 
 class SyncConfig(Section):
@@ -131,6 +134,17 @@ class SyncConfig(Section):
     every: int = Field(1, ge=1, description="publish weights every N optimizer steps")
     bucket_mb: float = Field(64.0, gt=0.0, description="dist transport: broadcast bucket size in MB")
     check_every: int = Field(0, ge=0, description="checksum equality check every N syncs (0: at start-up only)")
+
+
+class TailConfig(Section):
+    """Tail batching (rollout.scheduler=tail) and the adaptive reward timeout (rollout/tail.py, reward/timeout.py)."""
+
+    overprovision: float = Field(1.25, description="short round: submit ceil(prompts_per_step x this) prompts (>= 1)")
+    extra_samples: int = Field(2, description="short round: samples per prompt beyond samples_per_prompt; a prompt is complete at n finished (>= 0)")
+    long_every: int = Field(0, ge=0, description="also run a long round every N rounds when the queue is not empty; 0: only when it holds prompts_per_step prompts")
+    reward_lambda: float = Field(3.0, gt=0.0, description="adaptive reward timeout: lambda x T_anchor, clamped to [reward_t_min, reward.timeout_s]")
+    reward_t_min: float = Field(0.5, gt=0.0, description="adaptive reward timeout floor in seconds (T_min); T_max is reward.timeout_s")
+    reward_window: int = Field(256, ge=1, description="T_anchor: median verifier latency over this many recent calls, per task")
 
 
 class SFTConfig(Section):
@@ -161,6 +175,7 @@ class RunConfig(Section):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    tail: TailConfig = Field(default_factory=TailConfig)
     log: LogConfig = Field(default_factory=LogConfig)
 
     @model_validator(mode="after")
@@ -174,12 +189,33 @@ class RunConfig(Section):
         if rw.weights and len(rw.weights) != max(len(rw.hooks), 1):
             raise ValueError(f"reward.weights has {len(rw.weights)} entries for {max(len(rw.hooks), 1)} reward "
                              f"function(s): give one weight per entry of reward.hooks")
+        _check_tail(self)  # first: with scheduler=tail, samples_per_prompt=1 gets the tail-specific message
         if self.rollout.samples_per_prompt < 2:
             raise ValueError(
                 f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
                 f"{self.rollout.samples_per_prompt}; set rollout.samples_per_prompt=8"
             )
+        if self.trainer.sharding == "fsdp" and self.trainer.dp < 2:
+            raise ValueError(f"trainer.sharding=fsdp shards over data-parallel ranks but trainer.dp={self.trainer.dp}; "
+                             f"set trainer.dp=2 (or more) or trainer.sharding=none")
         return self
+
+
+def _check_tail(cfg: RunConfig) -> None:
+    """Tail batching's cross-field rules (bounds checked here so the message names the fix)."""
+    t = cfg.tail
+    if t.overprovision < 1:
+        raise ValueError(f"tail.overprovision must be >= 1 (a short round submits at least the prompts it needs), "
+                         f"got {t.overprovision}; set tail.overprovision=1.25")
+    if t.extra_samples < 0:
+        raise ValueError(f"tail.extra_samples must be >= 0, got {t.extra_samples}; set tail.extra_samples=2")
+    if cfg.rollout.scheduler == "tail" and cfg.rollout.samples_per_prompt < 2:
+        raise ValueError(f"rollout.scheduler=tail counts a prompt complete when samples_per_prompt of its samples "
+                         f"finish: needs samples_per_prompt >= 2, got {cfg.rollout.samples_per_prompt}; "
+                         f"set rollout.samples_per_prompt=8 or rollout.scheduler=plain")
+    if t.reward_t_min > cfg.reward.timeout_s:
+        raise ValueError(f"tail.reward_t_min ({t.reward_t_min}s) must be <= reward.timeout_s ({cfg.reward.timeout_s}s, "
+                         f"T_max); lower tail.reward_t_min")
 
 
 def leaf_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:

@@ -12,6 +12,7 @@ from rollyard.config import ConfigError, RunConfig
 from rollyard.models import attach_lora, context_length, eos_ids, load_policy, lora_target_error
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
+from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.tasks import builtin_verifier, chat, load_task
 from rollyard.tasks.base import DataError, HookError, Prompt
@@ -20,9 +21,10 @@ from rollyard.trainer.trainer import Trainer
 
 
 def device_of(cfg: RunConfig) -> str:
+    """The trainer's device; fails at start-up when it cannot hold ``trainer.dp`` ranks."""
     dev = cfg.trainer.device
     if dev == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return _with_ranks(cfg, "cuda" if torch.cuda.is_available() else "cpu")
     try:
         kind = torch.device(dev).type
     except (RuntimeError, ValueError):
@@ -35,7 +37,14 @@ def device_of(cfg: RunConfig) -> str:
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise ConfigError(f"trainer.device={dev} but {torch.cuda.device_count()} CUDA devices are visible; "
                               f"set trainer.device=cpu or auto")
-    return dev
+    return _with_ranks(cfg, dev)
+
+
+def _with_ranks(cfg: RunConfig, device: str) -> str:
+    if cfg.trainer.dp > 1:
+        from rollyard.trainer.dp import check_ranks
+        check_ranks(cfg.trainer.dp, device)
+    return device
 
 
 def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Prompt], list[Prompt]]:
@@ -81,9 +90,13 @@ def reward_hooks(cfg: RunConfig) -> list[str]:
 
 def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    t = cfg.tail  # streaming rewards (scheduler=tail) get the adaptive per-call timeout; T_max = reward.timeout_s
+    policy = (AnchorTimeout(t.reward_t_min, t.reward_lambda, cfg.reward.timeout_s, t.reward_window)
+              if cfg.rollout.scheduler == "tail" else None)
     return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
                             timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
-                            memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s)
+                            memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s,
+                            timeout_policy=policy)
 
 
 def policy(cfg: RunConfig, device: str):
@@ -108,9 +121,19 @@ def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None 
                          version=version)
 
 
-def trainer(cfg: RunConfig, model, device: str) -> Trainer:
+def trainer_kwargs(cfg: RunConfig) -> dict:
+    """The Trainer's keyword arguments from the config (one place, so every rank builds the same one)."""
     t, a = cfg.trainer, cfg.algo
-    return Trainer(model, lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
-                   micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature or 1.0,
-                   logprob_chunk=t.logprob_chunk, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
-                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device, max_skipped_steps=t.max_skipped_steps)
+    return {"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
+            "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
+            "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
+            "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
+            "max_skipped_steps": t.max_skipped_steps}
+
+
+def trainer(cfg: RunConfig, model, device: str):
+    """A Trainer, or with ``trainer.dp > 1`` a handle over dp ranks with the same methods (trainer/dp.py)."""
+    if cfg.trainer.dp > 1:
+        from rollyard.trainer.dp import DataParallelTrainer
+        return DataParallelTrainer(cfg, model, device)
+    return Trainer(model, **trainer_kwargs(cfg), device=device)

@@ -15,10 +15,12 @@ from rollyard import roles, signals
 from rollyard.config import RunConfig
 from rollyard.placement.run import finish, start
 from rollyard.placement.score import score
+from rollyard.placement.streamed import make_scheduler, streamed_step
 from rollyard.sync.check import compare_weights
 from rollyard.sync.factory import make_publisher, make_transport, resolve
 from rollyard.sync.local import push_pull, rollout_copy
 from rollyard.telemetry.report import StepProgress
+from rollyard.trainer.dp import after_step
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
@@ -34,25 +36,31 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
     # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
     tel.traffic(run.state.step, "weights", push_pull(publisher, transport, r.model, engine, run.state.version, full=True))
     compare_weights(publisher.expected(r.model), engine.model, run.state.version)
+    sched = make_scheduler(run, r) if cfg.rollout.scheduler == "tail" else None
     run.begin()
     with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:
         for step in range(run.state.step, cfg.steps):
-            requests, dead = r.feed.take(cfg.rollout.prompts_per_step, step)
-            run.dead_letter(dead, step)
-            ledger.hand_out([q.id for q in requests], "local")
-            tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
-
-            with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
-                samples, rejected = engine.generate(requests)
-            run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
-            ledger.dead([q.id for q, _ in rejected])
-            tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
-
-            samples, trained = score(run, r, step, samples)
+            round_metrics: dict = {}
             trained_at = run.state.version
-            with tel.span("train", step):
-                train_metrics = trainer.step(trained)
-            ledger.trained([q.id for q in requests if ledger.state[q.id] == "in_flight"])
+            if sched is not None:  # rollout.scheduler=tail: streamed round + streaming trainer (outside the ledger)
+                requests, samples, train_metrics, round_metrics = streamed_step(run, r, engine, step, sched)
+            else:
+                requests, dead = r.feed.take(cfg.rollout.prompts_per_step, step)
+                run.dead_letter(dead, step)
+                ledger.hand_out([q.id for q in requests], "local")
+                tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+
+                with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
+                    samples, rejected = engine.generate(requests)
+                run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
+                ledger.dead([q.id for q, _ in rejected])
+                tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
+
+                samples, trained = score(run, r, step, samples)
+                with tel.span("train", step):
+                    train_metrics = trainer.step(trained)
+                ledger.trained([q.id for q in requests if ledger.state[q.id] == "in_flight"])
+            after_step(tel, step, trainer)  # dp ranks: the gradients edge; fsdp: the gather (span + edge)
 
             run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
             nbytes = 0
@@ -67,7 +75,8 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             run.state.step = step + 1
             if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
                 run.eval_during(r, step)  # in this step's row, where the reward-hacking alarm compares it
-            progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at))
+            progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at,
+                                         extra=round_metrics))
             if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps or signals.stop_requested():
                 run.save_checkpoint(r, {"engine": engine.generator.get_state()})
             signals.raise_if_stopping(run.state.step)

@@ -216,7 +216,8 @@ def run_info(cfg: RunConfig, model) -> dict:
     facts = sync_facts(cfg, model, roles.device_of(cfg))
     return {
         "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
-        "placement": cfg.placement, "sync_mode": "inprocess", "dp": 1,
+        "placement": cfg.placement, "sync_mode": "inprocess", "dp": cfg.trainer.dp, "sharding": cfg.trainer.sharding,
+        "dp_backend": (("nccl" if roles.device_of(cfg).startswith("cuda") else "gloo") if cfg.trainer.dp > 1 else None),
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens, "lora_fraction": None, "steps": cfg.steps, **facts,
         "staleness_bound": (facts["staleness_bound"] if colocated else
@@ -234,6 +235,8 @@ def finish(run: RunRecord, r: Roles) -> dict:
     export(r.model, r.tokenizer, run.run_dir / rundir.MODEL, dtype=source_dtype(run.cfg.model.name))
     run.telemetry.close()
     r.rewards.close()
+    if hasattr(r.trainer, "close"):  # dp ranks (trainer/dp.py)
+        r.trainer.close()
     summary = {
         "eval_before": run.state.eval_before, "eval_after": after, "steps": run.state.step,
         "version": run.state.version, "seconds": time.time() - run.started, "deadletters": run.deadletters,

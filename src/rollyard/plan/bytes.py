@@ -170,6 +170,7 @@ def edges(p: PlanInputs, b: StepBytes, placement: str, sync_mode: str) -> list[E
         "ref_logprobs": (b.ref_logprobs, "4 B per completion token" if p.phases.use_reference else "no reference model"),
         "weights": (weights, wnote),
         "gradients": (b.gradient_per_rank, f"per rank, ring over DP={p.trainer.dp}" if p.trainer.dp > 1 else "DP=1: no all-reduce"),
+        "gather": (0.0, "unsharded trainer: nothing to gather (review prices fsdp runs from run.json)"),
     }
     rows = []
     for name, (src, dst, payload, trigger) in rundir.EDGES.items():

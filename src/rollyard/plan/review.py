@@ -250,6 +250,8 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     syncs = steps // every if every > 0 else steps
     if inprocess or mode == "inprocess":
         out["weights"] = (0.0, "in-process sync: no bytes")
+    elif info.get("sync_transport") == "inprocess":
+        out["weights"] = (0.0, f"{mode} sync over the in-process transport: a local copy, no bytes on a wire")
     elif mode == "delta" and not isinstance(info.get("delta_fraction"), (int, float)):
         out["weights"] = (None, "not priced: a delta's size needs run.json delta_fraction")
     elif mode in ("full", "delta", "lora"):
@@ -269,6 +271,14 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     dp = int(info.get("dp", 1))
     out["gradients"] = (plan.bytes.gradient_per_rank * steps,
                         "dp=1: no all-reduce" if dp <= 1 else f"ring all-reduce over dp={dp}")
+    out["gather"] = (0.0, "unsharded: nothing to gather")
+    if info.get("sharding") == "fsdp" and dp > 1:
+        # FSDP = all-gather (k-1)/k + reduce-scatter (k-1)/k: the ring formula. gloo has no reduce-scatter
+        # of its own and runs an all-reduce (2(k-1)/k), so over gloo a step costs 3(k-1)/k x message.
+        gloo = info.get("dp_backend") == "gloo"
+        out["gradients"] = (plan.bytes.gradient_per_rank * steps * (1.5 if gloo else 1.0),
+                            f"fsdp over dp={dp}: all-gather + reduce-scatter" + (" (an all-reduce on gloo)" if gloo else ""))
+        out["gather"] = (plan.bytes.gradient_per_rank / 2 * steps, f"all-gather of the parameters per sync, (k-1)/k x P, dp={dp}")
     return out
 
 
@@ -372,7 +382,10 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
     steps_s = step_seconds(run)
 
     overlaps = overlap_audit(run.spans, plan.decision.overlaps)
-    bound = plan.decision.staleness_bound
+    # The bound the run was configured with (run.json) is what its samples must respect; a plan file's
+    # own decision applies only when the review is held against that plan.
+    run_bound = run.info.get("staleness_bound") if run.info else None
+    bound = plan.decision.staleness_bound if plan_file is not None or run_bound is None else int(run_bound)
     vals = [float(m[rundir.STALENESS_MAX]) for m in run.metrics if isinstance(m.get(rundir.STALENESS_MAX), (int, float))]
     stale = {"bound": bound, "max": max(vals) if vals else None, "steps": len(vals),
              "ok": bool(vals) and max(vals) <= bound, "measured": bool(vals)}

@@ -197,7 +197,7 @@ class RewardDispatcher:
     def __init__(self, hook: str | list[str], *, num_workers: int = 2, timeout_s: float = 5.0,
                  decode: Callable[[list[int]], str], eos_token_id: int | list[int] | None = None,
                  start_timeout_s: float = 60.0, weights: list[float] | None = None, memory_mb: int = 0,
-                 cpu_s: float = 0.0):
+                 cpu_s: float = 0.0, timeout_policy: Any = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
@@ -214,6 +214,8 @@ class RewardDispatcher:
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
+        # Optional adaptive per-call timeout (reward/timeout.py): .timeout(meta) -> s, .observe(meta, s).
+        self.timeout_policy = timeout_policy
         self._workdir = tempfile.mkdtemp(prefix="rollyard-reward-")  # each worker gets a subdirectory
         self._limits = {"memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
         self._hung: list | None = []  # request ids of this batch's timeouts while no call answered; None: one did
@@ -270,6 +272,15 @@ class RewardDispatcher:
                 _, sample = self._done.popitem(last=False)
                 self._outstanding -= 1
             yield sample
+
+    def poll(self) -> list[Sample]:
+        """The submitted samples finished since the last call (any order); never blocks."""
+        with self._cond:
+            self._raise_if_crashed()
+            out = list(self._done.values())
+            self._done.clear()
+            self._outstanding -= len(out)
+        return out
 
     def score(self, samples: list["Sample"]) -> list["Sample"]:
         """Score ``samples`` and return them (the same objects, rewards set) in input order.
@@ -614,7 +625,8 @@ class RewardDispatcher:
                 continue
             w.sent_at = time.monotonic()
             if self._send(w, frame):
-                w.job, w.state, w.deadline = job, "busy", w.sent_at + self.timeout_s
+                limit = self.timeout_s if self.timeout_policy is None else self.timeout_policy.timeout(job.samples[0].meta)
+                w.job, w.state, w.deadline = job, "busy", w.sent_at + limit
             else:  # the worker died while idle: not this job's fault, requeue it
                 with self._cond:
                     self._pending.appendleft(job)
@@ -645,6 +657,8 @@ class RewardDispatcher:
             if job is None or seq != job.seq:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
             w.job, w.state, self._hung = None, "idle", None
+            if self.timeout_policy is not None:
+                self.timeout_policy.observe(job.samples[0].meta, now - w.sent_at)
             if status == "ok":  # value: per sample, one part per hook
                 self._finish(job, 0.0, None, None, latency=now - w.sent_at, verify_s=verify_s,
                              outcomes=[hooks.combine(parts, self.weights) for parts in value])

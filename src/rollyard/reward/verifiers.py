@@ -30,3 +30,8 @@ def arithmetic(completion: str, prompt: str, meta: dict[str, Any]) -> float:
 def repeat(completion: str, prompt: str, meta: dict[str, Any]) -> float:
     """The ``repeat`` task: the completion must be exactly the repeated unit."""
     return exact_match(completion, prompt, meta)
+
+
+def countdown(completion: str, prompt: str, meta: dict[str, Any]) -> float:
+    """The ``countdown`` task: the whole trace must be right (whitespace between numbers normalized)."""
+    return 1.0 if completion.split() == _answer(meta).split() else 0.0

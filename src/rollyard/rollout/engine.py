@@ -143,7 +143,21 @@ class _SlotBackend:
         if active:
             hi = max(s.slot for s in active) + 1
             if hi > 2 * len(active) + 8:
-                self._relayout(self.R, self.W, sorted(active, key=lambda s: s.slot))
+                self._compact(sorted(active, key=lambda s: s.slot))
+
+    def _compact(self, active: list[_Seq]) -> None:
+        """Move the active sequences to slots 0..a-1 within the same cache (no new allocation).
+
+        The right-hand side gathers a copy first, so overlapping source and destination slots are
+        safe; the slots left behind keep stale (finite) entries, masked out like any garbage."""
+        old = torch.tensor([s.slot for s in active], device=self.kv.device)
+        wc = max(s.length for s in active)
+        if wc:
+            self.kv[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
+        for i, s in enumerate(active):
+            s.slot = i
+        self.free = list(range(len(active), self.R))
+        heapq.heapify(self.free)
 
     def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
         P = max(len(p) for p in prompts)
@@ -172,8 +186,9 @@ class _SlotBackend:
         for s in seqs:
             toks[s.slot], pos[s.slot] = s.tokens[-1], s.length
         dev = self.fwd.device
+        same = pos[0] if len(seqs) == hi and pos.count(pos[0]) == hi else None  # uniform: no mask needed
         logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
-                                 max(pos) + 1)
+                                 max(pos) + 1, same_pos=same)
         if len(seqs) == hi and all(s.slot == i for i, s in enumerate(seqs)):
             return logits
         return logits[torch.tensor([s.slot for s in seqs], device=dev)]
@@ -486,7 +501,10 @@ class RolloutEngine:
                 pick = torch.multinomial(sp, 1, generator=self.generator)
                 tok = si.gather(1, pick).squeeze(1)
             else:
-                tok = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+                # Exponential race: argmax_v p_v / E_v, E_v ~ Exp(1), draws v with probability p_v
+                # (one fill and an argmax; cheaper than multinomial on small batches).
+                race = torch.empty_like(probs).exponential_(generator=self.generator)
+                tok = (probs / race).argmax(dim=-1)
         lp = logp.gather(1, tok[:, None]).squeeze(1)
         return tok.tolist(), lp.tolist()
 

@@ -1,4 +1,4 @@
-"""A small functional forward for the Llama / Qwen2 / Mistral family over an HF module's own weights.
+"""A small functional forward for the Llama / Qwen2 / Qwen3 / Mistral family over an HF module's own weights.
 
 Why it exists: on a CPU with a tiny policy, a decode step is bound by per-op Python overhead, not
 FLOPs. This forward does one decode step in ~16 ops per layer (HF's modules do several times
@@ -9,6 +9,9 @@ more) by fusing, once per weight version, the weights that are always used toget
   concatenation). The attention scale ``head_dim ** -0.5`` is folded into the q rows. (Folding
   rotate_half into extra weight rows instead saves the gather but costs ~15% more FLOPs.)
 - ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and ``addmm`` for down + residual.
+- Qwen3's per-head ``q_norm`` / ``k_norm`` (RMSNorm over ``head_dim`` before RoPE): one
+  ``rms_norm`` over the q and k heads together and one multiply by their stacked weights; the
+  attention scale is folded into the q part of those weights instead of into ``W_qkv``.
 
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
 from ``load_weights``). Norm weights, embeddings and the LM head are read from the module.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SUPPORTED = ("llama", "qwen2", "mistral")
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def unsupported_reason(model) -> str | None:
@@ -43,10 +46,11 @@ def unsupported_reason(model) -> str | None:
     inner = getattr(model, "model", None)
     if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
         return "no .model.layers / .model.rotary_emb"
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return "sliding-window attention layers"
     attn = inner.layers[0].self_attn
-    for extra in ("q_norm", "k_norm"):
-        if hasattr(attn, extra):
-            return f"attention has {extra} (Qwen3-style), not implemented in the fast path"
+    if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+        return "attention has only one of q_norm / k_norm"
     if getattr(inner.layers[0].mlp, "down_proj", None) is None:
         return "MLP is not gate/up/down"
     return None
@@ -83,17 +87,19 @@ class LlamaFast:
         self.layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
-            q = a.q_proj.weight * self.scale
+            qkn, qk_eps = self._qk_norm(a)
+            scale = 1.0 if qkn is not None else self.scale  # with q_norm, the scale sits in its weight
+            q = a.q_proj.weight * scale
             k = a.k_proj.weight
             w = torch.cat((q, k, a.v_proj.weight)).contiguous()
             b = None
             if a.q_proj.bias is not None:
-                b = torch.cat((a.q_proj.bias * self.scale, a.k_proj.bias, a.v_proj.bias)).contiguous()
+                b = torch.cat((a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias)).contiguous()
             gu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).contiguous()
             self.layers.append(dict(
                 ln1=layer.input_layernorm.weight, eps1=layer.input_layernorm.variance_epsilon,
                 ln2=layer.post_attention_layernorm.weight, eps2=layer.post_attention_layernorm.variance_epsilon,
-                wqkv=w, bqkv=b,
+                wqkv=w, bqkv=b, qkn=qkn, qk_eps=qk_eps,
                 wo_t=a.o_proj.weight.t(), bo=a.o_proj.bias,
                 wgu=gu, wd_t=m.down_proj.weight.t(),
             ))
@@ -109,6 +115,19 @@ class LlamaFast:
         self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).contiguous()
         self.perm = torch.cat((torch.arange(half, hd), torch.arange(half))).to(self.device)
         self.n_qk = (H + KVH) * hd
+
+    def _qk_norm(self, attn) -> tuple[torch.Tensor | None, float]:
+        """Qwen3: ``[H + KVH, hd]`` per-head norm weights (q rows times the attention scale), eps."""
+        if not hasattr(attn, "q_norm"):
+            return None, 0.0
+        q = (attn.q_norm.weight * self.scale).expand(self.H, self.hd)
+        k = attn.k_norm.weight.expand(self.KVH, self.hd)
+        return torch.cat((q, k)).contiguous(), float(attn.q_norm.variance_epsilon)
+
+    def _norm_qk(self, qk: torch.Tensor, w: dict) -> torch.Tensor:
+        if w["qkn"] is None:
+            return qk
+        return F.rms_norm(qk, (self.hd,), eps=w["qk_eps"]) * w["qkn"]
 
     def new_cache(self, slots: int, width: int) -> torch.Tensor:
         # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
@@ -132,7 +151,7 @@ class LlamaFast:
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
-            qk = y[..., :n].view(G, P, H + KVH, hd)
+            qk = self._norm_qk(y[..., :n].view(G, P, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
@@ -147,34 +166,121 @@ class LlamaFast:
         return self._head(x[torch.arange(G, device=x.device), last])
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, width: int) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, width: int,
+               same_pos: int | None = None) -> torch.Tensor:
         """One decode step for slots ``0..B-1``: ``tokens`` [B] at positions ``pos`` [B].
 
         Writes each slot's new K/V at its position, attends over positions ``<= pos`` (of the
         first ``width`` cache positions; ``width > max(pos)``) and returns logits [B, V].
+        ``same_pos``: the caller's promise that every slot is at this position (uniform lengths,
+        the common GRPO case): K/V are written with a plain slice and no mask is built, since
+        ``width == same_pos + 1`` leaves nothing to mask.
         """
         B = tokens.shape[0]
-        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
-        G = H // KVH
         rows = torch.arange(B, device=tokens.device)
         x = F.embedding(tokens, self.embed)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
-        ar = torch.arange(width, device=tokens.device)
-        mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(x.dtype)[:, None, None]  # [B,1,1,W]
+        if same_pos is not None:
+            assert width == same_pos + 1, (width, same_pos)
+            cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
+            at, mask = (slice(0, B), slice(None), same_pos), None
+        else:
+            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
+            ar = torch.arange(width, device=tokens.device)
+            mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(x.dtype)[:, None, None]  # [B,1,1,W]
+            at = (rows, slice(None), pos)
+        return self._head(self._decode_layers(x, at, cos, sin, mask, kv, width))
+
+    def _decode_layers(self, x, at, cos, sin, mask, kv, width) -> torch.Tensor:
+        B = x.shape[0]
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        G = H // KVH
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
-            qk = y[:, :n].view(B, H + KVH, hd)
+            qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             layer = kv[l]
-            layer[0, rows, :, pos] = qk[:, H:]
-            layer[1, rows, :, pos] = y[:, n:].view(B, KVH, hd)
+            layer[0][at] = qk[:, H:]
+            layer[1][at] = y[:, n:].view(B, KVH, hd)
             K = layer[0, :B, :, :width]  # [B, KVH, W, hd] (strided view, no copy)
             V = layer[1, :B, :, :width]
-            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2)) + mask
+            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2))
+            if mask is not None:
+                s = s + mask
             o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd)
             x = torch.addmm(x, o, w["wo_t"]) if w["bo"] is None else torch.addmm(x + w["bo"], o, w["wo_t"])
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
             gu = F.linear(h, w["wgu"])
             x = torch.addmm(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"])
-        return self._head(x)
+        return x
+
+
+def _rope_tables(inner, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``cos [T, hd]``, ``sin`` with rotate_half's sign folded in, and the half-swap permutation."""
+    with torch.no_grad():
+        cos, sin = inner.rotary_emb(like, torch.arange(T, device=like.device)[None])
+        cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
+        half = cos.shape[-1] // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        perm = torch.cat((torch.arange(half, 2 * half), torch.arange(half))).to(like.device)
+    return cos, sin, perm
+
+
+def _attention_block(x: torch.Tensor, layer, cos, sin, perm) -> torch.Tensor:
+    """One layer's attention (fused q|k|v matmul, RoPE as a gather, causal SDPA), with autograd."""
+    a = layer.self_attn
+    B, T, _ = x.shape
+    hd = a.head_dim
+    H, KVH = a.q_proj.weight.shape[0] // hd, a.k_proj.weight.shape[0] // hd
+    h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+    w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
+    b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
+    y = F.linear(h, w, b)
+    qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
+    if hasattr(a, "q_norm"):
+        nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
+        qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
+    qk = qk * cos[:, None] + qk.index_select(-1, perm) * sin[:, None]
+    q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+    v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(a.scaling), enable_gqa=KVH != H)
+    return x + F.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
+
+
+def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
+    m, n = layer.mlp, layer.post_attention_layernorm
+    h = F.rms_norm(x, (x.shape[-1],), n.weight, n.variance_epsilon)
+    gate, up = F.linear(h, torch.cat((m.gate_proj.weight, m.up_proj.weight))).chunk(2, dim=-1)
+    return x + F.linear(F.silu(gate) * up, m.down_proj.weight)
+
+
+def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Final-norm hidden states ``[B, T, D]`` of right-padded rows ``input_ids [B, T]`` (positions
+    0..T-1, causal), differentiable w.r.t. the module's own parameters.
+
+    The trainer's padded micro-batches run through this instead of the HF module forward when
+    ``unsupported_reason(model)`` is ``None`` and :func:`train_forward_matches` holds: the same
+    math in fewer ops (q|k|v and gate|up concatenated per call, so gradients reach the original
+    weights; fused ``rms_norm``; RoPE as one gather). No dropout (the family has none in training).
+    """
+    inner = model.model
+    x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
+    cos, sin, perm = _rope_tables(inner, input_ids.shape[1], x)
+    for layer in inner.layers:
+        x = _mlp_block(_attention_block(x, layer, cos, sin, perm), layer)
+    return F.rms_norm(x, (x.shape[-1],), inner.norm.weight, inner.norm.variance_epsilon)
+
+
+@torch.no_grad()
+def train_forward_matches(model, tol: float = 1e-4) -> bool:
+    """Whether :func:`train_hidden` equals the HF decoder on a short random batch (relative max error)."""
+    if unsupported_reason(model) is not None or getattr(model.config, "attention_dropout", 0.0):
+        return False
+    dev = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)).to(dev)
+    try:
+        got = train_hidden(model, ids).float()
+    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError):  # an unexpected family variant
+        return False
+    ref = model.model(input_ids=ids, use_cache=False).last_hidden_state.float()
+    return bool(((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)) < tol)

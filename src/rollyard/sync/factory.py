@@ -98,7 +98,7 @@ def sync_facts(cfg: RunConfig, model, device: str) -> dict:
     plan = resolve(cfg, device)
     adapter = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     base = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
-    return {"sync_mode": plan.mode, "policy_params": base, "sync_every": cfg.sync.every,
+    return {"sync_mode": plan.mode, "sync_transport": plan.transport, "policy_params": base, "sync_every": cfg.sync.every,
             # publishing every N steps lets a sample lag the trainer by up to N - 1 versions
             "staleness_bound": max(cfg.max_staleness, cfg.sync.every - 1),
             "initial_full_sync": True,  # the driver's start-up sync (then the equality check)

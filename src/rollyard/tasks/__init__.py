@@ -6,7 +6,8 @@ the same arguments always give the same prompts. ``builtin_verifier(name)`` is t
 function as a ``module:function`` path, ready for :class:`rollyard.reward.dispatcher.RewardDispatcher`.
 
 Tasks: ``arithmetic`` (``"23+45="`` -> ``"68"``) and ``repeat`` (``"rep 3 ab:"`` -> ``"ababab"``,
-long-tailed response lengths).
+long-tailed response lengths) and ``countdown`` (``"47-5:"`` -> ``"42 37 ... 2"``, a program trace
+whose length is long-tailed by prompt).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import difflib
 import inspect
 from typing import Any
 
-from rollyard.tasks import arithmetic, repeat
+from rollyard.tasks import arithmetic, countdown, repeat
 from rollyard.tasks.base import DataError, Prompt
 
-TASKS = {arithmetic.NAME: arithmetic, repeat.NAME: repeat}
+TASKS = {arithmetic.NAME: arithmetic, repeat.NAME: repeat, countdown.NAME: countdown}
 SPLITS = ("train", "eval")
 
 

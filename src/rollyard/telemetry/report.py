@@ -43,10 +43,11 @@ class StepProgress:
 
 def role_shares(step_seconds: dict[int, dict[str, float]]) -> list[tuple[str, float, float]]:
     """[(role, mean seconds per step, share of the summed role time)] over the run's steps."""
-    per_role = {r: [s.get(r, 0.0) for s in step_seconds.values()] for r in rundir.ROLES}
+    roles = list(rundir.ROLES) + sorted({r for s in step_seconds.values() for r in s} - set(rundir.ROLES))  # e.g. fsdp's gather
+    per_role = {r: [s.get(r, 0.0) for s in step_seconds.values()] for r in roles}
     means = {r: mean(v) if v else 0.0 for r, v in per_role.items()}
     total = sum(means.values()) or 1.0
-    return [(r, means[r], means[r] / total) for r in rundir.ROLES]
+    return [(r, means[r], means[r] / total) for r in roles]
 
 
 def fmt_accuracy(acc: float | None) -> str:

@@ -69,6 +69,7 @@ EDGES: dict[str, tuple[str, str, str, str]] = {
     "ref_logprobs": ("reference", "trainer", "fp32 logprob per completion token", "per step"),
     "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
     "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
+    "gather": ("trainer", "trainer", "all-gather of sharded (fsdp) parameters before a sync", "per sync"),
 }
 
 # run.json: key -> meaning. Written once at start by the driver; `review` builds its default
@@ -93,6 +94,12 @@ RUN_INFO_EXTRA = {
     "sync_every": "optimizer steps between weight publishes",
     "rollout_workers": "rollout worker processes (0 when colocated)",
     "inflight": "what in-flight sequences do when weights arrive: finish | abort | continue",
+}
+
+# run.json keys a reader must not require (runs written before them lack them).
+RUN_INFO_OPTIONAL_KEYS = {
+    "sharding": "none | fsdp (trainer parameters sharded over the dp ranks); absent = none",
+    "dp_backend": "gloo | nccl: the trainer ranks' collectives (null at dp=1)",
 }
 
 # Metric keys that review and the progress display rely on.

@@ -1,15 +1,29 @@
-"""Pack variable-length (prompt, completion) sequences into one-row micro-batches.
+"""Lay out variable-length (prompt, completion) sequences as micro-batches: packed or padded rows.
 
-A micro-batch is a single row ``[1, L]``: the sequences concatenated, ``position_ids``
-restarting at 0 for each. With no ``attention_mask`` and no KV cache, transformers derives a
-block-diagonal causal mask from the restarting positions (``masking_utils.
-find_packed_sequence_indices``), so no token attends across a sequence boundary and no padding
-is computed. tests/test_trainer.py checks both: packed == unpacked, and editing one sequence
-leaves its pack-mates' logprobs unchanged.
+Two layouts, both exact (no token sees another sequence or a pad), chosen per micro-batch:
+
+- **packed**: one row ``[1, L]``, the sequences concatenated, ``position_ids`` restarting at 0
+  for each. With no ``attention_mask`` and no KV cache, transformers derives a block-diagonal
+  causal mask from the restarting positions (``masking_utils.find_packed_sequence_indices``), so
+  no token attends across a sequence boundary and no padding is computed; but the attention runs
+  over the whole row with a dense ``[L, L]`` mask.
+- **padded**: ``[B, T]``, one sequence per row starting at position 0, right-padded to the
+  longest (``position_ids`` is ``None``). Pads come after every real token, so plain causal
+  attention (no mask tensor at all) keeps them out of the real tokens; pad positions are computed
+  and never read. Sequences are sorted by length first, so a micro-batch holds similar lengths.
+
+tests/test_trainer.py checks both against unpacked forwards: equal logprobs and gradients, and
+editing one sequence leaves its micro-batch-mates' logprobs unchanged.
 
 Each sequence contributes ``len(prompt) + len(completion) - 1`` input tokens: the last
 completion token is only ever a target. Completion token ``j`` is predicted by the hidden state
-at input position ``len(prompt) - 1 + j``.
+at input position ``len(prompt) - 1 + j`` of its sequence; ``MicroBatch.rows`` holds those
+positions as flat indices into the ``[B * T]`` hidden states.
+
+``plan`` picks, per micro-batch of length-sorted sequences, the layout with the lower estimated
+cost (:func:`layout_cost`): many short sequences are cheaper padded (attention over each short
+row) than packed (attention over one long row with a dense mask); a few very uneven ones are
+cheaper packed (no pad tokens).
 """
 
 from __future__ import annotations
@@ -18,21 +32,28 @@ from dataclasses import dataclass
 
 import torch
 
+LAYOUTS = ("auto", "packed", "padded")
+# A packed row's attention runs with a dense [L, L] mask: the unfused math path (mask and scores
+# materialized per head, nothing skipped), measured at several times the causal kernel's cost
+# per pair on CPU; transformers also builds the mask itself elementwise.
+DENSE_MASK_PENALTY = 4.0
+
 
 @dataclass
 class MicroBatch:
-    """One packed row and where its loss tokens are.
+    """One micro-batch and where its loss tokens are.
 
-    ``input_ids``/``position_ids``: ``[1, L]``. ``rows``: ``[N]`` positions in the row whose
-    hidden state predicts a completion token; ``targets``: ``[N]`` those tokens;
+    ``input_ids``: ``[B, T]``; ``position_ids``: ``[1, L]`` (packed, B = 1) or ``None`` (padded:
+    each row one sequence from position 0). ``rows``: ``[N]`` flat indices into the ``[B * T]``
+    positions whose hidden state predicts a completion token; ``targets``: ``[N]`` those tokens;
     ``seq_index``: ``[N]`` the member (0..len(members)-1) each target belongs to.
-    ``members``: indices into the caller's sequence list, in pack order;
+    ``members``: indices into the caller's sequence list, in layout order;
     ``lengths``: completion lengths of the members (so per-member slices of an ``[N]`` tensor
     are ``split(lengths)``).
     """
 
     input_ids: torch.Tensor
-    position_ids: torch.Tensor
+    position_ids: torch.Tensor | None
     rows: torch.Tensor
     targets: torch.Tensor
     seq_index: torch.Tensor
@@ -40,8 +61,13 @@ class MicroBatch:
     lengths: list[int]
 
     @property
+    def layout(self) -> str:
+        return "padded" if self.position_ids is None else "packed"
+
+    @property
     def num_tokens(self) -> int:
-        return self.input_ids.shape[1]
+        """Positions the forward computes (pads included)."""
+        return self.input_ids.numel()
 
 
 def plan_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -66,44 +92,127 @@ def plan_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return bins
 
 
-def pack(sequences: list[tuple[list[int], list[int]]], max_tokens: int) -> list[MicroBatch]:
-    """Pack ``(prompt_ids, completion_ids)`` pairs into micro-batches of <= ``max_tokens`` tokens.
+def plan_padded_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Longest first: consecutive items while ``len(bin) x longest <= max_tokens`` (pads included).
 
-    Pairs with an empty completion have nothing to score and appear in no micro-batch. A pair
-    with an empty prompt cannot have its first token scored and is rejected.
+    An item longer than ``max_tokens`` gets a bin of its own. Items of length 0 are left out.
     """
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    for i in order:
+        if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= max_tokens:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
+    return bins
+
+
+def layout_cost(lengths: list[int], layout: str, attn_weight: float) -> float:
+    """Estimated cost of one micro-batch, in units of one token's position-wise work (matmuls).
+
+    ``attn_weight``: the cost of one (query, key) attention pair in the same units. Padded rows
+    pay ``B x T`` positions and causal attention over each row (``T^2 / 2`` pairs); a packed row
+    pays only real tokens but attention over the whole row with a dense mask: ``L^2`` pairs,
+    nothing skipped, each ``DENSE_MASK_PENALTY`` times dearer.
+    """
+    if layout == "padded":
+        T = max(lengths)
+        return len(lengths) * T * (1.0 + attn_weight * T / 2)
+    L = sum(lengths)
+    return L * (1.0 + DENSE_MASK_PENALTY * attn_weight * L)
+
+
+def _sequence(p: list[int], c: list[int]) -> list[int]:
+    return list(p) + list(c[:-1])
+
+
+def _packed(sequences, members: list[int]) -> MicroBatch:
+    ids: list[int] = []
+    pos: list[int] = []
+    rows: list[int] = []
+    targets: list[int] = []
+    seq_index: list[int] = []
+    for k, i in enumerate(members):
+        p, c = sequences[i]
+        start = len(ids)
+        seq = _sequence(p, c)
+        ids.extend(seq)
+        pos.extend(range(len(seq)))
+        rows.extend(range(start + len(p) - 1, start + len(seq)))
+        targets.extend(c)
+        seq_index.extend([k] * len(c))
+    return MicroBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long),
+        position_ids=torch.tensor([pos], dtype=torch.long),
+        rows=torch.tensor(rows, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        seq_index=torch.tensor(seq_index, dtype=torch.long),
+        members=list(members),
+        lengths=[len(sequences[i][1]) for i in members],
+    )
+
+
+def _padded(sequences, members: list[int], pad_id: int = 0) -> MicroBatch:
+    seqs = [_sequence(*sequences[i]) for i in members]
+    T = max(len(s) for s in seqs)
+    rows: list[int] = []
+    targets: list[int] = []
+    seq_index: list[int] = []
+    for k, (i, seq) in enumerate(zip(members, seqs)):
+        p, c = sequences[i]
+        rows.extend(range(k * T + len(p) - 1, k * T + len(seq)))
+        targets.extend(c)
+        seq_index.extend([k] * len(c))
+    return MicroBatch(
+        input_ids=torch.tensor([s + [pad_id] * (T - len(s)) for s in seqs], dtype=torch.long),
+        position_ids=None,
+        rows=torch.tensor(rows, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        seq_index=torch.tensor(seq_index, dtype=torch.long),
+        members=list(members),
+        lengths=[len(sequences[i][1]) for i in members],
+    )
+
+
+def _check(sequences) -> list[int]:
     for i, (p, c) in enumerate(sequences):
         if c and not p:
             raise ValueError(
                 f"sequence {i} has an empty prompt: the first completion token is predicted from the "
                 f"last prompt token, so a prompt needs at least one token (e.g. BOS)"
             )
-    lengths = [len(p) + len(c) - 1 if c else 0 for p, c in sequences]
+    return [len(p) + len(c) - 1 if c else 0 for p, c in sequences]
+
+
+def pack(sequences: list[tuple[list[int], list[int]]], max_tokens: int) -> list[MicroBatch]:
+    """Pack ``(prompt_ids, completion_ids)`` pairs into packed rows of <= ``max_tokens`` tokens.
+
+    Pairs with an empty completion have nothing to score and appear in no micro-batch. A pair
+    with an empty prompt cannot have its first token scored and is rejected.
+    """
+    lengths = _check(sequences)
+    return [_packed(sequences, members) for members in plan_bins(lengths, max_tokens)]
+
+
+def plan(sequences: list[tuple[list[int], list[int]]], max_tokens: int, layout: str = "auto",
+         attn_weight: float = 0.0) -> list[MicroBatch]:
+    """Micro-batches of ``(prompt_ids, completion_ids)`` pairs, each in its cheaper layout.
+
+    ``layout="packed"`` is :func:`pack`. Otherwise sequences are sorted by length and grouped
+    so that ``rows x longest <= max_tokens`` (:func:`plan_padded_bins`); ``"padded"`` lays every
+    group out padded, ``"auto"`` takes, per group, the layout with the lower :func:`layout_cost`
+    (``attn_weight``: one attention pair's cost relative to one token's position-wise work).
+    Empty completions are left out and empty prompts rejected, as in :func:`pack`.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
+    if layout == "packed":
+        return pack(sequences, max_tokens)
+    lengths = _check(sequences)
     out = []
-    for members in plan_bins(lengths, max_tokens):
-        ids: list[int] = []
-        pos: list[int] = []
-        rows: list[int] = []
-        targets: list[int] = []
-        seq_index: list[int] = []
-        comp_lengths = []
-        for k, i in enumerate(members):
-            p, c = sequences[i]
-            start = len(ids)
-            seq = list(p) + list(c[:-1])
-            ids.extend(seq)
-            pos.extend(range(len(seq)))
-            rows.extend(range(start + len(p) - 1, start + len(seq)))
-            targets.extend(c)
-            seq_index.extend([k] * len(c))
-            comp_lengths.append(len(c))
-        out.append(MicroBatch(
-            input_ids=torch.tensor([ids], dtype=torch.long),
-            position_ids=torch.tensor([pos], dtype=torch.long),
-            rows=torch.tensor(rows, dtype=torch.long),
-            targets=torch.tensor(targets, dtype=torch.long),
-            seq_index=torch.tensor(seq_index, dtype=torch.long),
-            members=members,
-            lengths=comp_lengths,
-        ))
+    for members in plan_padded_bins(lengths, max_tokens):
+        lens = [lengths[i] for i in members]
+        packed_cheaper = (layout == "auto" and len(members) > 1
+                          and layout_cost(lens, "packed", attn_weight) < layout_cost(lens, "padded", attn_weight))
+        out.append((_packed if packed_cheaper else _padded)(sequences, members))
     return out

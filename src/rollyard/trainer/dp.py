@@ -1,0 +1,425 @@
+"""``trainer.dp = k``: k data-parallel trainer ranks behind the Trainer's interface.
+
+Rank 0 is the calling (driver) process; rollyard starts ranks 1..k-1 itself (spawned processes)
+and joins them in one torch.distributed group: gloo on CPU, NCCL on GPU. Rank 0 scatters each
+rank its share of a step's samples (balanced by completion tokens). Every rank then
+
+1. all-reduces the step's loss denominators (completion tokens, sequences): 16 bytes, so each
+   rank's loss is its tokens' sum over the *whole step's* count;
+2. runs forward/backward over its share (:meth:`Trainer.accumulate_gradients`);
+3. all-reduces (sums) its gradients, one flat buffer per 64 MB bucket (fsdp: the layers are
+   reduce-scattered by FSDP2 instead, see fsdp.py; the replicated rest is all-reduced here);
+4. takes the same clipped optimizer step on the same summed gradient.
+
+So the update equals the single-rank one up to float summation order (tests/test_dp.py).
+
+The gradient edge is measured where it crosses: the bytes this rank's process wrote to its
+sockets (``wchar`` in ``/proc/self/io``) during steps 2-3. Only the collectives write in that
+window (a terminal progress bar's refresh may add a few hundred bytes). On NCCL the bytes do
+not pass through sockets; there the count is derived from the message handed to the
+collectives (ring: 2(k-1)/k x message) and marked ``measured: false``.
+
+Checkpoints: without sharding every rank holds the same weights and optimizer state, so the
+checkpoint is rank 0's, in the single-rank format: it resumes on any k (dp=1 included). With
+fsdp the optimizer state is one shard per rank and resumes only on the same k (a clear error
+otherwise). ``logprobs`` runs on rank 0 alone (reference and pi_old scoring have no gradients).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+
+from rollyard import roles
+from rollyard.config import ConfigError, RunConfig
+from rollyard.trainer import fsdp
+from rollyard.trainer.trainer import Trainer
+from rollyard.types import Sample
+
+BUCKET_BYTES = 64 << 20
+SHARDED_KEY = "rollyard_fsdp_ranks"  # optimizer.pt of an fsdp run: {SHARDED_KEY: [rank 0 state, rank 1 state, ...]}
+
+
+def sent_bytes() -> int | None:
+    """Bytes this process has written through write-family syscalls (sockets included), or None."""
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def available_ranks(device: str) -> int:
+    if device.startswith("cuda"):
+        return torch.cuda.device_count()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def check_ranks(k: int, device: str) -> None:
+    have = available_ranks(device)
+    if k > have:
+        what = "GPUs" if device.startswith("cuda") else "CPU cores"
+        raise ConfigError(f"trainer.dp={k} ranks but only {have} {what} are available to this process; "
+                          f"set trainer.dp={have} or less")
+
+
+def split(samples: list[Sample], k: int) -> list[list[int]]:
+    """Sample indices per rank: longest first onto the least-loaded rank (by completion tokens), in order."""
+    load = [0] * k
+    out: list[list[int]] = [[] for _ in range(k)]
+    for i in sorted(range(len(samples)), key=lambda i: -len(samples[i].completion_ids)):
+        r = min(range(k), key=lambda r: (load[r], len(out[r])))
+        out[r].append(i)
+        load[r] += len(samples[i].completion_ids) + 1
+    return [sorted(ix) for ix in out]
+
+
+def _buckets(params: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    out: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for p in params:
+        if out[-1] and size + p.numel() * p.element_size() > BUCKET_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size += p.numel() * p.element_size()
+    return [b for b in out if b]
+
+
+@torch.no_grad()
+def allreduce_gradients(params: list[torch.Tensor]) -> int:
+    """Sum ``params``' gradients over the group (a missing gradient counts as zeros); return message bytes."""
+    message = 0
+    for bucket in _buckets(params):
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in bucket])
+        dist.all_reduce(flat)
+        message += flat.numel() * flat.element_size()
+        for p, part in zip(bucket, flat.split([p.numel() for p in bucket])):
+            p.grad = part.view_as(p).clone()
+    return message
+
+
+class RankTrainer(Trainer):
+    """One rank's Trainer: its accumulate_gradients reduces denominators, gradients and metrics.
+
+    :meth:`Trainer.step` is unchanged: it sees the whole step's accumulators and summed
+    gradients, so every rank takes the same step. ``units``: this model's FSDP units (fsdp.py).
+    """
+
+    def __init__(self, model, *, units: list | None = None, **kwargs):
+        self.units = units or []
+        super().__init__(model, **kwargs)
+        fsdp.reshard(self.units)  # the constructor's packing check gathered the layers
+        self.wire: dict[str, float] = {}
+
+    def accumulate_gradients(self, samples, old_logprobs=None, denominators=None) -> dict:
+        """This rank's share, with the whole step's denominators (``denominators`` is ignored: they
+        are all-reduced here); gradients summed over ranks; accumulators reduced (``_reduce_metrics``)."""
+        counts = torch.tensor([sum(len(s.completion_ids) for s in samples), sum(1 for s in samples if s.completion_ids)],
+                              dtype=torch.float64, device=self.device)
+        dist.all_reduce(counts)
+        n_micro = len(self._pack([(s.prompt_ids, s.completion_ids) for s in samples]))
+        before, t0 = sent_bytes(), time.perf_counter()
+        with fsdp.one_sync_per_step(self.model, self.units, max(n_micro, 1)) if self.units else contextlib.nullcontext():
+            acc = super().accumulate_gradients(samples, old_logprobs, denominators=(int(counts[0]), int(counts[1])))
+            if self.units and n_micro == 0:
+                fsdp.idle_backward(self.model)
+        acc["tokens"], acc["seqs"] = int(counts[0]), int(counts[1])  # metrics are per step, not per rank
+        t1 = time.perf_counter()
+        dist.barrier()  # so allreduce_s is the transfer, not the wait for a slower rank (wait_s)
+        t2 = time.perf_counter()
+        plain = [p for p in self.params if not isinstance(p, DTensor)]
+        message = allreduce_gradients(plain)
+        after, t3 = sent_bytes(), time.perf_counter()
+        measured = before is not None and dist.get_backend() == "gloo"
+        layer_bytes = sum(p.numel() * p.element_size() for p in self.params) - message  # fsdp: the sharded layers
+        k = dist.get_world_size()
+        derived = 2 * (k - 1) / k * (message + layer_bytes)  # NCCL ring: all-reduce, or all-gather + reduce-scatter
+        self.wire = {"gradient_bytes": float(after - before) if measured else derived, "measured": float(measured),
+                     "message_bytes": float(message + layer_bytes), "allreduce_s": t3 - t2, "wait_s": t2 - t1,
+                     "backward_s": t1 - t0}
+        _reduce_metrics(acc, self.device)
+        return acc
+
+    def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
+        """fsdp: the Trainer's clip/skip/step with a norm over sharded and replicated gradients."""
+        if not self.units:
+            return super()._optimizer_step(loss)
+        norm = float(fsdp.global_grad_norm(self.params))
+        skipped = self.skips.check(loss, norm)  # same loss and norm on every rank: the same decision
+        if not skipped:
+            fsdp.clip_(self.params, self.max_grad_norm, norm)
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm, skipped
+
+
+def _reduce_metrics(acc: dict, device) -> None:
+    """Sum (max for diff_max) the accumulators over ranks; gather the log ratios for the quantiles."""
+    names = ["loss", "pg_loss", "kl_sum", "entropy_sum", "clipped", "capped", "diff_sum"]
+    vec = torch.stack([acc[n].detach().double().reshape(()) for n in names]
+                      + [torch.tensor(float(acc["micro_batches"]), dtype=torch.float64, device=device),
+                         torch.tensor(float(acc["packed_tokens"]), dtype=torch.float64, device=device)])
+    dist.all_reduce(vec)
+    for i, n in enumerate(names):
+        acc[n] = vec[i].float()
+    acc["micro_batches"], acc["packed_tokens"] = int(vec[-2]), int(vec[-1])
+    top = torch.stack([acc["diff_max"].detach().float().reshape(()),
+                       torch.tensor(float(acc["want_kl"]), device=device)])
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    acc["diff_max"], acc["want_kl"] = top[0], bool(top[1] > 0)
+    mine = torch.cat(acc["log_ratio"]).float().cpu() if acc["log_ratio"] else torch.zeros(0)
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    acc["log_ratio"] = [t for t in every if t.numel()]
+
+
+class Rank:
+    """What every rank (0..k-1) does for a command from rank 0; each method is collective."""
+
+    def __init__(self, cfg: RunConfig, model, device: str):
+        self.cfg, self.model, self.device = cfg, model, device
+        self.sharded = cfg.trainer.sharding == "fsdp"
+        self.trainer: RankTrainer | None = None
+
+    def init(self, optim_state) -> None:
+        """Same weights everywhere (rank 0's), shard if asked, build the trainer, load optimizer state."""
+        with torch.no_grad():
+            for t in self.model.state_dict().values():
+                dist.broadcast(t, src=0)
+        train_model = self.model
+        units: list = []
+        if self.sharded:
+            train_model = copy.deepcopy(self.model) if dist.get_rank() == 0 else self.model
+            units = fsdp.shard(train_model)
+        self.trainer = RankTrainer(train_model, units=units, **roles.trainer_kwargs(self.cfg), device=self.device)
+        self.load_optimizer(optim_state)
+
+    def load_optimizer(self, state) -> None:
+        if state is None:
+            return
+        if self.sharded:
+            fsdp.load_local_optimizer_state(self.trainer.optimizer, self.trainer.params, state)
+        else:
+            self.trainer.optimizer.load_state_dict(state)
+
+    def optimizer_state(self, _=None):
+        mine = fsdp.local_optimizer_state(self.trainer.optimizer) if self.sharded else None
+        every: list = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+        dist.gather_object(mine, every, dst=0)
+        return every
+
+    def step(self, share) -> dict:
+        samples, old = share
+        return self.trainer.step(samples, old)
+
+    def gather(self, _=None) -> None:
+        fsdp.gather_into(self.trainer.model, self.model if dist.get_rank() == 0 else None)
+
+
+def _receive(payloads: list | None = None):
+    """Rank 0 sends one payload per rank (scatter); every rank returns its own."""
+    out: list = [None]
+    dist.scatter_object_list(out, payloads, src=0)
+    return out[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _join_group(rank: int, k: int, port: int, device: str) -> None:
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k,
+                            timeout=timedelta(minutes=10))
+
+
+def _join_watching(procs: list, port: int, device: str) -> None:
+    """Rank 0 joins the group; a rank that dies before joining is an error now, not a 10-minute hang."""
+    joined: list[BaseException | None] = []
+
+    def join() -> None:
+        try:
+            _join_group(0, len(procs) + 1, port, device)
+            joined.append(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+            joined.append(e)
+
+    t = threading.Thread(target=join, daemon=True, name="rollyard-dp-join")
+    t.start()
+    while t.is_alive():
+        t.join(timeout=0.5)
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead and t.is_alive():
+            raise RuntimeError(f"data-parallel rank process {dead[0].name} exited with code {dead[0].exitcode} "
+                               f"before joining the process group; its error is printed above")
+    if joined and joined[0] is not None:
+        raise joined[0]
+
+
+def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None:
+    """A spawned rank (1..k-1): join the group, build the policy, serve rank 0's commands until 'stop'."""
+    try:
+        torch.set_num_threads(max(1, available_ranks("cpu") // k))
+        cfg = RunConfig.model_validate(cfg_data)
+        dev = f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
+        _join_group(rank, k, port, device)
+        model, _, _ = roles.policy(cfg, dev)
+        me = Rank(cfg, model, dev)
+        while True:
+            op, payload = _receive()
+            if op == "stop":
+                break
+            getattr(me, op)(payload)
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - any failure: say why on stderr, exit; rank 0's collective then fails
+        traceback.print_exc(file=sys.stderr)
+        os._exit(1)
+
+
+class _Optimizer:
+    """``trainer.optimizer`` for checkpoint.py: state_dict / load_state_dict across the ranks."""
+
+    loads_sharded = True
+
+    def __init__(self, handle: DataParallelTrainer):
+        self.handle = handle
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """Rank 0's (every rank has the same hyper-parameters); read-only: a change here reaches rank 0 only."""
+        self.handle.start()
+        return self.handle.rank.trainer.optimizer.param_groups
+
+    def state_dict(self) -> dict:
+        h = self.handle
+        h.start()
+        if not h.sharded:
+            return h.rank.trainer.optimizer.state_dict()
+        h.command("optimizer_state")
+        return {SHARDED_KEY: h.rank.optimizer_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        h = self.handle
+        shards = state.get(SHARDED_KEY) if isinstance(state, dict) else None
+        if h.sharded and shards is None:
+            raise ConfigError("the checkpoint's optimizer state is unsharded (trainer.sharding=none); resume with "
+                              "trainer.sharding=none")
+        if not h.sharded and shards is not None:
+            raise ConfigError(f"the checkpoint's optimizer state is sharded over {len(shards)} FSDP ranks; resume "
+                              f"with trainer.sharding=fsdp trainer.dp={len(shards)}")
+        if shards is not None and len(shards) != h.k:
+            raise ConfigError(f"the checkpoint's optimizer state is sharded over {len(shards)} FSDP ranks, this run "
+                              f"has trainer.dp={h.k}; resume with trainer.dp={len(shards)} (resharding is not supported)")
+        if h.started:
+            payloads = shards if shards is not None else [state] * h.k
+            h.command("load_optimizer", payloads)
+            h.rank.load_optimizer(payloads[0])
+        else:
+            h.pending_optimizer = shards if shards is not None else [state] * h.k
+
+
+class DataParallelTrainer:
+    """The trainer handle for ``trainer.dp = k > 1``: ``logprobs``, ``step``, ``optimizer``, ``gather``, ``close``.
+
+    ``model`` (this process's, the one the colocated engine reads) is rank 0's replica; with fsdp
+    it is the full copy that :meth:`gather` refreshes after every step (rank 0 trains a sharded
+    copy). Ranks get rank 0's weights and optimizer state at the first call that needs them
+    (after a checkpoint was loaded into ``model``).
+    """
+
+    def __init__(self, cfg: RunConfig, model, device: str):
+        self.k, self.sharded = cfg.trainer.dp, cfg.trainer.sharding == "fsdp"
+        check_ranks(self.k, device)
+        self.model, self.device = model, device
+        port = _free_port()
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=rank_main, args=(r, self.k, port, cfg.model_dump(), device), daemon=True,
+                                  name=f"rollyard-dp-rank{r}") for r in range(1, self.k)]
+        for p in self.procs:
+            p.start()
+        _join_watching(self.procs, port, device)
+        self.rank = Rank(cfg, model, device)
+        self.optimizer = _Optimizer(self)
+        self.pending_optimizer: list | None = None
+        self.started = False
+        self.wire: dict[str, float] = {}
+
+    def command(self, op: str, payloads: list | None = None) -> None:
+        _receive([(op, None if payloads is None else payloads[r]) for r in range(self.k)])
+
+    def start(self) -> None:
+        if self.started:
+            return
+        states = self.pending_optimizer or [None] * self.k
+        self.command("init", states)
+        self.rank.init(states[0])
+        self.started, self.pending_optimizer = True, None
+
+    def logprobs(self, samples: list[Sample], model=None) -> list[torch.Tensor]:
+        self.start()
+        return self.rank.trainer.logprobs(samples, model=self.model if model is None else model)
+
+    def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
+        self.start()
+        shares = [(([samples[i] for i in ix]), (None if old_logprobs is None else [old_logprobs[i] for i in ix]))
+                  for ix in split(samples, self.k)]
+        before, t0 = sent_bytes(), time.perf_counter()
+        self.command("step", shares)  # the other ranks' shares, pickled, over the group
+        scatter_s, after = time.perf_counter() - t0, sent_bytes()
+        metrics = self.rank.step(shares[0])
+        self.wire = dict(self.rank.trainer.wire)
+        self.wire.update(scatter_s=scatter_s, scatter_bytes=float(after - before) if before is not None else 0.0)
+        metrics.update({f"dp_{k}": v for k, v in self.wire.items()})
+        return metrics
+
+    def gather(self) -> int:
+        """fsdp: all-gather the layers into ``model`` (what a sync publishes); return bytes sent. 0 unsharded."""
+        if not self.sharded:
+            return 0
+        self.start()
+        self.command("gather")
+        before = sent_bytes()
+        self.rank.gather()
+        after = sent_bytes()
+        return (after - before) if before is not None else 0
+
+    def close(self) -> None:
+        if self.started or self.procs:
+            self.command("stop")
+        for p in self.procs:
+            p.join(timeout=30)
+        self.procs = []
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def after_step(tel, step: int, trainer) -> None:
+    """Record a dp trainer's collectives in ``step`` (the gradients edge); with fsdp, gather the full
+    parameters for the sync to publish (a span and a ledger edge of their own). Nothing for dp=1."""
+    if not isinstance(trainer, DataParallelTrainer):
+        return
+    tel.traffic(step, "gradients", int(trainer.wire.get("gradient_bytes", 0)))
+    if trainer.sharded:
+        with tel.span("gather", step, dp=trainer.k):
+            nbytes = trainer.gather()
+        tel.traffic(step, "gather", nbytes)

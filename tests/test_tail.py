@@ -1,0 +1,274 @@
+"""Tail batching: short/long rounds, the deferral queue across checkpoints, the prompt ledger,
+the streaming trainer's equivalence with one big step, the adaptive reward timeout, bad input."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from rollyard.cli import main
+from rollyard.models import build_preset, char_tokenizer
+from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.timeout import AnchorTimeout, adaptive_timeout
+from rollyard.rollout.engine import RolloutEngine
+from rollyard.rollout.plain import PlainScheduler
+from rollyard.rollout.rounds import bubble
+from rollyard.rollout.scheduler import PromptStream
+from rollyard.rollout.tail import TailScheduler, is_long_round
+from rollyard.tasks import load_task
+from rollyard.tasks.base import Prompt
+from rollyard.telemetry import rundir
+from rollyard.trainer.streaming import StreamingStep
+from rollyard.trainer.trainer import Trainer
+from rollyard.types import Sample
+
+TOK = char_tokenizer()
+LONG = {"p1", "p4", "p6", "p9", "p13"}  # prompts whose samples run to the cap (the "tail")
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return build_preset("tiny", TOK, seed=seed, max_position_embeddings=96)
+
+
+def _prompts(k=16):
+    return [Prompt(id=f"p{i}", text=f"{i}+{i}=", meta={"task": "t", "answer": str(2 * i)}) for i in range(k)]
+
+
+def _engine(model, seed=0):
+    eng = RolloutEngine(model, eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id, seed=seed)
+    # Length oracle: samples of LONG prompts run 40 tokens, the others 2 (random-init policy, cap-bound).
+    eng._length_cap = lambda sid: 40 if sid.split("@")[0] in LONG else 2
+    return eng
+
+
+class InlineRewards:
+    """The dispatcher's streaming surface (submit / poll / results), scored in-process."""
+
+    def __init__(self):
+        self.ready, self.submitted = [], 0
+
+    def submit(self, s):
+        s.reward = float(int(s.id.rsplit("#", 1)[1]) % 2)
+        self.submitted += 1
+        self.ready.append(s)
+
+    def poll(self):
+        out, self.ready = self.ready, []
+        return out
+
+    def results(self):
+        yield from self.poll()
+
+
+def _tail(stream, **kw):
+    args = dict(prompts=4, n=4, max_new_tokens=40, context=96, overprovision=1.5, extra_samples=2)
+    args.update(kw)
+    return TailScheduler(stream, TOK, **args)
+
+
+def _pid(request_id):
+    return request_id.split("@")[0]
+
+
+def test_short_round_stops_at_P_complete_prompts_and_defers_the_rest():
+    eng, groups = _engine(_model()), []
+    sched = _tail(PromptStream(_prompts(), seed=0))
+    rnd = sched.next_round(eng, InlineRewards(), 0, groups.append)
+    taken = [_pid(q.id) for q in rnd.requests]
+    assert rnd.kind == "short" and len(taken) == 6  # ceil(4 x 1.5)
+    assert all(q.n == 6 for q in rnd.requests)  # n + extra_samples
+    assert len(groups) == 4 and all(len(g) == 4 for g in groups)  # P complete prompts, n samples each
+    assert [s for g in groups for s in g] == rnd.samples
+    trained = {_pid(s.request_id) for s in rnd.samples}
+    deferred = {p.id for p in rnd.deferred}
+    assert trained | deferred == set(taken) and not trained & deferred
+    assert deferred <= LONG and trained.isdisjoint(LONG)  # the long prompts were the ones cut
+    assert [p.id for p in sched.queue] == [p.id for p in rnd.deferred]
+    assert all(s.finish_reason != "abort" and len(s.completion_ids) == 2 for s in rnd.samples)
+    assert rnd.wasted_tokens > 0 and eng.num_active == 0 and eng.num_queued == 0  # nothing left behind
+
+
+def test_deferred_prompts_train_in_a_long_round_and_no_prompt_is_lost_or_trained_twice():
+    eng, stream = _engine(_model()), PromptStream(_prompts(), seed=0)
+    sched = _tail(stream, prompts=2, overprovision=2.0)
+    handed_out, trained, kinds, long_samples = [], Counter(), [], []
+    for step in range(8):
+        before = list(sched.queue)
+        rnd = sched.next_round(eng, InlineRewards(), step, lambda g: None)
+        kinds.append(rnd.kind)
+        if rnd.kind == "short":
+            handed_out += [_pid(q.id) for q in rnd.requests]
+        else:  # a long round runs the queue's first P prompts, n samples each, to full length
+            assert [_pid(q.id) for q in rnd.requests] == [p.id for p in before[:2]]
+            assert all(q.n == 4 for q in rnd.requests) and not rnd.deferred
+            long_samples += rnd.samples
+        trained.update({_pid(s.request_id) for s in rnd.samples})
+    assert "long" in kinds and "short" in kinds
+    assert long_samples and max(len(s.completion_ids) for s in long_samples) == 40  # run to full length
+    assert all(s.finish_reason != "abort" for s in long_samples)
+    assert {_pid(s.request_id) for s in long_samples} & LONG
+    # Ledger: every prompt handed out is trained exactly once or still queued, never both.
+    queued = Counter(p.id for p in sched.queue)
+    assert Counter(handed_out) == trained + queued
+    assert max(trained.values()) == 1 and not set(trained) & set(queued)
+    assert sched.trained["long"] == len(long_samples)
+
+
+def test_plain_round_runs_every_prompt_to_the_end():
+    eng, groups = _engine(_model()), []
+    rnd = PlainScheduler(PromptStream(_prompts(), seed=0), TOK, prompts=4, n=3, max_new_tokens=40,
+                         context=96).next_round(eng, InlineRewards(), 0, groups.append)
+    assert rnd.kind == "plain" and len(groups) == 4 and not rnd.deferred and rnd.wasted_tokens == 0
+    assert rnd.decode_steps == 40  # the round lasts as long as its longest sample
+    long = [s for s in rnd.samples if _pid(s.request_id) in LONG]
+    assert long and max(len(s.completion_ids) for s in long) == 40
+    assert rnd.bubble == pytest.approx(bubble([len(s.completion_ids) for s in rnd.samples], 12))
+
+
+def test_bubble():
+    assert bubble([10, 10, 10], 3) == 0.0
+    assert bubble([10, 1, 1], 3) == pytest.approx(1 - 12 / 30)
+    assert bubble([4, 4, 4, 4], 2) == 0.0  # more samples than slots: full slots, no idle
+    assert bubble([], 4) == 0.0
+
+
+def test_is_long_round():
+    assert is_long_round(4, 4, 0, 0) and not is_long_round(3, 4, 0, 0)
+    assert is_long_round(1, 4, 2, 3) and not is_long_round(1, 4, 1, 3) and not is_long_round(0, 4, 2, 3)
+
+
+def test_queue_survives_checkpoint_and_resume():
+    def run(split_at=None):
+        eng, stream = _engine(_model()), PromptStream(_prompts(), seed=0)
+        sched = _tail(stream, prompts=2, overprovision=2.0)
+        seen = []
+        for step in range(6):
+            if step == split_at:  # checkpoint: the stream cursor + the scheduler state, through JSON
+                saved = json.loads(json.dumps({"cursor": stream.state(), "tail": sched.state()}))
+                stream = PromptStream(_prompts(), seed=0)
+                stream.restore(saved["cursor"])
+                sched = _tail(stream, prompts=2, overprovision=2.0)
+                sched.restore(saved["tail"])
+            rnd = sched.next_round(eng, InlineRewards(), step, lambda g: None)
+            seen.append((rnd.kind, sorted({_pid(s.request_id) for s in rnd.samples}), [p.id for p in sched.queue]))
+        return seen
+
+    straight, resumed = run(), run(split_at=3)
+    assert straight == resumed
+    assert any(q for _, _, q in straight[:3])  # the checkpoint did carry a non-empty queue
+
+
+def _samples(n_groups=3, per=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n_groups):
+        prompt = torch.randint(4, len(TOK), (3 + i,), generator=g).tolist()
+        for k in range(per):
+            comp = torch.randint(4, len(TOK), (1 + (3 * k + i) % 7,), generator=g).tolist()
+            out.append(Sample(id=f"r{i}#{k}", request_id=f"r{i}", prompt_ids=prompt, completion_ids=comp,
+                              logprobs=(-torch.rand(len(comp), generator=g) * 3).tolist(),
+                              versions=[0] * len(comp), finish_reason="stop",
+                              advantage=float(torch.randn((), generator=g))))
+    return out
+
+
+@pytest.mark.parametrize("agg, min_tokens", [("token-mean", 1), ("seq-mean", 1), ("token-mean", 40)])
+def test_streaming_trainer_equals_one_step(agg, min_tokens):
+    samples = _samples()
+    kw = dict(lr=1e-2, loss_agg=agg, clip_low=0.2, clip_high=0.28, tis_cap=1.5, max_grad_norm=0.1)
+    a, b = _model(1), _model(1)
+    ta, tb = Trainer(a, micro_batch_tokens=64, **kw), Trainer(b, micro_batch_tokens=24, **kw)
+    for t in (ta, tb):  # SGD: the update is the clipped gradient itself (Adam's first step is ~sign(g))
+        t.optimizer = torch.optim.SGD(t.params, lr=1.0)
+    ma = ta.step(samples)
+    stream = StreamingStep(tb, min_tokens=min_tokens)  # 1: every group its own backward; 40: groups buffered
+    for i in (2, 0, 1):  # groups arrive in completion order, not request order
+        stream.add([s for s in samples if s.request_id == f"r{i}"])
+    mb = stream.finish()
+    assert ma["grad_norm"] > 0.1  # clipping is active: the scale must be right before the clip
+    assert mb["grad_norm"] == pytest.approx(ma["grad_norm"], rel=1e-5)
+    for key in ("loss", "pg_loss", "clip_frac", "entropy", "tokens", "logprob_diff"):
+        assert mb[key] == pytest.approx(ma[key], rel=1e-5, abs=1e-7), key
+    moved = 0.0
+    for (name, pa), pb, p0 in zip(a.named_parameters(), b.parameters(), _model(1).parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6, rtol=1e-5), name
+        moved = max(moved, float((pa - p0).detach().abs().max()))
+    assert moved > 1e-4  # the step did something
+
+
+def test_adaptive_timeout_function_and_anchor():
+    assert adaptive_timeout(0.5, 3.0, None, 10.0) == 10.0  # no anchor yet: T_max
+    assert adaptive_timeout(0.5, 3.0, 0.01, 10.0) == 0.5  # floor
+    assert adaptive_timeout(0.5, 3.0, 1.0, 10.0) == 3.0
+    assert adaptive_timeout(0.5, 3.0, 5.0, 10.0) == 10.0  # ceiling
+    t = AnchorTimeout(0.5, 2.0, 10.0, window=3)
+    for x in (1.0, 9.0, 2.0, 3.0):  # window keeps the last 3: median(9, 2, 3) = 3
+        t.observe({"task": "a"}, x)
+    t.observe({"task": "b"}, 0.1)
+    assert t.anchor("a") == 3.0 and t.timeout({"task": "a"}) == 6.0
+    assert t.timeout({"task": "b"}) == 0.5 and t.timeout({"task": "c"}) == 10.0
+    with pytest.raises(ValueError):
+        AnchorTimeout(2.0, 1.0, 1.0)
+
+
+def test_dispatcher_cuts_a_call_far_slower_than_the_task_anchor():
+    hook = str(Path(__file__).with_name("verifiers_for_tests.py")) + ":hang"
+    policy = AnchorTimeout(t_min=0.3, lam=3.0, t_max=60.0)
+    with RewardDispatcher(hook, num_workers=1, timeout_s=60.0, decode=lambda ids: "x", timeout_policy=policy) as rw:
+        fast = [Sample(id=f"f#{k}", request_id="f", prompt_ids=[1], completion_ids=[5], logprobs=[0.0], versions=[0],
+                       finish_reason="stop", meta={"task": "t", "hang": False}) for k in range(4)]
+        rw.score(fast)
+        assert all(s.reward == 1.0 and s.reward_flag is None for s in fast)
+        assert policy.anchor("t") is not None and policy.timeout({"task": "t"}) < 60.0
+        slow = Sample(id="s#0", request_id="s", prompt_ids=[1], completion_ids=[5], logprobs=[0.0], versions=[0],
+                      finish_reason="stop", meta={"task": "t", "hang": True})  # sleeps 100 s
+        rw.submit(slow)
+        (out,) = list(rw.results())
+    assert out is slow and slow.reward_flag == "timeout" and slow.reward == 0.0
+
+
+def test_countdown_task_is_long_tailed_with_a_held_out_split():
+    train = load_task("countdown", "train", 2000, 0)
+    held = load_task("countdown", "eval", 50, 0)
+    assert not {p.text for p in train} & {p.text for p in held}
+    lengths = sorted(len(TOK(p.demo)["input_ids"]) for p in train)
+    p50, p99 = lengths[len(lengths) // 2], lengths[int(0.99 * (len(lengths) - 1))]
+    assert p99 >= 4 * p50
+    from rollyard.reward.verifiers import countdown
+    p = train[0]
+    assert countdown(p.demo, p.text, p.meta) == 1.0 and countdown(p.demo + " 1", p.text, p.meta) == 0.0
+
+
+@pytest.mark.parametrize("override, words", [
+    ("tail.overprovision=0.9", ["tail.overprovision", ">= 1", "0.9", "tail.overprovision=1.25"]),
+    ("tail.extra_samples=-1", ["tail.extra_samples", ">= 0", "-1", "tail.extra_samples=2"]),
+    ("rollout.samples_per_prompt=1", ["rollout.scheduler=tail", "samples_per_prompt >= 2", "got 1"]),
+])
+def test_bad_tail_input_exit_2(override, words, capsys):
+    assert main(["train", "rollout.scheduler=tail", override, "progress=false"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(w in err for w in words), err
+
+
+TINY = ["model.context=64", "data.task=countdown", "data.train_size=64", "data.eval_size=4", "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=3", "rollout.max_new_tokens=12", "sft.auto=false", "progress=false",
+        "reward.num_workers=1", "rollout.scheduler=tail", "tail.overprovision=2.0", "tail.extra_samples=1"]
+
+
+@pytest.mark.slow
+def test_colocated_tail_run_resumes_with_its_queue(tmp_path):
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    assert main(["train", *TINY, "steps=4", f"out_dir={straight}", "checkpoint_every=2"]) == 0
+    assert main(["train", *TINY, "steps=2", f"out_dir={split}", "checkpoint_every=2"]) == 0
+    assert main(["train", "--resume", str(split), "steps=4"]) == 0
+    keys = ("tail/long_round", "tail/deferred", "tail/queue", "tail/long_share", "reward/mean", "tokens/generated")
+    a = [tuple(r[k] for k in keys) for r in rundir.read_jsonl(straight / rundir.METRICS)]
+    b = [tuple(r[k] for k in keys) for r in rundir.read_jsonl(split / rundir.METRICS)]
+    assert a == b and len(a) == 4
+    rows = list(rundir.read_jsonl(straight / rundir.METRICS))
+    assert all(0.0 <= r["tail/bubble"] < 1.0 and r["train/tokens"] > 0 for r in rows)
+    ckpt = json.loads((split / rundir.CHECKPOINTS / "step_000002" / "state.json").read_text())
+    assert "queue" in ckpt["extra"]["tail"]
