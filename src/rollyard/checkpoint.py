@@ -3,14 +3,21 @@
 A checkpoint is written into ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` only when every
 file is on disk, so a crash mid-write leaves the previous checkpoint as the latest valid one (a
 ``.tmp`` directory is never read and is cleaned up by the next save).
+
+Every checkpoint carries ``manifest.json`` (size and SHA-256 of each file), written last. On
+resume :func:`latest` checks the newest checkpoint against it; a corrupt or incomplete one (a
+truncated model, optimizer or state file, a missing manifest) is reported and the previous valid
+checkpoint is used instead.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import shutil
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +25,14 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from rollyard.config import ConfigError
 from rollyard.telemetry import rundir
 
 STATE = "state.json"
 MODEL = "model.safetensors"
 OPTIM = "optimizer.pt"
 RNG = "rng.pt"
+MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -64,6 +73,7 @@ def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2
     torch.save(optimizer.state_dict(), tmp / OPTIM)
     torch.save({**_rng_state(), "extra": extra_rng or {}}, tmp / RNG)
     (tmp / STATE).write_text(json.dumps(asdict(state), indent=1))
+    (tmp / MANIFEST).write_text(json.dumps({f.name: _fingerprint(f) for f in sorted(tmp.iterdir())}, indent=1))
     for f in tmp.iterdir():  # make the files durable before the rename publishes them
         with open(f, "rb") as fh:
             os.fsync(fh.fileno())
@@ -74,14 +84,51 @@ def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2
     return final
 
 
-def latest(run_dir: str | Path) -> Path | None:
-    """Newest complete checkpoint directory, or None."""
+def _fingerprint(path: Path) -> dict:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def verify(path: str | Path) -> str | None:
+    """None when checkpoint ``path`` matches its manifest; otherwise what is wrong with it."""
+    p = Path(path)
+    try:
+        manifest = json.loads((p / MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"{MANIFEST} is missing (the checkpoint is incomplete)"
+    except (OSError, ValueError) as e:
+        return f"{MANIFEST} is unreadable ({e})"
+    for name in (STATE, MODEL, OPTIM, RNG):
+        if name not in manifest:
+            return f"{MANIFEST} does not list {name}"
+    for name, want in manifest.items():
+        f = p / name
+        if not f.is_file():
+            return f"{name} is missing"
+        size = f.stat().st_size
+        if size != want.get("bytes"):
+            return f"{name} has {size} bytes, the manifest says {want.get('bytes')} (truncated or overwritten)"
+        if _fingerprint(f)["sha256"] != want.get("sha256"):
+            return f"{name} does not match its SHA-256 in the manifest (corrupt)"
+    return None
+
+
+def latest(run_dir: str | Path, log=None) -> Path | None:
+    """Newest checkpoint that matches its manifest, or None; each newer, invalid one is reported."""
     root = Path(run_dir) / rundir.CHECKPOINTS
     if not root.is_dir():
         return None
-    done = sorted(p for p in root.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp")
-                  and (p / STATE).exists())
-    return done[-1] if done else None
+    done = sorted(p for p in root.iterdir() if p.name.startswith("step_") and not p.name.endswith(".tmp"))
+    for p in reversed(done):
+        problem = verify(p)
+        if problem is None:
+            return p
+        msg = f"checkpoint {p} is not usable: {problem}; falling back to the previous checkpoint"
+        (log or (lambda m: print(m, file=sys.stderr)))(msg)
+    return None
 
 
 def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
@@ -89,10 +136,16 @@ def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
     p = Path(path)
     state = TrainState(**json.loads((p / STATE).read_text()))
     tensors = load_file(str(p / MODEL))
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+    except RuntimeError as e:  # shapes differ: the run's model settings were overridden
+        first = next((ln.strip() for ln in str(e).splitlines() if "size mismatch" in ln), str(e).splitlines()[0])
+        raise ConfigError(f"checkpoint {p} does not match the model ({first}); resume with the run's own model "
+                          f"settings (drop model.* overrides)") from None
     missing = [k for k in missing if k not in getattr(model, "_tied_weights_keys", {}) and "lm_head" not in k]
     if missing or unexpected:
-        raise ValueError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise ConfigError(f"checkpoint {p} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}; "
+                          f"resume with the run's own model settings (drop model.* overrides)")
     if "lm_head.weight" not in tensors and hasattr(model, "tie_weights"):
         model.tie_weights()
     optimizer.load_state_dict(torch.load(p / OPTIM, weights_only=False))

@@ -2,6 +2,9 @@
 
 Bad input (an unknown config key, a dataset line that does not parse, a reward hook that does not
 import, a run directory that is not one) prints one clear message and exits with code 2.
+A run that fails on its own (diverging numerics) prints one line and exits 1; SIGINT / SIGTERM
+finish the step, checkpoint and exit 130 / 143 (see ``rollyard.signals``); resuming a finished run
+says so and exits 0.
 """
 
 from __future__ import annotations
@@ -40,13 +43,15 @@ def _train_parser(name: str) -> argparse.ArgumentParser:
 def cmd_train(argv: list[str]) -> int:
     from rollyard import api
     from rollyard.config import ConfigError
+    from rollyard.signals import graceful
 
     p = _train_parser("train")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
     args = p.parse_args(argv)
     if args.resume and args.config:
         raise ConfigError("--resume uses the run's saved config; pass overrides, not --config")
-    api.train(args.config, overrides=args.overrides, resume=args.resume)
+    with graceful():
+        api.train(args.config, overrides=args.overrides, resume=args.resume)
     return 0
 
 
@@ -104,11 +109,23 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in commands:
         print(f"rollyard: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    from rollyard.runguard import RunFinished
+    from rollyard.signals import Stopped
+    from rollyard.trainer.numerics import NumericalError
     try:
         return commands[cmd](rest)
     except _bad_input_errors() as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 2
+    except RunFinished as e:
+        print(f"rollyard {cmd}: {e}", file=sys.stderr)
+        return 0
+    except Stopped as e:
+        print(f"rollyard {cmd}: {e}; resume with --resume", file=sys.stderr)
+        return e.exit_code
+    except NumericalError as e:
+        print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"rollyard {cmd}: interrupted; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)
         return 130

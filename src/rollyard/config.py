@@ -90,6 +90,10 @@ class RewardConfig(Section):
     hook: str | None = Field(None, description="reward function as module:function or path/file.py:function: fn(completion, prompt, meta) -> float, TRL's fn(prompts, completions, **columns) or verl's compute_score(...); none: the task's verifier")
     num_workers: int = Field(2, ge=1, le=256, description="verifier worker processes")
     timeout_s: float = Field(5.0, gt=0.0, description="per-call verifier timeout; a timeout scores 0 and is flagged")
+    on_failure: Literal["skip", "zero"] = Field("skip", description="samples whose verifier failed (timeout, error): left out of the loss (skip) or trained on as reward 0 (zero)")
+    max_failure_frac: float = Field(0.5, ge=0.0, le=1.0, description="alarm (printed, alarm/reward_failures in metrics) when more than this fraction of a step's reward calls fail")
+    memory_mb: int = Field(4096, ge=0, description="address-space limit of each verifier worker in MB (exceeding it fails the call); 0: no limit")
+    cpu_s: float = Field(30.0, ge=0.0, description="CPU seconds one verifier call may use (past it the worker is killed and the call flagged); 0: no limit")
     hooks: list[str] = Field(default_factory=list, description="several reward functions (module:function or file.py:function), in any accepted form; the reward is their weighted sum")
     weights: list[float] = Field(default_factory=list, description="one weight per entry of `hooks`; empty: all 1.0")
 
@@ -118,6 +122,7 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(1024, ge=16, description="tokens per packed micro-batch (gradient accumulation beyond)")
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")
+    max_skipped_steps: int = Field(3, ge=1, le=1000, description="consecutive optimizer steps with a non-finite loss or gradient (each skipped and counted in train/skipped_steps) before the run stops with an error")
 
 
 class SyncConfig(Section):
@@ -250,6 +255,10 @@ def read_file(path: str | Path) -> dict:
             raise ConfigError(f"config file {p}: expected a .toml, .yaml or .yml file, got {p.suffix!r}")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
         raise ConfigError(f"config file {p} does not parse: {e}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {p} is a directory; pass a .toml or .yaml file to --config") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {p} must hold a mapping of sections, got {type(data).__name__}")
     return data

@@ -14,7 +14,9 @@ import string
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+
+from rollyard.config import ConfigError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -72,17 +74,46 @@ def load_policy(name_or_path: str, seed: int = 0, max_position_embeddings: int =
     """Return ``(model, tokenizer)`` for a preset name or a local HF model directory."""
     path = Path(name_or_path)
     if path.is_dir():
-        if not (path / "config.json").exists():
-            raise FileNotFoundError(
-                f"{path} is not a Hugging Face model directory: config.json is missing. "
-                f"Point model.name at a directory written by save_pretrained, or use a preset "
-                f"({sorted(PRESETS)})."
-            )
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        check_causal_lm_dir(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"model.name={path}: the model directory does not load ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0][:200]}); point it at a directory written by save_pretrained") from None
+        tied = set(getattr(model, "_tied_weights_keys", None) or ())
+        missing = [k for k in info.get("missing_keys", ()) if k not in tied and not (
+            "lm_head" in k and getattr(model.config, "tie_word_embeddings", False))]
+        if missing:
+            raise ConfigError(f"model.name={path}: {len(missing)} weights are not in the directory (e.g. {missing[0]}); "
+                              f"they would train from a random init. Save the whole causal LM with save_pretrained")
         return model, tokenizer
+    if path.exists():
+        raise ConfigError(f"model.name={path} is a file; expected a Hugging Face model directory (with config.json) "
+                          f"or a preset ({', '.join(sorted(PRESETS))})")
+    if name_or_path not in PRESETS:
+        raise ConfigError(f"model.name={name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an "
+                          f"existing directory (relative to {Path.cwd()}); fix the path or use model.name=tiny")
     tokenizer = char_tokenizer()
     return build_preset(name_or_path, tokenizer, seed, max_position_embeddings), tokenizer
+
+
+def check_causal_lm_dir(path: Path) -> None:
+    """ConfigError unless ``path/config.json`` parses and names a causal (decoder-only) LM."""
+    if not (path / "config.json").exists():
+        raise ConfigError(f"model.name={path} is not a Hugging Face model directory: config.json is missing; point "
+                          f"it at a directory written by save_pretrained, or use a preset ({', '.join(sorted(PRESETS))})")
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:
+        raise ConfigError(f"model.name={path}: config.json does not load ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}); fix or re-save the model directory") from None
+    archs = list(getattr(cfg, "architectures", None) or [])
+    causal = [a for a in archs if a.endswith(("ForCausalLM", "LMHeadModel"))]
+    if getattr(cfg, "is_encoder_decoder", False) or (archs and not causal):
+        raise ConfigError(f"model.name={path} is not a causal language model: config.json names "
+                          f"{', '.join(archs) or cfg.model_type} (expected *ForCausalLM); RL here needs a decoder-only "
+                          f"LM with its language-model head")
 
 
 def context_length(model) -> int:

@@ -8,23 +8,34 @@ from __future__ import annotations
 
 import torch
 
-from rollyard.config import RunConfig
+from rollyard.config import ConfigError, RunConfig
 from rollyard.models import context_length, eos_ids, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.tasks import builtin_verifier, chat, load_task
-from rollyard.tasks.base import HookError, Prompt
+from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 from rollyard.trainer.trainer import Trainer
 
 
 def device_of(cfg: RunConfig) -> str:
-    if cfg.trainer.device == "auto":
+    dev = cfg.trainer.device
+    if dev == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("trainer.device=cuda but no CUDA device is visible; set trainer.device=cpu or auto")
-    return cfg.trainer.device
+    try:
+        kind = torch.device(dev).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"trainer.device={dev!r} is not a device rollyard trains on: expected auto, cpu, cuda "
+                          f"or cuda:N; set trainer.device=auto")
+    if kind == "cuda":
+        index = torch.device(dev).index or 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise ConfigError(f"trainer.device={dev} but {torch.cuda.device_count()} CUDA devices are visible; "
+                              f"set trainer.device=cpu or auto")
+    return dev
 
 
 def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Prompt], list[Prompt]]:
@@ -33,13 +44,27 @@ def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Pro
     d = cfg.data
     if d.path:
         train = load_prompts(d.path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter)
+        if not train:
+            first = deadletter[0].get("reason", "?") if deadletter else "the file holds no prompts"
+            raise DataError(f"{d.path}: no usable prompt ({len(deadletter)} lines dead-lettered; first: {first}); "
+                            f"fix the file or data.fields")
         held = load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter) if d.eval_path else []
         if not held and d.task:
-            held = load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options)
+            held = _task_prompts(cfg, "eval", d.eval_size)
         chat.render(train + held, tokenizer, d.chat_template)
         return train, held
-    return (load_task(d.task, "train", d.train_size, d.seed, **d.task_options),
-            load_task(d.task, "eval", d.eval_size, d.seed, **d.task_options))
+    return _task_prompts(cfg, "train", d.train_size), _task_prompts(cfg, "eval", d.eval_size)
+
+
+def _task_prompts(cfg: RunConfig, split: str, n: int) -> list[Prompt]:
+    d = cfg.data
+    try:
+        return load_task(d.task, split, n, d.seed, **d.task_options)
+    except DataError:
+        raise
+    except (TypeError, ValueError) as e:  # a knob of the right name with a value the task cannot use
+        raise DataError(f"data.task_options={d.task_options} are not valid for task {d.task!r}: {e}; "
+                        f"see the task's options in its module docstring") from None
 
 
 def reward_hooks(cfg: RunConfig) -> list[str]:
@@ -57,7 +82,8 @@ def reward_hooks(cfg: RunConfig) -> list[str]:
 def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
-                            timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer))
+                            timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
+                            memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s)
 
 
 def policy(cfg: RunConfig, device: str):
@@ -77,4 +103,4 @@ def trainer(cfg: RunConfig, model, device: str) -> Trainer:
     return Trainer(model, lr=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
                    micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature or 1.0,
                    logprob_chunk=t.logprob_chunk, loss_agg=a.loss_agg, clip_low=a.clip_low, clip_high=a.clip_high,
-                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device)
+                   kl_coef=a.kl_coef, tis_cap=a.tis_cap, device=device, max_skipped_steps=t.max_skipped_steps)

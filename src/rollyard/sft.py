@@ -31,12 +31,14 @@ def cache_key(cfg: RunConfig) -> str:
 
 
 def demos(prompts: list[Prompt], tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, completion ids + EOS) per prompt with a ``demo``, or else a string ``meta["answer"]``."""
     out = []
     for p in prompts:
-        if p.demo is None:
+        demo = p.demo if p.demo is not None else (p.meta or {}).get("answer")
+        if not isinstance(demo, str) or not demo:
             continue
         ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]  # as to_requests
-        out.append((ids, tokenizer(p.demo, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
+        out.append((ids, tokenizer(demo, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
     return out
 
 
@@ -46,8 +48,9 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
     s = cfg.sft
     pairs = demos(train, tokenizer)
     if not pairs:
-        raise ConfigError("sft.auto=true warm-starts a preset on demonstrations, but no prompt has one (map a "
-                          "column with data.fields={demo: <column>}); set sft.auto=false or model.name=<a local model>")
+        raise ConfigError("sft.auto=true warm-starts a preset on demonstrations, but no prompt has one nor a string "
+                          "`answer` (map a column with data.fields={demo: <column>}); set sft.auto=false or "
+                          "model.name=<a local model>")
     trainer = Trainer(model, lr=s.lr, max_grad_norm=1.0, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                       logprob_chunk=cfg.trainer.logprob_chunk, device=device)
     g = torch.Generator().manual_seed(cfg.seed)
@@ -68,6 +71,10 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
 def warm_start(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards: RewardDispatcher, cfg: RunConfig,
                context: int, device: str, log: Callable[[str], None] = print):
     """Return a warm-started ``(model, info)``, from the cache when this exact setup was done before."""
+    if not demos(train, tokenizer):
+        log("warm start skipped: the prompts carry no `demo` and no string `answer` to learn from (set sft.auto=false "
+            "to silence this, or add a demo column with data.fields.demo=...); RL starts from the untrained preset")
+        return model, {"sft_skipped": "no demonstrations"}
     cache = Path(cfg.sft.cache_dir) / cache_key(cfg)
     if (cache / "config.json").exists():
         log(f"warm start: loading cached SFT model from {cache}")

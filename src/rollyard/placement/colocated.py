@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 
+from rollyard import signals
 from rollyard.algo.advantages import grpo_advantages
 from rollyard.config import RunConfig
 from rollyard.placement.run import RunContext, finish, start
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.rollout.scheduler import to_requests
-from rollyard.telemetry.report import StepProgress, fmt_accuracy
+from rollyard.telemetry.report import StepProgress
 from rollyard.types import Sample, WeightUpdate
 
 
@@ -37,34 +38,36 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
 
             with tel.span("reward", step):
                 samples, unscored = split_unscored(ctx.rewards.score(samples))
+                trained = ctx.settle_rewards(step, samples)  # failed verifier calls: counted, left out by default
             ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
             tel.traffic(step, "rewards", 4 * len(samples))
 
             if cfg.algo.kl_coef > 0:
                 with tel.span("reference", step):
-                    ref = trainer.logprobs(samples, model=ctx.reference)
-                    for s, lp in zip(samples, ref):
+                    ref = trainer.logprobs(trained, model=ctx.reference)
+                    for s, lp in zip(trained, ref):
                         s.ref_logprobs = lp.tolist()
-                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in samples))
+                tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
 
             with tel.span("algorithm", step):
-                assign_advantages(samples, cfg.algo.normalize_std)
+                assign_advantages(trained, cfg.algo.normalize_std)
 
             with tel.span("train", step):
-                train_metrics = trainer.step(samples)
+                train_metrics = trainer.step(trained)
 
             with tel.span("sync", step, mode="inprocess"):
-                ctx.state.version += 1
+                ctx.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
                 engine.load_weights(WeightUpdate(version=ctx.state.version, mode="inprocess"))
             tel.traffic(step, "weights", 0)
 
             ctx.state.step = step + 1
+            if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
+                ctx.eval_during(step)  # in this step's row, where the reward-hacking alarm compares it
             row = ctx.end_step(step, requests, samples, train_metrics)
             progress.update(row)
-            if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps:
+            if ctx.state.step % cfg.checkpoint_every == 0 or ctx.state.step == cfg.steps or signals.stop_requested():
                 ctx.save_checkpoint()
-            if cfg.eval_every and ctx.state.step % cfg.eval_every == 0 and ctx.state.step < cfg.steps:
-                ctx.log(f"step {ctx.state.step}: held-out greedy accuracy {fmt_accuracy(ctx.evaluate())}")
+            signals.raise_if_stopping(ctx.state.step)
     return finish(ctx)
 
 

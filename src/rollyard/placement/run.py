@@ -18,17 +18,18 @@ from typing import Any
 
 import torch
 
-from rollyard import checkpoint, roles
-from rollyard.config import ConfigError, RunConfig, dump_config
+from rollyard import checkpoint, roles, runguard
+from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
 from rollyard.models import PRESETS, export, num_params, source_dtype
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
+from rollyard.reward.failures import RewardFailures
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import PromptStream
 from rollyard.sft import warm_start
 from rollyard.tasks.base import Prompt
-from rollyard.telemetry import rundir
+from rollyard.telemetry import rundir, sessions
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records
@@ -55,6 +56,7 @@ class RunContext:
     started: float = field(default_factory=time.time)
     deadletters: int = 0
     flags: dict[str, int] = field(default_factory=lambda: {"timeouts": 0, "errors": 0})
+    reward_failures: RewardFailures | None = None
 
     def log(self, msg: str) -> None:
         console.print(msg)
@@ -66,6 +68,19 @@ class RunContext:
         if acc is not None:
             self.telemetry.evaluation(self.state.step, acc)
         return acc
+
+    def settle_rewards(self, step: int, samples: list[Sample]) -> list[Sample]:
+        """The samples to train on (failed verifier calls counted, recorded, left out by default)."""
+        trained, values = self.reward_failures.settle(step, samples)
+        self.telemetry.note(step, values)
+        return trained
+
+    def eval_during(self, step: int) -> None:
+        """Held-out eval after ``step``, also written into its metrics row (``eval/accuracy``)."""
+        acc = self.evaluate()
+        if acc is not None:
+            self.telemetry.note(step, {"eval/accuracy": acc})
+        self.log(f"step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
@@ -127,17 +142,7 @@ def _seed_everything(seed: int) -> None:
 def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
     """Set up every role; with ``resume``, ``cfg`` is the run's saved config (plus CLI overrides)."""
     run = Path(run_dir)
-    if resume:
-        ckpt = checkpoint.latest(run)
-        if ckpt is None:
-            raise ConfigError(f"cannot resume {run}: no complete checkpoint under {run / rundir.CHECKPOINTS}")
-    else:
-        if (run / rundir.METRICS).exists() and (run / rundir.METRICS).stat().st_size > 0:
-            raise ConfigError(f"run directory {run} already holds a run; pass --resume {run} to continue it, "
-                              f"or choose another out_dir")
-        ckpt = None
-    run.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run / rundir.CONFIG)
+    ckpt = runguard.open_run(cfg, run, resume, log=console.print)  # checks, lock, records cut to the checkpoint
     tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = roles.device_of(cfg)
@@ -165,12 +170,15 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool) -> RunContext:
         engine.generator.set_state(extra_rng["engine"])
     ctx = RunContext(cfg, run, model, tokenizer, context, device, engine, trainer, rewards, reference, stream,
                      held_out, Telemetry(run, tracking=tracking if tracking.active else None), state)
+    ctx.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
+    ctx.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     ctx.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps(run_info(cfg, model), indent=1))
     if state.eval_before is None:
         state.eval_before = ctx.evaluate()
         state.extra.update(sft_info)
         console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({len(held_out)} prompts)")
+    dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
     return ctx
 
 
@@ -196,7 +204,9 @@ def finish(ctx: RunContext) -> dict:
         "reward_flags": ctx.flags, **ctx.state.extra,
         "role_seconds_per_step": {r: s for r, s, _ in role_shares(ctx.telemetry.step_seconds)},
     }
+    summary.update(sessions.whole_run(ctx.run_dir))  # totals over every session of the run, not just this one
     (ctx.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     print_summary(ctx.telemetry.step_seconds, ctx.state.eval_before, after)
     console.print(f"run directory: {ctx.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
+    rundir.unlock(ctx.run_dir)
     return summary

@@ -14,8 +14,22 @@ Nothing a verifier does stops the run:
     worker started) is killed and replaced, so the pool keeps its size;
   - its worker dies (segfault, ``os._exit``): reward 0, ``reward_flag = "error: worker died (...)"``,
     and a replacement starts;
-  - it returns something that is not a finite number: reward 0, an ``error: TypeError/ValueError`` flag.
+  - it returns something that is not a finite number (in float32, the dtype advantages are computed
+    in: 1e39 is not): reward 0, an ``error: TypeError/ValueError`` flag;
+  - it times out on the first ``max(num_workers, 2)`` calls of a batch (at least two different
+    prompts) without answering any: the batch's remaining queued samples are flagged ``timeout`` without
+    running, so a hook that hangs on everything costs about one timeout per step, not one per
+    sample (``score`` interleaves the prompts' samples so the first calls in flight are of different
+    prompts); a hook that answers some calls (hangs on some inputs only) never trips this. The next
+    batch tries again.
 ``stats`` counts them (``scored``, ``timeouts``, ``errors``, ``worker_restarts``).
+
+Isolation (see :func:`rollyard.reward.worker.isolate`): each worker runs in its own session, in a
+temporary working directory (removed by ``close``), with an address-space limit of ``memory_mb`` and
+a CPU-time limit of ``cpu_s`` per call (past the memory limit the call fails with MemoryError; past
+the CPU limit the worker is killed and the call flagged ``error: worker died (killed by SIGXCPU)``). Not isolated: the filesystem outside the working directory, the network,
+processes the hook starts (they are killed with the worker's process group, but their CPU time is
+not limited), and the parent's import of the hook at start-up (it validates the path).
 
 Workers are started as ``python rollyard/reward/worker.py``: a fresh interpreter that imports the
 standard library and the hook's module only (not torch, not the parent's ``__main__``), so start
@@ -28,10 +42,12 @@ from __future__ import annotations
 import os
 import pickle
 import select
+import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -137,6 +153,31 @@ def _kill_all(procs: set) -> None:
     procs.clear()
 
 
+def _finite_f32(x: float) -> bool:
+    """Finite and within float32 range (advantages are computed in float32)."""
+    return isinstance(x, (int, float)) and abs(float(x)) <= 3.4028234663852886e38
+
+
+def _within_f32(outcome: tuple) -> tuple:
+    """A scored ``(reward, flag, parts)`` whose reward is not finite in float32 becomes an error (reward 0)."""
+    reward, flag, parts = outcome
+    if flag is None and reward is not None and not _finite_f32(reward):
+        return 0.0, (f"error: ValueError: reward {reward!r} is not finite in float32 (|reward| must be "
+                     f"< 3.4e38)"), parts
+    return outcome
+
+
+def _interleave(samples: list) -> list:
+    """Round-robin over request ids: the first samples sent are of different prompts."""
+    groups: dict[Any, list] = {}
+    for s in samples:
+        groups.setdefault(getattr(s, "request_id", None), []).append(s)
+    out, lists = [], list(groups.values())
+    for i in range(max((len(g) for g in lists), default=0)):
+        out += [g[i] for g in lists if i < len(g)]
+    return out
+
+
 def _percentile(sorted_xs: list[float], q: float) -> float:
     if not sorted_xs:
         return 0.0
@@ -155,7 +196,8 @@ class RewardDispatcher:
 
     def __init__(self, hook: str | list[str], *, num_workers: int = 2, timeout_s: float = 5.0,
                  decode: Callable[[list[int]], str], eos_token_id: int | list[int] | None = None,
-                 start_timeout_s: float = 60.0, weights: list[float] | None = None):
+                 start_timeout_s: float = 60.0, weights: list[float] | None = None, memory_mb: int = 0,
+                 cpu_s: float = 0.0):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
@@ -172,6 +214,9 @@ class RewardDispatcher:
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.start_timeout_s = float(start_timeout_s)
+        self._workdir = tempfile.mkdtemp(prefix="rollyard-reward-")  # each worker gets a subdirectory
+        self._limits = {"memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
+        self._hung: list | None = []  # request ids of this batch's timeouts while no call answered; None: one did
         self._decode = decode
         self._eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         self.stats: dict[str, float] = {
@@ -193,6 +238,7 @@ class RewardDispatcher:
         self._start_times: list[float] = []
         self._procs: set[subprocess.Popen] = set()
         self._finalizer = weakref.finalize(self, _kill_all, self._procs)
+        weakref.finalize(self, shutil.rmtree, self._workdir, True)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -229,9 +275,10 @@ class RewardDispatcher:
         """Score ``samples`` and return them (the same objects, rewards set) in input order.
 
         With a TRL-form (batched) hook, each GRPO group (same ``request_id``) is one call, as TRL
-        calls its reward functions; otherwise each sample is its own call (its own timeout).
+        calls its reward functions; otherwise each sample is its own call (its own timeout), the
+        prompts' samples interleaved so that the first calls in flight are of different prompts.
         """
-        batches = _groups(samples) if "trl" in self.forms else [[s] for s in samples]
+        batches = _groups(samples) if "trl" in self.forms else [[s] for s in _interleave(samples)]
         seqs = [seq for batch in batches for seq in self._submit(batch)]
         with self._cond:
             for seq in seqs:
@@ -262,6 +309,7 @@ class RewardDispatcher:
             w.job = None
         self._shutdown_workers()
         self._close_wake()
+        shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> "RewardDispatcher":
         return self
@@ -276,6 +324,8 @@ class RewardDispatcher:
             raise RuntimeError("RewardDispatcher is closed")
         with self._cond:
             self._raise_if_crashed()
+            if self._outstanding == 0:
+                self._hung = []  # a new batch: a hook that hung on the last one gets tried again
             seqs = list(range(self._seq, self._seq + len(samples)))
             self._seq += len(samples)
             self._outstanding += len(samples)
@@ -341,6 +391,7 @@ class RewardDispatcher:
         """Settle every sample of ``job``: each with its own ``(reward, flag, parts)`` from ``outcomes``
         (a worker's reply), or all with ``reward`` and ``flag`` (a timeout, a dead worker, ...)."""
         outcomes = outcomes or [(reward, flag, [])] * len(job.samples)
+        outcomes = [_within_f32(o) for o in outcomes]
         with self._cond:
             for seq, sample, (r, f, parts) in zip(job.seqs, job.samples, outcomes):
                 sample.reward, sample.reward_flag, sample.reward_parts = None if r is None else float(r), f, parts
@@ -377,7 +428,9 @@ class RewardDispatcher:
                                 start_new_session=True, close_fds=True, bufsize=0)
         self._procs.add(proc)
         w = _Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
-        if not self._send(w, {"hooks": self._spec, "sys_path": list(sys.path)}):
+        init = {"hooks": self._spec, "sys_path": [p or os.getcwd() for p in sys.path], "workdir": self._workdir,
+                **self._limits}
+        if not self._send(w, init):
             w.start_deadline = t0  # died at once: the loop notices it on EOF
         return w
 
@@ -520,12 +573,28 @@ class RewardDispatcher:
                         job, w.job = w.job, None
                         self._replace(w)  # first, so stats and pool are settled when the caller sees the flag
                         self._finish(job, 0.0, "timeout", "timeout", latency=now - w.sent_at)
+                        if self._hung is not None:
+                            self._hung.append(getattr(job.samples[0], "request_id", job.seqs[0]) if job.samples else None)
+                        if self._hung and len(self._hung) >= max(self.num_workers, 2) and len(set(self._hung)) >= 2:
+                            self._give_up_batch()
                     elif w.state == "starting" and now >= w.start_deadline:
                         self._start_failed(w, f"no worker finished importing the hook within {self.start_timeout_s:.0f}s")
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiter instead of a silent hang
             with self._cond:
                 self._crash = e
                 self._cond.notify_all()
+
+    def _give_up_batch(self) -> None:
+        """Every worker timed out in a row: flag this batch's queued samples ``timeout`` without running them."""
+        with self._cond:
+            jobs = list(self._pending)
+            self._pending.clear()
+        if jobs:
+            print(f"rollyard: reward hook {self.hook!r} timed out on {len(self._hung)} calls in a row (every worker); "
+                  f"the {len(jobs)} samples still queued in this batch are flagged timeout without running",
+                  file=sys.stderr, flush=True)
+        for job in jobs:
+            self._finish(job, 0.0, "timeout", "timeout")
 
     def _assign(self) -> None:
         while True:
@@ -575,7 +644,7 @@ class RewardDispatcher:
             job = w.job
             if job is None or seq != job.seq:
                 continue  # a stale reply (cannot happen with one job in flight per worker)
-            w.job, w.state = None, "idle"
+            w.job, w.state, self._hung = None, "idle", None
             if status == "ok":  # value: per sample, one part per hook
                 self._finish(job, 0.0, None, None, latency=now - w.sent_at, verify_s=verify_s,
                              outcomes=[hooks.combine(parts, self.weights) for parts in value])

@@ -284,9 +284,9 @@ def load(path: str) -> tuple[Callable, tuple[str, str, str], str]:
                             f"reward.hook=path/to/{target.replace('.', '/')}.py:{attr}") from None
         raise HookError(f"reward hook {path!r}: importing {target} failed: {type(e).__name__}: {e}; "
                         f"install the missing package or fix the module's imports") from None
-    except (KeyboardInterrupt, SystemExit):
+    except KeyboardInterrupt:
         raise
-    except BaseException as e:  # noqa: BLE001 - any import-time failure of user code is bad input
+    except BaseException as e:  # noqa: BLE001 - any import-time failure of user code (sys.exit too) is bad input
         raise HookError(f"reward hook {path!r}: importing {target} raised {type(e).__name__}: {e}; "
                         f"fix the module so it imports cleanly") from None
     try:

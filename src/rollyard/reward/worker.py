@@ -13,7 +13,12 @@ Protocol on stdin/stdout, frames of a 4-byte big-endian length and a pickle:
                     ``(job_id, "ok", parts, seconds)``: per sample, one part per hook: ``("ok", float)``,
                     ``("none", None)`` (not scored) or ``("error", "ExcType: message")``
 EOF on stdin means exit. Anything the hook prints goes to stderr, never into the protocol.
-The worker also exits if its parent process goes away.
+The worker exits quietly (no traceback) when its parent goes away: a watcher thread notices within
+a second (not ``PR_SET_PDEATHSIG``: that fires when the spawning *thread* exits, and the dispatcher
+spawns replacements from its feeder thread), and a broken pipe ends it without a word.
+
+Before importing the hook, :func:`isolate` applies the init frame's limits: a private working
+directory, ``memory_mb`` (address space) and ``cpu_s`` (CPU seconds per call; 0 = no limit).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pickle
+import resource
 import struct
 import sys
 import threading
@@ -64,7 +70,35 @@ def _watch_parent(ppid: int) -> None:
             os._exit(0)
 
 
+def isolate(init: dict) -> None:
+    """Private working directory and resource limits for this worker (from the init frame)."""
+    workdir = init.get("workdir")
+    if workdir:
+        mine = os.path.join(workdir, f"worker-{os.getpid()}")
+        os.makedirs(mine, exist_ok=True)
+        os.chdir(mine)
+    memory_mb = int(init.get("memory_mb") or 0)
+    if memory_mb > 0:
+        limit = memory_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def limit_cpu(cpu_s: float) -> None:
+    """Let the next call use at most ``cpu_s`` more CPU seconds (SIGXCPU kills the worker past it)."""
+    if cpu_s > 0:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        soft = int(used.ru_utime + used.ru_stime + cpu_s) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+
+
 def main() -> None:
+    try:
+        _serve()
+    except (BrokenPipeError, KeyboardInterrupt):  # the parent went away or is stopping: leave quietly
+        os._exit(0)
+
+
+def _serve() -> None:
     proto_out = os.dup(1)
     os.dup2(2, 1)  # the hook's print() goes to stderr, not into the protocol
     stdin = sys.stdin.buffer
@@ -74,6 +108,7 @@ def main() -> None:
         return
     sys.path[:] = init["sys_path"]
     try:
+        isolate(init)
         hooks = _load_hooks_module()
         fns = [(form, hooks.get_attr(hooks.import_target(spec[0], spec[1]), spec[2])) for spec, form in init["hooks"]]
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -85,6 +120,7 @@ def main() -> None:
         if job is None:
             return
         job_id, items = job
+        limit_cpu(float(init.get("cpu_s") or 0.0))
         t0 = time.perf_counter()
         per_hook = [hooks.call_batch(form, fn, items) for form, fn in fns]
         parts = [list(p) for p in zip(*per_hook)] if per_hook else [[] for _ in items]

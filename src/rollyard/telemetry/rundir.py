@@ -16,6 +16,10 @@ RUN_DIR/
                      "prompt_lengths": [int, ...] (tokens per prompt; review prices the prompts edge from it)
   run.json           written at start: the facts `plan`/`review` need (RUN_INFO_KEYS)
   deadletter.jsonl   prompts and samples that were set aside, with their reason
+  summary.json       written at the end: eval accuracy before/after, role shares, totals (whole run,
+                     every session of it)
+  reward_errors.json per failure kind ("timeout", "error: ValueError", ...): count and first texts
+  run.lock           held (flock) by the process training in this directory
   summary.json       written at the end: eval accuracy before/after (null: no held-out set), role shares, totals
   eval.jsonl         one JSON object per held-out eval: {"step", "accuracy"} (step 0 = before RL)
   completions.jsonl  every log.completions_every steps, per sample: {"step", "id", "prompt", "completion",
@@ -29,8 +33,10 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -43,6 +49,8 @@ DEADLETTER = "deadletter.jsonl"
 SUMMARY = "summary.json"
 LENGTHS = "lengths.jsonl"
 RUN_INFO = "run.json"
+REWARD_ERRORS = "reward_errors.json"
+LOCK = "run.lock"
 EVAL = "eval.jsonl"
 COMPLETIONS = "completions.jsonl"
 PLOTS = "plots"
@@ -130,3 +138,76 @@ def require(run_dir: str | Path, *names: str) -> Path:
             f"(expected files: {', '.join(names)}); the run may have crashed before its first step"
         )
     return run
+
+
+# Files of per-step records ("step" field). On resume each is cut back to the checkpoint's step
+# before the resumed session appends, so no step is recorded twice.
+STEP_RECORDS = (METRICS, SPANS, TRAFFIC, LENGTHS, DEADLETTER, COMPLETIONS, EVAL)
+# eval.jsonl's "step" counts the optimizer steps done before the eval (0: before RL), so an eval
+# at the checkpoint's own step happened before the checkpoint and is kept.
+_UP_TO_STEP = (EVAL,)
+
+
+def truncate_records(run_dir: str | Path, step: int) -> dict[str, int]:
+    """Keep only records of steps ``< step`` (eval: ``<= step``) in every STEP_RECORDS file; return lines
+    dropped per file.
+
+    A torn line (a crash mid-write) is dropped wherever it is. Records without a step (start-up
+    dead letters) are dropped too: the resumed start writes them again. Each file is rewritten
+    atomically (tmp + rename), so a crash here leaves either the old or the new file.
+    """
+    dropped: dict[str, int] = {}
+    for name in STEP_RECORDS:
+        path = Path(run_dir) / name
+        if not path.exists():
+            continue
+        keep, lost = [], 0
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    lost += bool(line.strip())
+                    continue
+                last = step if name in _UP_TO_STEP else step - 1
+                if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] <= last:
+                    keep.append(json.dumps(rec) + "\n")
+                else:
+                    lost += 1
+        if lost:
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text("".join(keep))
+            os.replace(tmp, path)
+            dropped[name] = lost
+    return dropped
+
+
+_HELD: dict[str, int] = {}  # resolved run dir -> fd of its lock file, for the locks this process holds
+
+
+def lock(run_dir: str | Path) -> None:
+    """Take an exclusive ``flock`` on ``RUN_DIR/run.lock`` for this process (re-entrant within it).
+
+    The kernel drops the lock when the holder dies (kill -9 included), so a stale lock file never
+    blocks a resume; a second live process on the same directory gets a RunDirError.
+    """
+    key = str(Path(run_dir).resolve())
+    if key in _HELD:
+        return
+    fd = os.open(Path(run_dir) / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunDirError(f"run directory {run_dir} is in use by another rollyard process (pid {holder}); "
+                          f"wait for it to finish or stop it, or choose another out_dir") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _HELD[key] = fd
+
+
+def unlock(run_dir: str | Path) -> None:
+    fd = _HELD.pop(str(Path(run_dir).resolve()), None)
+    if fd is not None:
+        os.close(fd)

@@ -16,16 +16,21 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from rollyard.telemetry import rundir
+from rollyard.telemetry.alarms import Alarms
 
 
 class Telemetry:
     """``span(role, step)``, ``traffic(step, edge, nbytes)``, ``metrics(step, values)``."""
 
-    def __init__(self, run_dir: str | Path, worker: str = "driver", tracking=None):
+    def __init__(self, run_dir: str | Path, worker: str = "driver", tracking=None, alarms: Alarms | None = None):
         self.run_dir = Path(run_dir)
         self.tracking = tracking  # telemetry.tracking.Tracking (TensorBoard / W&B) or None
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.worker = worker
+        self.alarms = alarms or Alarms()
+        if (self.run_dir / rundir.METRICS).exists():  # a resumed run: the alarms keep their baseline
+            self.alarms.seed(rundir.read_jsonl(self.run_dir / rundir.METRICS))
+        self._noted: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()
         self._spans = open(self.run_dir / rundir.SPANS, "a")
         self._metrics = open(self.run_dir / rundir.METRICS, "a")
@@ -64,9 +69,16 @@ class Telemetry:
         self._lengths.write(json.dumps({"step": step, "response_lengths": list(response_lengths),
                                         "prompt_lengths": list(prompt_lengths)}) + "\n")
 
-    def end_step(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
-        """Write the step's ledger (every edge, zeros included) and metrics; return the metrics row."""
+    def note(self, step: int, values: dict[str, Any]) -> None:
+        """Add ``values`` to ``step``'s metrics row (written by ``end_step``)."""
         with self._lock:
+            self._noted.setdefault(step, {}).update(values)
+
+    def end_step(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
+        """Write the step's ledger (every edge, zeros included) and metrics, with the alarms' values;
+        return the metrics row."""
+        with self._lock:
+            values = {**self._noted.pop(step, {}), **values}
             pending = self._pending.pop(step, {})
             for edge in rundir.EDGES:
                 nbytes, count = pending.get(edge, [0, 0])
@@ -77,6 +89,7 @@ class Telemetry:
             for role, secs in self.step_seconds.get(step, {}).items():
                 row[rundir.TIME_KEY.format(role=role)] = secs
             row.update(values)
+            row.update(self.alarms.check(row))
             self._metrics.write(json.dumps(row, default=float) + "\n")
             for f in (self._spans, self._metrics, self._traffic_file, self._lengths):
                 f.flush()

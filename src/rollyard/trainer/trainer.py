@@ -24,6 +24,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
+from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.packing import MicroBatch, pack
 from rollyard.types import Sample
 
@@ -133,7 +134,8 @@ class Trainer:
 
     def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
-                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu"):
+                 clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
+                 max_skipped_steps=3):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
         if temperature <= 0:
@@ -149,6 +151,7 @@ class Trainer:
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef = kl_coef
         self.tis_cap = tis_cap
+        self.skips = SkipGuard(max_skipped_steps)  # non-finite loss/gradient: skip loudly, stop if it repeats
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
         # Fail over at start-up, not silently an hour in: if this model's attention does not turn
@@ -270,13 +273,15 @@ class Trainer:
             acc["packed_tokens"] += mb.num_tokens
         return acc
 
-    def _optimizer_step(self) -> float:
-        """Clip, step, zero. A non-finite gradient norm skips the update (and is reported)."""
+    def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
+        """Clip, step, zero; returns ``(grad_norm, skipped)``. A non-finite loss or gradient norm
+        skips the update (printed and counted by ``self.skips``, which raises if it repeats)."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        if torch.isfinite(grad_norm):
+        skipped = self.skips.check(loss, float(grad_norm))
+        if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return float(grad_norm), skipped
 
     def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
         """One optimizer step over all ``samples``; returns float metrics (see module docs).
@@ -290,11 +295,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         acc = self.accumulate_gradients(samples, old_logprobs)
         n = max(acc["tokens"], 1)
+        skipped = False
         if acc["tokens"] == 0:
             grad_norm = 0.0  # nothing to learn from; leave the weights (and Adam's moments) alone
             self.optimizer.zero_grad(set_to_none=True)
         else:
-            grad_norm = self._optimizer_step()
+            grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
         ratio = torch.cat(acc["log_ratio"]).exp() if acc["log_ratio"] else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         metrics = {
@@ -310,6 +316,7 @@ class Trainer:
             "tokens": float(acc["tokens"]),
             "packed_tokens": float(acc["packed_tokens"]),
             "micro_batches": float(acc["micro_batches"]),
+            "skipped": float(skipped), "skipped_steps": float(self.skips.total),
         }
         if acc["want_kl"]:
             metrics["kl"] = float(acc["kl_sum"]) / n
@@ -328,6 +335,6 @@ class Trainer:
             loss = -logp.sum() / max(num_tokens, 1)
             loss.backward()
             total += loss.detach()
-        grad_norm = self._optimizer_step() if num_tokens else 0.0
+        grad_norm = self._optimizer_step(float(total))[0] if num_tokens else 0.0
         return {"loss": float(total), "grad_norm": grad_norm, "tokens": float(num_tokens),
                 "micro_batches": float(len(mbs))}

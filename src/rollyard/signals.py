@@ -1,0 +1,65 @@
+"""SIGINT / SIGTERM during a run: finish the step in progress, checkpoint it, exit 130 / 143.
+
+``graceful()`` (entered by ``rollyard train``) installs the handlers. The first signal only sets a
+flag: the driver finishes the step it is in, writes a checkpoint (``stop_requested()`` makes the
+checkpoint condition true) and calls :func:`raise_if_stopping`, which raises :class:`Stopped`; the
+CLI prints one line and exits ``128 + signal``. A second signal abandons the step at once (the
+previous checkpoint stays the latest). Without ``graceful()`` (library use, tests calling the
+driver in-process) nothing changes: ``stop_requested()`` is always False.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_requested: list[int] = []  # signals received since graceful() was entered
+
+
+class Stopped(Exception):
+    """The run stopped on a signal; ``step`` is the step the latest checkpoint resumes at (None: unknown)."""
+
+    def __init__(self, signum: int, step: int | None, abandoned: bool = False):
+        self.signum, self.step, self.abandoned = signum, step, abandoned
+        name = signal.Signals(signum).name
+        where = ("the step in progress was abandoned; the latest checkpoint is intact" if abandoned
+                 else f"checkpoint written at step {step}")
+        super().__init__(f"stopped by {name}: {where}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _handler(signum, frame) -> None:
+    _requested.append(signum)
+    if len(_requested) == 1:
+        print(f"\nrollyard: {signal.Signals(signum).name} received: finishing this step and writing a "
+              f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+        return
+    raise Stopped(signum, None, abandoned=True)
+
+
+@contextmanager
+def graceful() -> Iterator[None]:
+    """Handle SIGINT and SIGTERM as described in the module docstring, for the ``with`` body."""
+    previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    _requested.clear()
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _requested.clear()
+
+
+def stop_requested() -> bool:
+    return bool(_requested)
+
+
+def raise_if_stopping(step: int) -> None:
+    """Called by a driver after a step's checkpoint: raise Stopped when a signal asked to stop."""
+    if _requested:
+        raise Stopped(_requested[0], step)

@@ -1,0 +1,167 @@
+"""Fault injection for tests/test_reliability.py: every fault the suite drives, by name, in one place.
+
+No core loop knows about these. Each fault enters through an interface a real failure would use:
+
+- ``verify_then(...)`` hooks: reward hooks (loaded by file path in the reward workers, like any
+  user hook) that score like the built-in arithmetic verifier and, at the Nth call of the run
+  (counted in a file, so it is exact with ``reward.num_workers=1``), inject a fault from outside
+  the trainer: ``kill_trainer`` sends SIGKILL to the training process (the worker's parent),
+  ``term_trainer`` SIGTERM, ``int_trainer`` SIGINT. Set ``ROLLYARD_FAULT_DIR`` and
+  ``ROLLYARD_FAULT_AT`` in the environment of the run; without them the hooks only score.
+- reward hooks that misbehave on every call: ``always_raise``, ``returns_none``, ``hangs``,
+  ``overflow_f32`` (1e39: finite in float64, infinite in float32), ``huge`` (1e308), ``exit_on_import``
+  is a separate file (``hook_exits_on_import.py``) because it fails at import.
+- ``kill_reward_worker()``: SIGKILL one live reward worker process of this process (found in /proc).
+- ``truncate(path)`` / ``corrupt(path)``: damage a checkpoint or record file on disk.
+- ``nan_in_training(dir)``: a model directory whose training forward is NaN (rollout unaffected).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from rollyard.reward.verifiers import arithmetic
+
+HERE = Path(__file__).resolve().parent
+HOOKS = str(HERE / "faults.py")
+
+
+# ------------------------------------------------------------------ faults at the Nth reward call
+def _nth_call() -> int | None:
+    """Count this call in $ROLLYARD_FAULT_DIR/calls; return the count, or None when no fault is armed."""
+    folder = os.environ.get("ROLLYARD_FAULT_DIR")
+    if not folder:
+        return None
+    fd = os.open(os.path.join(folder, "calls"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b".")
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _signal_parent_at(signum: int) -> None:
+    n = _nth_call()
+    if n is not None and n == int(os.environ["ROLLYARD_FAULT_AT"]):
+        os.kill(os.getppid(), signum)
+        if signum == signal.SIGKILL:
+            time.sleep(2)  # the worker goes with its parent; never answer this call
+
+
+def kill_trainer(completion, prompt, meta):
+    _signal_parent_at(signal.SIGKILL)
+    return arithmetic(completion, prompt, meta)
+
+
+def term_trainer(completion, prompt, meta):
+    _signal_parent_at(signal.SIGTERM)
+    return arithmetic(completion, prompt, meta)
+
+
+def int_trainer(completion, prompt, meta):
+    _signal_parent_at(signal.SIGINT)
+    return arithmetic(completion, prompt, meta)
+
+
+# ---------------------------------------------------------------- hooks that fail on every call
+def always_raise(completion, prompt, meta):
+    raise RuntimeError("verifier exploded")
+
+
+def returns_none(completion, prompt, meta):
+    return None
+
+
+def hangs(completion, prompt, meta):
+    time.sleep(60)
+    return 1.0
+
+
+def overflow_f32(completion, prompt, meta):
+    return 1e39 if len(completion) % 2 else 0.0
+
+
+def huge(completion, prompt, meta):
+    return 1e308
+
+
+def allocate_gb(completion, prompt, meta):
+    block = bytearray(1 << 30)  # past reward.memory_mb: MemoryError in the worker
+    return float(len(block) > 0)
+
+
+def spin(completion, prompt, meta):
+    while True:
+        pass
+
+
+def writes_cwd(completion, prompt, meta):
+    Path("scratch.txt").write_text("a hook's files land in its private working directory")
+    return 1.0 if Path.cwd().name.startswith("worker-") else 0.0
+
+
+# ------------------------------------------------------------------------ faults from outside
+def reward_worker_pids() -> list[int]:
+    """Live reward worker processes whose parent is this process (from /proc)."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == me and b"reward/worker.py" in cmd:
+            out.append(int(entry))
+    return out
+
+
+def kill_reward_worker(spare: set[int] = frozenset()) -> int:
+    """SIGKILL one reward worker of this process that is not in ``spare``; return its pid."""
+    pid = next(p for p in reward_worker_pids() if p not in spare)
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def truncate(path: str | Path, keep: float = 0.5) -> None:
+    """Cut ``path`` to ``keep`` of its size (a crash mid-write, a full disk)."""
+    p = Path(path)
+    with open(p, "r+b") as f:
+        f.truncate(int(p.stat().st_size * keep))
+
+
+def corrupt(path: str | Path, offset: int = 200) -> None:
+    """Flip bytes in the middle of ``path`` without changing its size (bit rot, a bad copy)."""
+    p = Path(path)
+    data = bytearray(p.read_bytes())
+    for i in range(offset, min(offset + 16, len(data))):
+        data[i] ^= 0xFF
+    p.write_bytes(bytes(data))
+
+
+def slow(completion, prompt, meta):
+    time.sleep(1.0)
+    return 1.0
+
+
+def nan_in_training(path: str | Path) -> Path:
+    """A tiny-preset model directory whose *training* forward is NaN and whose rollout is fine.
+
+    Its config.json sets ``final_logit_softcapping`` to NaN: the trainer applies that soft cap to
+    its logits (Gemma-2 style), the rollout engine and the Llama architecture do not. Every
+    optimizer step of a run on it sees a NaN loss.
+    """
+    from rollyard.models import build_preset, char_tokenizer, export
+
+    tok = char_tokenizer()
+    out = export(build_preset("tiny", tok, max_position_embeddings=48), tok, path)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["final_logit_softcapping"] = float("nan")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
