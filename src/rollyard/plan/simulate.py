@@ -193,7 +193,9 @@ def timeline_text(res: SimResult, width: int = 72) -> list[str]:
 
 def timeline_png(results: list[SimResult], path) -> None:
     """Draw each placement's timeline as horizontal bars (matplotlib, Agg backend)."""
-    import matplotlib
+    from rollyard.config import require_package
+
+    matplotlib = require_package("matplotlib", "plots", "the plan's timeline.png (rollyard plan --out)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
