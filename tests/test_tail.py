@@ -272,3 +272,15 @@ def test_colocated_tail_run_resumes_with_its_queue(tmp_path):
     assert all(0.0 <= r["tail/bubble"] < 1.0 and r["train/tokens"] > 0 for r in rows)
     ckpt = json.loads((split / rundir.CHECKPOINTS / "step_000002" / "state.json").read_text())
     assert "queue" in ckpt["extra"]["tail"]
+
+
+@pytest.mark.parametrize("override, words", [
+    ("trainer.dp=2", "trainer.dp=2"),
+    ("placement=async", "placement=async"),
+])
+def test_tail_refuses_what_it_does_not_drive(override, words):
+    from rollyard.config import ConfigError, load_config
+    from rollyard.placement import check
+    cfg = load_config(None, ["rollout.scheduler=tail", override])
+    with pytest.raises(ConfigError, match=words):
+        check(cfg)

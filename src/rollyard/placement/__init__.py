@@ -24,8 +24,14 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "
                           f"{cfg.max_staleness}; set max_staleness=0 (on-policy) or more")
+    if cfg.rollout.scheduler == "tail" and cfg.trainer.dp > 1:
+        raise ConfigError(f"rollout.scheduler=tail streams gradients through one trainer, but trainer.dp={cfg.trainer.dp}; "
+                          f"set trainer.dp=1 or rollout.scheduler=plain")
     if cfg.placement == "colocated":
         return
+    if cfg.rollout.scheduler == "tail":
+        raise ConfigError(f"rollout.scheduler=tail runs in the colocated placement only, got placement={cfg.placement}; "
+                          f"set placement=colocated or rollout.scheduler=plain")
     if cfg.sync.transport == "inprocess":
         raise ConfigError(f"placement={cfg.placement} runs rollout in other processes, so sync.transport=inprocess "
                           f"cannot reach them; set sync.transport=ray (or auto)")
