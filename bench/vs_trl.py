@@ -203,29 +203,20 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
     if sorted(ends) != list(range(steps)) or sorted(rows) != list(range(steps)):
         raise SystemExit(f"[rollyard] expected steps 0..{steps - 1} in {run_dir}, got spans for {sorted(ends)} "
                          f"and metrics for {sorted(rows)}")
+    from engine import matmul_flops  # bench/engine.py: the matmul peak both benches report against
+
     params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     train_s = sum(rows[s]["time/train"] for s in timed)
     positions = sum(rows[s]["train/packed_tokens"] for s in timed)
     return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "threads": torch.get_num_threads(),
-            "trainer_flops": [6 * params * positions / train_s], "matmul_flops": [matmul_flops(torch)],
+            "trainer_flops": [6 * params * positions / train_s], "matmul_flops": [matmul_flops()],
             "step_seconds": [ends[s] - ends[s - 1] for s in timed],
             "generate_seconds": [rows[s].get("time/rollout", float("nan")) for s in timed],
             "generated_tokens": [int(rows[s]["tokens/generated"]) for s in timed],
             "rewards": [rows[s]["reward/mean"] for s in range(steps)],
             "role_seconds": {k.removeprefix("time/"): statistics.mean(rows[s][k] for s in timed)
                              for k in rows[a.warmup] if k.startswith("time/") and k != "time/step"}}
-
-
-def matmul_flops(torch, seconds: float = 0.5) -> float:
-    """Measured fp32 matmul FLOP/s (1024^3, this process's threads): the trainer's peak."""
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    a @ b
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-    return 2 * 1024 ** 3 * reps / (time.perf_counter() - t0)
 
 
 def merge(sides: dict, name: str, res: dict) -> None:

@@ -115,9 +115,7 @@ def test_overlap_audit_seconds():
     assert rows[("train", "sync")]["verdict"] == "serialized" and rows[("train", "sync")]["ok"]
 
 
-def test_budget_flags_phase_over_tolerance(tmp_path):
-    plan = tmp_path / "plan.toml"
-    plan.write_text("""
+PLAN_OK = """
 placement = "colocated"
 [policy]
 params = 5e5
@@ -137,7 +135,12 @@ reward_s = 0.2
 train_s = 0.5
 algorithm_s = 0.01
 use_reference = false
-""")
+"""
+
+
+def test_budget_flags_phase_over_tolerance(tmp_path):
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN_OK)
     rv = review(make_run(tmp_path / "ok"), plan)
     assert items(rv)["Measured step breakdown matches the budget"] == PASS
     assert items(rv)["No unexplained traffic"] == PASS  # 8 B x 2x2x7 tokens = 224 B = measured
@@ -213,28 +216,6 @@ def test_unknown_plan_field_in_review(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "phases.rollout_seconds" in err and "phases.rollout_s" in err
 
-
-PLAN_OK = """
-placement = "colocated"
-[policy]
-params = 5e5
-bytes_per_param = 4
-[trainer]
-dp = 1
-[rollout]
-prompts = 2
-samples = 2
-avg_tokens = 7
-prompt_tokens = 5
-[sync]
-staleness_bound = 0
-[phases]
-rollout_s = 1.0
-reward_s = 0.2
-train_s = 0.5
-algorithm_s = 0.01
-use_reference = false
-"""
 
 
 def test_check_passes_only_when_every_item_passed(tmp_path, capsys):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -48,3 +48,26 @@ def stable_bucket(text: str, buckets: int) -> int:
     disjoint by construction, for every seed and every ``n``.
     """
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % buckets
+
+
+def draw_split(name: str, split: str, n: int, buckets: int,
+               draw: Callable[[], tuple[str, str, dict[str, Any]]]) -> list[Prompt]:
+    """Up to ``n`` prompts of ``split`` from a generator's ``draw() -> (text, answer, extra meta)``.
+
+    A draw whose :func:`stable_bucket` puts it in the other split is skipped; the eval split never
+    repeats a problem. Gives up after 10,000 misses in a row (a problem space too small for ``n``).
+    """
+    want_eval = split == "eval"
+    out: list[Prompt] = []
+    seen: set[str] = set()
+    misses = 0
+    while len(out) < n and misses < 10_000:
+        text, answer, extra = draw()
+        if (stable_bucket(text, buckets) == 0) != want_eval or (want_eval and text in seen):
+            misses += 1
+            continue
+        misses = 0
+        seen.add(text)
+        out.append(Prompt(id=f"{name}/{split}/{len(out)}", text=text,
+                          meta={"task": name, "answer": answer, **extra}, demo=answer))
+    return out

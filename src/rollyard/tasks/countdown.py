@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from rollyard.tasks.base import Prompt, stable_bucket
+from rollyard.tasks.base import Prompt, draw_split
 
 NAME = "countdown"
 VERIFIER = "rollyard.reward.verifiers:countdown"
@@ -40,24 +40,14 @@ def generate(split: str, n: int, seed: int, max_steps: int = 24, max_start: int 
     if not 2 * (max_steps + 1) <= max_start <= 999:
         raise ValueError(f"countdown: max_start must be in {2 * (max_steps + 1)}..999 (room for max_steps "
                          f"steps of at least 2), got {max_start}")
-    want_eval = split == "eval"
     rng = random.Random(f"{NAME}/{split}/{seed}/{max_steps}/{max_start}/{alpha_x10}")
     ks = list(range(1, max_steps + 1))
     weights = [k ** (-alpha_x10 / 10) for k in ks]
-    out: list[Prompt] = []
-    seen: set[str] = set()
-    misses = 0
-    while len(out) < n and misses < 10_000:
+
+    def draw() -> tuple[str, str, dict]:
         k = rng.choices(ks, weights)[0]
         d = rng.randint(2, max(2, min(9, (max_start + 1) // (k + 1))))  # n = k*d + r <= max_start
         start = k * d + rng.randint(0, d - 1)
-        text = f"{start}-{d}:"
-        if (stable_bucket(text, EVAL_BUCKETS) == 0) != want_eval or (want_eval and text in seen):
-            misses += 1
-            continue
-        misses = 0
-        seen.add(text)
-        answer = trace(start, d)
-        out.append(Prompt(id=f"{NAME}/{split}/{len(out)}", text=text,
-                          meta={"task": NAME, "answer": answer, "steps": k}, demo=answer))
-    return out
+        return f"{start}-{d}:", trace(start, d), {"steps": k}
+
+    return draw_split(NAME, split, n, EVAL_BUCKETS, draw)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import string
 
-from rollyard.tasks.base import Prompt, stable_bucket
+from rollyard.tasks.base import Prompt, draw_split
 
 NAME = "repeat"
 VERIFIER = "rollyard.reward.verifiers:repeat"
@@ -30,23 +30,13 @@ def generate(split: str, n: int, seed: int, max_times: int = 8, max_unit: int = 
         raise ValueError(f"repeat: max_times must be in 1..9 (one digit in the prompt), got {max_times}")
     if not 1 <= max_unit <= 12:
         raise ValueError(f"repeat: max_unit must be in 1..12 (prompts stay < 24 characters), got {max_unit}")
-    want_eval = split == "eval"
     rng = random.Random(f"{NAME}/{split}/{seed}/{max_times}/{max_unit}")
     times = list(range(1, max_times + 1))
     weights = [k ** -1.3 for k in times]
-    out: list[Prompt] = []
-    seen: set[str] = set()
-    misses = 0
-    while len(out) < n and misses < 10_000:
+
+    def draw() -> tuple[str, str, dict]:
         k = rng.choices(times, weights)[0]
         unit = "".join(rng.choice(LETTERS) for _ in range(rng.randint(1, max_unit)))
-        text = f"rep {k} {unit}:"
-        if (stable_bucket(text, EVAL_BUCKETS) == 0) != want_eval or (want_eval and text in seen):
-            misses += 1
-            continue
-        misses = 0
-        seen.add(text)
-        answer = unit * k
-        out.append(Prompt(id=f"{NAME}/{split}/{len(out)}", text=text,
-                          meta={"task": NAME, "answer": answer}, demo=answer))
-    return out
+        return f"rep {k} {unit}:", unit * k, {}
+
+    return draw_split(NAME, split, n, EVAL_BUCKETS, draw)
