@@ -69,3 +69,11 @@ def test_every_field_is_documented():
     lines = describe()
     assert len(lines) > 30
     assert all("# None" not in line and line.split("# ", 1)[1].strip() for line in lines)
+
+
+def test_overrides_may_stand_before_and_after_config(capsys):
+    from rollyard.cli import main
+    # steps=0 is invalid: reaching that error proves both overrides were parsed around --config
+    assert main(["train", "steps=0", "--config", "examples/demo.toml", "seed=1"]) == 2
+    err = capsys.readouterr().err
+    assert "steps" in err and "unrecognized arguments" not in err

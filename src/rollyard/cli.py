@@ -47,7 +47,7 @@ def cmd_train(argv: list[str]) -> int:
 
     p = _train_parser("train")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its latest checkpoint")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     if args.resume and args.config:
         raise ConfigError("--resume uses the run's saved config; pass overrides, not --config")
     with graceful():
@@ -60,7 +60,7 @@ def cmd_report(argv: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="rollyard report")
     p.add_argument("run_dir", help="a run directory written by `rollyard train`")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     for path in write_plots(args.run_dir):
         print(path)
     return 0
@@ -74,7 +74,7 @@ def cmd_sft(argv: list[str]) -> int:
 
     p = _train_parser("sft")
     p.add_argument("--out", default="runs/sft", help="where to write the warm-started model")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     cfg = load_config(args.config, args.overrides)
     device = roles.device_of(cfg)
     model, tokenizer, context = roles.policy(cfg, device)
