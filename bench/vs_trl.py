@@ -209,13 +209,19 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
                          f"and metrics for {sorted(rows)}")
     from engine import matmul_flops  # bench/engine.py: the matmul peak both benches report against
 
-    params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir)
+    params = sum(p.numel() for p in model.parameters())
+    matmul_params = params - model.get_input_embeddings().weight.numel()  # the input embedding is a lookup
     train_s = sum(rows[s]["time/train"] for s in timed)
     positions = sum(rows[s]["train/packed_tokens"] for s in timed)
+    generated = sum(rows[s]["tokens/generated"] for s in timed)
+    peak = matmul_flops(dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)
     return {"versions": {"torch": torch.__version__, "transformers": transformers.__version__},
             "threads": torch.get_num_threads(),
-            "trainer_flops": [6 * params * positions / train_s],
-            "matmul_flops": [matmul_flops(dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)],
+            "trainer_flops": [6 * params * positions / train_s], "matmul_flops": [peak],
+            # The least time any implementation could take for this step's work at the matmul peak:
+            # 2 x matmul params per generated token, 6 x per trained position (forward + backward).
+            "floor_seconds": [matmul_params * (2 * generated + 6 * positions) / peak / len(timed)],
             "step_seconds": [ends[s] - ends[s - 1] for s in timed],
             "generate_seconds": [rows[s].get("time/rollout", float("nan")) for s in timed],
             "generated_tokens": [int(rows[s]["tokens/generated"]) for s in timed],
@@ -233,7 +239,7 @@ def merge(sides: dict, name: str, res: dict) -> None:
         sides[name][key] += res[key]
     sides[name]["reward_rounds"].append(res["rewards"])
     sides[name]["length_rounds"].append(res["lengths"])
-    for key in ("trainer_flops", "matmul_flops"):
+    for key in ("trainer_flops", "matmul_flops", "floor_seconds"):
         if key in res:
             sides[name][key] += res[key]
     if "role_seconds" in res:  # mean over rounds, weighted by steps
@@ -330,6 +336,11 @@ def report(label: str, sides: dict, rounds: list[dict], load: list[float], a) ->
         log("rollyard trainer efficiency (6 x params x positions trained / train seconds, per round): "
             + ", ".join(f"{f / 1e9:.1f} GFLOP/s = {f / p:.0%} of {p / 1e9:.1f}" for f, p in zip(fl, peak))
             + f" GFLOP/s measured matmul peak (1024^3 {a.precision}, same threads, right after the run)")
+        if "trl" in sides:
+            floor = statistics.mean(sides["rollyard"]["floor_seconds"])
+            log(f"matmul floor of the step's work (matmul params x (2 x generated tokens + 6 x trained positions) at the "
+                f"measured peak): {floor:.3f} s; rollyard's mean step is {summary['rollyard']['s_per_step'] / floor:.2f}x it; "
+                f"the most any implementation could run vs TRL's mean step is {summary['trl']['s_per_step'] / floor:.2f}x")
     out = {"label": label, "sides": sides, "summary": summary}
     if len(summary) == 2:
         print()
