@@ -1,0 +1,378 @@
+"""Rollout-engine backends over a model's own Hugging Face forward (architectures the fast path does not cover).
+
+``BatchedHFBackend`` (the default fallback) keeps ONE transformers ``DynamicCache`` whose rows are
+the active sequences, laid out as ``model.generate`` lays out a left-padded batch: every row's
+newest token sits in the last cache column, a row's valid entries are its last ``n[row]`` columns
+(contiguous), and the columns before them are padding. So the attention mask is implied by ``n``
+(``col >= C - n``), the next position id is ``n`` (what generate derives from the mask), and one
+decode step is one forward over all rows: ``input_ids [R, 1]``. Because valid entries are
+contiguous and right-aligned, a column distance is a token distance: sliding-window layers
+(Mistral, Gemma2/3) get the right window from the mask functions. Every layer is a plain
+``DynamicLayer``-like layer that keeps all columns (a sliding layer's own cache would drop columns
+by count, not per row); the memory budget counts all of them.
+
+Rows join and leave between steps. A prefill runs the new prompts as one left-padded batch into a
+fresh cache (a *block*); the reserved rows point into blocks (a fork or a restored stash is just
+another pointer: no copy) until the next decode merges them into the live cache in reservation
+order: blocks and cache are left-padded to a common width and concatenated along the batch.
+Finished rows are dropped lazily (one index select per layer) and leading columns that are padding
+in every row are trimmed, so the width stays the longest live row's length.
+
+The live cache's layers write into a preallocated buffer (``_GrowLayer``) rather than
+concatenating a new tensor every step as ``DynamicLayer`` does: a decode step costs the forward,
+not a copy of the whole cache per layer.
+
+``PerSeqHFBackend`` is the last resort (``batched_unsupported_reason`` says when): one forward and
+one cache per sequence, correct for any cache type but several times slower than ``generate``.
+
+Both keep the engine's backend interface (``rollout/engine.py``): ``reserve``, ``release``,
+``maybe_compact``, ``prefill``, ``fork``, ``snapshot``, ``restore``, ``decode``, ``refresh``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+
+def _lpad(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Left-pad ``[B, H, w, D]`` with zeros along the column dim to ``width``."""
+    return t if t.shape[-2] == width else F.pad(t, (0, 0, width - t.shape[-2], 0))
+
+
+class _GrowLayer(DynamicLayer):
+    """A ``DynamicLayer`` over a preallocated ``[R, H, cap, D]`` buffer: ``update`` writes the new
+    columns in place and returns views, instead of concatenating a fresh tensor every step."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, cap: int):
+        super().__init__()
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._set(keys, values, cap)
+
+    def _set(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> None:
+        R, H, C, D = keys.shape
+        self._k = keys.new_empty(R, H, max(cap, C), D)
+        self._v = values.new_empty(R, values.shape[1], max(cap, C), values.shape[-1])
+        self._k[:, :, :C], self._v[:, :, :C] = keys, values
+        self.keys, self.values = self._k[:, :, :C], self._v[:, :, :C]
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        C, q = self.keys.shape[-2], key_states.shape[-2]
+        if C + q > self._k.shape[-2]:  # out of room: double (amortised O(1) per column)
+            self._set(self.keys, self.values, 2 * (C + q))
+        self._k[:, :, C:C + q] = key_states
+        self._v[:, :, C:C + q] = value_states
+        self.keys, self.values = self._k[:, :, :C + q], self._v[:, :, :C + q]
+        return self.keys, self.values
+
+
+class _Block:
+    """The KV of a batch of left-padded prompts: ``keys[l]`` / ``values[l]`` ``[n, H, P, D]``, ``lens[i]``
+    the valid (rightmost) columns of row ``i``. Immutable once built: rows and stashes point into it."""
+
+    __slots__ = ("keys", "values", "lens")
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], lens: list[int]):
+        self.keys, self.values, self.lens = keys, values, lens
+
+    def row(self, i: int) -> _Block:
+        """Row ``i`` alone, trimmed to its own length (a copy: does not keep the whole block alive)."""
+        L = self.lens[i]
+        return _Block([k[i:i + 1, :, -L:].clone() for k in self.keys],
+                      [v[i:i + 1, :, -L:].clone() for v in self.values], [L])
+
+
+class _Row:
+    """A reserved sequence's handle (the engine's ``slot``): until merged it points at ``(block, bi)``."""
+
+    __slots__ = ("block", "bi", "live", "need")
+
+    def __init__(self, need: int):
+        self.block, self.bi, self.live, self.need = None, 0, True, need
+
+
+class BatchedHFBackend:
+    """Any decoder-only HF causal LM with a plain KV cache: batched decode over one transformers cache."""
+
+    name = "hf"
+
+    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
+        self.model, self.budget = model, max_cache_tokens
+        self.device = next(model.parameters()).device
+        # The prefill needs only the last position's logits ([n, P, V] for nothing otherwise).
+        self._keep_last = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.cache: DynamicCache | None = None  # the live rows (None when empty)
+        self.n = torch.zeros(0, dtype=torch.long, device=self.device)  # valid columns per row
+        self.rows: list[_Row] = []  # cache order
+        self.pending: list[_Row] = []  # reserved, not yet merged (reservation order)
+        self.padded = False  # whether any live row has fewer valid columns than the cache width
+
+    def refresh(self) -> None:
+        pass  # the model's own modules are the forward: nothing fused to rebuild
+
+    # -- admission -----------------------------------------------------------------------------
+
+    def reserve(self, active, needs: list[int]) -> list[_Row]:
+        """Rows for the longest prefix of ``needs`` that keeps rows x widest need within the budget
+        (the cache's width is its longest live row, which never exceeds that row's need)."""
+        width = max((len(s.req.prompt_ids) + s.max_new for s in active), default=0)
+        rows, out = len(active), []
+        for need in needs:
+            w = max(width, need)
+            if (rows + 1) * w > self.budget:
+                break
+            width, rows = w, rows + 1
+            out.append(_Row(need))
+        self.pending.extend(out)
+        return out
+
+    def release(self, slot: _Row) -> None:
+        slot.live = False  # dropped from the cache at the next prefill / decode
+
+    def maybe_compact(self, active) -> None:
+        pass  # finished rows are dropped (and padding columns trimmed) before each forward
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[_Row]) -> torch.Tensor:
+        P = max(len(p) for p in prompts)
+        lens = [len(p) for p in prompts]
+        ids = torch.tensor([[0] * (P - L) + p for p, L in zip(prompts, lens)], device=self.device)
+        cols = torch.arange(P, device=self.device)
+        mask = cols >= (P - torch.tensor(lens, device=self.device))[:, None]
+        # Positions count the valid tokens before (as generate derives them from the mask).
+        pos = (cols - (P - torch.tensor(lens, device=self.device))[:, None]).clamp_min(0)
+        cache = DynamicCache()
+        kw = {"logits_to_keep": 1} if self._keep_last else {}
+        out = self.model(input_ids=ids, attention_mask=mask.long(), position_ids=pos, past_key_values=cache,
+                         use_cache=True, **kw)
+        layers = _plain_layers(out.past_key_values)
+        block = _Block([la.keys for la in layers], [la.values for la in layers], lens)
+        for i, r in enumerate(slots):
+            r.block, r.bi = block, i
+        return out.logits[:, -1]
+
+    def fork(self, src: list[_Row], dst: list[_Row], P: int) -> None:
+        for a, b in zip(src, dst):
+            b.block, b.bi = a.block, a.bi
+
+    def snapshot(self, slot: _Row, P: int) -> _Block:
+        if slot.block is None:  # already merged: its prompt is the first P of its valid columns
+            self._sync()
+            r = self.rows.index(slot)
+            C, n = self.cache.layers[0].keys.shape[-2], int(self.n[r])
+            sl = slice(C - n, C - n + P)
+            return _Block([la.keys[r:r + 1, :, sl].clone() for la in self.cache.layers],
+                          [la.values[r:r + 1, :, sl].clone() for la in self.cache.layers], [P])
+        return slot.block.row(slot.bi)
+
+    def restore(self, stash: _Block, slots: list[_Row]) -> None:
+        for r in slots:
+            r.block, r.bi = stash, 0
+
+    # -- cache maintenance ---------------------------------------------------------------------
+
+    def _sync(self) -> None:
+        """Drop finished rows, append the reserved ones: at most one re-layout per step."""
+        layers = self.cache.layers if self.cache is not None else []
+        keys, values = [la.keys for la in layers], [la.values for la in layers]
+        keep = [i for i, r in enumerate(self.rows) if r.live]
+        changed = len(keep) < len(self.rows)
+        if changed and keep:
+            idx = torch.tensor(keep, device=self.device)
+            self.rows, self.n = [self.rows[i] for i in keep], self.n[idx]
+            lo = keys[0].shape[-2] - int(self.n.max())  # leading columns that are padding in every row
+            keys, values = [k[idx, :, lo:] for k in keys], [v[idx, :, lo:] for v in values]
+        elif changed:
+            self.rows, self.n, keys, values = [], self.n[:0], [], []
+        new = [r for r in self.pending if r.live]  # a row aborted before its first decode never joins
+        self.pending = []
+        if new:
+            keys, values = self._append_rows(new, keys, values)
+            changed = True
+        if changed:
+            self._rebuild(keys, values)
+
+    def _append_rows(self, new: list[_Row], keys: list, values: list) -> tuple[list, list]:
+        """``keys`` / ``values`` (the live rows) with the ``new`` rows appended in order, all
+        left-padded to the widest."""
+        blocks: dict[int, tuple[_Block, int]] = {}  # id -> (block, its first row in the concatenation)
+        offset = 0
+        for r in new:
+            if id(r.block) not in blocks:
+                blocks[id(r.block)] = (r.block, offset)
+                offset += len(r.block.lens)
+        order = [b for b, _ in blocks.values()]
+        idx = torch.tensor([blocks[id(r.block)][1] + r.bi for r in new], device=self.device)
+        lens = torch.tensor([r.block.lens[r.bi] for r in new], device=self.device)
+        W = max([keys[0].shape[-2] if keys else 0] + [b.keys[0].shape[-2] for b in order])
+
+        def stack(old: torch.Tensor | None, parts: list[torch.Tensor]) -> torch.Tensor:
+            parts = [_lpad(t, W) for t in parts]
+            t = (torch.cat(parts) if len(parts) > 1 else parts[0]).index_select(0, idx)
+            return t if old is None else torch.cat([_lpad(old, W), t])
+
+        L = len(order[0].keys)
+        out_k = [stack(keys[li] if keys else None, [b.keys[li] for b in order]) for li in range(L)]
+        out_v = [stack(values[li] if values else None, [b.values[li] for b in order]) for li in range(L)]
+        for r in new:
+            r.block = None  # merged: the block (and a stash it came from) can be freed
+        self.rows += new
+        self.n = torch.cat([self.n, lens])
+        return out_k, out_v
+
+    def _rebuild(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """A live cache holding ``keys`` / ``values``, its buffers wide enough for every row's need."""
+        if not self.rows:
+            self.cache, self.padded = None, False
+            return
+        C = keys[0].shape[-2]
+        # The width never exceeds the longest row's need (prompt + max_new), so reserve() bounds
+        # rows x cap by the budget and no step has to grow the buffer.
+        cap = max(C + 1, max(r.need for r in self.rows))
+        self.cache = DynamicCache()
+        self.cache.layers = [_GrowLayer(k, v, cap) for k, v in zip(keys, values)]
+        self.padded = bool((self.n < C).any())
+
+    # -- decoding ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode(self, seqs) -> torch.Tensor:
+        self._sync()
+        rows = self.rows
+        in_order = len(seqs) == len(rows) and all(s.slot is r for s, r in zip(seqs, rows))
+        if in_order:  # the engine's order: no gather either way
+            ids = torch.tensor([[s.tokens[-1]] for s in seqs], device=self.device)
+        else:
+            where = {id(r): i for i, r in enumerate(rows)}
+            at = [where[id(s.slot)] for s in seqs]
+            toks = [0] * len(rows)
+            for s, i in zip(seqs, at):
+                toks[i] = s.tokens[-1]
+            ids = torch.tensor(toks, device=self.device)[:, None]
+        C = self.cache.layers[0].keys.shape[-2] + 1
+        # Left padding is the only padding: with none, a causal decode needs no mask at all.
+        mask = (torch.arange(C, device=self.device) >= (C - 1 - self.n)[:, None]).long() if self.padded else None
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=self.n[:, None],
+                         past_key_values=self.cache, use_cache=True)
+        self.n += 1
+        logits = out.logits[:, -1]
+        return logits if in_order else logits[torch.tensor(at, device=self.device)]
+
+
+def _plain_layers(cache) -> list:
+    """The cache's layers if each is a plain full-attention ``DynamicLayer`` (what the batched
+    backend can re-lay out), else ``TypeError`` saying which is not."""
+    if not isinstance(cache, DynamicCache):
+        raise TypeError(f"the model returned a {type(cache).__name__}, not the DynamicCache it was given")
+    for i, la in enumerate(cache.layers):
+        if type(la) is not DynamicLayer or not la.is_initialized:
+            raise TypeError(f"cache layer {i} is a {type(la).__name__}"
+                            f"{'' if la.is_initialized else ' without keys (shared KV?)'}, not a plain DynamicLayer")
+    return cache.layers
+
+
+@torch.no_grad()
+def batched_unsupported_reason(model) -> str | None:
+    """``None`` if ``BatchedHFBackend`` reproduces ``model``'s own forward, else why not.
+
+    Checked by running it: two sequences of different lengths (so one is left-padded) are prefilled
+    and decoded a few steps, and every logit is compared with a plain full forward of each."""
+    cfg = model.config
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "encoder-decoder model"
+    vocab = int(cfg.get_text_config(decoder=True).vocab_size)
+    g = torch.Generator().manual_seed(4321)
+    dev = next(model.parameters()).device
+    seqs = [torch.randint(0, vocab, (L,), generator=g).tolist() for L in (9, 6)]
+    split = 3  # each prompt is all but the last 3 tokens; the rest are fed as decode steps
+    backend = BatchedHFBackend(model, 2, 1 << 20)
+    try:
+        rows = backend.reserve([], [len(s) for s in seqs])
+        got = [backend.prefill([s[:-split] for s in seqs], rows)]
+        fake = [SimpleNamespace(slot=r, tokens=[0]) for r in rows]
+        for t in range(split, 0, -1):
+            for f, s in zip(fake, seqs):
+                f.tokens[-1] = s[-t]
+            got.append(backend.decode(fake))
+    except Exception as e:  # noqa: BLE001 - any failure means: not this backend
+        return f"batched HF forward failed: {type(e).__name__}: {e}"
+    got = torch.stack(got, 1).float()  # [2, split + 1, V]
+    err = 0.0
+    for i, s in enumerate(seqs):
+        ref = model(input_ids=torch.tensor([s], device=dev)).logits[0, -split - 1:].float()
+        err = max(err, float((got[i] - ref).abs().max() / ref.abs().max().clamp_min(1e-6)))
+    tol = 1e-4 if next(model.parameters()).dtype == torch.float32 else 3e-2
+    if err > tol:
+        return f"batched HF forward differs from the plain forward by {err:.2e} (relative, tolerance {tol})"
+    return None
+
+
+class _HFSlot:
+    __slots__ = ("cache",)
+
+    def __init__(self):
+        self.cache = None
+
+
+class PerSeqHFBackend:
+    """Any HF causal LM: its own forward and one cache per sequence (correct for any cache type, slow)."""
+
+    name = "hf-perseq"
+
+    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
+        self.model, self.budget = model, max_cache_tokens
+        self.device = next(model.parameters()).device
+
+    def refresh(self) -> None:
+        pass
+
+    def reserve(self, active, needs: list[int]) -> list[_HFSlot]:
+        used = sum(len(s.req.prompt_ids) + s.max_new for s in active)
+        out = []
+        for n in needs:
+            if used + n > self.budget:
+                break
+            used += n
+            out.append(_HFSlot())
+        return out
+
+    def release(self, slot) -> None:
+        slot.cache = None
+
+    def maybe_compact(self, active) -> None:
+        pass
+
+    @torch.no_grad()
+    def prefill(self, prompts: list[list[int]], slots: list[_HFSlot]) -> torch.Tensor:
+        rows = []
+        for p, slot in zip(prompts, slots):
+            out = self.model(input_ids=torch.tensor([p], device=self.device), use_cache=True)
+            slot.cache = out.past_key_values
+            rows.append(out.logits[0, -1])
+        return torch.stack(rows)
+
+    def fork(self, src: list[_HFSlot], dst: list[_HFSlot], P: int) -> None:
+        for a, b in zip(src, dst):
+            b.cache = copy.deepcopy(a.cache)
+
+    def snapshot(self, slot: _HFSlot, P: int):
+        return copy.deepcopy(slot.cache)
+
+    def restore(self, stash, slots: list[_HFSlot]) -> None:
+        for s in slots:
+            s.cache = copy.deepcopy(stash)
+
+    @torch.no_grad()
+    def decode(self, seqs) -> torch.Tensor:
+        rows = []
+        for s in seqs:
+            out = self.model(input_ids=torch.tensor([[s.tokens[-1]]], device=self.device),
+                             past_key_values=s.slot.cache, use_cache=True)
+            s.slot.cache = out.past_key_values
+            rows.append(out.logits[0, -1])
+        return torch.stack(rows)
