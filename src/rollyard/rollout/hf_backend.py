@@ -18,9 +18,9 @@ order: blocks and cache are left-padded to a common width and concatenated along
 Finished rows are dropped lazily (one index select per layer) and leading columns that are padding
 in every row are trimmed, so the width stays the longest live row's length.
 
-The live cache's layers write into a preallocated buffer (``_GrowLayer``) rather than
-concatenating a new tensor every step as ``DynamicLayer`` does: a decode step costs the forward,
-not a copy of the whole cache per layer.
+The live cache's layers are plain ``DynamicLayer``s, which concatenate (copy) their K/V every step
+as in ``generate``. A preallocated buffer written in place was tried: its K/V are then strided
+views, and CPU SDPA on those (with GPT-2's strided q) ran ~2.5x slower than the copy saves.
 
 ``PerSeqHFBackend`` is the last resort (``batched_unsupported_reason`` says when): one forward and
 one cache per sequence, correct for any cache type but several times slower than ``generate``.
@@ -45,30 +45,12 @@ def _lpad(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.shape[-2] == width else F.pad(t, (0, 0, width - t.shape[-2], 0))
 
 
-class _GrowLayer(DynamicLayer):
-    """A ``DynamicLayer`` over a preallocated ``[R, H, cap, D]`` buffer: ``update`` writes the new
-    columns in place and returns views, instead of concatenating a fresh tensor every step."""
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, cap: int):
-        super().__init__()
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._set(keys, values, cap)
-
-    def _set(self, keys: torch.Tensor, values: torch.Tensor, cap: int) -> None:
-        R, H, C, D = keys.shape
-        self._k = keys.new_empty(R, H, max(cap, C), D)
-        self._v = values.new_empty(R, values.shape[1], max(cap, C), values.shape[-1])
-        self._k[:, :, :C], self._v[:, :, :C] = keys, values
-        self.keys, self.values = self._k[:, :, :C], self._v[:, :, :C]
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        C, q = self.keys.shape[-2], key_states.shape[-2]
-        if C + q > self._k.shape[-2]:  # out of room: double (amortised O(1) per column)
-            self._set(self.keys, self.values, 2 * (C + q))
-        self._k[:, :, C:C + q] = key_states
-        self._v[:, :, C:C + q] = value_states
-        self.keys, self.values = self._k[:, :, :C + q], self._v[:, :, :C + q]
-        return self.keys, self.values
+def _layer(keys: torch.Tensor, values: torch.Tensor) -> DynamicLayer:
+    """A ``DynamicLayer`` holding ``keys`` / ``values`` as they are (``update`` would copy them)."""
+    la = DynamicLayer()
+    la.lazy_initialization(keys, values)
+    la.keys, la.values = keys, values
+    return la
 
 
 class _Block:
@@ -90,10 +72,10 @@ class _Block:
 class _Row:
     """A reserved sequence's handle (the engine's ``slot``): until merged it points at ``(block, bi)``."""
 
-    __slots__ = ("block", "bi", "live", "need")
+    __slots__ = ("block", "bi", "live")
 
-    def __init__(self, need: int):
-        self.block, self.bi, self.live, self.need = None, 0, True, need
+    def __init__(self):
+        self.block, self.bi, self.live = None, 0, True
 
 
 class BatchedHFBackend:
@@ -111,6 +93,7 @@ class BatchedHFBackend:
         self.rows: list[_Row] = []  # cache order
         self.pending: list[_Row] = []  # reserved, not yet merged (reservation order)
         self.padded = False  # whether any live row has fewer valid columns than the cache width
+        self.live = 0  # merged rows not yet released
 
     def refresh(self) -> None:
         pass  # the model's own modules are the forward: nothing fused to rebuild
@@ -127,12 +110,16 @@ class BatchedHFBackend:
             if (rows + 1) * w > self.budget:
                 break
             width, rows = w, rows + 1
-            out.append(_Row(need))
+            out.append(_Row())
         self.pending.extend(out)
         return out
 
     def release(self, slot: _Row) -> None:
-        slot.live = False  # dropped from the cache at the next prefill / decode
+        slot.live = False  # dropped from the cache at the next decode
+        if slot.block is None:  # a merged row
+            self.live -= 1
+            if not self.live:  # the last one: free the cache now, not at the next admission
+                self.cache, self.rows, self.n, self.padded = None, [], self.n[:0], False
 
     def maybe_compact(self, active) -> None:
         pass  # finished rows are dropped (and padding columns trimmed) before each forward
@@ -177,25 +164,30 @@ class BatchedHFBackend:
     # -- cache maintenance ---------------------------------------------------------------------
 
     def _sync(self) -> None:
-        """Drop finished rows, append the reserved ones: at most one re-layout per step."""
+        """Drop finished rows, append the reserved ones, trim padding-only columns: at most one
+        re-layout per step."""
         layers = self.cache.layers if self.cache is not None else []
         keys, values = [la.keys for la in layers], [la.values for la in layers]
         keep = [i for i, r in enumerate(self.rows) if r.live]
         changed = len(keep) < len(self.rows)
-        if changed and keep:
-            idx = torch.tensor(keep, device=self.device)
+        if changed:
+            idx = torch.tensor(keep, dtype=torch.long, device=self.device)
             self.rows, self.n = [self.rows[i] for i in keep], self.n[idx]
-            lo = keys[0].shape[-2] - int(self.n.max())  # leading columns that are padding in every row
-            keys, values = [k[idx, :, lo:] for k in keys], [v[idx, :, lo:] for v in values]
-        elif changed:
-            self.rows, self.n, keys, values = [], self.n[:0], [], []
-        new = [r for r in self.pending if r.live]  # a row aborted before its first decode never joins
+            keys, values = ([k[idx] for k in keys], [v[idx] for v in values]) if keep else ([], [])
+        new = [r for r in self.pending if r.live]  # a row finished before its first decode never joins
         self.pending = []
         if new:
             keys, values = self._append_rows(new, keys, values)
             changed = True
+        if changed and self.rows:
+            # Leading columns that are padding in every row (the longest row left, or a block
+            # padded for a prompt whose rows did not join).
+            lo = keys[0].shape[-2] - int(self.n.max())
+            if lo:
+                keys, values = [k[:, :, lo:] for k in keys], [v[:, :, lo:] for v in values]
         if changed:
             self._rebuild(keys, values)
+        self.live = len(self.rows)
 
     def _append_rows(self, new: list[_Row], keys: list, values: list) -> tuple[list, list]:
         """``keys`` / ``values`` (the live rows) with the ``new`` rows appended in order, all
@@ -226,17 +218,13 @@ class BatchedHFBackend:
         return out_k, out_v
 
     def _rebuild(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """A live cache holding ``keys`` / ``values``, its buffers wide enough for every row's need."""
+        """The live cache now holds ``keys`` / ``values`` (one ``[R, H, C, D]`` pair per layer)."""
         if not self.rows:
             self.cache, self.padded = None, False
             return
-        C = keys[0].shape[-2]
-        # The width never exceeds the longest row's need (prompt + max_new), so reserve() bounds
-        # rows x cap by the budget and no step has to grow the buffer.
-        cap = max(C + 1, max(r.need for r in self.rows))
         self.cache = DynamicCache()
-        self.cache.layers = [_GrowLayer(k, v, cap) for k, v in zip(keys, values)]
-        self.padded = bool((self.n < C).any())
+        self.cache.layers = [_layer(k, v) for k, v in zip(keys, values)]
+        self.padded = bool((self.n < keys[0].shape[-2]).any())
 
     # -- decoding ------------------------------------------------------------------------------
 
