@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py                         # tiny + small, uniform + long-tailed, n=8
     .venv/bin/python bench/engine.py --presets tiny --threads 2 --json bench/out/engine.json
+    .venv/bin/python bench/engine.py --presets tiny small --arch gpt2       # the batched HF backend
 
 Both sides get the same model (a preset, fp32, CPU), the same prompts (random 8-16 character
 prompts, fixed seed), n samples per prompt, temperature 1, top-p 1 (HF: top_k=0, so no top-k

@@ -7,12 +7,14 @@ import copy
 import functools
 import tempfile
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
 from test_engine import NO_EOS, TOK, V, _engine, _naive_greedy, _perturbed, _prompt, _recompute_logprobs
 from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, GPT2LMHeadModel, MistralConfig, Phi3Config
 
+from rollyard.rollout.hf_backend import BatchedHFBackend
 from rollyard.rollout.llama_forward import unsupported_reason
 from rollyard.types import Request, WeightUpdate
 
@@ -201,3 +203,18 @@ def test_model_the_batched_backend_cannot_reproduce_falls_back_to_per_sequence()
     assert "per-sequence HF backend" in msg and "batched HF forward differs from the plain forward" in msg
     for s in eng.generate(_requests(n=2, max_new=8))[0]:
         assert s.completion_ids == _naive_greedy(model, s.prompt_ids, 8, NO_EOS)
+
+
+def test_decode_returns_logits_in_the_order_of_the_sequences_given():
+    """The engine passes rows in cache order; any other order gets its logits in that order too."""
+    model = _load("phi3")
+    prompts = [_prompt(0, 6), _prompt(1, 3), _prompt(2, 4)]
+    out = []
+    for order in ([0, 1, 2], [2, 0, 1]):
+        b = BatchedHFBackend(model, 3, 1000)
+        rows = b.reserve([], [10, 10, 10])
+        b.prefill(prompts, rows)
+        seqs = [SimpleNamespace(slot=rows[i], tokens=[7 + i]) for i in order]
+        out.append(dict(zip(order, b.decode(seqs))))
+    for i in range(3):
+        assert torch.equal(out[0][i], out[1][i])

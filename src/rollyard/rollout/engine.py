@@ -25,8 +25,10 @@ prompt's KV and last logits are kept for the rest (dropped on a weight update: r
 Memory. The fast path keeps one static cache ``[layers, 2, slots, kv_heads, width, head_dim]``
 with ``slots * width <= max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted).
 Admission waits while a sample does not fit; when the engine is empty any single accepted request
-fits, so the queue always drains. The HF path (other architectures) reserves prompt +
-max_new_tokens per sample against the same budget.
+fits, so the queue always drains. Other architectures take the batched HF backend
+(``rollout/hf_backend.py``: one transformers cache, rows x widest prompt + max_new_tokens within the
+same budget), or, for a model it cannot reproduce, the per-sequence one (prompt + max_new_tokens
+per sample).
 
 Sampling. ``logprobs[i]`` is log_softmax(logits / T)[token] (T = 1 when greedy, before top-p), in
 fp32. Draws come from one ``torch.Generator`` seeded with ``seed``: the same submissions give the
