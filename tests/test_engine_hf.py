@@ -1,5 +1,5 @@
-"""The rollout engine on architectures the fast path does not cover (GPT-2, Gemma2, Mistral with a
-sliding window, Phi3): the batched HF backend against transformers' own ``generate`` and full
+"""The rollout engine on architectures the fast path does not cover (GPT-2, Gemma2, Gemma3, Mistral
+with a sliding window, Phi3): the batched HF backend against transformers' own ``generate`` and full
 forward, continuous batching (rows joining and leaving), the memory budget, abort and weight
 updates, and the per-sequence fallback for a model the batched backend cannot reproduce."""
 
@@ -12,7 +12,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from test_engine import NO_EOS, TOK, V, _engine, _naive_greedy, _perturbed, _prompt, _recompute_logprobs
-from transformers import AutoModelForCausalLM, Gemma2Config, GPT2Config, GPT2LMHeadModel, MistralConfig, Phi3Config
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma2Config,
+    Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    Phi3Config,
+)
 
 from rollyard.rollout.hf_backend import BatchedHFBackend
 from rollyard.rollout.llama_forward import unsupported_reason
@@ -27,6 +35,8 @@ CONFIGS = {
     "gpt2": lambda: GPT2Config(vocab_size=V, n_layer=2, n_embd=64, n_head=4, n_positions=CTX, **IDS),
     # hybrid sliding (window 4) / full layers, logit soft-capping, eager attention
     "gemma2": lambda: Gemma2Config(head_dim=16, sliding_window=4, **DIMS),
+    # sliding layers with their own RoPE base, then a full layer; q/k norms
+    "gemma3": lambda: Gemma3TextConfig(head_dim=16, sliding_window=4, sliding_window_pattern=2, **DIMS),
     # every layer a sliding window of 5: far shorter than the sequences here
     "mistral": lambda: MistralConfig(sliding_window=5, **DIMS),
     "phi3": lambda: Phi3Config(**DIMS),
