@@ -7,9 +7,13 @@ newest token sits in the last cache column, a row's valid entries are its last `
 (``col >= C - n``), the next position id is ``n`` (what generate derives from the mask), and one
 decode step is one forward over all rows: ``input_ids [R, 1]``. Because valid entries are
 contiguous and right-aligned, a column distance is a token distance: sliding-window layers
-(Mistral, Gemma2/3) get the right window from the mask functions. Every layer is a plain
-``DynamicLayer``-like layer that keeps all columns (a sliding layer's own cache would drop columns
-by count, not per row); the memory budget counts all of them.
+(Mistral, Gemma2/3) get the right window from transformers' mask functions.
+
+Every layer is a plain ``DynamicLayer`` that keeps all its columns (a sliding layer's own cache
+drops columns by count, not per row; the memory budget counts them all) and concatenates (copies)
+its K/V each step, as in ``generate``. A preallocated buffer written in place was tried: its K/V
+are then strided views, and CPU SDPA on those (with GPT-2's strided q) ran ~2.5x slower than the
+copy saves.
 
 Rows join and leave between steps. A prefill runs the new prompts as one left-padded batch into a
 fresh cache (a *block*); the reserved rows point into blocks (a fork or a restored stash is just
@@ -18,12 +22,10 @@ order: blocks and cache are left-padded to a common width and concatenated along
 Finished rows are dropped lazily (one index select per layer) and leading columns that are padding
 in every row are trimmed, so the width stays the longest live row's length.
 
-The live cache's layers are plain ``DynamicLayer``s, which concatenate (copy) their K/V every step
-as in ``generate``. A preallocated buffer written in place was tried: its K/V are then strided
-views, and CPU SDPA on those (with GPT-2's strided q) ran ~2.5x slower than the copy saves.
-
-``PerSeqHFBackend`` is the last resort (``batched_unsupported_reason`` says when): one forward and
-one cache per sequence, correct for any cache type but several times slower than ``generate``.
+``batched_unsupported_reason`` runs the backend through a join, a leave and a trim on the model
+at hand and compares every logit with the plain forward; where it differs or fails,
+``PerSeqHFBackend`` is the last resort: one forward and one cache per sequence (correct for any
+cache whose forward returns ``past_key_values``), several times slower than ``generate``.
 
 Both keep the engine's backend interface (``rollout/engine.py``): ``reserve``, ``release``,
 ``maybe_compact``, ``prefill``, ``fork``, ``snapshot``, ``restore``, ``decode``, ``refresh``.
@@ -369,6 +371,9 @@ class PerSeqHFBackend:
         rows = []
         for p, slot in zip(prompts, slots):
             out = self.model(input_ids=torch.tensor([p], device=self.device), use_cache=True)
+            if getattr(out, "past_key_values", None) is None:  # e.g. Mamba: its state is cache_params
+                raise TypeError(f"{type(self.model).__name__} returns no past_key_values: the rollout engine "
+                                "cannot decode it incrementally")
             slot.cache = out.past_key_values
             rows.append(out.logits[0, -1])
         return torch.stack(rows)
