@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bf16", action="store_true", help="bf16 mixed precision (TRL's own default; fp32 otherwise)")
     ap.add_argument("--out", required=True, help="where the JSON result goes")
     args = ap.parse_args(argv)
 
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         max_grad_norm=1.0,
         use_vllm=False,
         use_cpu=True,
-        bf16=False,
+        bf16=args.bf16,  # CPU: transformers/accelerate autocast the model's forward to bf16
         fp16=False,
         gradient_checkpointing=False,
         report_to="none",

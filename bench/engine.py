@@ -115,8 +115,9 @@ def run_engine(model, prompts, lengths, n, batch, pad_id, seed):
     return tokens, computed[0] + len(samples), dt
 
 
-def matmul_flops(seconds: float = 0.5) -> float:
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+def matmul_flops(seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of a 1024^3 matmul in ``dtype`` on the current threads (the physical limit reported against)."""
+    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     a @ b
     reps, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:

@@ -442,6 +442,37 @@ def test_cuda_bf16_autocast_matches_fp32_cpu():
     assert all(p.dtype == torch.float32 for p in gpu_model.parameters())  # fp32 master weights
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_cpu_bf16_precision_matches_fp32_reference_and_keeps_fp32_state(layout):
+    """precision="bf16" on CPU: autocast matmuls, SDPA math kernel; logprobs and the gradient of a
+    step agree with the fp32 reference (slow unpacked path) to bf16 accuracy, weights and Adam
+    state stay fp32."""
+    model = _model(12)
+    samples = _samples(12, n=8)
+    want_lp = [_unpacked_logprobs(model, s) for s in samples]
+    t = Trainer(model, micro_batch_tokens=4096, layout=layout, precision="bf16")
+    assert t.precision == "bf16" and Trainer(_model(0)).precision == "fp32"  # auto on CPU: fp32
+    got_lp = t.logprobs(samples)
+    err = max((g - w).abs().max().item() for g, w in zip(got_lp, want_lp))
+    assert 1e-6 < err < 0.1, err  # bf16 really ran (not bit-equal to fp32) and stayed close
+    for s, lp in zip(samples, want_lp):
+        s.logprobs = lp.tolist()
+    model.zero_grad(set_to_none=True)
+    _reference_loss(model, samples, [lp.detach() for lp in want_lp], "token-mean", 0.2, 0.2, 0.0, 2.0, 1.0).backward()
+    want = torch.cat([g.flatten() for g in _grads(model).values()])
+    model.zero_grad(set_to_none=True)
+    t.optimizer.zero_grad(set_to_none=True)
+    t.accumulate_gradients(samples)
+    got = torch.cat([g.flatten() for g in _grads(model).values()])
+    cos = torch.nn.functional.cosine_similarity(got, want, dim=0).item()
+    assert cos > 0.99 and abs(got.norm() / want.norm() - 1) < 0.05, (cos, (got.norm() / want.norm()).item())
+    t._optimizer_step()
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(v.dtype == torch.float32 for st in t.optimizer.state.values() for v in st.values() if v.dim())
+    with pytest.raises(ValueError, match="precision='fp16'"):
+        Trainer(model, precision="fp16")
+
+
 def test_model_that_leaks_across_pack_boundaries_is_detected_and_not_packed(monkeypatch):
     import rollyard.trainer.trainer as trainer_mod
 

@@ -121,6 +121,7 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_tokens: int = Field(4096, ge=16, description="tokens per micro-batch, packed or padded, whichever the layout picks (gradient accumulation beyond)")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="trainer matmul precision: bf16 autocast (fp32 weights, optimizer state and log_softmax) or fp32; auto: bf16 on GPU, fp32 on CPU (bf16 pays on CPUs with AVX512-BF16/AMX too)")
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")
     max_skipped_steps: int = Field(3, ge=1, le=1000, description="consecutive optimizer steps with a non-finite loss or gradient (each skipped and counted in train/skipped_steps) before the run stops with an error")

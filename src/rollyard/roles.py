@@ -128,7 +128,7 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
             "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
             "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
             "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
-            "max_skipped_steps": t.max_skipped_steps}
+            "max_skipped_steps": t.max_skipped_steps, "precision": t.precision}
 
 
 def trainer(cfg: RunConfig, model, device: str):
