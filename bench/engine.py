@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/engine.py                         # tiny + small, uniform + long-tailed, n=8
     .venv/bin/python bench/engine.py --presets tiny --threads 2 --json bench/out/engine.json
+    .venv/bin/python bench/engine.py --presets tiny small --arch gpt2       # the batched HF backend
 
 Both sides get the same model (a preset, fp32, CPU), the same prompts (random 8-16 character
 prompts, fixed seed), n samples per prompt, temperature 1, top-p 1 (HF: top_k=0, so no top-k
@@ -127,25 +128,45 @@ def matmul_flops(seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> fl
 
 def flops_per_token(model, mean_ctx: float) -> float:
     cfg = model.config
-    matmul = num_params(model) - cfg.vocab_size * cfg.hidden_size * (0 if cfg.tie_word_embeddings else 1)
-    # embedding lookup is free; a tied LM head is a matmul with the embedding's V x D parameters
+    head = model.get_output_embeddings().weight
+    lookups = sum(m.weight.numel() for m in model.modules()
+                  if isinstance(m, torch.nn.Embedding) and m.weight is not head)
+    # embedding lookups (tokens; GPT-2's learned positions) are free; a tied LM head is a matmul
+    # with the embedding's V x D parameters
+    matmul = num_params(model) - lookups
     hd = cfg.hidden_size // cfg.num_attention_heads
     attn = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * hd * mean_ctx
     return 2 * matmul + attn
 
 
+def arch_config(arch: str, dims: dict, vocab: int, ctx: int):
+    """A config of ``arch`` with the preset's dimensions (``arch`` != llama: the engine's fast path covers
+    qwen3; gpt2, gemma2 and phi3 take the batched HF backend)."""
+    import transformers as tf
+
+    layers, hidden, heads = dims["num_hidden_layers"], dims["hidden_size"], dims["num_attention_heads"]
+    common = dict(vocab_size=vocab, max_position_embeddings=ctx, tie_word_embeddings=False, **dims)
+    if arch == "qwen3":
+        return tf.Qwen3Config(head_dim=hidden // heads, **common)
+    if arch == "gpt2":  # learned positions, LayerNorm, GELU MLP of 4 x hidden, fused qkv
+        return tf.GPT2Config(vocab_size=vocab, n_positions=ctx, n_embd=hidden, n_layer=layers, n_head=heads)
+    if arch == "gemma2":  # hybrid: every other layer a sliding window (half the context), soft-capping
+        return tf.Gemma2Config(head_dim=hidden // heads, sliding_window=ctx // 2, **common)
+    if arch == "phi3":
+        return tf.Phi3Config(pad_token_id=0, **common)
+    raise ValueError(arch)
+
+
 def build_model(preset: str, arch: str, tok, seed: int, ctx: int = 512):
-    """The preset's Llama model, or (``arch="qwen3"``) a Qwen3 model of the preset's dimensions,
-    saved to a directory and loaded back with ``AutoModelForCausalLM`` as a user would."""
+    """The preset's Llama model, or a model of another ``arch`` with the preset's dimensions, saved
+    to a directory and loaded back with ``AutoModelForCausalLM`` as a user would."""
     if arch == "llama":
         return build_preset(preset, tok, seed=seed, max_position_embeddings=ctx).eval()
     import tempfile
 
-    from transformers import AutoModelForCausalLM, Qwen3Config
+    from transformers import AutoModelForCausalLM
 
-    dims = PRESETS[preset]
-    cfg = Qwen3Config(vocab_size=len(tok), max_position_embeddings=ctx, tie_word_embeddings=False,
-                      head_dim=dims["hidden_size"] // dims["num_attention_heads"], **dims)
+    cfg = arch_config(arch, PRESETS[preset], len(tok), ctx)
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory() as d:
         AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
@@ -155,8 +176,9 @@ def build_model(preset: str, arch: str, tok, seed: int, ctx: int = 512):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
-    ap.add_argument("--arch", choices=["llama", "qwen3"], default="llama",
-                    help="llama: the presets as built; qwen3: a Qwen3 config of the preset's dimensions, via a model dir")
+    ap.add_argument("--arch", choices=["llama", "qwen3", "gpt2", "gemma2", "phi3"], default="llama",
+                    help="llama: the presets as built; else a config of that architecture with the preset's "
+                         "dimensions, via a model dir (gpt2 / gemma2 / phi3: the engine's batched HF backend)")
     ap.add_argument("--cases", nargs="+", default=["uniform", "longtail"])
     ap.add_argument("--prompts", type=int, default=32, help="prompts per case (x n samples)")
     ap.add_argument("--n", type=int, default=8)

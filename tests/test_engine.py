@@ -178,7 +178,7 @@ def test_greedy_equals_naive_reference_and_hf_path():
     # choose an EOS the greedy path actually emits mid-way for one prompt, so "stop" is exercised
     eos = _naive_greedy(model, reqs[1].prompt_ids, 12, NO_EOS)[4]
     # max_concurrent=3 < 8 samples: continuous batching, partial group admission, stashed prompt KV
-    for backend in ("fast", "hf"):
+    for backend in ("fast", "hf", "hf-perseq"):
         eng = _engine(model, eos_token_id=eos, temperature=0.0, max_concurrent=3)
         eng._use_backend(backend)
         samples, rejected = eng.generate(reqs)

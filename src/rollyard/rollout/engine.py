@@ -25,8 +25,10 @@ prompt's KV and last logits are kept for the rest (dropped on a weight update: r
 Memory. The fast path keeps one static cache ``[layers, 2, slots, kv_heads, width, head_dim]``
 with ``slots * width <= max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted).
 Admission waits while a sample does not fit; when the engine is empty any single accepted request
-fits, so the queue always drains. The HF path (other architectures) reserves prompt +
-max_new_tokens per sample against the same budget.
+fits, so the queue always drains. Other architectures take the batched HF backend
+(``rollout/hf_backend.py``: one transformers cache, rows x widest prompt + max_new_tokens within the
+same budget), or, for a model it cannot reproduce, the per-sequence one (prompt + max_new_tokens
+per sample).
 
 Sampling. ``logprobs[i]`` is log_softmax(logits / T)[token] (T = 1 when greedy, before top-p), in
 fp32. Draws come from one ``torch.Generator`` seeded with ``seed``: the same submissions give the
@@ -35,7 +37,6 @@ same samples.
 
 from __future__ import annotations
 
-import copy
 import heapq
 import warnings
 from collections import deque
@@ -44,7 +45,7 @@ from typing import Iterator
 
 import torch
 
-from rollyard.rollout import llama_forward
+from rollyard.rollout import hf_backend, llama_forward
 from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
@@ -194,72 +195,6 @@ class _SlotBackend:
         return logits[torch.tensor([s.slot for s in seqs], device=dev)]
 
 
-class _HFSlot:
-    __slots__ = ("cache",)
-
-    def __init__(self):
-        self.cache = None
-
-
-class _HFBackend:
-    """Any HF causal LM: its own forward and one cache per sequence (correct, slower)."""
-
-    name = "hf"
-
-    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
-        self.model, self.budget = model, max_cache_tokens
-        self.device = next(model.parameters()).device
-
-    def refresh(self) -> None:
-        pass
-
-    def reserve(self, active: list[_Seq], needs: list[int]) -> list[_HFSlot]:
-        used = sum(len(s.req.prompt_ids) + s.max_new for s in active)
-        out = []
-        for n in needs:
-            if used + n > self.budget:
-                break
-            used += n
-            out.append(_HFSlot())
-        return out
-
-    def release(self, slot) -> None:
-        slot.cache = None
-
-    def maybe_compact(self, active) -> None:
-        pass
-
-    @torch.no_grad()
-    def prefill(self, prompts: list[list[int]], slots: list[_HFSlot]) -> torch.Tensor:
-        rows = []
-        for p, slot in zip(prompts, slots):
-            out = self.model(input_ids=torch.tensor([p], device=self.device), use_cache=True)
-            slot.cache = out.past_key_values
-            rows.append(out.logits[0, -1])
-        return torch.stack(rows)
-
-    def fork(self, src: list[_HFSlot], dst: list[_HFSlot], P: int) -> None:
-        for a, b in zip(src, dst):
-            b.cache = copy.deepcopy(a.cache)
-
-    def snapshot(self, slot: _HFSlot, P: int):
-        return copy.deepcopy(slot.cache)
-
-    def restore(self, stash, slots: list[_HFSlot]) -> None:
-        for s in slots:
-            s.cache = copy.deepcopy(stash)
-
-    @torch.no_grad()
-    def decode(self, seqs: list[_Seq]) -> torch.Tensor:
-        rows = []
-        for s in seqs:
-            out = self.model(input_ids=torch.tensor([[s.tokens[-1]]], device=self.device),
-                             past_key_values=s.slot.cache, use_cache=True)
-            s.slot.cache = out.past_key_values
-            rows.append(out.logits[0, -1])
-        return torch.stack(rows)
-
-
 @torch.no_grad()
 def _fast_path_matches(model, backend: _SlotBackend) -> float:
     """Max |logit difference| between the fast path and the HF forward on a short random sequence."""
@@ -330,13 +265,20 @@ class RolloutEngine:
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
             except Exception as e:  # noqa: BLE001 - an unexpected variant of a supported family
                 reason = f"fast path failed: {type(e).__name__}: {e}"
-        warnings.warn(f"RolloutEngine: using the HF forward (one cache per sequence, slower): {reason}", stacklevel=2)
-        return _HFBackend(self.model, self.max_concurrent, self.max_cache_tokens)
+        why_not = hf_backend.batched_unsupported_reason(self.model)
+        if why_not is None:
+            warnings.warn(f"RolloutEngine: using the batched HF backend (model.generate-style batched decode over "
+                          f"a transformers cache; the fast path would be faster): {reason}", stacklevel=2)
+            return hf_backend.BatchedHFBackend(self.model, self.max_concurrent, self.max_cache_tokens)
+        warnings.warn(f"RolloutEngine: using the per-sequence HF backend (one forward and cache per sequence, "
+                      f"several times slower than model.generate): fast path: {reason}; batched HF: {why_not}",
+                      stacklevel=2)
+        return hf_backend.PerSeqHFBackend(self.model, self.max_concurrent, self.max_cache_tokens)
 
     def _use_backend(self, name: str) -> None:
-        """Force ``"hf"`` or ``"fast"`` (tests compare the two). Only while idle."""
+        """Force ``"fast"``, ``"hf"`` (batched HF) or ``"hf-perseq"``; tests compare them. Only while idle."""
         assert not self._active, "switch backends only while idle"
-        cls = {"fast": _SlotBackend, "hf": _HFBackend}[name]
+        cls = {"fast": _SlotBackend, "hf": hf_backend.BatchedHFBackend, "hf-perseq": hf_backend.PerSeqHFBackend}[name]
         self.backend = cls(self.model, self.max_concurrent, self.max_cache_tokens)
         for g in self._queue:
             g.stash = g.logits = None
