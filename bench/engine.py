@@ -185,6 +185,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64, help="HF static batch = engine max_concurrent (sequences)")
     ap.add_argument("--uniform-len", type=int, default=64)
     ap.add_argument("--tail-frac", type=float, default=0.06)
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="model weights (and compute) on both sides; bf16: the limit is then the bf16 matmul peak")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2, help="interleaved runs per side; the best is reported")
     ap.add_argument("--seed", type=int, default=0)
@@ -199,8 +201,9 @@ def main() -> None:
     chars = len(tok)
     prompts = [torch.randint(4, chars, (int(torch.randint(8, 17, (1,), generator=g)),), generator=g).tolist()
                for _ in range(args.prompts)]
-    peak = matmul_flops()
-    print(f"threads {args.threads}; matmul {peak / 1e9:.1f} GFLOP/s (1024^3 fp32); {args.prompts} prompts x n={args.n}, "
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    peak = matmul_flops(dtype=dtype)
+    print(f"threads {args.threads}; matmul {peak / 1e9:.1f} GFLOP/s (1024^3 {args.dtype}); {args.prompts} prompts x n={args.n}, "
           f"batch {args.batch}; temperature 1, top-p 1; length oracle (EOS off)")
     rows = []
     head = f"{'preset':6} {'case':9} {'tokens':>7} | {'HF tok/s':>9} {'bubble':>6} {'%lim':>5} | " \
@@ -208,7 +211,7 @@ def main() -> None:
     print(head)
     print("-" * len(head))
     for preset in args.presets:
-        model = build_model(preset, args.arch, tok, args.seed)
+        model = build_model(preset, args.arch, tok, args.seed).to(dtype)
         # warm-up both sides (first-call allocations, lazy init)
         wl = torch.full((args.batch // args.n, args.n), 4, dtype=torch.long)
         run_hf(model, prompts[:args.batch // args.n], wl, args.n, args.batch, tok.pad_token_id, 0)

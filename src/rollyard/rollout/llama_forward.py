@@ -13,12 +13,6 @@ more) by fusing, once per weight version, the weights that are always used toget
   ``rms_norm`` over the q and k heads together and one multiply by their stacked weights; the
   attention scale is folded into the q part of those weights instead of into ``W_qkv``.
 
-Precision. On a CPU with bf16 weights (``rollout.dtype=bf16``) the matmuls run in bf16 but
-activations, norms, RoPE, attention and the KV cache stay fp32 (``act_dtype``): bf16 GEMMs are
-~4x faster than fp32 on AVX512-BF16/AMX cores, while bf16 elementwise ops, ``rms_norm`` and small
-batched attention matmuls are slower than in fp32 (measured on the tiny preset: a pure-bf16 decode
-step was 1.4x slower than fp32). On GPU (or with fp32 weights) everything runs in the weight dtype.
-
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
 from ``load_weights``). Norm weights, embeddings and the LM head are read from the module.
 
@@ -83,9 +77,6 @@ class LlamaFast:
         self.scale = float(attn.scaling)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        # Activations' dtype: fp32 on CPU under bf16 weights (see "Precision" above).
-        self.mixed = self.device.type == "cpu" and self.dtype == torch.bfloat16
-        self.act = torch.float32 if self.mixed else self.dtype
         self.refresh()
 
     @torch.no_grad()
@@ -105,20 +96,19 @@ class LlamaFast:
             if a.q_proj.bias is not None:
                 b = torch.cat((a.q_proj.bias * scale, a.k_proj.bias, a.v_proj.bias)).contiguous()
             gu = torch.cat((m.gate_proj.weight, m.up_proj.weight)).contiguous()
-            act = self.act
             self.layers.append(dict(
-                ln1=layer.input_layernorm.weight.to(act), eps1=layer.input_layernorm.variance_epsilon,
-                ln2=layer.post_attention_layernorm.weight.to(act), eps2=layer.post_attention_layernorm.variance_epsilon,
-                wqkv=w, bqkv=b, qkn=None if qkn is None else qkn.to(act), qk_eps=qk_eps,
+                ln1=layer.input_layernorm.weight, eps1=layer.input_layernorm.variance_epsilon,
+                ln2=layer.post_attention_layernorm.weight, eps2=layer.post_attention_layernorm.variance_epsilon,
+                wqkv=w, bqkv=b, qkn=qkn, qk_eps=qk_eps,
                 wo_t=a.o_proj.weight.t(), bo=a.o_proj.bias,
                 wgu=gu, wd_t=m.down_proj.weight.t(),
             ))
         self.embed = inner.embed_tokens.weight
-        self.norm_w, self.norm_eps = inner.norm.weight.to(self.act), inner.norm.variance_epsilon
+        self.norm_w, self.norm_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.lm_head = self.model.lm_head.weight
         self.lm_bias = getattr(self.model.lm_head, "bias", None)
         pos = torch.arange(self.context, device=self.device)[None]
-        cos, sin = inner.rotary_emb(torch.zeros(1, device=self.device, dtype=self.act), pos)
+        cos, sin = inner.rotary_emb(torch.zeros(1, device=self.device, dtype=self.dtype), pos)
         half = hd // 2
         self.cos = cos[0].contiguous()  # [context, hd]
         # rotate_half(x) * sin == x[..., perm] * sin_signed
@@ -141,26 +131,11 @@ class LlamaFast:
 
     def new_cache(self, slots: int, width: int) -> torch.Tensor:
         # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
-        return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.act)
-
-    def _lin(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        """``x @ w.T + b``; mixed precision: ``x`` cast to the weights' bf16, the result back to fp32."""
-        if self.mixed:
-            return F.linear(x.to(w.dtype), w, b).to(self.act)
-        return F.linear(x, w, b)
-
-    def _residual(self, x: torch.Tensor, h: torch.Tensor, w_t: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-        """``x + h @ w_t (+ b)``: one ``addmm`` when dtypes agree."""
-        if self.mixed:
-            return x + self._lin(h, w_t.t(), b)
-        return torch.addmm(x, h, w_t) if b is None else torch.addmm(x + b, h, w_t)
-
-    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        return F.embedding(tokens, self.embed).to(self.act)
+        return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.dtype)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         x = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
-        return self._lin(x, self.lm_head, self.lm_bias)
+        return F.linear(x, self.lm_head, self.lm_bias)
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -171,11 +146,11 @@ class LlamaFast:
         """
         G, P = tokens.shape
         H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
-        x = self._embed(tokens)
+        x = F.embedding(tokens, self.embed)
         cos, sin = self.cos[:P, None], self.sin[:P, None]  # [P, 1, hd]
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
-            y = self._lin(h, w["wqkv"], w["bqkv"])
+            y = F.linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[..., :n].view(G, P, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
@@ -184,10 +159,10 @@ class LlamaFast:
             kv[l, 1, slots, :, :P] = v
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=KVH != H)
             o = o.transpose(1, 2).reshape(G, P, H * hd)
-            x = x + self._lin(o, w["wo_t"].t(), w["bo"])
+            x = x + F.linear(o, w["wo_t"].t(), w["bo"])
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
-            gu = self._lin(h, w["wgu"])
-            x = x + self._lin(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd_t"].t())
+            gu = F.linear(h, w["wgu"])
+            x = x + F.linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd_t"].t())
         return self._head(x[torch.arange(G, device=x.device), last])
 
     @torch.no_grad()
@@ -203,7 +178,7 @@ class LlamaFast:
         """
         B = tokens.shape[0]
         rows = torch.arange(B, device=tokens.device)
-        x = self._embed(tokens)
+        x = F.embedding(tokens, self.embed)
         if same_pos is not None:
             assert width == same_pos + 1, (width, same_pos)
             cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
@@ -221,7 +196,7 @@ class LlamaFast:
         G = H // KVH
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
-            y = self._lin(h, w["wqkv"], w["bqkv"])
+            y = F.linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             layer = kv[l]
@@ -233,10 +208,10 @@ class LlamaFast:
             if mask is not None:
                 s = s + mask
             o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd)
-            x = self._residual(x, o, w["wo_t"], w["bo"])
+            x = torch.addmm(x, o, w["wo_t"]) if w["bo"] is None else torch.addmm(x + w["bo"], o, w["wo_t"])
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
-            gu = self._lin(h, w["wgu"])
-            x = self._residual(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"], None)
+            gu = F.linear(h, w["wgu"])
+            x = torch.addmm(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"])
         return x
 
 
