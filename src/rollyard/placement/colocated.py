@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rollyard import roles, signals
+from rollyard import roles
 from rollyard.config import RunConfig
 from rollyard.placement.run import finish, start
 from rollyard.placement.score import score
@@ -72,12 +72,6 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
                         compare_weights(publisher.expected(r.model), engine.model, engine.version)
             tel.traffic(step, "weights", nbytes)
 
-            run.state.step = step + 1
-            if cfg.eval_every and run.state.step % cfg.eval_every == 0 and run.state.step < cfg.steps:
-                run.eval_during(r, step)  # in this step's row, where the reward-hacking alarm compares it
-            progress.update(run.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at,
-                                         extra=round_metrics))
-            if run.state.step % cfg.checkpoint_every == 0 or run.state.step == cfg.steps or signals.stop_requested():
-                run.save_checkpoint(r, {"engine": engine.generator.get_state()})
-            signals.raise_if_stopping(run.state.step)
+            run.close_step(step, r, progress, requests, samples, train_metrics, trained_at, extra=round_metrics,
+                           extra_rng=lambda: {"engine": engine.generator.get_state()})
     return finish(run, r)

@@ -26,6 +26,7 @@ from rollyard import staleness
 from rollyard.config import ConfigError, RunConfig
 from rollyard.placement import weights
 from rollyard.placement.run import Roles, RunRecord
+from rollyard.placement.score import score
 from rollyard.rollout.worker import RolloutWorker
 from rollyard.telemetry import rundir
 from rollyard.types import Request, Sample
@@ -195,6 +196,21 @@ class RolloutPool:
         return [self.ledger.requests[i] for i in chosen], [s for g in groups for s in g]
 
     # -- weights -------------------------------------------------------------------------------------
+
+    def train(self, step: int, requests: list[Request], samples: list[Sample]) -> tuple[list[Sample], dict, int]:
+        """Score and train the taken groups, then publish every ``sync.every`` versions.
+        Returns ``(samples, train metrics, the version that trained them)``."""
+        run, r = self.run, self.r
+        samples, trained = score(run, r, step, samples)
+        trained_at = run.state.version
+        with run.telemetry.span("train", step, requests=[q.id for q in requests]):
+            train_metrics = r.trainer.step(trained)
+        r.feed.ledger.trained([q.id for q in requests])
+        if not train_metrics.get("skipped"):  # a skipped update is no new version: nothing to publish
+            run.state.version += 1
+            if run.state.version % self.cfg.sync.every == 0:
+                self.publish(step, run.state.version)
+        return samples, train_metrics, trained_at
 
     def publish(self, step: int, version: int) -> None:
         """Put the trainer's weights at ``version`` in the object store and tell every worker."""

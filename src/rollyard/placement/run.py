@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rollyard import checkpoint, roles, runguard, staleness
+from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
@@ -140,6 +140,21 @@ class RunRecord:
             self.telemetry.completions(step, completion_records(step, samples, r.tokenizer))
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
         return self.telemetry.end_step(step, values)
+
+    def close_step(self, step: int, r: Roles, progress, requests: list[Request], samples: list[Sample],
+                   train_metrics: dict[str, float], trained_at: int, extra: dict[str, Any] | None = None,
+                   extra_rng=None) -> None:
+        """The end of every driver's step: advance, eval when due (in this step's row, where the
+        reward-hacking alarm compares it), write the row, checkpoint when due or stopping, and stop
+        on a signal. ``extra_rng``: a callable returning the driver's extra RNG state to checkpoint."""
+        self.state.step = step + 1
+        if self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0 and self.state.step < self.cfg.steps:
+            self.eval_during(r, step)
+        progress.update(self.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at, extra=extra))
+        if (self.state.step % self.cfg.checkpoint_every == 0 or self.state.step == self.cfg.steps
+                or signals.stop_requested()):
+            self.save_checkpoint(r, extra_rng() if extra_rng else None)
+        signals.raise_if_stopping(self.state.step)
 
     def save_checkpoint(self, r: Roles, extra_rng: dict | None = None) -> Path:
         self.state.cursor = r.feed.state()
