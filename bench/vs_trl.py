@@ -162,7 +162,7 @@ def run_trl(py: Path, model_dir: Path, prompts: Path, work: Path, a) -> dict:
     return {"versions": res["versions"], "threads": res["threads"],
             "step_seconds": res["step_seconds"][w:], "generate_seconds": res["generate_seconds"][w:],
             "generated_tokens": res["generated_tokens"][w:], "rewards": res["reward_means"],
-            "lengths": [t / 32 for t in res["generated_tokens"]]}
+            "lengths": [t / res["completions_per_step"] for t in res["generated_tokens"]]}
 
 
 def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
@@ -226,7 +226,7 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
             "generate_seconds": [rows[s].get("time/rollout", float("nan")) for s in timed],
             "generated_tokens": [int(rows[s]["tokens/generated"]) for s in timed],
             "rewards": [rows[s]["reward/mean"] for s in range(steps)],
-            "lengths": [rows[s]["tokens/generated"] / 32 for s in range(steps)],
+            "lengths": [rows[s]["length/mean"] for s in range(steps)],
             "role_seconds": {k.removeprefix("time/"): statistics.mean(rows[s][k] for s in timed)
                              for k in rows[a.warmup] if k.startswith("time/") and k != "time/step"}}
 

@@ -389,12 +389,6 @@ class PerSeqHFBackend:
         for s in slots:
             s.cache = copy.deepcopy(stash)
 
-    def _decode_mask(self, C: int) -> torch.Tensor:
-        """The mask of a decode step over ``C`` columns: a row's valid columns are its last ``n + 1``."""
-        valid = torch.arange(C, device=self.device) >= (C - 1 - self.n)[:, None]
-        # Built by transformers from the 2D mask every step otherwise (~6% of a small model's step).
-        return valid[:, None, None, :] if self._mask4d else valid.long()
-
     @torch.no_grad()
     def decode(self, seqs) -> torch.Tensor:
         rows = []
