@@ -225,6 +225,22 @@ def test_sampling_logprobs_match_full_forward(temperature, top_p):
         assert err < 1e-4, f"sampling-time logprobs of {s.id} differ from log_softmax(logits/T) by {err:.2e}"
 
 
+
+def test_bf16_weights_on_cpu_decode_with_an_fp32_cache_and_match_the_bf16_forward():
+    """bf16 weights on CPU: the KV cache and the decode attention are fp32 (bf16 batched matmuls
+    over the cache's strided views are ~2x slower there); the weight matmuls stay bf16, so the
+    sampled logprobs agree with the bf16 HF forward to bf16 rounding, in the uniform-position and
+    the masked (mixed prompt lengths) decode."""
+    model = _model().to(torch.bfloat16)
+    eng = _engine(model, temperature=1.0, max_concurrent=6, seed=4)
+    assert eng.backend.name == "fast"
+    assert eng.backend.fwd.kv_dtype == torch.float32 and eng.backend.fwd.layers[0]["wqkv"].dtype == torch.bfloat16
+    for lengths in ((6, 6, 6), (5, 9, 3, 12)):
+        samples, _ = eng.generate(_requests(lengths, n=2, max_new=12))
+        assert eng.backend.kv.dtype == torch.float32
+        errs = torch.cat([(torch.tensor(s.logprobs) - _recompute_logprobs(model, s, 1.0)).abs() for s in samples])
+        assert errs.max() < 0.1 and errs.mean() < 0.02, (lengths, errs.max(), errs.mean())
+
 def test_shared_prefill_equals_separate_prefills():
     model = _model()
     prompt = _prompt(0, 7)

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from rollyard.algo.loss import kl_k3
 from rollyard.models import build_preset, char_tokenizer
@@ -246,6 +247,29 @@ def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch):
         assert (g1[n] - g2[n]).abs().max() <= 1e-5 * g2[n].abs().max().clamp_min(1.0), n
 
 
+
+@pytest.mark.parametrize("H,KVH,T", [(4, 4, 9), (4, 2, 9), (6, 2, 1), (8, 4, 33)])
+def test_cpu_grouped_causal_attention_equals_sdpa_values_and_grads(H, KVH, T):
+    """The trainer's CPU attention (query heads stacked per K/V head, additive causal mask, fp32
+    softmax) against SDPA's causal GQA kernel: outputs and the gradients of q, k and v."""
+    from rollyard.rollout.llama_forward import causal_attention
+
+    g = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(3, h, T, 16, generator=g, requires_grad=True) for h in (H, KVH, KVH))
+    w = torch.randn(3, H, T, 16, generator=g)
+    got_grads, outs = [], []
+    for fn in (lambda: causal_attention(q, k, v, 0.25),
+               lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=KVH != H)):
+        for x in (q, k, v):
+            x.grad = None
+        o = fn()
+        (o * w).sum().backward()
+        outs.append(o.detach())
+        got_grads.append([x.grad.clone() for x in (q, k, v)])
+    assert (outs[0] - outs[1]).abs().max() < 1e-5
+    for a, b in zip(*got_grads):
+        assert (a - b).abs().max() < 1e-5
+
 # -- the RL step ----------------------------------------------------------------------------------
 
 
@@ -444,7 +468,7 @@ def test_cuda_bf16_autocast_matches_fp32_cpu():
 
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 def test_cpu_bf16_precision_matches_fp32_reference_and_keeps_fp32_state(layout):
-    """precision="bf16" on CPU: autocast matmuls, SDPA math kernel; logprobs and the gradient of a
+    """precision="bf16" on CPU: autocast matmuls (padded rows through the fast forward); logprobs and the gradient of a
     step agree with the fp32 reference (slow unpacked path) to bf16 accuracy, weights and Adam
     state stay fp32."""
     model = _model(12)
@@ -453,6 +477,9 @@ def test_cpu_bf16_precision_matches_fp32_reference_and_keeps_fp32_state(layout):
     t = Trainer(model, micro_batch_tokens=4096, layout=layout, precision="bf16")
     assert t.precision == "bf16" and Trainer(_model(0)).precision == "fp32"  # auto on CPU: fp32
     got_lp = t.logprobs(samples)
+    # The fast forward's start-up check runs outside the caller's autocast (under it, bf16
+    # rounding alone failed the fp32 tolerance and silently switched the fast path off).
+    assert t._use_fast(model)
     err = max((g - w).abs().max().item() for g, w in zip(got_lp, want_lp))
     assert 1e-6 < err < 0.1, err  # bf16 really ran (not bit-equal to fp32) and stayed close
     for s, lp in zip(samples, want_lp):

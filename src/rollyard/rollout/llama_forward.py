@@ -18,7 +18,9 @@ from ``load_weights``). Norm weights, embeddings and the LM head are read from t
 
 KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``;
 a slot's entries at positions >= its length are garbage (finite: the buffer is zero-initialised)
-and masked out.
+and masked out. With bf16 weights on a CPU the cache and the decode attention are fp32
+(``kv_dtype``): CPU bf16 batched matmuls copy their strided cache views and run ~2x slower than
+fp32 at these shapes, while the weight matmuls, where bf16 pays, stay bf16.
 
 ``unsupported_reason(model)`` says why a model cannot take this path (the engine then uses the
 HF forward); the engine also checks this forward against the HF forward's logits at start-up.
@@ -77,6 +79,7 @@ class LlamaFast:
         self.scale = float(attn.scaling)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        self.kv_dtype = torch.float32 if (p.device.type == "cpu" and p.dtype == torch.bfloat16) else p.dtype
         self.refresh()
 
     @torch.no_grad()
@@ -131,7 +134,7 @@ class LlamaFast:
 
     def new_cache(self, slots: int, width: int) -> torch.Tensor:
         # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
-        return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.dtype)
+        return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.kv_dtype)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         x = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
@@ -155,8 +158,8 @@ class LlamaFast:
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-            kv[l, 0, slots, :, :P] = k
-            kv[l, 1, slots, :, :P] = v
+            kv[l, 0, slots, :, :P] = k.to(kv.dtype)
+            kv[l, 1, slots, :, :P] = v.to(kv.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=KVH != H)
             o = o.transpose(1, 2).reshape(G, P, H * hd)
             x = x + F.linear(o, w["wo_t"].t(), w["bo"])
@@ -186,7 +189,7 @@ class LlamaFast:
         else:
             cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
             ar = torch.arange(width, device=tokens.device)
-            mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(x.dtype)[:, None, None]  # [B,1,1,W]
+            mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(self.kv_dtype)[:, None, None]  # [B,1,1,W]
             at = (rows, slice(None), pos)
         return self._head(self._decode_layers(x, at, cos, sin, mask, kv, width))
 
@@ -200,14 +203,14 @@ class LlamaFast:
             qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
             qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
             layer = kv[l]
-            layer[0][at] = qk[:, H:]
-            layer[1][at] = y[:, n:].view(B, KVH, hd)
+            layer[0][at] = qk[:, H:].to(layer.dtype)
+            layer[1][at] = y[:, n:].view(B, KVH, hd).to(layer.dtype)
             K = layer[0, :B, :, :width]  # [B, KVH, W, hd] (strided view, no copy)
             V = layer[1, :B, :, :width]
-            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd), K.transpose(-1, -2))
+            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
             if mask is not None:
                 s = s + mask
-            o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd)
+            o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
             x = torch.addmm(x, o, w["wo_t"]) if w["bo"] is None else torch.addmm(x + w["bo"], o, w["wo_t"])
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
             gu = F.linear(h, w["wgu"])
@@ -240,11 +243,48 @@ def _attention_block(x: torch.Tensor, layer, cos, sin, perm) -> torch.Tensor:
     if hasattr(a, "q_norm"):
         nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
         qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
-    qk = qk * cos[:, None] + qk.index_select(-1, perm) * sin[:, None]
+    half = hd // 2  # rotate_half's swap as one cat: a last-dim gather is several times slower on CPU
+    qk = torch.addcmul(qk * cos[:, None], torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin[:, None])
     q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
     v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=float(a.scaling), enable_gqa=KVH != H)
+    o = causal_attention(q, k, v, float(a.scaling))
     return x + F.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
+
+
+_MASKS: dict[tuple, torch.Tensor] = {}
+
+
+def _grouped_causal_mask(T: int, G: int, device) -> torch.Tensor:
+    """Additive fp32 mask ``[G * T, T]``: row ``g * T + i`` may see keys ``0..i``."""
+    key = (T, G, str(device))
+    m = _MASKS.get(key)
+    if m is None:
+        if len(_MASKS) > 64:
+            _MASKS.clear()
+        m = torch.full((T, T), float("-inf"), device=device).triu_(1).repeat(G, 1)
+        _MASKS[key] = m
+    return m
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention ``q [B, H, T, hd]`` over ``k, v [B, KVH, T, hd]`` (GQA), with autograd.
+
+    On CUDA this is SDPA (flash). On CPU, SDPA's kernels are slow at the short rows RL trains on
+    (flash's backward in bf16 especially; the math kernel expands K/V per query head and runs a
+    "safe" softmax with extra passes), so the CPU path is three plain ops: the query heads that
+    share a K/V head are stacked along the query axis (``[B, KVH, G * T, hd]``: no K/V copies),
+    one matmul for the scores, an fp32 softmax under a cached additive causal mask, one matmul.
+    Every row sees at least its own key, so no row is fully masked.
+    """
+    B, H, T, hd = q.shape
+    KVH = k.shape[1]
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=KVH != H)
+    G = H // KVH
+    s = torch.matmul(q.reshape(B, KVH, G * T, hd), k.transpose(-1, -2))
+    s = s.float() * scale + _grouped_causal_mask(T, G, q.device)
+    p = torch.softmax(s, dim=-1).to(v.dtype)
+    return torch.matmul(p, v).view(B, H, T, hd)
 
 
 def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
@@ -278,9 +318,12 @@ def train_forward_matches(model, tol: float = 1e-4) -> bool:
         return False
     dev = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)).to(dev)
-    try:
-        got = train_hidden(model, ids).float()
-    except (RuntimeError, ValueError, TypeError, AttributeError, IndexError):  # an unexpected family variant
-        return False
-    ref = model.model(input_ids=ids, use_cache=False).last_hidden_state.float()
+    # In the weights' own precision: a caller's bf16 autocast would put both sides' rounding
+    # (~1e-2) above ``tol`` and fail the check for the wrong reason.
+    with torch.autocast(dev.type, enabled=False):
+        try:
+            got = train_hidden(model, ids).float()
+        except (RuntimeError, ValueError, TypeError, AttributeError, IndexError):  # an unexpected family variant
+            return False
+        ref = model.model(input_ids=ids, use_cache=False).last_hidden_state.float()
     return bool(((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6)) < tol)
