@@ -159,7 +159,8 @@ def test_compaction_moves_survivors_in_place_and_keeps_their_tokens():
 
 
 def test_sampler_draws_from_softmax_of_logits_over_t():
-    """The exponential-race draw: token frequencies match softmax(logits / T) (20k draws, 5 sigma)."""
+    """The inverse-CDF draw: token frequencies match softmax(logits / T) (20k draws, 5 sigma); a
+    token of zero probability (top-p cut) is never drawn."""
     eng = _engine(_model(), temperature=0.8, seed=4)
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5]]).expand(20000, 5)
     toks, lps = eng._sample(logits)
@@ -167,6 +168,11 @@ def test_sampler_draws_from_softmax_of_logits_over_t():
     freq = torch.bincount(torch.tensor(toks), minlength=5).float() / 20000
     assert ((freq - p).abs() < 5 * (p * (1 - p) / 20000).sqrt()).all(), (freq, p)
     assert torch.allclose(torch.tensor(lps), p.log()[torch.tensor(toks)], atol=1e-5)
+    eng = _engine(_model(), temperature=1.0, top_p=0.7, seed=5)  # keeps tokens 2 and 1 (mass 0.77)
+    toks, _ = eng._sample(torch.tensor([[0.0, 1.0, 2.0, -1.0, 0.5]]).expand(20000, 5))
+    freq = torch.bincount(torch.tensor(toks), minlength=5).float() / 20000
+    q = torch.softmax(torch.tensor([1.0, 2.0]), -1)  # renormalised over the kept tokens
+    assert freq[[0, 3, 4]].sum() == 0 and ((freq[[1, 2]] - q).abs() < 5 * (q * (1 - q) / 20000).sqrt()).all(), freq
 
 
 # --- correctness against references ------------------------------------------------------------
