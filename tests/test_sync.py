@@ -134,7 +134,10 @@ def test_bad_updates_are_rejected_and_old_weights_stay():
     pub, tx = DeltaPublisher(torch.bfloat16), InProcessTransport()
     push_pull(pub, tx, trainer, engine, 0, full=True)
     random_steps(trainer, 1, 1e-3, seed=1)
-    header, payload = pack(pub.publish(trainer, 1))
+    update = pub.publish(trainer, 1)
+    assert update.checksum is None  # in process nothing is hashed; the wire form stamps it
+    header, payload = pack(update)
+    assert update.checksum is not None and unpack(header, payload).checksum == update.checksum
     before = weights_checksum(engine.model)
     corrupted = payload.clone()
     corrupted[len(corrupted) // 2] ^= 0xFF

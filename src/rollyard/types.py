@@ -92,7 +92,8 @@ class WeightUpdate:
       - ``lora``: adapter tensors (``<module>.lora_A``, ``.lora_B``, ``.scaling``), plus every base
         parameter by name when it is a full LoRA sync (start-up, or after a rejected update).
     ``checksum`` is sha256 over the payload (names, dtypes, shapes, raw bytes of tensors and
-    indices); the receiver recomputes it over what arrived before it touches its weights.
+    indices), stamped by ``sync.wire.pack`` when the update goes on a wire (``None`` in process);
+    the receiver recomputes it over what arrived before it touches its weights.
     ``nbytes`` is set by a transport to what it moved (values + indices + framing).
     """
 

@@ -1,8 +1,8 @@
 """The weight-sync seam of the Ray placements, over the sync layer (``rollyard.sync``).
 
 Trainer side: ``Publisher(dtype).publish(model, version)`` -> ``(handle, nbytes)``: the sync
-layer's full publisher (every parameter in the rollout dtype, payload checksum) sent through its
-Ray object-store transport; ``nbytes`` is the serialized size the transport reports (what the
+layer's full publisher (every parameter in the rollout dtype) sent through its Ray object-store
+transport (which stamps the payload checksum); ``nbytes`` is the serialized size the transport reports (what the
 traffic ledger records) and ``handle`` is what a worker receives it by (the object ref, wrapped so
 Ray does not resolve it in the control call). Worker side: ``receive(handle)`` then
 ``engine.load_weights(update, inflight)``, which stages, verifies and swaps between decode steps.

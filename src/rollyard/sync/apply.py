@@ -57,7 +57,7 @@ class Receiver:
                 raise ValueError(f"an 'inprocess' update carries no tensors (the trainer shares the module), got "
                                  f"{len(update.tensors)}; publish mode 'full' or 'delta' to ship tensors")
             return Staged(update.version)
-        # Publishers always stamp a checksum; a hand-built in-process update (tests) may omit it.
+        # ``pack`` stamps a checksum on every update that crossed a wire; an in-process one has none.
         if update.checksum is not None and payload_checksum(update) != update.checksum:
             raise SyncRejected(f"weight update v{update.version} ({update.mode}) fails its payload checksum "
                                f"(corrupted or truncated in transit); the rollout copy stays at v{self.version} "

@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from rollyard.sync.full import FullPublisher, rollout_weights
-from rollyard.sync.wire import SyncRejected, payload_checksum
+from rollyard.sync.wire import SyncRejected
 from rollyard.types import WeightUpdate
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -107,7 +107,6 @@ class DeltaPublisher:
             upd.tensors[name] = cur[changed].clone()
             upd.indices[name] = encode_indices(changed)
             base[changed] = cur[changed]
-        upd.checksum = payload_checksum(upd)
         self.version = version
         return upd
 

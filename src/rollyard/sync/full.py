@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rollyard.sync.wire import SyncRejected, payload_checksum
+from rollyard.sync.wire import SyncRejected
 from rollyard.types import WeightUpdate
 
 
@@ -29,7 +29,6 @@ class FullPublisher:
     @torch.no_grad()
     def publish(self, model, version: int, full: bool = False) -> WeightUpdate:
         upd = WeightUpdate(version=version, mode="full", tensors=rollout_weights(model, self.dtype))
-        upd.checksum = payload_checksum(upd)
         return upd
 
     def expected(self, model) -> dict[str, torch.Tensor]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from rollyard.sync.wire import SyncRejected, payload_checksum
+from rollyard.sync.wire import SyncRejected
 from rollyard.types import WeightUpdate
 
 PREFIX = "base_model.model."
@@ -74,7 +74,6 @@ class LoraPublisher:
         if full:
             tensors.update(base_weights(model, self.dtype))
         upd = WeightUpdate(version=version, mode="lora", tensors=tensors)
-        upd.checksum = payload_checksum(upd)
         return upd
 
     @torch.no_grad()

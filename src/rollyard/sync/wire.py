@@ -7,8 +7,11 @@ tensor's name, role (``v`` value / ``i`` index), dtype, shape and byte length; e
 padded to 8 bytes so the receiver views the payload in place.
 
 ``payload_checksum`` is sha256 over (name, role, dtype, shape, raw bytes) of every tensor in sorted
-order: the publisher stamps it, the receiver recomputes it over what arrived (``stage`` in
-``apply.py``), so a truncated or corrupted payload is caught before any weight is touched.
+order: ``pack`` stamps it into the header when the update goes on a wire, the receiver
+recomputes it over what arrived (``stage`` in ``apply.py``), so a truncated or corrupted payload
+is caught before any weight is touched. An update handed over in-process (the colocated
+placement's ``inprocess`` transport) crosses no wire and carries none: hashing it twice cost
+~10 ms a sync at 4M parameters, more than the cast itself.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ def pack_pieces(update: WeightUpdate) -> tuple[bytes, list[torch.Tensor]]:
     can view the payload as typed tensors without copying.
     """
     entries = _entries(update)
+    if update.checksum is None:
+        update.checksum = payload_checksum(update)
     meta = {"version": update.version, "mode": update.mode, "checksum": update.checksum,
             "base_version": update.base_version,
             "tensors": [[n, r, str(t.dtype), list(t.shape), t.numel() * t.element_size()] for n, r, t in entries]}
