@@ -270,6 +270,30 @@ def test_cpu_grouped_causal_attention_equals_sdpa_values_and_grads(H, KVH, T):
     for a, b in zip(*got_grads):
         assert (a - b).abs().max() < 1e-5
 
+
+def test_fast_forward_is_refused_where_it_would_bypass_module_calls():
+    """train_hidden reads projection weights directly: an adapter or a forward hook (FSDP's
+    all-gather) would be skipped silently, so those models keep the HF decoder, and a LoRA
+    policy's adapter factors get their gradient."""
+    from rollyard.models import attach_lora
+    from rollyard.rollout.llama_forward import train_forward_matches, train_unsupported_reason
+
+    peft = attach_lora(_model(5), r=2, alpha=4.0, targets=["q_proj", "v_proj"])
+    inner = peft.base_model.model  # the Llama module with PEFT's Linear wrappers in place
+    assert "not a plain torch.nn.Linear" in train_unsupported_reason(inner)
+    assert not train_forward_matches(inner)  # even though lora_B = 0 makes the outputs equal
+    t = Trainer(inner, micro_batch_tokens=4096, layout="padded")
+    assert not t._use_fast(inner)
+    t.optimizer.zero_grad(set_to_none=True)
+    t.accumulate_gradients(_samples(5, n=4))
+    lora_b = [p for n, p in inner.named_parameters() if "lora_B" in n]
+    assert lora_b and all(p.grad is not None and p.grad.abs().sum() > 0 for p in lora_b)
+
+    hooked = _model(6)
+    hooked.model.layers[1].mlp.register_forward_pre_hook(lambda m, a: None)
+    assert "forward hooks" in train_unsupported_reason(hooked)
+    assert train_unsupported_reason(_model(6)) is None and train_forward_matches(_model(6))
+
 # -- the RL step ----------------------------------------------------------------------------------
 
 

@@ -218,18 +218,17 @@ class LlamaFast:
         return x
 
 
-def _rope_tables(inner, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``cos [T, hd]``, ``sin`` with rotate_half's sign folded in, and the half-swap permutation."""
+def _rope_tables(inner, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos [T, hd]`` and ``sin`` with rotate_half's sign folded in."""
     with torch.no_grad():
         cos, sin = inner.rotary_emb(like, torch.arange(T, device=like.device)[None])
         cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
         half = cos.shape[-1] // 2
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        perm = torch.cat((torch.arange(half, 2 * half), torch.arange(half))).to(like.device)
-    return cos, sin, perm
+    return cos, sin
 
 
-def _attention_block(x: torch.Tensor, layer, cos, sin, perm) -> torch.Tensor:
+def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     """One layer's attention (fused q|k|v matmul, RoPE as a gather, causal SDPA), with autograd."""
     a = layer.self_attn
     B, T, _ = x.shape
@@ -282,7 +281,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=KVH != H)
     G = H // KVH
     s = torch.matmul(q.reshape(B, KVH, G * T, hd), k.transpose(-1, -2))
-    s = s.float() * scale + _grouped_causal_mask(T, G, q.device)
+    s = torch.add(_grouped_causal_mask(T, G, q.device), s, alpha=scale)  # mask + scale * s, fp32
     p = torch.softmax(s, dim=-1).to(v.dtype)
     return torch.matmul(p, v).view(B, H, T, hd)
 
@@ -299,22 +298,57 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     0..T-1, causal), differentiable w.r.t. the module's own parameters.
 
     The trainer's padded micro-batches run through this instead of the HF module forward when
-    ``unsupported_reason(model)`` is ``None`` and :func:`train_forward_matches` holds: the same
-    math in fewer ops (q|k|v and gate|up concatenated per call, so gradients reach the original
-    weights; fused ``rms_norm``; RoPE as one gather). No dropout (the family has none in training).
+    :func:`train_forward_matches` holds: the same math in fewer ops (q|k|v and gate|up
+    concatenated per call, so gradients reach the original weights; fused ``rms_norm``; RoPE's
+    half swap as one cat; on CPU :func:`causal_attention`). No dropout (the family has none in training).
     """
     inner = model.model
     x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
-    cos, sin, perm = _rope_tables(inner, input_ids.shape[1], x)
+    cos, sin = _rope_tables(inner, input_ids.shape[1], x)
     for layer in inner.layers:
-        x = _mlp_block(_attention_block(x, layer, cos, sin, perm), layer)
+        x = _mlp_block(_attention_block(x, layer, cos, sin), layer)
     return F.rms_norm(x, (x.shape[-1],), inner.norm.weight, inner.norm.variance_epsilon)
+
+
+_PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def train_unsupported_reason(model) -> str | None:
+    """``None`` if :func:`train_hidden` computes what the module would, else why not.
+
+    Beyond :func:`unsupported_reason`: ``train_hidden`` reads the projections' ``.weight``
+    directly and never calls a module, so anything that works through module calls would be
+    skipped without a trace: a PEFT adapter wrapping a projection (its LoRA factors would get no
+    gradient), FSDP's per-layer all-gather hooks (sharded weights; the ranks would hang), or any
+    other forward hook. A numeric check alone cannot see an adapter whose B factor is still zero.
+    """
+    reason = unsupported_reason(model)
+    if reason:
+        return reason
+    if getattr(model.config, "attention_dropout", 0.0):
+        return "attention dropout"
+    for i, layer in enumerate(model.model.layers):
+        for m in layer.modules():
+            if m._forward_hooks or m._forward_pre_hooks:
+                return f"layer {i} has forward hooks ({type(m).__name__}: FSDP or another wrapper)"
+        for name in _PROJECTIONS:
+            mod = layer.get_submodule(name)
+            if type(mod) is not torch.nn.Linear:
+                return (f"layer {i} {name} is {type(mod).__module__}.{type(mod).__qualname__}, not a plain "
+                        f"torch.nn.Linear (an adapter?)")
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in model.parameters()):
+        return "sharded (DTensor) parameters"
+    return None
 
 
 @torch.no_grad()
 def train_forward_matches(model, tol: float = 1e-4) -> bool:
-    """Whether :func:`train_hidden` equals the HF decoder on a short random batch (relative max error)."""
-    if unsupported_reason(model) is not None or getattr(model.config, "attention_dropout", 0.0):
+    """Whether :func:`train_hidden` may stand in for the HF decoder: nothing it would bypass
+    (:func:`train_unsupported_reason`), and equal outputs on a short random batch (relative max error)."""
+    if train_unsupported_reason(model) is not None:
         return False
     dev = next(model.parameters()).device
     ids = torch.randint(0, model.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0)).to(dev)

@@ -20,8 +20,9 @@ logits at a time instead of keeping them all. Prompt positions never reach the l
 Precision (``precision=``): ``fp32``, or ``bf16`` autocast (matmuls in bf16, weights, optimizer
 state and log_softmax in fp32); ``auto`` is bf16 on CUDA and fp32 on CPU. A CPU with AVX512-BF16
 or AMX runs bf16 matmuls ~4x faster than fp32 (measured 390-410 vs 92 GFLOP/s, one core), so
-``bf16`` pays there too; under it the CPU attention runs SDPA's math kernel (a bf16 flash-attention
-backward measured ~5x slower than the whole fp32 step's matmuls at 32 x 68 tokens).
+``bf16`` pays there too. Under it, padded rows take the fast forward's grouped attention and
+packed rows (HF decoder) SDPA's math kernel: a bf16 flash-attention backward measured ~5x slower
+than the whole fp32 step's matmuls at 32 x 68 tokens.
 Dropout: the module's train/eval mode is left as the caller set it (the tiny presets and most
 causal LMs have no dropout; with dropout on, pi_old and mu would be noisy).
 """
