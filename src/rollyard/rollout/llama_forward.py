@@ -321,13 +321,16 @@ def train_unsupported_reason(model) -> str | None:
     directly and never calls a module, so anything that works through module calls would be
     skipped without a trace: a PEFT adapter wrapping a projection (its LoRA factors would get no
     gradient), FSDP's per-layer all-gather hooks (sharded weights; the ranks would hang), or any
-    other forward hook. A numeric check alone cannot see an adapter whose B factor is still zero.
+    other forward hook; and gradient checkpointing. A numeric check alone cannot see an adapter
+    whose B factor is still zero.
     """
     reason = unsupported_reason(model)
     if reason:
         return reason
     if getattr(model.config, "attention_dropout", 0.0):
         return "attention dropout"
+    if getattr(model.model, "gradient_checkpointing", False):
+        return "gradient checkpointing is on (the fast forward keeps every activation)"
     for i, layer in enumerate(model.model.layers):
         for m in layer.modules():
             if m._forward_hooks or m._forward_pre_hooks:
