@@ -259,7 +259,7 @@ class RolloutEngine:
             try:
                 backend = _SlotBackend(self.model, self.max_concurrent, self.max_cache_tokens)
                 err = _fast_path_matches(self.model, backend)
-                tol = 1e-4 if backend.fwd.dtype == torch.float32 else 3e-2
+                tol = 1e-4 if backend.fwd.weight_dtype == torch.float32 else 3e-2
                 if err <= tol:
                     return backend
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
