@@ -4,10 +4,10 @@ Why it exists: on a CPU with a tiny policy, a decode step is bound by per-op Pyt
 FLOPs. This forward does one decode step in ~16 ops per layer (HF's modules do several times
 more) by fusing, once per weight version, the weights that are always used together:
 
-- ``W_qkv``: rows ``[q | k | v]``, one matmul. RoPE is ``qk * cos + qk[..., perm] * sin_signed``
-  (``rotate_half`` as one gather with the sign folded into the sin table: no slicing or
-  concatenation). The attention scale ``head_dim ** -0.5`` is folded into the q rows. (Folding
-  rotate_half into extra weight rows instead saves the gather but costs ~15% more FLOPs.)
+- ``W_qkv``: rows ``[q | k | v]``, one matmul. RoPE is ``qk * cos + swap_halves(qk) * sin_signed``
+  (``rotate_half`` as one cat of the two halves with the sign folded into the sin table; a
+  last-dim gather measured up to ~4x slower on CPU at training shapes). The attention scale ``head_dim ** -0.5`` is folded into the q rows. (Folding
+  rotate_half into extra weight rows instead saves the swap but costs ~15% more FLOPs.)
 - ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and ``addmm`` for down + residual.
 - Qwen3's per-head ``q_norm`` / ``k_norm`` (RMSNorm over ``head_dim`` before RoPE): one
   ``rms_norm`` over the q and k heads together and one multiply by their stacked weights; the
@@ -120,13 +120,7 @@ class LlamaFast:
         self.norm_w, self.norm_eps = c(inner.norm.weight), inner.norm.variance_epsilon
         self.lm_head = c(self.model.lm_head.weight)
         self.lm_bias = c(getattr(self.model.lm_head, "bias", None))
-        pos = torch.arange(self.context, device=self.device)[None]
-        cos, sin = inner.rotary_emb(torch.zeros(1, device=self.device, dtype=self.dtype), pos)
-        half = hd // 2
-        self.cos = cos[0].contiguous()  # [context, hd]
-        # rotate_half(x) * sin == x[..., perm] * sin_signed
-        self.sin = torch.cat((-sin[0, :, :half], sin[0, :, half:]), dim=-1).contiguous()
-        self.perm = torch.cat((torch.arange(half, hd), torch.arange(half))).to(self.device)
+        self.cos, self.sin = _rope_tables(inner, self.context, torch.zeros(1, device=self.device, dtype=self.dtype))
         self.n_qk = (H + KVH) * hd
 
     def _c(self, t: torch.Tensor | None) -> torch.Tensor | None:
@@ -169,7 +163,7 @@ class LlamaFast:
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[..., :n].view(G, P, H + KVH, hd), w)
-            qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
+            qk = _rope(qk, cos, sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
             kv[l, 0, slots, :, :P] = k.to(kv.dtype)
@@ -215,7 +209,7 @@ class LlamaFast:
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
             y = F.linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
-            qk = torch.addcmul(qk * cos, qk.index_select(-1, self.perm), sin)
+            qk = _rope(qk, cos, sin)
             layer = kv[l]
             layer[0][at] = qk[:, H:].to(layer.dtype)
             layer[1][at] = y[:, n:].view(B, KVH, hd).to(layer.dtype)
@@ -233,17 +227,23 @@ class LlamaFast:
 
 
 def _rope_tables(inner, T: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos [T, hd]`` and ``sin`` with rotate_half's sign folded in."""
+    """``cos [T, hd]`` and ``sin`` with rotate_half's sign folded in (``like``: dtype and device)."""
     with torch.no_grad():
         cos, sin = inner.rotary_emb(like, torch.arange(T, device=like.device)[None])
         cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
         half = cos.shape[-1] // 2
         sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-    return cos, sin
+    return cos.contiguous(), sin.contiguous()
+
+
+def _rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``qk * cos + rotate_half(qk) * sin`` over the last dim, with the sign folded into ``sin``."""
+    half = qk.shape[-1] // 2
+    return torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
 
 
 def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
-    """One layer's attention (fused q|k|v matmul, RoPE as a gather, causal SDPA), with autograd."""
+    """One layer's attention (fused q|k|v matmul, RoPE, :func:`causal_attention`), with autograd."""
     a = layer.self_attn
     B, T, _ = x.shape
     hd = a.head_dim
@@ -256,8 +256,7 @@ def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     if hasattr(a, "q_norm"):
         nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
         qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
-    half = hd // 2  # rotate_half's swap as one cat: a last-dim gather is several times slower on CPU
-    qk = torch.addcmul(qk * cos[:, None], torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin[:, None])
+    qk = _rope(qk, cos[:, None], sin[:, None])
     q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
     v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
     o = causal_attention(q, k, v, float(a.scaling))

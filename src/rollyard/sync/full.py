@@ -28,8 +28,7 @@ class FullPublisher:
 
     @torch.no_grad()
     def publish(self, model, version: int, full: bool = False) -> WeightUpdate:
-        upd = WeightUpdate(version=version, mode="full", tensors=rollout_weights(model, self.dtype))
-        return upd
+        return WeightUpdate(version=version, mode="full", tensors=rollout_weights(model, self.dtype))
 
     def expected(self, model) -> dict[str, torch.Tensor]:
         """The weights a rollout copy in sync with ``model`` holds (for the equality check)."""

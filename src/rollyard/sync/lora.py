@@ -73,8 +73,7 @@ class LoraPublisher:
         tensors = adapter_tensors(model, self.dtype)
         if full:
             tensors.update(base_weights(model, self.dtype))
-        upd = WeightUpdate(version=version, mode="lora", tensors=tensors)
-        return upd
+        return WeightUpdate(version=version, mode="lora", tensors=tensors)
 
     @torch.no_grad()
     def expected(self, model) -> dict[str, torch.Tensor]:
