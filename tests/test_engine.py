@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
+from rollyard import cpu_gemm
 from rollyard.models import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.llama_forward import LlamaFast
@@ -84,10 +85,13 @@ def _qwen3(seed=0):
     return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_fast_forward_equals_hf_forward(arch):
+@pytest.mark.parametrize("arch", ["llama", "llama-packed", "qwen2", "qwen3"])
+def test_fast_forward_equals_hf_forward(arch, monkeypatch):
     if arch == "llama":
         model = _model()
+    elif arch == "llama-packed":  # wide enough that the projections are packed for oneDNN (cpu_gemm)
+        monkeypatch.setenv("ROLLYARD_ONEDNN", "1")
+        model = build_preset("small", TOK, seed=0, max_position_embeddings=CTX).eval()
     elif arch == "qwen3":
         model = _qwen3()
     else:  # qkv bias, another family member
@@ -100,6 +104,7 @@ def test_fast_forward_equals_hf_forward(arch):
                 for p in (layer.self_attn.q_proj.bias, layer.self_attn.k_proj.bias):
                     p.normal_(0, 0.5)
     fwd = LlamaFast(model)
+    assert fwd.layers[0]["wgu"].is_mkldnn == (arch == "llama-packed" and cpu_gemm._op_available())
     ids = torch.randint(0, V, (3, 14), generator=torch.Generator().manual_seed(0))
     kv = fwd.new_cache(5, 32)
     slots = torch.tensor([4, 0, 2])
@@ -363,8 +368,13 @@ def test_load_weights_policies(policy):
     assert s.versions == [1] * 8 and s.completion_ids == _naive_greedy(model, s.prompt_ids, 8, NO_EOS)
 
 
-def test_inprocess_update_refreshes_fused_weights_and_stale_weights_are_caught():
-    model = _model()
+@pytest.mark.parametrize("packed", [False, True])
+def test_inprocess_update_refreshes_fused_weights_and_stale_weights_are_caught(packed, monkeypatch):
+    if packed:  # the fused copies are oneDNN-packed: a refresh must repack them
+        monkeypatch.setenv("ROLLYARD_ONEDNN", "1")
+        model = build_preset("small", TOK, seed=0, max_position_embeddings=CTX).eval()
+    else:
+        model = _model()
     eng = _engine(model, temperature=0.0)
     eng.generate(_requests(n=1, max_new=4))
     with torch.no_grad():

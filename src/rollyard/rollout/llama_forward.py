@@ -33,6 +33,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from rollyard import cpu_gemm
+from rollyard.cpu_gemm import pack, packed_linear
+
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # On CPU, bf16 weights of a model narrower than this compute in fp32: at hidden 96 a bf16 decode
 # step measured ~1.4x slower than fp32 (small matmuls and elementwise ops pay bf16's conversions
@@ -108,17 +111,17 @@ class LlamaFast:
             b = None
             if a.q_proj.bias is not None:
                 b = torch.cat((c(a.q_proj.bias) * scale, c(a.k_proj.bias), c(a.v_proj.bias))).contiguous()
-            gu = torch.cat((c(m.gate_proj.weight), c(m.up_proj.weight))).contiguous()
+            gu = torch.cat((c(m.gate_proj.weight), c(m.up_proj.weight)))
             self.layers.append(dict(
                 ln1=c(layer.input_layernorm.weight), eps1=layer.input_layernorm.variance_epsilon,
                 ln2=c(layer.post_attention_layernorm.weight), eps2=layer.post_attention_layernorm.variance_epsilon,
-                wqkv=w, bqkv=b, qkn=qkn, qk_eps=qk_eps,
-                wo_t=c(a.o_proj.weight).t(), bo=c(a.o_proj.bias),
-                wgu=gu, wd_t=c(m.down_proj.weight).t(),
+                wqkv=pack(w), bqkv=b, qkn=qkn, qk_eps=qk_eps,
+                wo=pack(c(a.o_proj.weight)), bo=c(a.o_proj.bias),
+                wgu=pack(gu), wd=pack(c(m.down_proj.weight)),
             ))
         self.embed = c(inner.embed_tokens.weight)
         self.norm_w, self.norm_eps = c(inner.norm.weight), inner.norm.variance_epsilon
-        self.lm_head = c(self.model.lm_head.weight)
+        self.lm_head = pack(c(self.model.lm_head.weight))
         self.lm_bias = c(getattr(self.model.lm_head, "bias", None))
         self.cos, self.sin = _rope_tables(inner, self.context, torch.zeros(1, device=self.device, dtype=self.dtype))
         self.n_qk = (H + KVH) * hd
@@ -146,7 +149,7 @@ class LlamaFast:
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         x = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
-        return F.linear(x, self.lm_head, self.lm_bias)
+        return packed_linear(x, self.lm_head, self.lm_bias)
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -161,7 +164,7 @@ class LlamaFast:
         cos, sin = self.cos[:P, None], self.sin[:P, None]  # [P, 1, hd]
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
-            y = F.linear(h, w["wqkv"], w["bqkv"])
+            y = packed_linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[..., :n].view(G, P, H + KVH, hd), w)
             qk = _rope(qk, cos, sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
@@ -170,10 +173,10 @@ class LlamaFast:
             kv[l, 1, slots, :, :P] = v.to(kv.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=KVH != H)
             o = o.transpose(1, 2).reshape(G, P, H * hd)
-            x = x + F.linear(o, w["wo_t"].t(), w["bo"])
+            x = packed_linear(o, w["wo"], w["bo"], add=x)
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
-            gu = F.linear(h, w["wgu"])
-            x = x + F.linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd_t"].t())
+            gu = packed_linear(h, w["wgu"])
+            x = packed_linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd"], add=x)
         return self._head(x[torch.arange(G, device=x.device), last])
 
     @torch.no_grad()
@@ -207,7 +210,7 @@ class LlamaFast:
         G = H // KVH
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
-            y = F.linear(h, w["wqkv"], w["bqkv"])
+            y = packed_linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
             qk = _rope(qk, cos, sin)
             layer = kv[l]
@@ -219,10 +222,10 @@ class LlamaFast:
             if mask is not None:
                 s = s + mask
             o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
-            x = torch.addmm(x, o, w["wo_t"]) if w["bo"] is None else torch.addmm(x + w["bo"], o, w["wo_t"])
+            x = packed_linear(o, w["wo"], w["bo"], add=x)
             h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
-            gu = F.linear(h, w["wgu"])
-            x = torch.addmm(x, F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd_t"])
+            gu = packed_linear(h, w["wgu"])
+            x = packed_linear(F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd"], add=x)
         return x
 
 
@@ -251,7 +254,7 @@ def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
     w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
     b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
-    y = F.linear(h, w, b)
+    y = cpu_gemm.linear(h, w, b)
     qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
     if hasattr(a, "q_norm"):
         nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
@@ -260,7 +263,7 @@ def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
     v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
     o = causal_attention(q, k, v, float(a.scaling))
-    return x + F.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
+    return x + cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
 
 
 _MASKS: dict[tuple, torch.Tensor] = {}
@@ -302,8 +305,8 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
     m, n = layer.mlp, layer.post_attention_layernorm
     h = F.rms_norm(x, (x.shape[-1],), n.weight, n.variance_epsilon)
-    gate, up = F.linear(h, torch.cat((m.gate_proj.weight, m.up_proj.weight))).chunk(2, dim=-1)
-    return x + F.linear(F.silu(gate) * up, m.down_proj.weight)
+    gate, up = cpu_gemm.linear(h, torch.cat((m.gate_proj.weight, m.up_proj.weight))).chunk(2, dim=-1)
+    return x + cpu_gemm.linear(F.silu(gate) * up, m.down_proj.weight)
 
 
 def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from rollyard import cpu_gemm
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
 from rollyard.rollout import llama_forward
 from rollyard.trainer.numerics import SkipGuard
@@ -63,8 +64,10 @@ def chunked_token_logprobs(
     """
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
 
+    plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
+
     def one_chunk(h: torch.Tensor, y: torch.Tensor):
-        logits = lm_head(h).float()
+        logits = (cpu_gemm.linear(h, lm_head.weight, lm_head.bias) if plain else lm_head(h)).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         if temperature != 1.0:

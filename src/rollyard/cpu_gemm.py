@@ -1,0 +1,149 @@
+"""Linear layers on x86 CPUs through oneDNN instead of MKL, where that is the faster kernel.
+
+torch's CPU ``F.linear`` / ``mm`` in fp32 call MKL's sgemm. On an AMD EPYC with AVX-512 (this
+project's reference machine) MKL runs ~90 GFLOP/s per core at every shape tried, while oneDNN's
+matmul, which ships in every x86 torch wheel and which torch.compile's CPU backend emits as
+``torch.ops.mkldnn._linear_pointwise``, runs ~200 GFLOP/s (1024^3, 2176x256x1280 and the
+trainer's other shapes), and ~2x MKL at decode shapes (32 rows) too. Both compute in IEEE fp32
+(errors against an fp64 reference are of the same order). On a CPU where MKL is as fast,
+nothing changes: :func:`enabled` times both kernels once per process and thread count and picks
+oneDNN only when it is clearly faster (and gives the same result).
+
+- :func:`linear`: ``F.linear`` semantics, with autograd (a custom Function whose backward runs
+  the input and weight gradients through oneDNN as well); falls back to ``F.linear`` for
+  anything but fp32 CPU tensors outside autocast.
+- :func:`pack` / :func:`packed_linear`: a weight reordered once into oneDNN's blocked layout (the
+  decode engine repacks at each weight refresh), for no-grad calls in fp32 or bf16; bf16 CPU
+  matmuls already run on oneDNN, the prepacked weight saves its per-call reorder.
+
+``ROLLYARD_ONEDNN=0`` turns all of it off (``F.linear`` everywhere); ``=1`` skips the timing and
+uses oneDNN wherever it is available.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+# oneDNN must beat MKL by this factor in the start-up timing to be used.
+MIN_SPEEDUP = 1.15
+# oneDNN's fixed cost per call is ~15 us against MKL's ~5-8 us (2 threads): below about this many
+# multiply-adds (rows x in x out) MKL wins. 32 decode rows x 96 x 512 measured about even.
+MIN_MACS = 1 << 21
+# pack() does not know the row count; it assumes a decode batch of this many rows.
+PACK_ROWS = 32
+_CHOICE: dict[int, bool] = {}
+
+
+def _op_available() -> bool:
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops, "mkldnn")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def _lp(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+
+
+def _best_of(fn, reps: int = 5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _probe() -> bool:
+    """oneDNN gives F.linear's result and is at least ``MIN_SPEEDUP`` x faster at a trainer-like shape."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 256, generator=g)
+    w = torch.randn(768, 256, generator=g) / 16
+    try:
+        got, ref = _lp(x, w), F.linear(x, w)
+    except RuntimeError:
+        return False
+    if not torch.allclose(got, ref, rtol=1e-4, atol=1e-4):
+        return False
+    return _best_of(lambda: F.linear(x, w)) > MIN_SPEEDUP * _best_of(lambda: _lp(x, w))
+
+
+def enabled() -> bool:
+    """Whether fp32 CPU linear layers go through oneDNN in this process (decided once per thread count)."""
+    flag = os.environ.get("ROLLYARD_ONEDNN", "auto")
+    if flag == "0" or not _op_available():
+        return False
+    if flag == "1":
+        return True
+    threads = torch.get_num_threads()
+    if threads not in _CHOICE:
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            _CHOICE[threads] = _probe()
+    return _CHOICE[threads]
+
+
+class _Linear(torch.autograd.Function):
+    """``y = x @ w.T + b`` with forward and both gradients on oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x, w, b):
+        ctx.save_for_backward(x, w)
+        ctx.has_bias = b is not None
+        return _lp(x, w, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        g = g.contiguous()
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = _lp(g, w.t())  # g @ w: w.t() is the [in, out] "weight" of that product
+        g2 = g.reshape(-1, g.shape[-1])
+        if ctx.needs_input_grad[1]:
+            gw = _lp(g2.t(), x.reshape(-1, x.shape[-1]).t())  # g^T @ x
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+def _eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """fp32 dense CPU tensors (no tensor subclass such as a DTensor), outside autocast."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and w.dtype == torch.float32
+            and x.layout == torch.strided and type(w.data) is torch.Tensor and type(x.data) is torch.Tensor
+            and not torch.is_autocast_enabled("cpu") and x.dim() >= 2 and enabled())
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, w, b)``, on oneDNN for fp32 CPU tensors when :func:`enabled` (autograd included)."""
+    if not _eligible(x, w) or x.numel() * w.shape[0] < MIN_MACS:
+        return F.linear(x, w, b)
+    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+        return _Linear.apply(x, w, b)
+    return _lp(x, w, b)
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    """``w [out, in]`` ready for :func:`packed_linear`: oneDNN's layout for fp32 / bf16 CPU weights
+    when :func:`enabled` and the weight is large enough to repay oneDNN's per-call cost at
+    ``PACK_ROWS`` rows, else ``w`` itself (no grad; repack after any change to ``w``)."""
+    if (w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and enabled()
+            and PACK_ROWS * w.numel() >= MIN_MACS):
+        return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), None)
+    return w
+
+
+def packed_linear(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
+                  add: torch.Tensor | None = None) -> torch.Tensor:
+    """``add + F.linear(x, w, b)`` for ``p = pack(w)`` (no autograd); the add is fused on oneDNN."""
+    if not p.is_mkldnn:
+        if add is None:
+            return F.linear(x, p, b)
+        if x.dim() == 2:
+            return torch.addmm(add if b is None else add + b, x, p.t())
+        return add + F.linear(x, p, b)
+    if add is None:
+        return _lp(x, p, b)
+    return torch.ops.mkldnn._linear_pointwise.binary(x, add, p, b, "add")

@@ -1,0 +1,77 @@
+"""oneDNN linear layers (``rollyard.cpu_gemm``): same values and gradients as ``F.linear``."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rollyard import cpu_gemm
+
+pytestmark = pytest.mark.skipif(not cpu_gemm._op_available(), reason="torch built without oneDNN")
+
+
+@pytest.fixture
+def onednn(monkeypatch):
+    monkeypatch.setenv("ROLLYARD_ONEDNN", "1")  # use it regardless of this machine's timing
+
+
+def _leaf(*shape, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).float().requires_grad_()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_values_and_gradients_match_f_linear(onednn, bias):
+    # 3-D input as the trainer passes it; big enough to clear MIN_MACS.
+    x, w = _leaf(4, 70, 256, seed=1), _leaf(384, 256, scale=0.05, seed=2)
+    b = _leaf(384, seed=3) if bias else None
+    g = torch.randn(4, 70, 384, generator=torch.Generator().manual_seed(4))
+    assert x.numel() * w.shape[0] >= cpu_gemm.MIN_MACS
+
+    y = cpu_gemm.linear(x, w, b)
+    assert y.grad_fn is not None and "_Linear" in type(y.grad_fn).__name__  # the oneDNN Function ran
+    (y * g).sum().backward()
+    got = [y.detach(), x.grad, w.grad] + ([b.grad] if bias else [])
+
+    # Reference in fp64: both kernels are judged against exact arithmetic, not against each other.
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    bd = b.detach().double().requires_grad_() if bias else None
+    yd = F.linear(xd, wd, bd)
+    (yd * g.double()).sum().backward()
+    ref = [yd.detach(), xd.grad, wd.grad] + ([bd.grad] if bias else [])
+    for name, a, r in zip(["y", "dx", "dw", "db"], got, ref):
+        err = ((a.double() - r).abs().max() / r.abs().max()).item()
+        assert err < 1e-5, (name, err)
+
+
+def test_linear_falls_back_outside_fp32(onednn):
+    x, w = torch.randn(64, 256), torch.randn(512, 256)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert cpu_gemm.linear(x, w).dtype == torch.bfloat16  # autocast still applies
+    xb = x.bfloat16().requires_grad_()
+    y = cpu_gemm.linear(xb, w.bfloat16())
+    assert "_Linear" not in type(y.grad_fn).__name__
+
+
+def test_switched_off_by_env(monkeypatch):
+    monkeypatch.setenv("ROLLYARD_ONEDNN", "0")
+    assert not cpu_gemm.enabled()
+    w = torch.randn(512, 256)
+    assert cpu_gemm.pack(w) is w
+    x = torch.randn(64, 256, requires_grad=True)
+    assert "_Linear" not in type(cpu_gemm.linear(x, w).grad_fn).__name__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_with_fused_residual(onednn, dtype):
+    w = (torch.randn(512, 256) * 0.05).to(dtype)
+    b = torch.randn(512).to(dtype)
+    p = cpu_gemm.pack(w)
+    assert p.is_mkldnn
+    x, r = torch.randn(32, 256).to(dtype), torch.randn(32, 512).to(dtype)
+    ref = (r.double() + F.linear(x.double(), w.double(), b.double()))
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    for got in (cpu_gemm.packed_linear(x, p, b, add=r), r + cpu_gemm.packed_linear(x, p, b)):
+        assert got.dtype == dtype
+        assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < tol
+    small = torch.randn(64, 96)  # under MIN_MACS at PACK_ROWS rows: left to MKL, plain tensor
+    assert cpu_gemm.pack(small) is small
