@@ -20,11 +20,12 @@ def _leaf(*shape, scale=1.0, seed=0):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_linear_values_and_gradients_match_f_linear(onednn, bias):
+@pytest.mark.parametrize("out", [384, 128])  # wider and narrower than the input: both weight-gradient forms
+def test_linear_values_and_gradients_match_f_linear(onednn, bias, out):
     # 3-D input as the trainer passes it; big enough to clear MIN_MACS.
-    x, w = _leaf(4, 70, 256, seed=1), _leaf(384, 256, scale=0.05, seed=2)
-    b = _leaf(384, seed=3) if bias else None
-    g = torch.randn(4, 70, 384, generator=torch.Generator().manual_seed(4))
+    x, w = _leaf(4, 70, 256, seed=1), _leaf(out, 256, scale=0.05, seed=2)
+    b = _leaf(out, seed=3) if bias else None
+    g = torch.randn(4, 70, out, generator=torch.Generator().manual_seed(4))
     assert x.numel() * w.shape[0] >= cpu_gemm.MIN_MACS
 
     y = cpu_gemm.linear(x, w, b)

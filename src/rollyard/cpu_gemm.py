@@ -103,7 +103,11 @@ class _Linear(torch.autograd.Function):
             gx = _lp(g, w.t())  # g @ w: w.t() is the [in, out] "weight" of that product
         g2 = g.reshape(-1, g.shape[-1])
         if ctx.needs_input_grad[1]:
-            gw = _lp(g2.t(), x.reshape(-1, x.shape[-1]).t())  # g^T @ x
+            x2 = x.reshape(-1, x.shape[-1])
+            # g^T @ x. oneDNN copies a transposed *input* to contiguous but reads a transposed
+            # weight in place, so the wider of g and x goes in as the weight: (x^T @ g)^T when g
+            # is wider (2144 rows x 256 -> 1280: 5.4 ms against 7.7 ms, 2 threads).
+            gw = _lp(x2.t(), g2.t()).t() if g2.shape[1] > x2.shape[1] else _lp(g2.t(), x2.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0)
         return gx, gw, gb
