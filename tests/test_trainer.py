@@ -226,10 +226,22 @@ def _family(arch):
     return model
 
 
+@pytest.mark.parametrize("onednn", [False, True])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch):
+def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch, onednn, monkeypatch):
+    from rollyard import cpu_gemm
     from rollyard.rollout.llama_forward import train_forward_matches, train_hidden
 
+    calls = []
+    if onednn:  # every projection through cpu_gemm's oneDNN Function, however small
+        if not cpu_gemm._op_available():
+            pytest.skip("torch built without oneDNN")
+        monkeypatch.setenv("ROLLYARD_ONEDNN", "1")
+        monkeypatch.setattr(cpu_gemm, "MIN_MACS", 0)
+        apply = cpu_gemm._Linear.apply
+        monkeypatch.setattr(cpu_gemm._Linear, "apply", lambda *a: calls.append(1) or apply(*a))
+    else:
+        monkeypatch.setenv("ROLLYARD_ONEDNN", "0")
     model = _family(arch)
     assert train_forward_matches(model)
     ids = torch.randint(0, V, (3, 11), generator=torch.Generator().manual_seed(1))
@@ -241,6 +253,7 @@ def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch):
         (out * w).sum().backward()
         grads.append((out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     (got, g1), (want, g2) = grads
+    assert len(calls) == (4 * model.config.num_hidden_layers if onednn else 0)  # qkv, o, gate|up, down
     assert torch.allclose(got, want, atol=1e-5)
     assert g1.keys() == g2.keys()
     for n in g2:  # relative to the gradient's scale (fp32 rounding)

@@ -8,13 +8,16 @@ more) by fusing, once per weight version, the weights that are always used toget
   (``rotate_half`` as one cat of the two halves with the sign folded into the sin table; a
   last-dim gather measured up to ~4x slower on CPU at training shapes). The attention scale ``head_dim ** -0.5`` is folded into the q rows. (Folding
   rotate_half into extra weight rows instead saves the swap but costs ~15% more FLOPs.)
-- ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and ``addmm`` for down + residual.
+- ``W_gu``: ``[gate | up]``, so the MLP is one matmul, silu, mul, and one matmul-plus-residual for down.
 - Qwen3's per-head ``q_norm`` / ``k_norm`` (RMSNorm over ``head_dim`` before RoPE): one
   ``rms_norm`` over the q and k heads together and one multiply by their stacked weights; the
   attention scale is folded into the q part of those weights instead of into ``W_qkv``.
 
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
-from ``load_weights``). Norm weights, embeddings and the LM head are read from the module.
+from ``load_weights``). On a CPU where oneDNN is the faster GEMM (``rollyard.cpu_gemm``), the
+projections large enough to repay its per-call cost (and the LM head) are stored prepacked in
+oneDNN's layout, and the o / down projections add the residual inside the kernel. Norm weights and
+embeddings are read from the module.
 
 KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``;
 a slot's entries at positions >= its length are garbage (finite: the buffer is zero-initialised)

@@ -11,7 +11,8 @@ The layout is chosen per micro-batch (``layout="auto"``): padded rows need only 
 sequences are cheaper padded, a few very uneven ones packed. ``fast_forward`` (default on) runs
 padded rows of Llama-family models through ``llama_forward.train_hidden`` (checked against the
 decoder at first use): fused q|k|v and gate|up matmuls, RoPE as one cat, and on CPU a grouped
-causal attention in plain matmuls instead of SDPA's kernels.
+causal attention in plain matmuls instead of SDPA's kernels, and fp32 projections (forward and
+both gradients) and the lm_head on oneDNN where it beats MKL (:mod:`rollyard.cpu_gemm`).
 
 The full ``[L, V]`` logits never exist: logits are computed ``logprob_chunk`` rows at a time,
 and under autograd each chunk is checkpointed, so the backward pass recomputes one chunk's
@@ -19,8 +20,8 @@ logits at a time instead of keeping them all. Prompt positions never reach the l
 
 Precision (``precision=``): ``fp32``, or ``bf16`` autocast (matmuls in bf16, weights, optimizer
 state and log_softmax in fp32); ``auto`` is bf16 on CUDA and fp32 on CPU. A CPU with AVX512-BF16
-or AMX runs bf16 matmuls ~4x faster than fp32 (measured 390-410 vs 92 GFLOP/s, one core), so
-``bf16`` pays there too. Under it, padded rows take the fast forward's grouped attention and
+or AMX runs bf16 matmuls ~2x faster than fp32 on oneDNN (measured ~400 vs ~200 GFLOP/s, one core;
+MKL's fp32 ~92), so ``bf16`` pays there too. Under it, padded rows take the fast forward's grouped attention and
 packed rows (HF decoder) SDPA's math kernel: a bf16 flash-attention backward measured ~5x slower
 than the whole fp32 step's matmuls at 32 x 68 tokens.
 Dropout: the module's train/eval mode is left as the caller set it (the tiny presets and most
@@ -237,7 +238,8 @@ class Trainer:
 
         On by default. Trainer step, 32 x 68 tokens, 2 threads, same process interleaved
         (``bench`` numbers in bench/README.md): bf16 0.74x (tiny) and 0.83x (small) the HF
-        module's time, fp32 0.97-1.01x (there the time is in fp32 matmuls at their peak).
+        module's time; fp32 0.85x (tiny) and 0.71x (small), mostly from oneDNN's fp32 matmuls
+        (the HF modules' ``nn.Linear`` calls MKL).
         """
         if not self.fast_forward:
             return False
