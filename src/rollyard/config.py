@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -351,3 +352,16 @@ def describe(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
             default = f.default_factory() if f.default_factory else f.default
             out.append(f"{prefix + name} = {default!r}  # {f.description}")
     return out
+
+
+ONEDNN_FLAGS = ("0", "1", "auto")
+
+
+def onednn_env_error() -> str | None:
+    """Why ``ROLLYARD_ONEDNN`` (read by :mod:`rollyard.cpu_gemm`) is not a valid setting; ``None``
+    when unset or valid. Here, not in cpu_gemm, so the CLI can check it without importing torch."""
+    flag = os.environ.get("ROLLYARD_ONEDNN", "auto")
+    if flag in ONEDNN_FLAGS:
+        return None
+    return (f"ROLLYARD_ONEDNN must be one of {', '.join(ONEDNN_FLAGS)}: got {flag!r}; use 0 (MKL only), 1 (oneDNN "
+            f"without timing it) or auto (the default: oneDNN where it times faster), or unset it")

@@ -28,6 +28,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from rollyard.config import onednn_env_error
+
 # oneDNN must beat MKL by this factor in the start-up timing to be used.
 MIN_SPEEDUP = 1.15
 # oneDNN's fixed cost per call is ~15 us against MKL's ~5-8 us (2 threads): below about this many
@@ -73,6 +75,8 @@ def _probe() -> bool:
 
 def enabled() -> bool:
     """Whether fp32 CPU linear layers go through oneDNN in this process (decided once per thread count)."""
+    if why := onednn_env_error():
+        raise ValueError(why)
     flag = os.environ.get("ROLLYARD_ONEDNN", "auto")
     if flag == "0" or not _op_available():
         return False
