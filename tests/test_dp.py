@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from runs import straight_and_resumed
 
 from rollyard import checkpoint, roles
 from rollyard.cli import main
@@ -123,10 +124,7 @@ TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.p
 
 @pytest.mark.slow
 def test_train_dp2_resume_and_review(tmp_path):
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert main(["train", *TINY, "steps=3", f"out_dir={straight}", "checkpoint_every=2"]) == 0
-    assert main(["train", *TINY, "steps=2", f"out_dir={split}", "checkpoint_every=2"]) == 0
-    assert main(["train", "--resume", str(split), "steps=3"]) == 0
+    straight, split = straight_and_resumed(TINY, tmp_path, stop_at=2, steps=3)
     a, b = (list(rundir.read_jsonl(r / rundir.METRICS)) for r in (straight, split))
     assert [r["step"] for r in b] == [0, 1, 2]
     for ra, rb in zip(a, b):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs import straight_and_resumed
 
 from rollyard.cli import main
 from rollyard.models import build_preset, char_tokenizer
@@ -260,10 +261,7 @@ TINY = ["model.context=64", "data.task=countdown", "data.train_size=64", "data.e
 
 @pytest.mark.slow
 def test_colocated_tail_run_resumes_with_its_queue(tmp_path):
-    straight, split = tmp_path / "straight", tmp_path / "split"
-    assert main(["train", *TINY, "steps=4", f"out_dir={straight}", "checkpoint_every=2"]) == 0
-    assert main(["train", *TINY, "steps=2", f"out_dir={split}", "checkpoint_every=2"]) == 0
-    assert main(["train", "--resume", str(split), "steps=4"]) == 0
+    straight, split = straight_and_resumed(TINY, tmp_path, stop_at=2, steps=4)
     keys = ("tail/long_round", "tail/deferred", "tail/queue", "tail/long_share", "reward/mean", "tokens/generated")
     a = [tuple(r[k] for k in keys) for r in rundir.read_jsonl(straight / rundir.METRICS)]
     b = [tuple(r[k] for k in keys) for r in rundir.read_jsonl(split / rundir.METRICS)]

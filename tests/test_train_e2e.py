@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runs import train_interrupted
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollyard.cli import main
@@ -55,8 +56,7 @@ def test_run_dir_resume_and_same_data_order(tmp_path):
     assert 0.0 <= summary["eval_before"] <= 1.0 and 0.0 <= summary["eval_after"] <= 1.0
 
     # Same run, interrupted after step 2 and resumed: same prompts in the same order, same numbers.
-    assert main(["train", *TINY, "steps=2", f"out_dir={split}", "checkpoint_every=2"]) == 0
-    assert main(["train", "--resume", str(split), "steps=4"]) == 0
+    train_interrupted(TINY, split, stop_at=2, steps=4)
     assert _requests_per_step(split) == _requests_per_step(straight)
     a, b = _metrics(straight), _metrics(split)
     assert [r["step"] for r in b] == [0, 1, 2, 3]

@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rollyard.config import onednn_env_error
+from rollyard.config import ONEDNN_FLAGS, onednn_env_error
 
 # oneDNN must beat MKL by this factor in the start-up timing to be used.
 MIN_SPEEDUP = 1.15
@@ -75,9 +75,9 @@ def _probe() -> bool:
 
 def enabled() -> bool:
     """Whether fp32 CPU linear layers go through oneDNN in this process (decided once per thread count)."""
-    if why := onednn_env_error():
-        raise ValueError(why)
     flag = os.environ.get("ROLLYARD_ONEDNN", "auto")
+    if flag not in ONEDNN_FLAGS:
+        raise ValueError(onednn_env_error())
     if flag == "0" or not _op_available():
         return False
     if flag == "1":
