@@ -46,6 +46,7 @@ import torch
 
 from rollyard import roles
 from rollyard.config import load_config
+from rollyard.models import PRESETS
 from rollyard.trainer.dp import DataParallelTrainer
 from rollyard.types import Sample
 
@@ -107,7 +108,7 @@ def run(preset: str, args) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=sorted(PRESETS))
     ap.add_argument("--sides", nargs="+", default=["dp=2", "dp=2 fsdp"])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)

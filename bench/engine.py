@@ -186,11 +186,11 @@ def build_model(preset: str, arch: str, tok, seed: int, ctx: int = 512):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--presets", nargs="+", default=["tiny", "small"])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=sorted(PRESETS))
     ap.add_argument("--arch", choices=["llama", "qwen3", "gpt2", "gemma2", "phi3"], default="llama",
                     help="llama: the presets as built; else a config of that architecture with the preset's "
                          "dimensions, via a model dir (gpt2 / gemma2 / phi3: the engine's batched HF backend)")
-    ap.add_argument("--cases", nargs="+", default=["uniform", "longtail"])
+    ap.add_argument("--cases", nargs="+", default=["uniform", "longtail"], choices=["uniform", "longtail"])
     ap.add_argument("--prompts", type=int, default=32, help="prompts per case (x n samples)")
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--batch", type=int, default=64, help="HF static batch = engine max_concurrent (sequences)")
