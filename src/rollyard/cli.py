@@ -99,8 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    from rollyard.config import onednn_env_error
-    if why := onednn_env_error():
+    from rollyard.config import env_error
+    if why := env_error():
         print(f"rollyard {cmd}: error: {why}", file=sys.stderr)
         return 2
     if cmd == "plan":

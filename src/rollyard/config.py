@@ -355,13 +355,30 @@ def describe(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
 
 
 ONEDNN_FLAGS = ("0", "1", "auto")
+KEEP_FREED_FLAGS = ("0", "1")
+
+
+def _flag_error(name: str, allowed: tuple[str, ...], default: str, fix: str) -> str | None:
+    flag = os.environ.get(name, default)
+    if flag in allowed:
+        return None
+    return f"{name} must be one of {', '.join(allowed)}: got {flag!r}; {fix}, or unset it"
 
 
 def onednn_env_error() -> str | None:
     """Why ``ROLLYARD_ONEDNN`` (read by :mod:`rollyard.cpu_gemm`) is not a valid setting; ``None``
     when unset or valid. Here, not in cpu_gemm, so the CLI can check it without importing torch."""
-    flag = os.environ.get("ROLLYARD_ONEDNN", "auto")
-    if flag in ONEDNN_FLAGS:
-        return None
-    return (f"ROLLYARD_ONEDNN must be one of {', '.join(ONEDNN_FLAGS)}: got {flag!r}; use 0 (MKL only), 1 (oneDNN "
-            f"without timing it) or auto (the default: oneDNN where it times faster), or unset it")
+    return _flag_error("ROLLYARD_ONEDNN", ONEDNN_FLAGS, "auto",
+                       "use 0 (MKL only), 1 (oneDNN without timing it) or auto (the default: oneDNN where it "
+                       "times faster)")
+
+
+def keep_freed_env_error() -> str | None:
+    """Why ``ROLLYARD_KEEP_FREED`` (read by :mod:`rollyard.cpu_memory`) is not a valid setting."""
+    return _flag_error("ROLLYARD_KEEP_FREED", KEEP_FREED_FLAGS, "1",
+                       "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it is)")
+
+
+def env_error() -> str | None:
+    """The first invalid ``ROLLYARD_*`` environment setting, or ``None``."""
+    return onednn_env_error() or keep_freed_env_error()

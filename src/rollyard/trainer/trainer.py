@@ -38,7 +38,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from rollyard import cpu_gemm
+from rollyard import cpu_gemm, cpu_memory
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
 from rollyard.rollout import llama_forward
 from rollyard.trainer.numerics import SkipGuard
@@ -155,6 +155,17 @@ def _quantiles(x: torch.Tensor, qs: list[float]) -> list[float]:
     return out
 
 
+def adamw(params: list[torch.Tensor], **kw) -> torch.optim.AdamW:
+    """AdamW, fused (one kernel per parameter: ~2.5x less optimizer time on CPU than the per-op
+    loop; what transformers' Trainer, and so TRL, use by default) where every parameter is a plain
+    floating tensor on CPU or CUDA; the per-op loop otherwise (sharded DTensors, other devices)."""
+    from torch.distributed.tensor import DTensor
+
+    fused = all(not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                for p in params)
+    return torch.optim.AdamW(params, fused=fused or None, **kw)
+
+
 class Trainer:
     """Owns the policy's optimizer; scores samples and takes optimizer steps on them.
 
@@ -176,6 +187,8 @@ class Trainer:
         if precision not in PRECISIONS:
             raise ValueError(f"precision={precision!r}: expected one of {PRECISIONS}")
         self.device = torch.device(device)
+        if self.device.type == "cpu":
+            cpu_memory.keep_freed_memory()  # activations reuse the last step's pages (see cpu_memory)
         self.model = model.to(self.device)
         self.precision = ("bf16" if self.device.type == "cuda" else "fp32") if precision == "auto" else precision
         self.max_grad_norm = max_grad_norm
@@ -194,7 +207,7 @@ class Trainer:
         self.attn_weight = attention_pair_weight(model)
         self.skips = SkipGuard(max_skipped_steps)  # non-finite loss/gradient: skip loudly, stop if it repeats
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+        self.optimizer = adamw(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
         # Fail over at start-up, not silently an hour in: if this model's attention does not turn
         # restarting position_ids into sequence boundaries, train one sequence per micro-batch.
         self.packing = packing_is_isolated(self.model)
