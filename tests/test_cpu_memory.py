@@ -9,19 +9,22 @@ import sys
 
 import pytest
 
-# Each round allocates and fills eight 12 MiB tensors (activation-sized), then frees them; minor
-# page faults are counted over five rounds after three warm-up rounds.
+# Each round allocates and fills three 40 MiB tensors, then frees them; minor page faults are
+# counted over ten rounds after three warm-up rounds. Above 32 MiB glibc always serves a block
+# with a fresh mmap by default, so every round faults every page in again; with the thresholds
+# set the heap's blocks are reused (a stray small allocation can still make the heap grow now and
+# then, hence a bound rather than zero).
 _SCRIPT = """
 import json, resource, torch
 from rollyard.cpu_memory import keep_freed_memory
 done = keep_freed_memory()
 def rnd():
-    ts = [torch.empty(3 << 20).fill_(1.0) for _ in range(8)]
+    ts = [torch.empty(10 << 20).fill_(1.0) for _ in range(3)]
     del ts
 for _ in range(3):
     rnd()
 f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+for _ in range(10):
     rnd()
 print(json.dumps({"done": done, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0}))
 """
@@ -38,9 +41,9 @@ def _faults(flag: str) -> dict:
 def test_freed_blocks_are_reused_without_page_faults():
     kept, default = _faults("1"), _faults("0")
     assert kept["done"] and not default["done"]
-    pages = 5 * 8 * (12 << 20) // 4096  # what faulting every page in again would cost
-    assert default["faults"] > pages // 10, default
-    assert kept["faults"] < pages // 40, kept
+    pages = 10 * 3 * (40 << 20) // 4096  # what faulting every page in again costs
+    assert default["faults"] > pages // 2, default
+    assert kept["faults"] < pages // 4, kept
 
 
 def test_bad_keep_freed_setting_is_one_line_exit_2(monkeypatch, capsys):
