@@ -194,39 +194,48 @@ class LlamaFast:
         ``width == same_pos + 1`` leaves nothing to mask.
         """
         B = tokens.shape[0]
-        rows = torch.arange(B, device=tokens.device)
         x = F.embedding(tokens, self.embed)
+        # The cache's views for this step, cut once for all layers (per-layer tensor indexing is
+        # a measurable share of a small model's decode step): what each layer reads ([B, KVH, W,
+        # hd], strided, no copy) and where it writes its new K / V.
+        reads = kv[:, :, :B, :, :width].unbind(0)
         if same_pos is not None:
             assert width == same_pos + 1, (width, same_pos)
             cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
-            at, mask = (slice(0, B), slice(None), same_pos), None
+            at, mask = list(kv[:, :, :B, :, same_pos].unbind(0)), None  # per layer [2, B, KVH, hd]
         else:
             cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
             ar = torch.arange(width, device=tokens.device)
             mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(self.kv_dtype)[:, None, None]  # [B,1,1,W]
-            at = (rows, slice(None), pos)
-        return self._head(self._decode_layers(x, at, cos, sin, mask, kv, width))
+            at = (torch.arange(B, device=tokens.device), slice(None), pos)
+        return self._head(self._decode_layers(x, at, cos, sin, mask, kv, reads))
 
-    def _decode_layers(self, x, at, cos, sin, mask, kv, width) -> torch.Tensor:
+    def _decode_layers(self, x, at, cos, sin, mask, kv, reads) -> torch.Tensor:
+        """``at``: where the new K / V go: per layer a ``[2, B, KVH, hd]`` view at the one shared
+        position (a list), or the index ``(rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``."""
         B = x.shape[0]
-        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        H, KVH, hd, n, D = self.H, self.KVH, self.hd, self.n_qk, self.D
         G = H // KVH
+        shared = isinstance(at, list)
         for l, w in enumerate(self.layers):
-            h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
+            h = F.rms_norm(x, (D,), w["ln1"], w["eps1"])
             y = packed_linear(h, w["wqkv"], w["bqkv"])
-            qk = self._norm_qk(y[:, :n].view(B, H + KVH, hd), w)
-            qk = _rope(qk, cos, sin)
-            layer = kv[l]
-            layer[0][at] = qk[:, H:].to(layer.dtype)
-            layer[1][at] = y[:, n:].view(B, KVH, hd).to(layer.dtype)
-            K = layer[0, :B, :, :width]  # [B, KVH, W, hd] (strided view, no copy)
-            V = layer[1, :B, :, :width]
+            qk = _rope(self._norm_qk(y[:, :n].view(B, H + KVH, hd), w), cos, sin)
+            k, v = qk[:, H:], y[:, n:].view(B, KVH, hd)
+            if shared:
+                at[l][0].copy_(k)
+                at[l][1].copy_(v)
+            else:
+                layer = kv[l]
+                layer[0][at] = k.to(kv.dtype)
+                layer[1][at] = v.to(kv.dtype)
+            K, V = reads[l]
             s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
             if mask is not None:
                 s = s + mask
             o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
             x = packed_linear(o, w["wo"], w["bo"], add=x)
-            h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
+            h = F.rms_norm(x, (D,), w["ln2"], w["eps2"])
             gu = packed_linear(h, w["wgu"])
             x = packed_linear(F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd"], add=x)
         return x
