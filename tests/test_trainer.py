@@ -565,3 +565,27 @@ def test_model_that_leaks_across_pack_boundaries_is_detected_and_not_packed(monk
 def _with_logprobs(s, lp):
     s.logprobs = lp.tolist()
     return s
+
+
+def test_adamw_is_fused_on_plain_parameters_and_keeps_its_own_kernel_on_load():
+    from rollyard.trainer.trainer import adamw
+
+    tr = Trainer(_model(), lr=1e-3)
+    assert tr.optimizer.defaults["fused"] is True
+    tr.step(_samples(0))
+    # An optimizer state saved by a per-op (unfused) AdamW, as older checkpoints were.
+    plain = torch.optim.AdamW(tr.params, lr=1e-3)
+    for p in tr.params:
+        p.grad = torch.zeros_like(p)
+    plain.step()
+    saved = plain.state_dict()
+    assert all(not g["fused"] for g in saved["param_groups"]) and saved["state"]
+    tr.optimizer.load_state_dict(saved)
+    assert all(g["fused"] is True for g in tr.optimizer.param_groups)
+    # Parameters the fused kernel does not take (here: not on CPU/CUDA) get the per-op loop, and
+    # a fused run's state does not switch it on.
+    meta = [torch.nn.Parameter(torch.empty_like(p, device="meta")) for p in tr.params]
+    other = adamw(meta, lr=1e-3)
+    assert other.defaults["fused"] is None
+    other.load_state_dict(tr.optimizer.state_dict())
+    assert all(g["fused"] is None for g in other.param_groups)

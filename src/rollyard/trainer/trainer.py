@@ -163,7 +163,16 @@ def adamw(params: list[torch.Tensor], **kw) -> torch.optim.AdamW:
 
     fused = all(not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") and p.is_floating_point()
                 for p in params)
-    return torch.optim.AdamW(params, fused=fused or None, **kw)
+    opt = torch.optim.AdamW(params, fused=fused or None, **kw)
+    # The kernel is this process's choice, not the checkpoint's: load_state_dict would otherwise
+    # bring back the saving run's flag (a fused one on sharded parameters fails at the next step).
+    opt.register_load_state_dict_post_hook(_keep_kernel_choice)
+    return opt
+
+
+def _keep_kernel_choice(opt: torch.optim.Optimizer) -> None:
+    for g in opt.param_groups:
+        g["fused"] = opt.defaults["fused"]
 
 
 class Trainer:
