@@ -117,6 +117,10 @@ def main() -> int:
     ap.add_argument("--len", type=int, default=8)
     ap.add_argument("--json")
     args = ap.parse_args()
+    from rollyard.config import env_error
+
+    if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
+        ap.exit(2, f"{ap.prog}: error: {why}\n")
     torch.set_num_threads(1)
     print(f"cpus {len(os.sched_getaffinity(0))}, load avg {os.getloadavg()[0]:.2f}; {args.prompts}x{args.samples} "
           f"completions of 1-{args.len} tokens per step, {args.steps} timed steps after {args.warmup} warm-up")

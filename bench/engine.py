@@ -203,6 +203,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    from rollyard.config import env_error
+
+    if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
+        ap.exit(2, f"{ap.prog}: error: {why}\n")
     assert args.batch % args.n == 0, "--batch must be a multiple of --n"
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))

@@ -108,6 +108,10 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1, help="run the set R times, rotating the order (drifting "
                    "load hits every placement alike); the table shows each placement's median round")
     args = p.parse_args()
+    from rollyard.config import env_error
+
+    if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
+        p.exit(2, f"{p.prog}: error: {why}\n")
     if args.steps <= args.warmup:
         raise SystemExit(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
     torch.set_num_threads(1)

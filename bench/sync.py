@@ -302,6 +302,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args()
+    from rollyard.config import env_error
+
+    if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
+        ap.exit(2, f"{ap.prog}: error: {why}\n")
     args.layers = args.layers or (2 if args.quick else 16)
     args.repeats = args.repeats or (1 if args.quick else 2)
     torch.set_num_threads(args.threads)

@@ -105,6 +105,10 @@ def main_bench() -> int:
     ap.add_argument("--set", action="append", default=[], help="extra config override KEY=VALUE (both arms)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
+    from rollyard.config import env_error
+
+    if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
+        ap.exit(2, f"{ap.prog}: error: {why}\n")
     common = ["progress=false", f"sft.cache_dir={a.cache}", *a.set]
     cfg = load_config(ROOT / "examples/tail.toml", common)
     out = Path(a.out)

@@ -421,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the raw per-step numbers and the summary here")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (model, prompts, run dirs)")
     a = ap.parse_args(argv)
+    from rollyard.config import env_error
+
+    if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
+        ap.exit(2, f"{ap.prog}: error: {why}\n")
     if a.steps < 1 or a.warmup < 1 or a.rounds < 1:
         ap.error("--steps, --warmup and --rounds must be >= 1 (the warm-up step is what the first timed step is measured from)")
 
