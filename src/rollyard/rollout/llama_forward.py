@@ -202,29 +202,28 @@ class LlamaFast:
         if same_pos is not None:
             assert width == same_pos + 1, (width, same_pos)
             cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
-            at, mask = list(kv[:, :, :B, :, same_pos].unbind(0)), None  # per layer [2, B, KVH, hd]
+            writes, at, mask = kv[:, :, :B, :, same_pos].unbind(0), None, None  # per layer [2, B, KVH, hd]
         else:
             cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
             ar = torch.arange(width, device=tokens.device)
             mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(self.kv_dtype)[:, None, None]  # [B,1,1,W]
-            at = (torch.arange(B, device=tokens.device), slice(None), pos)
-        return self._head(self._decode_layers(x, at, cos, sin, mask, kv, reads))
+            writes, at = None, (torch.arange(B, device=tokens.device), slice(None), pos)
+        return self._head(self._decode_layers(x, cos, sin, mask, kv, reads, writes, at))
 
-    def _decode_layers(self, x, at, cos, sin, mask, kv, reads) -> torch.Tensor:
-        """``at``: where the new K / V go: per layer a ``[2, B, KVH, hd]`` view at the one shared
-        position (a list), or the index ``(rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``."""
+    def _decode_layers(self, x, cos, sin, mask, kv, reads, writes, at) -> torch.Tensor:
+        """Where the new K / V go: ``writes``, per layer a ``[2, B, KVH, hd]`` view at the one
+        shared position, or else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``."""
         B = x.shape[0]
         H, KVH, hd, n, D = self.H, self.KVH, self.hd, self.n_qk, self.D
         G = H // KVH
-        shared = isinstance(at, list)
         for l, w in enumerate(self.layers):
             h = F.rms_norm(x, (D,), w["ln1"], w["eps1"])
             y = packed_linear(h, w["wqkv"], w["bqkv"])
             qk = _rope(self._norm_qk(y[:, :n].view(B, H + KVH, hd), w), cos, sin)
             k, v = qk[:, H:], y[:, n:].view(B, KVH, hd)
-            if shared:
-                at[l][0].copy_(k)
-                at[l][1].copy_(v)
+            if writes is not None:
+                writes[l][0].copy_(k)
+                writes[l][1].copy_(v)
             else:
                 layer = kv[l]
                 layer[0][at] = k.to(kv.dtype)
