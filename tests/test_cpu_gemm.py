@@ -76,14 +76,3 @@ def test_packed_linear_with_fused_residual(onednn, dtype):
         assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < tol
     small = torch.randn(64, 96)  # under MIN_MACS at PACK_ROWS rows: left to MKL, plain tensor
     assert cpu_gemm.pack(small) is small
-
-
-def test_bad_env_setting_is_one_line_exit_2(monkeypatch, capsys):
-    from rollyard.cli import main
-
-    monkeypatch.setenv("ROLLYARD_ONEDNN", "yes")
-    assert main(["train", "steps=1"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'" in err
-    with pytest.raises(ValueError, match="ROLLYARD_ONEDNN"):
-        cpu_gemm.enabled()

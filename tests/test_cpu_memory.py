@@ -1,4 +1,5 @@
-"""cpu_memory: freed blocks are reused from the heap instead of being faulted in again."""
+"""cpu_memory: freed blocks are reused from the heap instead of being faulted in again; every
+ROLLYARD_* setting is checked: a bad one is one line and exit 2 from the CLI."""
 
 from __future__ import annotations
 
@@ -46,13 +47,20 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert kept["faults"] < pages // 4, kept
 
 
-def test_bad_keep_freed_setting_is_one_line_exit_2(monkeypatch, capsys):
-    from rollyard import cpu_memory
+@pytest.mark.parametrize("name, value, rule, reader", [
+    ("ROLLYARD_ONEDNN", "yes", "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'", "rollyard.cpu_gemm:enabled"),
+    ("ROLLYARD_KEEP_FREED", "on", "ROLLYARD_KEEP_FREED must be one of 0, 1: got 'on'",
+     "rollyard.cpu_memory:keep_freed_memory"),
+])
+def test_bad_env_setting_is_one_line_exit_2(monkeypatch, capsys, name, value, rule, reader):
+    import importlib
+
     from rollyard.cli import main
 
-    monkeypatch.setenv("ROLLYARD_KEEP_FREED", "on")
+    monkeypatch.setenv(name, value)
     assert main(["train", "steps=1"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "ROLLYARD_KEEP_FREED must be one of 0, 1: got 'on'" in err
-    with pytest.raises(ValueError, match="ROLLYARD_KEEP_FREED"):
-        cpu_memory.keep_freed_memory()
+    assert "\n" not in err and rule in err
+    module, fn = reader.split(":")
+    with pytest.raises(ValueError, match=name):
+        getattr(importlib.import_module(module), fn)()

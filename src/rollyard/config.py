@@ -354,31 +354,34 @@ def describe(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
     return out
 
 
-ONEDNN_FLAGS = ("0", "1", "auto")
-KEEP_FREED_FLAGS = ("0", "1")
+# The ROLLYARD_* environment settings: name -> (allowed values, default, how to fix a bad one).
+# Read here, not in the modules that use them, so the CLI can check them without importing torch.
+ENV_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
+    "ROLLYARD_ONEDNN": (("0", "1", "auto"), "auto",
+                        "use 0 (MKL only), 1 (oneDNN without timing it) or auto (the default: oneDNN where it "
+                        "times faster)"),  # rollyard.cpu_gemm
+    "ROLLYARD_KEEP_FREED": (("0", "1"), "1",
+                            "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it "
+                            "is)"),  # rollyard.cpu_memory
+}
 
 
-def _flag_error(name: str, allowed: tuple[str, ...], default: str, fix: str) -> str | None:
+def _flag_error(name: str) -> str | None:
+    allowed, default, fix = ENV_FLAGS[name]
     flag = os.environ.get(name, default)
     if flag in allowed:
         return None
     return f"{name} must be one of {', '.join(allowed)}: got {flag!r}; {fix}, or unset it"
 
 
-def onednn_env_error() -> str | None:
-    """Why ``ROLLYARD_ONEDNN`` (read by :mod:`rollyard.cpu_gemm`) is not a valid setting; ``None``
-    when unset or valid. Here, not in cpu_gemm, so the CLI can check it without importing torch."""
-    return _flag_error("ROLLYARD_ONEDNN", ONEDNN_FLAGS, "auto",
-                       "use 0 (MKL only), 1 (oneDNN without timing it) or auto (the default: oneDNN where it "
-                       "times faster)")
-
-
-def keep_freed_env_error() -> str | None:
-    """Why ``ROLLYARD_KEEP_FREED`` (read by :mod:`rollyard.cpu_memory`) is not a valid setting."""
-    return _flag_error("ROLLYARD_KEEP_FREED", KEEP_FREED_FLAGS, "1",
-                       "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it is)")
+def env_flag(name: str) -> str:
+    """The value of the ``ROLLYARD_*`` setting ``name`` (its default when unset); ``ValueError``
+    with the one-line rule when it is not one of the allowed values."""
+    if why := _flag_error(name):
+        raise ValueError(why)
+    return os.environ.get(name, ENV_FLAGS[name][1])
 
 
 def env_error() -> str | None:
     """The first invalid ``ROLLYARD_*`` environment setting, or ``None``."""
-    return onednn_env_error() or keep_freed_env_error()
+    return next((why for why in map(_flag_error, ENV_FLAGS) if why), None)

@@ -22,13 +22,12 @@ uses oneDNN wherever it is available.
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 import torch.nn.functional as F
 
-from rollyard.config import ONEDNN_FLAGS, onednn_env_error
+from rollyard.config import env_flag
 
 # oneDNN must beat MKL by this factor in the start-up timing to be used.
 MIN_SPEEDUP = 1.15
@@ -75,9 +74,7 @@ def _probe() -> bool:
 
 def enabled() -> bool:
     """Whether fp32 CPU linear layers go through oneDNN in this process (decided once per thread count)."""
-    flag = os.environ.get("ROLLYARD_ONEDNN", "auto")
-    if flag not in ONEDNN_FLAGS:
-        raise ValueError(onednn_env_error())
+    flag = env_flag("ROLLYARD_ONEDNN")
     if flag == "0" or not _op_available():
         return False
     if flag == "1":

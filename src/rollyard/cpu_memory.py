@@ -4,7 +4,7 @@ A training step allocates and frees hundreds of MB of activations. With glibc's 
 above a (moving) threshold come from ``mmap`` and go back to the kernel when freed, and a freed
 top of the heap is trimmed, so the next step touches fresh pages again: on the ``small`` preset's
 fp32 trainer step (2 threads, 32 x 80 tokens) this machine counted ~20-45k minor page faults per
-step and the step ran ~10% slower (up to ~18%) than with the thresholds set here (~250 faults).
+step and the trainer's step ran ~20% slower than with the thresholds set here (~250 faults).
 :func:`keep_freed_memory` sets glibc's mmap threshold to 1 GiB and turns trimming off, once per
 process; the trainer calls it when it trains on the CPU. The cost: the process keeps its peak
 heap, as PyTorch's caching allocator does on a GPU. ``ROLLYARD_KEEP_FREED=0`` leaves malloc
@@ -14,10 +14,9 @@ alone; on a C library other than glibc this does nothing.
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 
-from rollyard.config import KEEP_FREED_FLAGS, keep_freed_env_error
+from rollyard.config import env_flag
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers (malloc.h)
 MMAP_THRESHOLD = 1 << 30  # blocks below this come from the heap and are reused
@@ -28,9 +27,7 @@ _STATE: list[bool] = []  # [whether the thresholds were set], once per process
 def keep_freed_memory() -> bool:
     """Set the thresholds (once per process); ``True`` if they are set. ``ValueError`` for a bad
     ``ROLLYARD_KEEP_FREED``."""
-    flag = os.environ.get("ROLLYARD_KEEP_FREED", "1")
-    if flag not in KEEP_FREED_FLAGS:
-        raise ValueError(keep_freed_env_error())
+    flag = env_flag("ROLLYARD_KEEP_FREED")
     if _STATE:
         return _STATE[0]
     done = False
