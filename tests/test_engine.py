@@ -163,6 +163,31 @@ def test_compaction_moves_survivors_in_place_and_keeps_their_tokens():
     assert _greedy_with_early_stops(model, "fast", moved=[]) == _greedy_with_early_stops(model, "hf")
 
 
+def test_samples_at_one_position_decode_unmasked_across_holes():
+    """Equal-length prompts whose samples stop at different lengths: decode steps with finished
+    samples' holes among the slots still take the unmasked shared-position path (the holes ride
+    along and write into free slots), compaction happens, and every sample's logprobs equal a full
+    forward's, so no hole's write reached a live sequence."""
+    model = _model()
+    eng = _engine(model, temperature=1.0, max_concurrent=16, seed=6)
+    caps = {"#1": 2, "#2": 5, "#4": 9, "#5": 3, "#6": 7}
+    eng._length_cap = lambda sid: caps.get(sid[-2:], 14)
+    seen, real = [], eng.backend.fwd.decode
+
+    def spy(tokens, pos, kv, width, same_pos=None):
+        seen.append((same_pos, tokens.shape[0], len(eng._active)))
+        return real(tokens, pos, kv, width, same_pos=same_pos)
+
+    eng.backend.fwd.decode = spy
+    samples, _ = eng.generate(_requests(lengths=(6, 6), n=8, max_new=14))
+    assert sorted({len(s.completion_ids) for s in samples}) == [2, 3, 5, 7, 9, 14]
+    assert any(sp is not None and rows > active for sp, rows, active in seen), seen  # holes, no mask
+    assert any(rows < prev for (_, rows, _), (_, prev, _) in zip(seen[1:], seen)), seen  # compacted
+    for s in samples:
+        err = (torch.tensor(s.logprobs) - _recompute_logprobs(model, s, 1.0)).abs().max().item()
+        assert err < 1e-4, (s.id, err)
+
+
 def test_sampler_draws_from_softmax_of_logits_over_t():
     """The inverse-CDF draw: token frequencies match softmax(logits / T) (20k draws, 5 sigma); a
     token of zero probability (top-p cut) is never drawn."""

@@ -139,11 +139,13 @@ class _SlotBackend:
         heapq.heappush(self.free, slot)
 
     def maybe_compact(self, active: list[_Seq]) -> None:
-        # Decode runs over slots 0..hi-1; when finished sequences leave holes at the top of a
-        # mostly empty cache (the long tail), move the survivors down.
+        # Decode runs over slots 0..hi-1, holes left by finished sequences included. Once the holes
+        # outnumber a quarter of the survivors (+2), move the survivors down: one copy of their K/V
+        # against a step's attention over every hole for the rest of the batch (measured on a
+        # varlen GRPO batch, small preset: generate 0-11% faster than waiting for 2x survivors + 8).
         if active:
             hi = max(s.slot for s in active) + 1
-            if hi > 2 * len(active) + 8:
+            if hi > len(active) + len(active) // 4 + 2:
                 self._compact(sorted(active, key=lambda s: s.slot))
 
     def _compact(self, active: list[_Seq]) -> None:
@@ -187,7 +189,12 @@ class _SlotBackend:
         for s in seqs:
             toks[s.slot], pos[s.slot] = s.tokens[-1], s.length
         dev = self.fwd.device
-        same = pos[0] if len(seqs) == hi and pos.count(pos[0]) == hi else None  # uniform: no mask needed
+        # Every active sequence at one position (GRPO's samples of equal-length prompts): no mask,
+        # plain-slice K/V writes. Holes left by finished sequences ride along as token 0 at that
+        # position: their rows are dropped below, and what they write lands in free slots, which
+        # are prefilled, forked or restored before anyone reads them.
+        p0 = seqs[0].length
+        same = p0 if all(s.length == p0 for s in seqs) else None
         logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
                                  max(pos) + 1, same_pos=same)
         if len(seqs) == hi and all(s.slot == i for i, s in enumerate(seqs)):
