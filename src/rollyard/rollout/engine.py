@@ -197,9 +197,11 @@ class _SlotBackend:
         # position: their rows are dropped below, and what they write lands in free slots, which
         # are prefilled, forked or restored before anyone reads them.
         p0 = seqs[0].length
-        same = p0 if all(s.length == p0 for s in seqs) else None
-        logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
-                                 max(pos) + 1, same_pos=same)
+        if all(s.length == p0 for s in seqs):
+            logits = self.fwd.decode(torch.tensor(toks, device=dev), None, self.kv, p0 + 1, same_pos=p0)
+        else:
+            logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
+                                     max(pos) + 1)
         if len(seqs) == hi and all(s.slot == i for i, s in enumerate(seqs)):
             return logits
         return logits[torch.tensor([s.slot for s in seqs], device=dev)]

@@ -183,7 +183,7 @@ class LlamaFast:
         return self._head(x[torch.arange(G, device=x.device), last])
 
     @torch.no_grad()
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, kv: torch.Tensor, width: int,
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor | None, kv: torch.Tensor, width: int,
                same_pos: int | None = None) -> torch.Tensor:
         """One decode step for slots ``0..B-1``: ``tokens`` [B] at positions ``pos`` [B].
 
@@ -191,7 +191,7 @@ class LlamaFast:
         first ``width`` cache positions; ``width > max(pos)``) and returns logits [B, V].
         ``same_pos``: the caller's promise that every slot is at this position (uniform lengths,
         the common GRPO case): K/V are written with a plain slice and no mask is built, since
-        ``width == same_pos + 1`` leaves nothing to mask.
+        ``width == same_pos + 1`` leaves nothing to mask; ``pos`` is then unused (may be None).
         """
         B = tokens.shape[0]
         x = F.embedding(tokens, self.embed)
