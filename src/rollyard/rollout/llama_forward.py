@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rollyard import cpu_gemm
+from rollyard import cpu_attention, cpu_gemm
 from rollyard.cpu_gemm import pack, packed_linear
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
@@ -96,6 +96,9 @@ class LlamaFast:
         # module docstring); the values are the bf16 weights', only the arithmetic is wider.
         self.dtype = torch.float32 if cpu_bf16 and self.D < CPU_BF16_MIN_HIDDEN else p.dtype
         self.kv_dtype = torch.float32 if cpu_bf16 else p.dtype
+        # Decode attention through rollyard.cpu_attention's compiled kernel (fp32 cache on CPU).
+        self.attn_kernel = (p.device.type == "cpu" and self.kv_dtype == torch.float32
+                            and cpu_attention.supports(self.H, self.KVH, self.hd))
         self.refresh()
 
     @torch.no_grad()
@@ -205,14 +208,19 @@ class LlamaFast:
             writes, at, mask = kv[:, :, :B, :, same_pos].unbind(0), None, None  # per layer [2, B, KVH, hd]
         else:
             cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
-            ar = torch.arange(width, device=tokens.device)
-            mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(self.kv_dtype)[:, None, None]  # [B,1,1,W]
+            if self.attn_kernel:
+                mask = (pos + 1).to(torch.int64)  # the kernel takes each row's length, not a mask
+            else:
+                ar = torch.arange(width, device=tokens.device)
+                mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(self.kv_dtype)[:, None, None]  # [B,1,1,W]
             writes, at = None, (torch.arange(B, device=tokens.device), slice(None), pos)
         return self._head(self._decode_layers(x, cos, sin, mask, kv, reads, writes, at))
 
     def _decode_layers(self, x, cos, sin, mask, kv, reads, writes, at) -> torch.Tensor:
         """Where the new K / V go: ``writes``, per layer a ``[2, B, KVH, hd]`` view at the one
-        shared position, or else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``."""
+        shared position, or else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``.
+        ``mask``: ``None`` (every row sees all ``W``), else the additive mask ``[B, 1, 1, W]``, or with
+        the compiled kernel (``attn_kernel``) each row's length ``[B]``."""
         B = x.shape[0]
         H, KVH, hd, n, D = self.H, self.KVH, self.hd, self.n_qk, self.D
         G = H // KVH
@@ -229,10 +237,13 @@ class LlamaFast:
                 layer[0][at] = k.to(kv.dtype)
                 layer[1][at] = v.to(kv.dtype)
             K, V = reads[l]
-            s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
-            if mask is not None:
-                s = s + mask
-            o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
+            if self.attn_kernel:
+                o = cpu_attention.attend(qk[:, :H].to(K.dtype), K, V, mask).to(x.dtype)
+            else:
+                s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
+                if mask is not None:
+                    s = s + mask
+                o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
             x = packed_linear(o, w["wo"], w["bo"], add=x)
             h = F.rms_norm(x, (D,), w["ln2"], w["eps2"])
             gu = packed_linear(h, w["wgu"])
