@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from rollyard.algo.loss import kl_k3
 from rollyard.models import build_preset, char_tokenizer
-from rollyard.trainer.packing import layout_cost, pack, plan
+from rollyard.trainer.packing import layout_cost, pack, plan, plan_padded_bins
 from rollyard.trainer.trainer import Trainer, chunked_token_logprobs
 from rollyard.types import Sample
 
@@ -155,6 +155,48 @@ def test_auto_layout_takes_the_cheaper_estimate():
     assert {mb.layout for mb in plan(uneven, 4096, "auto", attn_weight=1e-5)} == {"packed"}
     with pytest.raises(ValueError, match="layout"):
         plan(many_short, 64, "diagonal")
+
+
+def _all_cuts(lengths, max_tokens):
+    """Every way to cut the longest-first order into consecutive groups that fit (brute force)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    n = len(order)
+    for mask in range(1 << (n - 1)):
+        groups, start = [], 0
+        for k in range(1, n + 1):
+            if k == n or mask >> (k - 1) & 1:
+                groups.append(order[start:k])
+                start = k
+        if all(len(g) == 1 or len(g) * lengths[g[0]] <= max_tokens for g in groups):
+            yield groups
+
+
+def test_padded_groups_minimise_estimated_cost_with_a_per_micro_batch_charge():
+    lengths = [78, 20, 75, 44, 31, 70, 52, 25, 66, 40, 61]
+    aw = 1e-3
+
+    def cost(groups, charge):
+        return sum(layout_cost([lengths[i] for i in g], "padded", aw) + charge for g in groups)
+
+    for charge in (0.0, 50.0, 300.0, 1e6):
+        got = plan_padded_bins(lengths, 400, aw, group_cost=charge)
+        assert sorted(i for g in got for i in g) == list(range(len(lengths)))
+        best = min(cost(c, charge) for c in _all_cuts(lengths, 400))
+        assert cost(got, charge) == pytest.approx(best), charge
+    assert len(plan_padded_bins(lengths, 400, aw, group_cost=0.0)) == len(lengths)  # free cuts: no pads at all
+    fewest = min(len(c) for c in _all_cuts(lengths, 400))
+    assert len(plan_padded_bins(lengths, 400, aw, group_cost=None)) == fewest
+    assert len(plan_padded_bins(lengths, 10_000, aw, group_cost=1e6)) == 1
+
+
+def test_trainer_splits_uneven_batches_and_keeps_even_ones_whole():
+    model = build_preset("small", TOK, seed=0, max_position_embeddings=128)
+    tr = Trainer(model, micro_batch_tokens=4096)
+    rng = torch.Generator().manual_seed(0)
+    uneven = [([1] * 16, [2] * int(n)) for n in torch.randint(20, 65, (32,), generator=rng)]
+    even = [([1] * 16, [2] * 64)] * 32
+    assert len(tr._pack(uneven)) > 1
+    assert [tuple(mb.input_ids.shape) for mb in tr._pack(even)] == [(32, 79)]
 
 
 # (layout, fast functional forward for padded rows): every way a micro-batch can be computed

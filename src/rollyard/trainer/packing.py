@@ -92,19 +92,43 @@ def plan_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return bins
 
 
-def plan_padded_bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Longest first: consecutive items while ``len(bin) x longest <= max_tokens`` (pads included).
+def plan_padded_bins(lengths: list[int], max_tokens: int, attn_weight: float = 0.0,
+                     group_cost: float | None = None, packed_ok: bool = False) -> list[list[int]]:
+    """Item indices, longest first, cut into consecutive groups with ``rows x longest <= max_tokens``
+    (an item longer than that gets a group of its own; items of length 0 are left out).
 
-    An item longer than ``max_tokens`` gets a bin of its own. Items of length 0 are left out.
+    Where to cut is chosen by dynamic programming over the sorted lengths: the fewest groups (and
+    among those the lowest cost) when ``group_cost`` is ``None``, else the lowest total of each
+    group's :func:`layout_cost` (padded, or packed where that is cheaper and ``packed_ok``) plus
+    ``group_cost`` per group, the fixed cost of one more micro-batch in the same units. Splitting
+    a batch of uneven lengths into groups of similar ones saves pad positions and attention
+    pairs; ``group_cost`` says when a split stops paying.
     """
     order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    bins: list[list[int]] = []
-    for i in order:
-        if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= max_tokens:
-            bins[-1].append(i)
-        else:
-            bins.append([i])
-    return bins
+    L = [lengths[i] for i in order]
+    best: list[tuple[float, float]] = [(0, 0.0)]  # best[j]: (groups or 0, cost) of the first j items
+    cut = [0]
+    for j in range(1, len(L) + 1):
+        best.append((float("inf"), float("inf")))
+        cut.append(j - 1)
+        total = 0
+        for i in range(j - 1, -1, -1):  # the last group is items i..j-1, its longest L[i]
+            rows = j - i
+            if rows > 1 and rows * L[i] > max_tokens:
+                break  # rows and L[i] only grow as i goes down
+            total += L[i]
+            cost = rows * L[i] * (1.0 + attn_weight * L[i] / 2)  # layout_cost(..., "padded", ...)
+            if packed_ok and rows > 1:
+                cost = min(cost, total * (1.0 + DENSE_MASK_PENALTY * attn_weight * total))
+            g, c = best[i]
+            cand = (g + 1, c + cost) if group_cost is None else (0, c + cost + group_cost)
+            if cand < best[j]:
+                best[j], cut[j] = cand, i
+    groups, j = [], len(L)
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
 
 
 def layout_cost(lengths: list[int], layout: str, attn_weight: float) -> float:
@@ -195,13 +219,15 @@ def pack(sequences: list[tuple[list[int], list[int]]], max_tokens: int) -> list[
 
 
 def plan(sequences: list[tuple[list[int], list[int]]], max_tokens: int, layout: str = "auto",
-         attn_weight: float = 0.0) -> list[MicroBatch]:
+         attn_weight: float = 0.0, group_cost: float | None = None) -> list[MicroBatch]:
     """Micro-batches of ``(prompt_ids, completion_ids)`` pairs, each in its cheaper layout.
 
     ``layout="packed"`` is :func:`pack`. Otherwise sequences are sorted by length and grouped
-    so that ``rows x longest <= max_tokens`` (:func:`plan_padded_bins`); ``"padded"`` lays every
-    group out padded, ``"auto"`` takes, per group, the layout with the lower :func:`layout_cost`
-    (``attn_weight``: one attention pair's cost relative to one token's position-wise work).
+    so that ``rows x longest <= max_tokens``, cut where the total estimated cost is lowest
+    (:func:`plan_padded_bins`; ``group_cost``: one micro-batch's fixed cost, ``None`` for the
+    fewest micro-batches); ``"padded"`` lays every group out padded, ``"auto"`` takes, per group,
+    the layout with the lower :func:`layout_cost` (``attn_weight``: one attention pair's cost
+    relative to one token's position-wise work).
     Empty completions are left out and empty prompts rejected, as in :func:`pack`.
     """
     if layout not in LAYOUTS:
@@ -210,7 +236,7 @@ def plan(sequences: list[tuple[list[int], list[int]]], max_tokens: int, layout: 
         return pack(sequences, max_tokens)
     lengths = _check(sequences)
     out = []
-    for members in plan_padded_bins(lengths, max_tokens):
+    for members in plan_padded_bins(lengths, max_tokens, attn_weight, group_cost, packed_ok=layout == "auto"):
         lens = [lengths[i] for i in members]
         packed_cheaper = (layout == "auto" and len(members) > 1
                           and layout_cost(lens, "packed", attn_weight) < layout_cost(lens, "padded", attn_weight))
