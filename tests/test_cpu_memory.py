@@ -51,8 +51,8 @@ def test_freed_blocks_are_reused_without_page_faults():
     ("ROLLYARD_ONEDNN", "yes", "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'", "rollyard.cpu_gemm:enabled"),
     ("ROLLYARD_KEEP_FREED", "on", "ROLLYARD_KEEP_FREED must be one of 0, 1: got 'on'",
      "rollyard.cpu_memory:keep_freed_memory"),
-    ("ROLLYARD_DECODE_KERNEL", "fast", "ROLLYARD_DECODE_KERNEL must be one of 0, 1, auto: got 'fast'",
-     "rollyard.cpu_attention:kernel"),
+    ("ROLLYARD_CPU_KERNELS", "fast", "ROLLYARD_CPU_KERNELS must be one of 0, 1, auto: got 'fast'",
+     "rollyard.cpu_kernels:kernel"),
 ])
 def test_bad_env_setting_is_one_line_exit_2(monkeypatch, capsys, name, value, rule, reader):
     import importlib

@@ -363,10 +363,10 @@ ENV_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "ROLLYARD_KEEP_FREED": (("0", "1"), "1",
                             "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it "
                             "is)"),  # rollyard.cpu_memory
-    "ROLLYARD_DECODE_KERNEL": (("0", "1", "auto"), "auto",
+    "ROLLYARD_CPU_KERNELS": (("0", "1", "auto"), "auto",
                                "use 0 (torch's attention), 1 (the compiled kernel, an error if it cannot be "
                                "built) or auto (the default: the kernel where it builds, checks and times "
-                               "faster)"),  # rollyard.cpu_attention
+                               "faster)"),  # rollyard.cpu_kernels
 }
 
 

@@ -27,6 +27,9 @@ fp32 at these shapes, while the weight matmuls, where bf16 pays, stay bf16, unle
 narrower than ``CPU_BF16_MIN_HIDDEN``: then the fused copies are the bf16 weights upcast to fp32
 (``dtype``, the compute dtype; ``weight_dtype`` is the module's).
 
+On CPU the decode step's attention and RMSNorms run through ``rollyard.cpu_kernels`` (compiled
+at first use; torch's ops where it cannot be built).
+
 ``unsupported_reason(model)`` says why a model cannot take this path (the engine then uses the
 HF forward); the engine also checks this forward against the HF forward's logits at start-up.
 """
@@ -36,7 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rollyard import cpu_attention, cpu_gemm
+from rollyard import cpu_gemm, cpu_kernels
 from rollyard.cpu_gemm import pack, packed_linear
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
@@ -96,9 +99,11 @@ class LlamaFast:
         # module docstring); the values are the bf16 weights', only the arithmetic is wider.
         self.dtype = torch.float32 if cpu_bf16 and self.D < CPU_BF16_MIN_HIDDEN else p.dtype
         self.kv_dtype = torch.float32 if cpu_bf16 else p.dtype
-        # Decode attention through rollyard.cpu_attention's compiled kernel (fp32 cache on CPU).
-        self.attn_kernel = (p.device.type == "cpu" and self.kv_dtype == torch.float32
-                            and cpu_attention.supports(self.H, self.KVH, self.hd))
+        # rollyard.cpu_kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
+        on_cpu = p.device.type == "cpu"
+        self.attn_kernel = (on_cpu and self.kv_dtype == torch.float32
+                            and cpu_kernels.attention_supported(self.H, self.KVH, self.hd))
+        self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
         self.refresh()
 
     @torch.no_grad()
@@ -153,8 +158,13 @@ class LlamaFast:
         # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
         return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.kv_dtype)
 
+    def _rms(self, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+        if self.norm_kernel:
+            return cpu_kernels.rms_norm(x, w, eps)
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
+        x = self._rms(x, self.norm_w, self.norm_eps)
         return packed_linear(x, self.lm_head, self.lm_bias)
 
     @torch.no_grad()
@@ -169,7 +179,7 @@ class LlamaFast:
         x = F.embedding(tokens, self.embed)
         cos, sin = self.cos[:P, None], self.sin[:P, None]  # [P, 1, hd]
         for l, w in enumerate(self.layers):
-            h = F.rms_norm(x, (self.D,), w["ln1"], w["eps1"])
+            h = self._rms(x, w["ln1"], w["eps1"])
             y = packed_linear(h, w["wqkv"], w["bqkv"])
             qk = self._norm_qk(y[..., :n].view(G, P, H + KVH, hd), w)
             qk = _rope(qk, cos, sin)
@@ -180,7 +190,7 @@ class LlamaFast:
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0, enable_gqa=KVH != H)
             o = o.transpose(1, 2).reshape(G, P, H * hd)
             x = packed_linear(o, w["wo"], w["bo"], add=x)
-            h = F.rms_norm(x, (self.D,), w["ln2"], w["eps2"])
+            h = self._rms(x, w["ln2"], w["eps2"])
             gu = packed_linear(h, w["wgu"])
             x = packed_linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd"], add=x)
         return self._head(x[torch.arange(G, device=x.device), last])
@@ -222,10 +232,10 @@ class LlamaFast:
         ``mask``: ``None`` (every row sees all ``W``), else the additive mask ``[B, 1, 1, W]``, or with
         the compiled kernel (``attn_kernel``) each row's length ``[B]``."""
         B = x.shape[0]
-        H, KVH, hd, n, D = self.H, self.KVH, self.hd, self.n_qk, self.D
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
         G = H // KVH
         for l, w in enumerate(self.layers):
-            h = F.rms_norm(x, (D,), w["ln1"], w["eps1"])
+            h = self._rms(x, w["ln1"], w["eps1"])
             y = packed_linear(h, w["wqkv"], w["bqkv"])
             qk = _rope(self._norm_qk(y[:, :n].view(B, H + KVH, hd), w), cos, sin)
             k, v = qk[:, H:], y[:, n:].view(B, KVH, hd)
@@ -238,14 +248,14 @@ class LlamaFast:
                 layer[1][at] = v.to(kv.dtype)
             K, V = reads[l]
             if self.attn_kernel:
-                o = cpu_attention.attend(qk[:, :H].to(K.dtype), K, V, mask).to(x.dtype)
+                o = cpu_kernels.attend(qk[:, :H].to(K.dtype), K, V, mask).to(x.dtype)
             else:
                 s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
                 if mask is not None:
                     s = s + mask
                 o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
             x = packed_linear(o, w["wo"], w["bo"], add=x)
-            h = F.rms_norm(x, (D,), w["ln2"], w["eps2"])
+            h = self._rms(x, w["ln2"], w["eps2"])
             gu = packed_linear(h, w["wgu"])
             x = packed_linear(F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd"], add=x)
         return x

@@ -1,5 +1,5 @@
-"""The compiled CPU decode-attention kernel (rollyard.cpu_attention) against a float64 reference
-written row by row, inside the decode engine's forward against torch's path, and its fallbacks:
+"""The compiled CPU kernels (rollyard.cpu_kernels): decode attention and RMSNorm against float64
+references, attention inside the decode engine's forward against torch's path, and the fallbacks:
 no compiler, the off switch, the must-have switch."""
 
 import shutil
@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from rollyard import cpu_attention
+from rollyard import cpu_kernels
 from rollyard.models import build_preset, char_tokenizer
 from rollyard.rollout.llama_forward import LlamaFast
 
@@ -45,10 +45,10 @@ def _case(G, hd, B=7, KVH=3, W=37, seed=0):
 @needs_cxx
 @pytest.mark.parametrize("G,hd", [(1, 16), (2, 24), (2, 32), (3, 40), (4, 8), (7, 64), (8, 128), (5, 32)])
 def test_kernel_matches_fp64_attention(G, hd):
-    assert cpu_attention.supports(3 * G, 3, hd), cpu_attention._STATE
+    assert cpu_kernels.attention_supported(3 * G, 3, hd), cpu_kernels._STATE
     q, K, V, lens = _case(G, hd)
     for n in (None, lens):
-        got = cpu_attention.attend(q, K, V, n)
+        got = cpu_kernels.attend(q, K, V, n)
         want = _attention_fp64(q, K, V, n)
         err = float((got.double() - want).abs().max())
         assert err < 2e-6, f"G={G} hd={hd} lens={'all' if n is None else 'varied'}: max error {err:.2e}"
@@ -60,31 +60,49 @@ def test_kernel_threads_split_rows_without_changing_results():
     n = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = cpu_attention.attend(q, K, V, lens)
+        one = cpu_kernels.attend(q, K, V, lens)
         torch.set_num_threads(2)
-        two = cpu_attention.attend(q, K, V, lens)
+        two = cpu_kernels.attend(q, K, V, lens)
     finally:
         torch.set_num_threads(n)
     assert torch.equal(one, two)
 
 
+@needs_cxx
+def test_rms_norm_matches_fp64():
+    assert cpu_kernels.kernel() is not None
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(9, 300, generator=gen) * 4
+    cases = [wide[:, :256], torch.randn(2, 5, 24, generator=gen), torch.randn(32, 17, generator=gen)]
+    for x in cases:  # strided rows, 3-D, a width with no full vector
+        d = x.shape[-1]
+        w = torch.rand(d, generator=gen) + 0.5
+        for weight in (w, None):
+            want = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)
+            want = want * (1.0 if weight is None else weight.double())
+            got = cpu_kernels.rms_norm(x, weight, 1e-5)
+            assert got.shape == x.shape
+            err = float((got.double() - want).abs().max())
+            assert err < 1e-5, (tuple(x.shape), weight is None, err)
+
+
 def test_unsupported_shapes_are_refused():
-    assert not cpu_attention.supports(6, 4, 32)  # heads not a multiple of K/V heads
-    assert not cpu_attention.supports(4, 4, 48)  # no kernel for head_dim 48
-    assert not cpu_attention.supports(36, 4, 32)  # G = 9
+    assert not cpu_kernels.attention_supported(6, 4, 32)  # heads not a multiple of K/V heads
+    assert not cpu_kernels.attention_supported(4, 4, 48)  # no kernel for head_dim 48
+    assert not cpu_kernels.attention_supported(36, 4, 32)  # G = 9
 
 
 @needs_cxx
-def test_decode_with_kernel_equals_torch_attention():
-    """The engine's forward with and without the kernel: uniform-position and per-row-position decode."""
+def test_decode_with_kernels_equals_torch():
+    """The engine's forward with and without the kernels: uniform-position and per-row-position decode."""
     model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
     fwd = LlamaFast(model)
-    assert fwd.attn_kernel
+    assert fwd.attn_kernel and fwd.norm_kernel
     V = model.config.vocab_size
     ids = torch.randint(0, V, (4, 20), generator=torch.Generator().manual_seed(1))
     outs = []
     for on in (True, False):
-        fwd.attn_kernel = on
+        fwd.attn_kernel = fwd.norm_kernel = on
         kv = fwd.new_cache(4, 32)
         fwd.prefill(ids[:, :8], kv, torch.arange(4), torch.tensor([7, 3, 7, 5]))
         got = [fwd.decode(ids[:, t], None, kv, t + 1, same_pos=t) for t in range(8, 12)]
@@ -96,31 +114,33 @@ def test_decode_with_kernel_equals_torch_attention():
 
 
 def test_without_a_compiler_torch_attention_is_used_and_said_once(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cpu_attention, "_STATE", {})
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setenv("ROLLYARD_DECODE_KERNEL", "auto")
-    assert cpu_attention.kernel() is None and cpu_attention.kernel() is None
+    monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "auto")
+    assert cpu_kernels.kernel() is None and cpu_kernels.kernel() is None
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "not built" in err[0] and "torch's attention instead" in err[0], err
+    assert len(err) == 1 and "not used" in err[0] and "torch's attention and rms_norm instead" in err[0], err
     model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
-    assert not LlamaFast(model).attn_kernel
-    monkeypatch.setenv("ROLLYARD_DECODE_KERNEL", "1")
-    with pytest.raises(RuntimeError, match="ROLLYARD_DECODE_KERNEL=1 but .* unavailable: .*install a C"):
-        cpu_attention.kernel()
+    fwd = LlamaFast(model)
+    assert not fwd.attn_kernel and not fwd.norm_kernel
+    monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "1")
+    with pytest.raises(RuntimeError, match="ROLLYARD_CPU_KERNELS=1 but .* unavailable: .*install a C"):
+        cpu_kernels.kernel()
 
 
 def test_off_switch_keeps_torch_attention(monkeypatch):
-    monkeypatch.setenv("ROLLYARD_DECODE_KERNEL", "0")
+    monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "0")
     model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
-    assert cpu_attention.kernel() is None and not LlamaFast(model).attn_kernel
+    fwd = LlamaFast(model)
+    assert cpu_kernels.kernel() is None and not fwd.attn_kernel and not fwd.norm_kernel
 
 
 @needs_cxx
 def test_built_once_into_the_cache_and_reused(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = cpu_attention._compile("g++")
+    first = cpu_kernels._compile("g++")
     assert first.parent == tmp_path / "rollyard" / "kernels" and first.exists()
     stamp = first.stat().st_mtime_ns
-    assert cpu_attention._compile("g++") == first and first.stat().st_mtime_ns == stamp
+    assert cpu_kernels._compile("g++") == first and first.stat().st_mtime_ns == stamp
     assert [p.name for p in first.parent.iterdir()] == [first.name]  # no temporary left behind

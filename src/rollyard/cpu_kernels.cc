@@ -1,6 +1,6 @@
 // Decode attention on CPU in fp32: one query position per row against that row's cached K / V.
 //
-// Built and loaded at first use by rollyard/cpu_attention.py (g++ -O3 -march=native -fopenmp;
+// Built and loaded at first use by rollyard/cpu_kernels.py (g++ -O3 -march=native -fopenmp;
 // the OpenMP runtime is torch's own, already loaded, so both share one thread pool).
 //
 // Per (row b, K/V head h): the G query heads that share h, scores against positions 0..n-1,
@@ -176,6 +176,45 @@ int rollyard_decode_attn_f32(const float* q, int64_t sq, const float* K, const f
            out + (int64_t)it * G * hd, scratch + omp_get_thread_num() * per_thread);
     }
     return 0;
+}
+
+}  // extern "C"
+
+namespace {
+
+float sum_squares(const float* x, int64_t d) {
+    f16v acc = f16v{};
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) { f16v v = ld<f16v>(x + i); acc += v * v; }
+    float s = hsum(acc);
+    for (; i < d; i++) s += x[i] * x[i];
+    return s;
+}
+
+}  // namespace
+
+extern "C" {
+
+// RMSNorm of ``rows`` rows of ``d`` floats, ``sx`` floats apart: out[r] = x[r] / sqrt(mean(x[r]^2)
+// + eps) * w (w: NULL for none). out: [rows, d] contiguous. The decode step's norms are 32 rows of
+// a few hundred floats, where torch's CPU rms_norm (pow, mean, add, rsqrt, two muls, each its own
+// kernel) costs ~25 us a call; threads only for large inputs.
+void rollyard_rms_norm_f32(const float* x, int64_t sx, const float* w, int64_t rows, int64_t d, float eps,
+                           float* out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d >= (1 << 17))
+    for (int64_t r = 0; r < rows; r++) {
+        const float* xr = x + r * sx;
+        float* o = out + r * d;
+        const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / (float)d + eps);
+        int64_t i = 0;
+        if (w) {
+            for (; i + 16 <= d; i += 16) st(o + i, ld<f16v>(xr + i) * inv * ld<f16v>(w + i));
+            for (; i < d; i++) o[i] = xr[i] * inv * w[i];
+        } else {
+            for (; i + 16 <= d; i += 16) st(o + i, ld<f16v>(xr + i) * inv);
+            for (; i < d; i++) o[i] = xr[i] * inv;
+        }
+    }
 }
 
 }  // extern "C"

@@ -1,6 +1,6 @@
-"""Decode attention on CPU in fp32 through a small compiled kernel (``cpu_attention.cc``).
+"""Decode-step kernels on CPU in fp32, compiled from ``cpu_kernels.cc``: attention and RMSNorm.
 
-A decode step's attention reads each row's cached K / V once: per (row, K/V head) a
+**Attention.** A decode step's attention reads each row's cached K / V once: per (row, K/V head) a
 ``[G, hd] x [hd, n]`` score matmul, a softmax over ``n`` and a ``[G, n] x [n, hd]`` matmul.
 torch runs these as two batched matmuls of tiny matrices plus a softmax, and at the engine's
 shapes the batched-GEMM overhead per matrix, not the bytes, sets the time: for a ``small``
@@ -9,13 +9,18 @@ reference machine. The kernel does the three in one pass per (row, head), vector
 prefetched, on torch's own OpenMP threads: ~2.5x faster warm, ~2.7x with K / V in DRAM, and
 generation ~1.15-1.25x faster end to end (``small``, fp32 and bf16, uniform and varied lengths).
 
+**RMSNorm** (:func:`rms_norm`). torch's CPU ``rms_norm`` runs as six elementwise kernels; on a
+decode step's 32 rows of 256 floats that is ~25 us a call, 13 calls a step: ~0.34 ms of a
+~2.4 ms ``small`` step. The kernel is one pass per row.
+
 It is built at first use with the system C++ compiler (``$CXX``, else ``g++``; ``-O3
 -march=native -fopenmp``), cached under ``$XDG_CACHE_HOME/rollyard/kernels`` (else
 ``~/.cache/...``) by a hash of its source, the compiler's version and the CPU's flags. Each
 attention shape (query heads per K/V head, head_dim) is checked against torch on a random case
-once per process and used only where the kernel also times no slower than torch. Without a
+once per process and used only where the kernel also times no slower than torch; RMSNorm is
+checked once at load. Without a
 compiler, or on any failure, it says why once on stderr and the engine keeps torch's path.
-``ROLLYARD_DECODE_KERNEL=0`` turns it off; ``=1`` skips the timing and makes an unavailable or
+``ROLLYARD_CPU_KERNELS=0`` turns it off; ``=1`` skips the timing and makes an unavailable or
 wrong kernel an error instead.
 """
 
@@ -32,10 +37,11 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from rollyard.config import env_flag
 
-_SOURCE = Path(__file__).with_name("cpu_attention.cc")
+_SOURCE = Path(__file__).with_name("cpu_kernels.cc")
 _STATE: dict[str, object] = {}  # "lib": the loaded library or None, "why": why not
 
 
@@ -56,7 +62,7 @@ def _compile(cxx: str) -> Path:
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
     key = hashlib.sha256(src + version.encode() + _cpu_signature().encode()).hexdigest()[:16]
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollyard" / "kernels"
-    lib = root / f"cpu_attention-{key}.so"
+    lib = root / f"cpu_kernels-{key}.so"
     if lib.exists():
         return lib
     root.mkdir(parents=True, exist_ok=True)
@@ -69,7 +75,7 @@ def _compile(cxx: str) -> Path:
             err = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise RuntimeError(f"{' '.join(cmd[:2])} ... exited {done.returncode}: {err}")
         os.replace(out, lib)
-    print(f"[rollyard] compiled the CPU decode-attention kernel in {time.perf_counter() - t:.1f} s ({lib})",
+    print(f"[rollyard] compiled the CPU kernels (decode attention, rms_norm) in {time.perf_counter() - t:.1f} s ({lib})",
           file=sys.stderr)
     return lib
 
@@ -81,6 +87,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_decode_attn_f32.restype = I
     lib.rollyard_decode_attn_supports.argtypes = [I, I]
     lib.rollyard_decode_attn_supports.restype = I
+    lib.rollyard_rms_norm_f32.argtypes = [P, L, P, L, L, ctypes.c_float, P, I]
+    lib.rollyard_rms_norm_f32.restype = None
     return lib
 
 
@@ -142,29 +150,68 @@ def _trial(lib, G: int, hd: int, timed: bool) -> str | None:
     return None
 
 
-def kernel() -> ctypes.CDLL | None:
-    """The loaded kernel library, or ``None`` (off, or it cannot be built here: said once on stderr).
+def _rms_norm_call(lib, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    d = x.shape[-1]
+    rows = x.numel() // d if d else 0
+    x2 = x.reshape(rows, d) if x.dim() != 2 else x
+    out = torch.empty(x.shape, dtype=torch.float32)
+    lib.rollyard_rms_norm_f32(x2.data_ptr(), x2.stride(0), None if w is None else w.data_ptr(), rows, d, eps,
+                              out.data_ptr(), torch.get_num_threads())
+    return out
 
-    ``ValueError`` for a bad ``ROLLYARD_DECODE_KERNEL``; ``RuntimeError`` when it is ``1`` and the
+
+def _rms_norm_trial(lib) -> str | None:
+    gen = torch.Generator().manual_seed(0)
+    for shape in ((32, 256), (5, 3, 24), (3, 100)):
+        x, w = torch.randn(*shape, generator=gen) * 3, torch.rand(shape[-1], generator=gen) + 0.5
+        for weight in (w, None):
+            got = _rms_norm_call(lib, x, weight, 1e-6)
+            want = F.rms_norm(x, (shape[-1],), weight, 1e-6)
+            err = float((got - want).abs().max() / want.abs().max())
+            if not err < 1e-5:
+                return f"its rms_norm differs from torch's by {err:.2e} (relative)"
+    return None
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """``F.rms_norm(x, (x.shape[-1],), w, eps)``, without autograd: through the kernel (once
+    :func:`kernel` has loaded it) for fp32 CPU tensors with a contiguous last dim (rows may be
+    strided in a 2-D ``x``), else torch's."""
+    lib = _STATE.get("lib")
+    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.stride(-1) != 1
+            or (x.dim() != 2 and not x.is_contiguous()) or (w is not None and (w.dtype != torch.float32
+                                                                             or not w.is_contiguous()))):
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    return _rms_norm_call(lib, x, w, eps)
+
+
+def kernel() -> ctypes.CDLL | None:
+    """The loaded kernel library, or ``None`` (off, or it cannot be built or is wrong here: said
+    once on stderr).
+
+    ``ValueError`` for a bad ``ROLLYARD_CPU_KERNELS``; ``RuntimeError`` when it is ``1`` and the
     kernel cannot be had."""
-    flag = env_flag("ROLLYARD_DECODE_KERNEL")
+    flag = env_flag("ROLLYARD_CPU_KERNELS")
     if flag == "0":
         return None
     if "lib" not in _STATE:
         try:
-            lib, why = _load(_compile(os.environ.get("CXX") or "g++")), None
+            lib = _load(_compile(os.environ.get("CXX") or "g++"))
+            why = _rms_norm_trial(lib)
         except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-            lib, why = None, f"{type(e).__name__}: {e}"
-            print(f"[rollyard] CPU decode-attention kernel not built ({why}); torch's attention instead",
+            why = f"{type(e).__name__}: {e}"
+        if why:
+            lib = None
+            print(f"[rollyard] CPU kernels not used ({why}); torch's attention and rms_norm instead",
                   file=sys.stderr)
         _STATE.update(lib=lib, why=why)
     if _STATE["lib"] is None and flag == "1":
-        raise RuntimeError(f"ROLLYARD_DECODE_KERNEL=1 but the CPU decode-attention kernel is unavailable: "
+        raise RuntimeError(f"ROLLYARD_CPU_KERNELS=1 but rollyard's CPU kernels are unavailable: "
                            f"{_STATE['why']}; install a C++ compiler with OpenMP (g++) or unset it")
     return _STATE["lib"]
 
 
-def supports(q_heads: int, kv_heads: int, head_dim: int) -> bool:
+def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether the kernel is on and runs this attention shape: ``G = q_heads / kv_heads`` in 1..8,
     ``head_dim`` in 8, 16, 24, 32, 40, 64, 128, checked once per shape against torch (and, under
     ``auto``, timed no slower than it)."""
@@ -173,10 +220,10 @@ def supports(q_heads: int, kv_heads: int, head_dim: int) -> bool:
         return False
     shape = (q_heads // kv_heads, head_dim, torch.get_num_threads())
     if shape not in _STATE:
-        timed = env_flag("ROLLYARD_DECODE_KERNEL") == "auto"
+        timed = env_flag("ROLLYARD_CPU_KERNELS") == "auto"
         why = _trial(lib, shape[0], head_dim, timed)
         if why and not timed:
-            raise RuntimeError(f"ROLLYARD_DECODE_KERNEL=1 but the CPU decode-attention kernel is wrong here: {why}; "
+            raise RuntimeError(f"ROLLYARD_CPU_KERNELS=1 but the CPU decode-attention kernel is wrong here: {why}; "
                                f"unset it (or set 0) and report this machine")
         if why:
             print(f"[rollyard] CPU decode-attention kernel not used ({why}); torch's attention instead",
@@ -189,7 +236,7 @@ def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, lens: torch.Tensor
     """Attention of one query position per row: ``q [B, H, hd]`` (heads contiguous, any row
     stride, fp32, already scaled) over ``K, V [B, KVH, W, hd]`` (strided views, last dim
     contiguous, fp32), each row over its first ``lens[b]`` positions (int64 ``[B]``; ``None``: all
-    ``W``). Returns ``[B, H * hd]``. The caller checks :func:`supports` first."""
+    ``W``). Returns ``[B, H * hd]``. The caller checks :func:`attention_supported` first."""
     assert q.dtype == K.dtype == V.dtype == torch.float32 and q.device.type == "cpu", (q.dtype, K.dtype)
     assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and K.stride(3) == 1 and K.stride() == V.stride()
     assert lens is None or (lens.dtype == torch.int64 and lens.is_contiguous())
