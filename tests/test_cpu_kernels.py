@@ -86,6 +86,49 @@ def test_rms_norm_matches_fp64():
             assert err < 1e-5, (tuple(x.shape), weight is None, err)
 
 
+def _fwd_bwd(fn, inputs, dtype):
+    xs = [t.detach().to(dtype).requires_grad_() for t in inputs]
+    y = fn(*xs)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    y.backward(g)
+    return y.double(), [t.grad.double() for t in xs]
+
+
+@needs_cxx
+def test_training_rms_norm_and_swiglu_forward_and_backward_match_fp64():
+    import torch.nn.functional as F
+
+    assert cpu_kernels.kernel() is not None
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 11, 256, generator=gen, dtype=torch.float64) * 2
+    w = torch.rand(256, generator=gen, dtype=torch.float64) + 0.5
+    gu = torch.randn(3, 11, 2 * 320, generator=gen, dtype=torch.float64) * 3
+    cases = [
+        (lambda x, w: F.rms_norm(x, (256,), w, 1e-6), lambda x, w: cpu_kernels.train_rms_norm(x, w, 1e-6), (x, w)),
+        (lambda x, w: F.rms_norm(x, (256,), w, 1e-6),  # a strided view in: the kernel copies it first
+         lambda x, w: cpu_kernels.train_rms_norm(x.transpose(0, 1).transpose(0, 1), w, 1e-6), (x, w)),
+        (lambda gu: F.silu(gu[..., :320]) * gu[..., 320:], cpu_kernels.train_swiglu, (gu,)),
+    ]
+    for ref, fn, inputs in cases:
+        (want, want_grads), (got, got_grads) = _fwd_bwd(ref, inputs, torch.float64), _fwd_bwd(fn, inputs, torch.float32)
+        scale = float(want.abs().max())
+        assert float((got - want).abs().max()) < 1e-6 * scale
+        for a, b in zip(got_grads, want_grads):
+            assert float((a - b).abs().max()) < 1e-5 * float(b.abs().max())
+
+
+def test_training_kernels_step_aside_for_autocast_and_odd_widths():
+    import torch.nn.functional as F
+
+    gu = torch.randn(4, 2 * 40)  # half width 40: not a multiple of 16
+    assert torch.equal(cpu_kernels.train_swiglu(gu), F.silu(gu[:, :40]) * gu[:, 40:])
+    x, w = torch.randn(4, 64), torch.rand(64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = cpu_kernels.train_rms_norm(x, w, 1e-6)
+        want = F.rms_norm(x, (64,), w, 1e-6)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 def test_unsupported_shapes_are_refused():
     assert not cpu_kernels.attention_supported(6, 4, 32)  # heads not a multiple of K/V heads
     assert not cpu_kernels.attention_supported(4, 4, 48)  # no kernel for head_dim 48

@@ -218,3 +218,108 @@ void rollyard_rms_norm_f32(const float* x, int64_t sx, const float* w, int64_t r
 }
 
 }  // extern "C"
+
+// ---- training: RMSNorm and SwiGLU forward / backward (fp32, contiguous rows) -------------------
+
+extern "C" {
+
+// Forward RMSNorm that also returns each row's 1 / rms (``rinv``, for the backward).
+void rollyard_rms_norm_fwd_f32(const float* x, const float* w, int64_t rows, int64_t d, float eps, float* out,
+                               float* rinv, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d >= (1 << 17))
+    for (int64_t r = 0; r < rows; r++) {
+        const float* xr = x + r * d;
+        float* o = out + r * d;
+        const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / (float)d + eps);
+        rinv[r] = inv;
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16) st(o + i, ld<f16v>(xr + i) * inv * ld<f16v>(w + i));
+        for (; i < d; i++) o[i] = xr[i] * inv * w[i];
+    }
+}
+
+// Backward of y = x * rinv * w: dx = rinv * (g - xhat * mean(g * xhat)) with g = dy * w and
+// xhat = x * rinv; dw = sum over rows of dy * xhat (per-thread partial sums in ``partial``,
+// threads x d floats, then added up).
+void rollyard_rms_norm_bwd_f32(const float* x, const float* w, const float* rinv, const float* dy, int64_t rows,
+                               int64_t d, float* dx, float* dw, float* partial, int threads) {
+    for (int64_t i = 0; i < (int64_t)threads * d; i++) partial[i] = 0.0f;
+    int used = 1;
+#pragma omp parallel num_threads(threads)
+    {
+        float* pw = partial + (int64_t)omp_get_thread_num() * d;
+#pragma omp single
+        used = omp_get_num_threads();
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < rows; r++) {
+            const float* xr = x + r * d;
+            const float* g = dy + r * d;
+            const float inv = rinv[r];
+            f16v acc = f16v{};
+            float dot = 0.0f;
+            int64_t i = 0;
+            for (; i + 16 <= d; i += 16) {
+                f16v xh = ld<f16v>(xr + i) * inv, gy = ld<f16v>(g + i);
+                acc += gy * ld<f16v>(w + i) * xh;
+                st(pw + i, ld<f16v>(pw + i) + gy * xh);
+            }
+            dot = hsum(acc);
+            for (; i < d; i++) {
+                const float xh = xr[i] * inv;
+                dot += g[i] * w[i] * xh;
+                pw[i] += g[i] * xh;
+            }
+            const float m = dot / (float)d;
+            float* o = dx + r * d;
+            for (i = 0; i + 16 <= d; i += 16)
+                st(o + i, (ld<f16v>(g + i) * ld<f16v>(w + i) - ld<f16v>(xr + i) * inv * m) * inv);
+            for (; i < d; i++) o[i] = (g[i] * w[i] - xr[i] * inv * m) * inv;
+        }
+    }
+    for (int64_t i = 0; i < d; i++) {
+        float s = 0.0f;
+        for (int t = 0; t < used; t++) s += partial[(int64_t)t * d + i];
+        dw[i] = s;
+    }
+}
+
+// silu(a) and its derivative from e = exp(-|a|): sigmoid = 1 / (1 + e) for a >= 0, e / (1 + e) else.
+static inline void silu_parts(f16v a, f16v* silu, f16v* dsilu) {
+    const f16v zero = f16v{};
+    f16v e = vexp(a < zero ? a : zero - a);
+    f16v one = zero + 1.0f;
+    f16v s = (a < zero ? e : one) / (one + e);
+    *silu = a * s;
+    *dsilu = s * (one + a * (one - s));
+}
+
+// SwiGLU forward: gu [rows, 2 * I] (gate | up), out [rows, I] = silu(gate) * up. I % 16 == 0.
+void rollyard_swiglu_fwd_f32(const float* gu, int64_t rows, int64_t I, float* out, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* g = gu + r * 2 * I;
+        for (int64_t i = 0; i < I; i += 16) {
+            f16v s, ds;
+            silu_parts(ld<f16v>(g + i), &s, &ds);
+            st(out + r * I + i, s * ld<f16v>(g + I + i));
+        }
+    }
+}
+
+// SwiGLU backward: dgu [rows, 2 * I] = (dout * up * silu'(gate) | dout * silu(gate)).
+void rollyard_swiglu_bwd_f32(const float* gu, const float* dout, int64_t rows, int64_t I, float* dgu, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* g = gu + r * 2 * I;
+        float* o = dgu + r * 2 * I;
+        for (int64_t i = 0; i < I; i += 16) {
+            f16v s, ds;
+            silu_parts(ld<f16v>(g + i), &s, &ds);
+            f16v d = ld<f16v>(dout + r * I + i);
+            st(o + i, d * ld<f16v>(g + I + i) * ds);
+            st(o + I + i, d * s);
+        }
+    }
+}
+
+}  // extern "C"

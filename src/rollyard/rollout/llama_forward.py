@@ -283,7 +283,7 @@ def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     B, T, _ = x.shape
     hd = a.head_dim
     H, KVH = a.q_proj.weight.shape[0] // hd, a.k_proj.weight.shape[0] // hd
-    h = F.rms_norm(x, (x.shape[-1],), layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+    h = cpu_kernels.train_rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
     w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
     b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
     y = cpu_gemm.linear(h, w, b)
@@ -336,9 +336,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
 
 def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
     m, n = layer.mlp, layer.post_attention_layernorm
-    h = F.rms_norm(x, (x.shape[-1],), n.weight, n.variance_epsilon)
-    gate, up = cpu_gemm.linear(h, torch.cat((m.gate_proj.weight, m.up_proj.weight))).chunk(2, dim=-1)
-    return x + cpu_gemm.linear(F.silu(gate) * up, m.down_proj.weight)
+    h = cpu_kernels.train_rms_norm(x, n.weight, n.variance_epsilon)
+    gu = cpu_gemm.linear(h, torch.cat((m.gate_proj.weight, m.up_proj.weight)))
+    return x + cpu_gemm.linear(cpu_kernels.train_swiglu(gu), m.down_proj.weight)
 
 
 def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -355,7 +355,7 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     cos, sin = _rope_tables(inner, input_ids.shape[1], x)
     for layer in inner.layers:
         x = _mlp_block(_attention_block(x, layer, cos, sin), layer)
-    return F.rms_norm(x, (x.shape[-1],), inner.norm.weight, inner.norm.variance_epsilon)
+    return cpu_kernels.train_rms_norm(x, inner.norm.weight, inner.norm.variance_epsilon)
 
 
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
