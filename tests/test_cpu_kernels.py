@@ -117,6 +117,41 @@ def test_training_rms_norm_and_swiglu_forward_and_backward_match_fp64():
             assert float((a - b).abs().max()) < 1e-5 * float(b.abs().max())
 
 
+@needs_cxx
+@pytest.mark.parametrize("H,KVH,hd", [(8, 4, 32), (4, 4, 24), (6, 2, 16)])
+def test_qkv_rope_split_matches_fp64_forward_and_backward(H, KVH, hd):
+    """q|k|v split + RoPE into attention's layouts against the same math written with plain torch
+    ops in float64 (rotate_half with its own sign, not the folded table)."""
+    assert cpu_kernels.kernel() is not None
+    B, T, G = 3, 9, H // KVH
+    gen = torch.Generator().manual_seed(0)
+    y = torch.randn(B, T, (H + 2 * KVH) * hd, generator=gen, dtype=torch.float64)
+    ang = torch.rand(T, hd // 2, generator=gen, dtype=torch.float64) * 6
+    cos, sin = torch.cat((ang.cos(), ang.cos()), -1), torch.cat((ang.sin(), ang.sin()), -1)
+    folded = torch.cat((-sin[:, :hd // 2], sin[:, hd // 2:]), -1)
+
+    def ref(y):
+        def rope(x):  # x [B, T, heads, hd]
+            rot = torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), -1)
+            return x * cos[:, None] + rot * sin[:, None]
+        q = rope(y[..., :H * hd].view(B, T, H, hd)).permute(0, 2, 1, 3)  # [B, H, T, hd]
+        k = rope(y[..., H * hd:(H + KVH) * hd].view(B, T, KVH, hd)).permute(0, 2, 1, 3)
+        v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).permute(0, 2, 1, 3)
+        return q.reshape(B, KVH, G * T, hd), k, v
+
+    grads = [torch.randn(s, generator=gen, dtype=torch.float64) for s in ((B, KVH, G * T, hd), (B, KVH, T, hd),
+                                                                          (B, KVH, T, hd))]
+    y64, y32 = y.clone().requires_grad_(), y.float().requires_grad_()
+    want = ref(y64)
+    got = cpu_kernels.train_qkv_rope(y32, cos.float(), folded.float().contiguous(), H, KVH)
+    sum((o * g).sum() for o, g in zip(want, grads)).backward()
+    sum((o * g.float()).sum() for o, g in zip(got, grads)).backward()
+    for a, b in zip(got, want):
+        assert a.shape == b.shape and a.is_contiguous()
+        assert float((a.double() - b).abs().max()) < 1e-5
+    assert float((y32.grad.double() - y64.grad).abs().max()) < 1e-5
+
+
 def test_training_kernels_step_aside_for_autocast_and_odd_widths():
     import torch.nn.functional as F
 

@@ -323,3 +323,76 @@ void rollyard_swiglu_bwd_f32(const float* gu, const float* dout, int64_t rows, i
 }
 
 }  // extern "C"
+
+// ---- training: q|k|v split + RoPE into attention's layouts ---------------------------------------
+//
+// y [B, T, (H + 2 KVH) hd] (one fused q|k|v projection) -> q [B, KVH, G T, hd] (the G query heads
+// of a K/V head stacked along the query axis), k, v [B, KVH, T, hd], RoPE on q and k:
+// out[i] = x[i] cos[t, i] + x[(i + hd/2) % hd] ss[t, i] (ss: sin with rotate_half's sign folded in).
+
+namespace {
+
+inline void rope_row(const float* x, const float* c, const float* s, int hd, float* out) {
+    const int h = hd / 2;
+    for (int i = 0; i < h; i++) out[i] = x[i] * c[i] + x[i + h] * s[i];
+    for (int i = h; i < hd; i++) out[i] = x[i] * c[i] + x[i - h] * s[i];
+}
+
+// The adjoint: dx[j] = d[j] cos[j] + d[(j + hd/2) % hd] ss[(j + hd/2) % hd].
+inline void rope_row_bwd(const float* d, const float* c, const float* s, int hd, float* dx) {
+    const int h = hd / 2;
+    for (int j = 0; j < h; j++) dx[j] = d[j] * c[j] + d[j + h] * s[j + h];
+    for (int j = h; j < hd; j++) dx[j] = d[j] * c[j] + d[j - h] * s[j - h];
+}
+
+}  // namespace
+
+extern "C" {
+
+void rollyard_qkv_rope_fwd_f32(const float* y, int B, int T, int H, int KVH, int hd, const float* cos,
+                               const float* ss, float* q, float* k, float* v, int threads) {
+    const int G = H / KVH;
+    const int64_t n = (int64_t)(H + 2 * KVH) * hd;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const int64_t b = bt / T;
+        const int t = (int)(bt % T);
+        const float* row = y + bt * n;
+        const float* c = cos + (int64_t)t * hd;
+        const float* s = ss + (int64_t)t * hd;
+        for (int h = 0; h < H; h++) {
+            const int kv = h / G, g = h % G;
+            rope_row(row + (int64_t)h * hd, c, s, hd, q + (((b * KVH + kv) * G + g) * T + t) * hd);
+        }
+        for (int kv = 0; kv < KVH; kv++) {
+            const int64_t at = ((b * KVH + kv) * T + t) * hd;
+            rope_row(row + (int64_t)(H + kv) * hd, c, s, hd, k + at);
+            std::memcpy(v + at, row + (int64_t)(H + KVH + kv) * hd, sizeof(float) * hd);
+        }
+    }
+}
+
+void rollyard_qkv_rope_bwd_f32(const float* dq, const float* dk, const float* dv, int B, int T, int H, int KVH,
+                               int hd, const float* cos, const float* ss, float* dy, int threads) {
+    const int G = H / KVH;
+    const int64_t n = (int64_t)(H + 2 * KVH) * hd;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t bt = 0; bt < (int64_t)B * T; bt++) {
+        const int64_t b = bt / T;
+        const int t = (int)(bt % T);
+        float* row = dy + bt * n;
+        const float* c = cos + (int64_t)t * hd;
+        const float* s = ss + (int64_t)t * hd;
+        for (int h = 0; h < H; h++) {
+            const int kv = h / G, g = h % G;
+            rope_row_bwd(dq + (((b * KVH + kv) * G + g) * T + t) * hd, c, s, hd, row + (int64_t)h * hd);
+        }
+        for (int kv = 0; kv < KVH; kv++) {
+            const int64_t at = ((b * KVH + kv) * T + t) * hd;
+            rope_row_bwd(dk + at, c, s, hd, row + (int64_t)(H + kv) * hd);
+            std::memcpy(row + (int64_t)(H + KVH + kv) * hd, dv + at, sizeof(float) * hd);
+        }
+    }
+}
+
+}  // extern "C"

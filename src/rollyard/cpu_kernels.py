@@ -1,4 +1,5 @@
-"""Decode-step kernels on CPU in fp32, compiled from ``cpu_kernels.cc``: attention and RMSNorm.
+"""CPU kernels in fp32, compiled from ``cpu_kernels.cc``: the decode step's attention and RMSNorm,
+and the training forward's RMSNorm, SwiGLU and q|k|v split + RoPE (with their backwards).
 
 **Attention.** A decode step's attention reads each row's cached K / V once: per (row, K/V head) a
 ``[G, hd] x [hd, n]`` score matmul, a softmax over ``n`` and a ``[G, n] x [n, hd]`` matmul.
@@ -12,6 +13,12 @@ generation ~1.15-1.25x faster end to end (``small``, fp32 and bf16, uniform and 
 **RMSNorm** (:func:`rms_norm`). torch's CPU ``rms_norm`` runs as six elementwise kernels; on a
 decode step's 32 rows of 256 floats that is ~25 us a call, 13 calls a step: ~0.34 ms of a
 ~2.4 ms ``small`` step. The kernel is one pass per row.
+
+**Training** (:func:`train_rms_norm`, :func:`train_swiglu`, :func:`train_qkv_rope`: autograd
+Functions). torch runs each of these as several elementwise kernels forward and more backward
+(plus a cat, a zero-fill and slice copies for the gradients of the split halves); each kernel
+here is one pass forward and one backward. Trainer step, 32 x 68 positions, 2 threads
+(in-process A/B against torch's ops): ``small`` 238 -> 207 ms, ``tiny`` 55 -> 45 ms.
 
 It is built at first use with the system C++ compiler (``$CXX``, else ``g++``; ``-O3
 -march=native -fopenmp``), cached under ``$XDG_CACHE_HOME/rollyard/kernels`` (else
@@ -97,6 +104,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_swiglu_fwd_f32.restype = None
     lib.rollyard_swiglu_bwd_f32.argtypes = [P, P, L, L, P, I]
     lib.rollyard_swiglu_bwd_f32.restype = None
+    lib.rollyard_qkv_rope_fwd_f32.argtypes = [P, I, I, I, I, I, P, P, P, P, P, I]
+    lib.rollyard_qkv_rope_fwd_f32.restype = None
+    lib.rollyard_qkv_rope_bwd_f32.argtypes = [P, P, P, I, I, I, I, I, P, P, P, I]
+    lib.rollyard_qkv_rope_bwd_f32.restype = None
     return lib
 
 
@@ -327,3 +338,40 @@ def train_swiglu(gu: torch.Tensor) -> torch.Tensor:
         gate, up = gu.chunk(2, dim=-1)
         return F.silu(gate) * up
     return _SwiGLU.apply(gu)
+
+
+class _QKVRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, KVH: int):
+        y = y.contiguous()
+        B, T, n = y.shape
+        hd = n // (H + 2 * KVH)
+        q, k, v = torch.empty(B, KVH, H // KVH * T, hd), torch.empty(B, KVH, T, hd), torch.empty(B, KVH, T, hd)
+        _STATE["lib"].rollyard_qkv_rope_fwd_f32(y.data_ptr(), B, T, H, KVH, hd, cos.data_ptr(), sin.data_ptr(),
+                                               q.data_ptr(), k.data_ptr(), v.data_ptr(), torch.get_num_threads())
+        ctx.save_for_backward(cos, sin)
+        ctx.shape = (B, T, n, H, KVH, hd)
+        return q, k, v
+
+    @staticmethod
+    def backward(ctx, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        B, T, n, H, KVH, hd = ctx.shape
+        dq, dk, dv = (torch.zeros(B, KVH, s, hd) if g is None else g.contiguous()
+                      for g, s in ((dq, H // KVH * T), (dk, T), (dv, T)))
+        dy = torch.empty(B, T, n)
+        _STATE["lib"].rollyard_qkv_rope_bwd_f32(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), B, T, H, KVH, hd,
+                                               cos.data_ptr(), sin.data_ptr(), dy.data_ptr(), torch.get_num_threads())
+        return dy, None, None, None, None
+
+
+def train_qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, KVH: int):
+    """Split a fused q|k|v projection ``y [B, T, (H + 2 KVH) hd]`` and apply RoPE (``cos, sin
+    [T, hd]``, sin with rotate_half's sign folded in), straight into attention's layouts: ``q [B,
+    KVH, G T, hd]`` (the ``G = H / KVH`` query heads of each K/V head stacked along the query
+    axis), ``k, v [B, KVH, T, hd]``, contiguous. With autograd: the backward writes ``dy`` in one
+    pass. ``None`` where the kernel cannot run (not fp32 CPU, autocast, no library): the caller
+    takes torch's ops."""
+    if _train_lib(y, cos, sin) is None or H % KVH or y.dim() != 3 or not (cos.is_contiguous() and sin.is_contiguous()):
+        return None
+    return _QKVRope.apply(y, cos, sin, H, KVH)

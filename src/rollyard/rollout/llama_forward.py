@@ -287,14 +287,18 @@ def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
     b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
     y = cpu_gemm.linear(h, w, b)
-    qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
-    if hasattr(a, "q_norm"):
-        nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
-        qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
-    qk = _rope(qk, cos[:, None], sin[:, None])
-    q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-    v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
-    o = causal_attention(q, k, v, float(a.scaling))
+    fused = None if hasattr(a, "q_norm") else cpu_kernels.train_qkv_rope(y, cos, sin, H, KVH)
+    if fused is not None:  # q already [B, KVH, G * T, hd]
+        o = grouped_causal_attention(*fused, float(a.scaling)).view(B, H, T, hd)
+    else:
+        qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
+        if hasattr(a, "q_norm"):
+            nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
+            qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
+        qk = _rope(qk, cos[:, None], sin[:, None])
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+        v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
+        o = causal_attention(q, k, v, float(a.scaling))
     return x + cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
 
 
@@ -327,11 +331,18 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     KVH = k.shape[1]
     if q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=KVH != H)
-    G = H // KVH
-    s = torch.matmul(q.reshape(B, KVH, G * T, hd), k.transpose(-1, -2))
-    s = torch.add(_grouped_causal_mask(T, G, q.device), s, alpha=scale)  # mask + scale * s, fp32
+    return grouped_causal_attention(q.reshape(B, KVH, H // KVH * T, hd), k, v, scale).view(B, H, T, hd)
+
+
+def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`causal_attention`'s CPU path with the query heads already stacked: ``q [B, KVH, G * T,
+    hd]`` (row ``g * T + i``: head ``kv * G + g`` at position ``i``), ``k, v [B, KVH, T, hd]``;
+    returns ``[B, KVH, G * T, hd]``."""
+    T = k.shape[2]
+    s = torch.matmul(q, k.transpose(-1, -2))
+    s = torch.add(_grouped_causal_mask(T, q.shape[2] // T, q.device), s, alpha=scale)  # mask + scale * s, fp32
     p = torch.softmax(s, dim=-1).to(v.dtype)
-    return torch.matmul(p, v).view(B, H, T, hd)
+    return torch.matmul(p, v)
 
 
 def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
@@ -348,7 +359,8 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     The trainer's padded micro-batches run through this instead of the HF module forward when
     :func:`train_forward_matches` holds: the same math in fewer ops (q|k|v and gate|up
     concatenated per call, so gradients reach the original weights; fused ``rms_norm``; RoPE's
-    half swap as one cat; on CPU :func:`causal_attention`). No dropout (the family has none in training).
+    half swap as one cat; on CPU :func:`causal_attention`; on CPU in fp32 the RMSNorms, SwiGLU
+    and q|k|v split + RoPE through ``rollyard.cpu_kernels``). No dropout (the family has none in training).
     """
     inner = model.model
     x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
