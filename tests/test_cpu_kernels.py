@@ -175,12 +175,12 @@ def test_decode_with_kernels_equals_torch():
     """The engine's forward with and without the kernels: uniform-position and per-row-position decode."""
     model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
     fwd = LlamaFast(model)
-    assert fwd.attn_kernel and fwd.norm_kernel
+    assert fwd.attn_kernel and fwd.norm_kernel and fwd.rope_kernel
     V = model.config.vocab_size
     ids = torch.randint(0, V, (4, 20), generator=torch.Generator().manual_seed(1))
     outs = []
     for on in (True, False):
-        fwd.attn_kernel = fwd.norm_kernel = on
+        fwd.attn_kernel = fwd.norm_kernel = fwd.rope_kernel = on
         kv = fwd.new_cache(4, 32)
         fwd.prefill(ids[:, :8], kv, torch.arange(4), torch.tensor([7, 3, 7, 5]))
         got = [fwd.decode(ids[:, t], None, kv, t + 1, same_pos=t) for t in range(8, 12)]

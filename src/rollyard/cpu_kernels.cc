@@ -396,3 +396,29 @@ void rollyard_qkv_rope_bwd_f32(const float* dq, const float* dk, const float* dv
 }
 
 }  // extern "C"
+
+// ---- decode: RoPE on q and k, and the new K / V into the cache ----------------------------------
+
+extern "C" {
+
+// y: [B, (H + 2 KVH) hd] rows ``sy`` floats apart, one position per row: at ``pos[b]`` (or
+// ``same_pos`` for every row when pos is NULL). Writes RoPE'd q to qout [B, H hd] and RoPE'd k and
+// v into the cache at K / V + b sb + kv sh + position sw. cos / ss: full [context, hd] tables.
+void rollyard_decode_rope_write_f32(const float* y, int64_t sy, int B, int H, int KVH, int hd, const float* cos,
+                                    const float* ss, const int64_t* pos, int64_t same_pos, float* qout, float* K,
+                                    float* V, int64_t sb, int64_t sh, int64_t sw) {
+    for (int b = 0; b < B; b++) {
+        const int64_t p = pos ? pos[b] : same_pos;
+        const float* row = y + (int64_t)b * sy;
+        const float* c = cos + p * hd;
+        const float* s = ss + p * hd;
+        for (int h = 0; h < H; h++) rope_row(row + (int64_t)h * hd, c, s, hd, qout + ((int64_t)b * H + h) * hd);
+        for (int kv = 0; kv < KVH; kv++) {
+            const int64_t at = b * sb + kv * sh + p * sw;
+            rope_row(row + (int64_t)(H + kv) * hd, c, s, hd, K + at);
+            std::memcpy(V + at, row + (int64_t)(H + KVH + kv) * hd, sizeof(float) * hd);
+        }
+    }
+}
+
+}  // extern "C"

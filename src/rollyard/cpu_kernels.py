@@ -108,6 +108,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_qkv_rope_fwd_f32.restype = None
     lib.rollyard_qkv_rope_bwd_f32.argtypes = [P, P, P, I, I, I, I, I, P, P, P, I]
     lib.rollyard_qkv_rope_bwd_f32.restype = None
+    lib.rollyard_decode_rope_write_f32.argtypes = [P, L, I, I, I, I, P, P, P, L, P, P, P, L, L, L]
+    lib.rollyard_decode_rope_write_f32.restype = None
     return lib
 
 
@@ -202,6 +204,35 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
                                                                              or not w.is_contiguous()))):
         return F.rms_norm(x, (x.shape[-1],), w, eps)
     return _rms_norm_call(lib, x, w, eps)
+
+
+def swiglu(gu: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gu = [gate | up]`` (last dim), without autograd: through the
+    kernel (once :func:`kernel` has loaded it) for contiguous fp32 CPU ``gu`` whose half width is
+    a multiple of 16, else torch's ops."""
+    lib, half = _STATE.get("lib"), gu.shape[-1] // 2
+    if lib is None or gu.dtype != torch.float32 or gu.device.type != "cpu" or half % 16 or not gu.is_contiguous():
+        return F.silu(gu[..., :half]) * gu[..., half:]
+    out = torch.empty(*gu.shape[:-1], half)
+    lib.rollyard_swiglu_fwd_f32(gu.data_ptr(), gu.numel() // (2 * half), half, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def decode_rope_write(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
+                      same_pos: int, kv_layer: torch.Tensor, H: int, KVH: int) -> torch.Tensor:
+    """One decode step's q|k|v rows ``y [B, (H + 2 KVH) hd]`` (rows may be strided): RoPE on q and
+    k at each row's position (``pos [B]`` int64, or ``same_pos`` for all when ``pos`` is None; ``cos,
+    sin``: the full ``[context, hd]`` tables, sin sign-folded), k and v written into ``kv_layer [2,
+    slots, KVH, width, hd]`` (contiguous) at row b's slot b and that position; returns q ``[B, H *
+    hd]``. The caller has loaded the kernels (:func:`kernel`) and checked dtypes (all fp32, CPU)."""
+    B, hd = y.shape[0], cos.shape[-1]
+    q = torch.empty(B, H * hd)
+    K, V = kv_layer[0], kv_layer[1]
+    _STATE["lib"].rollyard_decode_rope_write_f32(
+        y.data_ptr(), y.stride(0), B, H, KVH, hd, cos.data_ptr(), sin.data_ptr(),
+        None if pos is None else pos.data_ptr(), same_pos, q.data_ptr(), K.data_ptr(), V.data_ptr(),
+        K.stride(0), K.stride(1), K.stride(2))
+    return q
 
 
 def kernel() -> ctypes.CDLL | None:

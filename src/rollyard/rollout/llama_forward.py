@@ -104,6 +104,8 @@ class LlamaFast:
         self.attn_kernel = (on_cpu and self.kv_dtype == torch.float32
                             and cpu_kernels.attention_supported(self.H, self.KVH, self.hd))
         self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
+        # RoPE + the cache write of a decode step in one call (all fp32; not with Qwen3's q/k norms).
+        self.rope_kernel = self.attn_kernel and self.norm_kernel and not hasattr(attn, "q_norm")
         self.refresh()
 
     @torch.no_grad()
@@ -163,6 +165,11 @@ class LlamaFast:
             return cpu_kernels.rms_norm(x, w, eps)
         return F.rms_norm(x, (x.shape[-1],), w, eps)
 
+    def _swiglu(self, gu: torch.Tensor) -> torch.Tensor:
+        if self.norm_kernel:  # the same condition: fp32 compute on CPU with the kernels loaded
+            return cpu_kernels.swiglu(gu)
+        return F.silu(gu[..., :self.I]) * gu[..., self.I:]
+
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         x = self._rms(x, self.norm_w, self.norm_eps)
         return packed_linear(x, self.lm_head, self.lm_bias)
@@ -192,7 +199,7 @@ class LlamaFast:
             x = packed_linear(o, w["wo"], w["bo"], add=x)
             h = self._rms(x, w["ln2"], w["eps2"])
             gu = packed_linear(h, w["wgu"])
-            x = packed_linear(F.silu(gu[..., :self.I]) * gu[..., self.I:], w["wd"], add=x)
+            x = packed_linear(self._swiglu(gu), w["wd"], add=x)
         return self._head(x[torch.arange(G, device=x.device), last])
 
     @torch.no_grad()
@@ -214,21 +221,28 @@ class LlamaFast:
         reads = kv[:, :, :B, :, :width].unbind(0)
         if same_pos is not None:
             assert width == same_pos + 1, (width, same_pos)
-            cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
-            writes, at, mask = kv[:, :, :B, :, same_pos].unbind(0), None, None  # per layer [2, B, KVH, hd]
+            rope_at, mask = (None, same_pos), None
         else:
-            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
+            rope_at = (pos.to(torch.int64).contiguous(), 0)
             if self.attn_kernel:
-                mask = (pos + 1).to(torch.int64)  # the kernel takes each row's length, not a mask
+                mask = rope_at[0] + 1  # the kernel takes each row's length, not a mask
             else:
                 ar = torch.arange(width, device=tokens.device)
                 mask = torch.where(ar[None] > pos[:, None], float("-inf"), 0.0).to(self.kv_dtype)[:, None, None]  # [B,1,1,W]
+        if self.rope_kernel:  # RoPE and the K / V writes in one kernel call per layer, at rope_at
+            cos = sin = writes = at = None
+        elif same_pos is not None:
+            cos, sin = self.cos[same_pos:same_pos + 1], self.sin[same_pos:same_pos + 1]  # [1, hd]
+            writes, at = kv[:, :, :B, :, same_pos].unbind(0), None  # per layer [2, B, KVH, hd]
+        else:
+            cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # [B, 1, hd]
             writes, at = None, (torch.arange(B, device=tokens.device), slice(None), pos)
-        return self._head(self._decode_layers(x, cos, sin, mask, kv, reads, writes, at))
+        return self._head(self._decode_layers(x, cos, sin, mask, kv, reads, writes, at, rope_at))
 
-    def _decode_layers(self, x, cos, sin, mask, kv, reads, writes, at) -> torch.Tensor:
+    def _decode_layers(self, x, cos, sin, mask, kv, reads, writes, at, rope_at) -> torch.Tensor:
         """Where the new K / V go: ``writes``, per layer a ``[2, B, KVH, hd]`` view at the one
-        shared position, or else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``.
+        shared position, or else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``;
+        with ``rope_kernel``, the kernel writes them at ``rope_at = (pos or None, same_pos)``.
         ``mask``: ``None`` (every row sees all ``W``), else the additive mask ``[B, 1, 1, W]``, or with
         the compiled kernel (``attn_kernel``) each row's length ``[B]``."""
         B = x.shape[0]
@@ -237,27 +251,30 @@ class LlamaFast:
         for l, w in enumerate(self.layers):
             h = self._rms(x, w["ln1"], w["eps1"])
             y = packed_linear(h, w["wqkv"], w["bqkv"])
-            qk = _rope(self._norm_qk(y[:, :n].view(B, H + KVH, hd), w), cos, sin)
-            k, v = qk[:, H:], y[:, n:].view(B, KVH, hd)
-            if writes is not None:
-                writes[l][0].copy_(k)
-                writes[l][1].copy_(v)
+            if self.rope_kernel:
+                q = cpu_kernels.decode_rope_write(y, self.cos, self.sin, *rope_at, kv[l], H, KVH).view(B, H, hd)
             else:
-                layer = kv[l]
-                layer[0][at] = k.to(kv.dtype)
-                layer[1][at] = v.to(kv.dtype)
+                qk = _rope(self._norm_qk(y[:, :n].view(B, H + KVH, hd), w), cos, sin)
+                q, k, v = qk[:, :H], qk[:, H:], y[:, n:].view(B, KVH, hd)
+                if writes is not None:
+                    writes[l][0].copy_(k)
+                    writes[l][1].copy_(v)
+                else:
+                    layer = kv[l]
+                    layer[0][at] = k.to(kv.dtype)
+                    layer[1][at] = v.to(kv.dtype)
             K, V = reads[l]
             if self.attn_kernel:
-                o = cpu_kernels.attend(qk[:, :H].to(K.dtype), K, V, mask).to(x.dtype)
+                o = cpu_kernels.attend(q.to(K.dtype), K, V, mask).to(x.dtype)
             else:
-                s = torch.matmul(qk[:, :H].reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
+                s = torch.matmul(q.reshape(B, KVH, G, hd).to(K.dtype), K.transpose(-1, -2))
                 if mask is not None:
                     s = s + mask
                 o = torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd).to(x.dtype)
             x = packed_linear(o, w["wo"], w["bo"], add=x)
             h = self._rms(x, w["ln2"], w["eps2"])
             gu = packed_linear(h, w["wgu"])
-            x = packed_linear(F.silu(gu[:, :self.I]) * gu[:, self.I:], w["wd"], add=x)
+            x = packed_linear(self._swiglu(gu), w["wd"], add=x)
         return x
 
 
