@@ -203,8 +203,29 @@ def test_without_a_compiler_torch_attention_is_used_and_said_once(monkeypatch, t
     fwd = LlamaFast(model)
     assert not fwd.attn_kernel and not fwd.norm_kernel
     monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "1")
-    with pytest.raises(RuntimeError, match="ROLLYARD_CPU_KERNELS=1 but .* unavailable: .*install a C"):
+    with pytest.raises(cpu_kernels.KernelsRequired, match="ROLLYARD_CPU_KERNELS=1 but .* unavailable: .*install a C"):
         cpu_kernels.kernel()
+    # ... and no fallback swallows it: the engine and the trainer's forward check both raise
+    from rollyard.rollout.engine import RolloutEngine
+    from rollyard.rollout.llama_forward import train_forward_matches
+
+    with pytest.raises(cpu_kernels.KernelsRequired):
+        RolloutEngine(model, eos_token_id=-1)
+    with pytest.raises(cpu_kernels.KernelsRequired):
+        train_forward_matches(model)
+
+
+def test_cli_with_kernels_required_and_no_compiler_is_one_line_exit_2(monkeypatch, tmp_path, capsys):
+    from rollyard.cli import main
+
+    monkeypatch.setattr(cpu_kernels, "_STATE", {})
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "1")
+    assert main(["train", "steps=1", f"out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("rollyard train: error: ROLLYARD_CPU_KERNELS=1 but") and "unset it" in err[-1]
+    assert not (tmp_path / "run").exists()
 
 
 def test_off_switch_keeps_torch_attention(monkeypatch):

@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     if why := env_error():
         print(f"rollyard {cmd}: error: {why}", file=sys.stderr)
         return 2
+    if cmd in ("train", "sft") and os.environ.get("ROLLYARD_CPU_KERNELS") == "1":
+        from rollyard.cpu_kernels import KernelsRequired, kernel
+        try:
+            kernel()  # built (or found in the cache) now, so a missing compiler is one line, not a fallback
+        except KernelsRequired as e:
+            print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
+            return 2
     if cmd == "plan":
         from rollyard.plan.command import plan_main
         return plan_main(rest)

@@ -364,9 +364,9 @@ ENV_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
                             "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it "
                             "is)"),  # rollyard.cpu_memory
     "ROLLYARD_CPU_KERNELS": (("0", "1", "auto"), "auto",
-                               "use 0 (torch's attention), 1 (the compiled kernel, an error if it cannot be "
-                               "built) or auto (the default: the kernel where it builds, checks and times "
-                               "faster)"),  # rollyard.cpu_kernels
+                               "use 0 (torch's ops), 1 (the compiled kernels, an error if they cannot be "
+                               "built) or auto (the default: the kernels where they build and check out)"),
+    # rollyard.cpu_kernels
 }
 
 

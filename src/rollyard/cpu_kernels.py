@@ -54,6 +54,12 @@ import torch.nn.functional as F
 from rollyard.config import env_flag
 
 _SOURCE = Path(__file__).with_name("cpu_kernels.cc")
+
+
+class KernelsRequired(RuntimeError):
+    """``ROLLYARD_CPU_KERNELS=1`` and the kernels cannot be built, or one is wrong here (never
+    swallowed by a fallback: the setting asked for the kernels or nothing)."""
+
 _STATE: dict[str, object] = {}  # "lib": the loaded library or None, "why": why not
 
 
@@ -251,8 +257,8 @@ def kernel() -> ctypes.CDLL | None:
     """The loaded kernel library, or ``None`` (off, or it cannot be built or is wrong here: said
     once on stderr).
 
-    ``ValueError`` for a bad ``ROLLYARD_CPU_KERNELS``; ``RuntimeError`` when it is ``1`` and the
-    kernel cannot be had."""
+    ``ValueError`` for a bad ``ROLLYARD_CPU_KERNELS``; :class:`KernelsRequired` when it is ``1``
+    and the kernels cannot be had."""
     flag = env_flag("ROLLYARD_CPU_KERNELS")
     if flag == "0":
         return None
@@ -268,7 +274,7 @@ def kernel() -> ctypes.CDLL | None:
                   file=sys.stderr)
         _STATE.update(lib=lib, why=why)
     if _STATE["lib"] is None and flag == "1":
-        raise RuntimeError(f"ROLLYARD_CPU_KERNELS=1 but rollyard's CPU kernels are unavailable: "
+        raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but rollyard's CPU kernels are unavailable: "
                            f"{_STATE['why']}; install a C++ compiler with OpenMP (g++) or unset it")
     return _STATE["lib"]
 
@@ -285,7 +291,7 @@ def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:
         timed = env_flag("ROLLYARD_CPU_KERNELS") == "auto"
         why = _trial(lib, shape[0], head_dim, timed)
         if why and not timed:
-            raise RuntimeError(f"ROLLYARD_CPU_KERNELS=1 but the CPU decode-attention kernel is wrong here: {why}; "
+            raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU decode-attention kernel is wrong here: {why}; "
                                f"unset it (or set 0) and report this machine")
         if why:
             print(f"[rollyard] CPU decode-attention kernel not used ({why}); torch's attention instead",
@@ -312,7 +318,7 @@ def _train_lib(*tensors: torch.Tensor) -> ctypes.CDLL | None:
     """The library, when every tensor is fp32 on CPU and no autocast would change the dtype."""
     if torch.is_autocast_enabled("cpu") or any(t.dtype != torch.float32 or t.device.type != "cpu" for t in tensors):
         return None
-    return _STATE["lib"] if "lib" in _STATE else kernel()
+    return kernel()
 
 
 class _RMSNorm(torch.autograd.Function):

@@ -45,6 +45,7 @@ from typing import Iterator
 
 import torch
 
+from rollyard import cpu_kernels
 from rollyard.rollout import hf_backend, llama_forward
 from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
@@ -275,6 +276,8 @@ class RolloutEngine:
                 if err <= tol:
                     return backend
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
+            except cpu_kernels.KernelsRequired:
+                raise
             except Exception as e:  # noqa: BLE001 - an unexpected variant of a supported family
                 reason = f"fast path failed: {type(e).__name__}: {e}"
         why_not = hf_backend.batched_unsupported_reason(self.model)
