@@ -270,8 +270,8 @@ def kernel() -> ctypes.CDLL | None:
             why = f"{type(e).__name__}: {e}"
         if why:
             lib = None
-            print(f"[rollyard] CPU kernels not used ({why}); torch's attention and rms_norm instead",
-                  file=sys.stderr)
+            if flag != "1":  # with 1 the error below says it
+                print(f"[rollyard] CPU kernels not used ({why}); torch's ops instead", file=sys.stderr)
         _STATE.update(lib=lib, why=why)
     if _STATE["lib"] is None and flag == "1":
         raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but rollyard's CPU kernels are unavailable: "
