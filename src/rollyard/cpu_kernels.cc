@@ -198,14 +198,16 @@ extern "C" {
 // RMSNorm of ``rows`` rows of ``d`` floats, ``sx`` floats apart: out[r] = x[r] / sqrt(mean(x[r]^2)
 // + eps) * w (w: NULL for none). out: [rows, d] contiguous. The decode step's norms are 32 rows of
 // a few hundred floats, where torch's CPU rms_norm (pow, mean, add, rsqrt, two muls, each its own
-// kernel) costs ~25 us a call; threads only for large inputs.
+// kernel) costs ~25 us a call; threads only for large inputs. rinv: each row's 1 / rms, for the
+// training backward (NULL: not kept).
 void rollyard_rms_norm_f32(const float* x, int64_t sx, const float* w, int64_t rows, int64_t d, float eps,
-                           float* out, int threads) {
+                           float* out, float* rinv, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (rows * d >= (1 << 17))
     for (int64_t r = 0; r < rows; r++) {
         const float* xr = x + r * sx;
         float* o = out + r * d;
         const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / (float)d + eps);
+        if (rinv) rinv[r] = inv;
         int64_t i = 0;
         if (w) {
             for (; i + 16 <= d; i += 16) st(o + i, ld<f16v>(xr + i) * inv * ld<f16v>(w + i));
@@ -219,24 +221,9 @@ void rollyard_rms_norm_f32(const float* x, int64_t sx, const float* w, int64_t r
 
 }  // extern "C"
 
-// ---- training: RMSNorm and SwiGLU forward / backward (fp32, contiguous rows) -------------------
+// ---- training: RMSNorm backward (its forward is rollyard_rms_norm_f32 with rinv), SwiGLU -----
 
 extern "C" {
-
-// Forward RMSNorm that also returns each row's 1 / rms (``rinv``, for the backward).
-void rollyard_rms_norm_fwd_f32(const float* x, const float* w, int64_t rows, int64_t d, float eps, float* out,
-                               float* rinv, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (rows * d >= (1 << 17))
-    for (int64_t r = 0; r < rows; r++) {
-        const float* xr = x + r * d;
-        float* o = out + r * d;
-        const float inv = 1.0f / std::sqrt(sum_squares(xr, d) / (float)d + eps);
-        rinv[r] = inv;
-        int64_t i = 0;
-        for (; i + 16 <= d; i += 16) st(o + i, ld<f16v>(xr + i) * inv * ld<f16v>(w + i));
-        for (; i < d; i++) o[i] = xr[i] * inv * w[i];
-    }
-}
 
 // Backward of y = x * rinv * w: dx = rinv * (g - xhat * mean(g * xhat)) with g = dy * w and
 // xhat = x * rinv; dw = sum over rows of dy * xhat (per-thread partial sums in ``partial``,

@@ -104,10 +104,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_decode_attn_f32.restype = I
     lib.rollyard_decode_attn_supports.argtypes = [I, I]
     lib.rollyard_decode_attn_supports.restype = I
-    lib.rollyard_rms_norm_f32.argtypes = [P, L, P, L, L, ctypes.c_float, P, I]
+    lib.rollyard_rms_norm_f32.argtypes = [P, L, P, L, L, ctypes.c_float, P, P, I]
     lib.rollyard_rms_norm_f32.restype = None
-    lib.rollyard_rms_norm_fwd_f32.argtypes = [P, P, L, L, ctypes.c_float, P, P, I]
-    lib.rollyard_rms_norm_fwd_f32.restype = None
     lib.rollyard_rms_norm_bwd_f32.argtypes = [P, P, P, P, L, L, P, P, P, I]
     lib.rollyard_rms_norm_bwd_f32.restype = None
     lib.rollyard_swiglu_fwd_f32.argtypes = [P, L, L, P, I]
@@ -187,7 +185,7 @@ def _rms_norm_call(lib, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> 
     x2 = x.reshape(rows, d) if x.dim() != 2 else x
     out = torch.empty(x.shape, dtype=torch.float32)
     lib.rollyard_rms_norm_f32(x2.data_ptr(), x2.stride(0), None if w is None else w.data_ptr(), rows, d, eps,
-                              out.data_ptr(), torch.get_num_threads())
+                              out.data_ptr(), None, torch.get_num_threads())
     return out
 
 
@@ -328,8 +326,8 @@ class _RMSNorm(torch.autograd.Function):
         x = x.contiguous()
         rows = x.numel() // d
         out, rinv = torch.empty_like(x), torch.empty(rows)
-        lib.rollyard_rms_norm_fwd_f32(x.data_ptr(), w.data_ptr(), rows, d, eps, out.data_ptr(), rinv.data_ptr(),
-                                      torch.get_num_threads())
+        lib.rollyard_rms_norm_f32(x.data_ptr(), d, w.data_ptr(), rows, d, eps, out.data_ptr(), rinv.data_ptr(),
+                                  torch.get_num_threads())
         ctx.save_for_backward(x, w, rinv)
         return out
 
