@@ -46,7 +46,7 @@ import torch
 
 from rollyard import roles
 from rollyard.config import load_config
-from rollyard.models import PRESETS
+from rollyard.model.loading import PRESETS
 from rollyard.trainer.dp import DataParallelTrainer
 from rollyard.types import Sample
 

@@ -44,8 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from rollyard import cpu_gemm
-from rollyard.models import PRESETS, build_preset, char_tokenizer, num_params
+from rollyard.model import gemm as cpu_gemm
+from rollyard.model.loading import PRESETS, build_preset, char_tokenizer, num_params
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.types import Request
 
@@ -119,7 +119,7 @@ def run_engine(model, prompts, lengths, n, batch, pad_id, seed):
 def matmul_flops(seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of a 1024^3 matmul in ``dtype`` on the current threads (the physical limit reported
     against): the faster of torch's default kernel (``a @ b``; MKL in fp32 on x86) and oneDNN's
-    (``rollyard.cpu_gemm``, which rollyard uses where it is the faster one; on this project's AMD
+    (``rollyard.model.gemm``, which rollyard uses where it is the faster one; on this project's AMD
     EPYC ~2.2x MKL in fp32), so a limit is never one kernel's shortfall."""
     a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     kernels = [lambda: a @ b]

@@ -47,7 +47,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from rollyard.models import attach_lora, build_preset, char_tokenizer
+from rollyard.model.loading import attach_lora, build_preset, char_tokenizer
 from rollyard.sync.apply import Receiver
 from rollyard.sync.check import compare_weights, weights_checksum
 from rollyard.sync.factory import make_publisher

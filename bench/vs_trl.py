@@ -128,7 +128,7 @@ def warm_start(model, tok, seed: int, steps: int = 60) -> None:
 
 def build_inputs(work: Path, preset: str, case: str, n_prompts: int, seed: int, allow_eos: bool) -> tuple[Path, Path]:
     """Export the preset's model + tokenizer (warm-started for ``varlen``) and write the prompt file."""
-    from rollyard.models import build_preset, char_tokenizer, export
+    from rollyard.model.loading import build_preset, char_tokenizer, export
 
     tok = char_tokenizer()
     model = build_preset(preset, tok, seed=seed, max_position_embeddings=256)

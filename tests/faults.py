@@ -157,7 +157,7 @@ def nan_in_training(path: str | Path) -> Path:
     its logits (Gemma-2 style), the rollout engine and the Llama architecture do not. Every
     optimizer step of a run on it sees a NaN loss.
     """
-    from rollyard.models import build_preset, char_tokenizer, export
+    from rollyard.model.loading import build_preset, char_tokenizer, export
 
     tok = char_tokenizer()
     out = export(build_preset("tiny", tok, max_position_embeddings=48), tok, path)

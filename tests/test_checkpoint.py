@@ -5,7 +5,7 @@ import os
 import torch
 
 from rollyard import checkpoint
-from rollyard.models import build_preset, char_tokenizer
+from rollyard.model.loading import build_preset, char_tokenizer
 
 
 def _model_and_opt():

@@ -1,10 +1,10 @@
-"""oneDNN linear layers (``rollyard.cpu_gemm``): same values and gradients as ``F.linear``."""
+"""oneDNN linear layers (``rollyard.model.gemm``): same values and gradients as ``F.linear``."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from rollyard import cpu_gemm
+from rollyard.model import gemm as cpu_gemm
 
 pytestmark = pytest.mark.skipif(not cpu_gemm._op_available(), reason="torch built without oneDNN")
 

@@ -17,7 +17,7 @@ import pytest
 # then, hence a bound rather than zero).
 _SCRIPT = """
 import json, resource, torch
-from rollyard.cpu_memory import keep_freed_memory
+from rollyard.model.memory import keep_freed_memory
 done = keep_freed_memory()
 def rnd():
     ts = [torch.empty(10 << 20).fill_(1.0) for _ in range(3)]
@@ -48,11 +48,11 @@ def test_freed_blocks_are_reused_without_page_faults():
 
 
 @pytest.mark.parametrize("name, value, rule, reader", [
-    ("ROLLYARD_ONEDNN", "yes", "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'", "rollyard.cpu_gemm:enabled"),
+    ("ROLLYARD_ONEDNN", "yes", "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'", "rollyard.model.gemm:enabled"),
     ("ROLLYARD_KEEP_FREED", "on", "ROLLYARD_KEEP_FREED must be one of 0, 1: got 'on'",
-     "rollyard.cpu_memory:keep_freed_memory"),
+     "rollyard.model.memory:keep_freed_memory"),
     ("ROLLYARD_CPU_KERNELS", "fast", "ROLLYARD_CPU_KERNELS must be one of 0, 1, auto: got 'fast'",
-     "rollyard.cpu_kernels:kernel"),
+     "rollyard.model.kernels:kernel"),
 ])
 def test_bad_env_setting_is_one_line_exit_2(monkeypatch, capsys, name, value, rule, reader):
     import importlib

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 import rollyard
 from rollyard.cli import main
 from rollyard.config import ConfigError, load_config
-from rollyard.models import eos_ids
+from rollyard.model.loading import eos_ids
 from rollyard.reward.dispatcher import UNSCORED
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.tasks import chat

@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
-from rollyard import cpu_gemm
-from rollyard.models import build_preset, char_tokenizer
+from rollyard.model import gemm as cpu_gemm
+from rollyard.model.llama import LlamaFast
+from rollyard.model.loading import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.rollout.llama_forward import LlamaFast
 from rollyard.types import Request, WeightUpdate
 
 TOK = char_tokenizer()
@@ -271,7 +271,7 @@ def test_bf16_weights_on_cpu_decode_with_an_fp32_cache_and_match_the_forward(hid
     Both the uniform-position and the masked (mixed prompt lengths) decode."""
     import copy
 
-    from rollyard.rollout.llama_forward import CPU_BF16_MIN_HIDDEN
+    from rollyard.model.llama import CPU_BF16_MIN_HIDDEN
 
     preset = "tiny" if hidden == 96 else "small"
     model = build_preset(preset, TOK, seed=0, max_position_embeddings=CTX).eval().to(torch.bfloat16)

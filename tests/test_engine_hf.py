@@ -22,8 +22,8 @@ from transformers import (
     Phi3Config,
 )
 
-from rollyard.rollout.hf_backend import BatchedHFBackend
-from rollyard.rollout.llama_forward import unsupported_reason
+from rollyard.model.llama import unsupported_reason
+from rollyard.rollout.hf import BatchedHFBackend
 from rollyard.types import Request, WeightUpdate
 
 CTX = 128

@@ -13,8 +13,8 @@ from rollyard import staleness
 from rollyard.accounting import PromptLedger
 from rollyard.cli import main
 from rollyard.config import load_config
-from rollyard.models import load_policy
-from rollyard.rollout.worker import RolloutWorker
+from rollyard.model.loading import load_policy
+from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.telemetry import rundir
 from rollyard.types import Request, WeightUpdate
 
@@ -262,7 +262,7 @@ def test_async_refills_a_round_whose_prompt_was_dead_lettered(tmp_path):
 
 
 def test_feed_samples_a_prompt_once_per_round_and_requeues_first():
-    from rollyard.models import char_tokenizer
+    from rollyard.model.loading import char_tokenizer
     from rollyard.rollout.scheduler import PromptFeed, PromptStream
     from rollyard.tasks.base import Prompt
 

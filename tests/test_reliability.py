@@ -305,7 +305,7 @@ def test_hook_that_exits_on_import_is_a_start_up_error(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------- numerics
 def test_non_finite_loss_skips_loudly_then_stops(capsys):
-    from rollyard.models import build_preset, char_tokenizer
+    from rollyard.model.loading import build_preset, char_tokenizer
     from rollyard.trainer.trainer import Trainer
 
     model = build_preset("tiny", char_tokenizer(), max_position_embeddings=32)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from rollyard.models import attach_lora, build_preset, char_tokenizer, export
+from rollyard.model.loading import attach_lora, build_preset, char_tokenizer, export
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.sync.apply import Receiver
 from rollyard.sync.check import WeightsDiffer, compare_weights, weights_checksum

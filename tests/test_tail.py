@@ -10,7 +10,7 @@ import torch
 from runs import straight_and_resumed
 
 from rollyard.cli import main
-from rollyard.models import build_preset, char_tokenizer
+from rollyard.model.loading import build_preset, char_tokenizer
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.timeout import AnchorTimeout, adaptive_timeout
 from rollyard.rollout.engine import RolloutEngine

@@ -69,7 +69,7 @@ def cmd_report(argv: list[str]) -> int:
 def cmd_sft(argv: list[str]) -> int:
     from rollyard import roles
     from rollyard.config import load_config
-    from rollyard.models import export
+    from rollyard.model.loading import export
     from rollyard.sft import train_sft
 
     p = _train_parser("sft")
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollyard {cmd}: error: {why}", file=sys.stderr)
         return 2
     if cmd in ("train", "sft") and os.environ.get("ROLLYARD_CPU_KERNELS") == "1":
-        from rollyard.cpu_kernels import KernelsRequired, kernel
+        from rollyard.model.kernels import KernelsRequired, kernel
         try:
             kernel()  # built (or found in the cache) now, so a missing compiler is one line, not a fallback
         except KernelsRequired as e:

@@ -358,15 +358,15 @@ def describe(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str]:
 # Read here, not in the modules that use them, so the CLI can check them without importing torch.
 ENV_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "ROLLYARD_ONEDNN": (("0", "1", "auto"), "auto",
-                        "use 0 (MKL only), 1 (oneDNN without timing it) or auto (the default: oneDNN where it "
-                        "times faster)"),  # rollyard.cpu_gemm
+                        "use 0 (MKL only), 1 (oneDNN wherever available) or auto (the default: oneDNN on x86 CPUs with "
+                        "AVX-512)"),  # rollyard.model.gemm
     "ROLLYARD_KEEP_FREED": (("0", "1"), "1",
                             "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it "
-                            "is)"),  # rollyard.cpu_memory
+                            "is)"),  # rollyard.model.memory
     "ROLLYARD_CPU_KERNELS": (("0", "1", "auto"), "auto",
                                "use 0 (torch's ops), 1 (the compiled kernels, an error if they cannot be "
                                "built) or auto (the default: the kernels where they build and check out)"),
-    # rollyard.cpu_kernels
+    # rollyard.model.kernels
 }
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollyard.models import eos_ids
+from rollyard.model.loading import eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import to_requests

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from rollyard.config import ConfigError, RunConfig
-from rollyard.models import attach_lora, context_length, eos_ids, load_policy, lora_target_error
+from rollyard.model.loading import attach_lora, eos_ids, policy
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
@@ -17,7 +17,9 @@ from rollyard.rollout.engine import RolloutEngine
 from rollyard.tasks import builtin_verifier, chat, load_task
 from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
-from rollyard.trainer.trainer import Trainer
+
+__all__ = ["policy", "trainer_kwargs"]  # built where they live (model/, trainer/); named here for the drivers
+from rollyard.trainer.trainer import Trainer, trainer_kwargs
 
 
 def device_of(cfg: RunConfig) -> str:
@@ -99,14 +101,6 @@ def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
                             timeout_policy=policy)
 
 
-def policy(cfg: RunConfig, device: str):
-    model, tokenizer = load_policy(cfg.model.name, seed=cfg.model.seed, max_position_embeddings=cfg.model.context)
-    lora = cfg.model.lora
-    if lora.r > 0 and (why := lora_target_error(model, lora.targets)):  # at start-up, before any warm start
-        raise ConfigError(why)
-    return model.to(device), tokenizer, context_length(model)
-
-
 def with_lora(cfg: RunConfig, model):
     """The policy to train: ``model`` itself, or wrapped in a PEFT LoRA adapter when ``model.lora.r > 0``."""
     lora = cfg.model.lora
@@ -119,16 +113,6 @@ def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None 
                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed if seed is None else seed,
                          version=version)
-
-
-def trainer_kwargs(cfg: RunConfig) -> dict:
-    """The Trainer's keyword arguments from the config (one place, so every rank builds the same one)."""
-    t, a = cfg.trainer, cfg.algo
-    return {"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
-            "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
-            "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
-            "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
-            "max_skipped_steps": t.max_skipped_steps, "precision": t.precision}
 
 
 def trainer(cfg: RunConfig, model, device: str):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rollyard import checkpoint
 from rollyard.config import ConfigError, RunConfig
-from rollyard.models import PRESETS
+from rollyard.model.loading import PRESETS
 from rollyard.telemetry import rundir
 
 

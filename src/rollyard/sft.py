@@ -18,7 +18,7 @@ import torch
 
 from rollyard.config import ConfigError, RunConfig
 from rollyard.evaluate import greedy_accuracy
-from rollyard.models import export, load_policy
+from rollyard.model.loading import export, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.tasks.base import Prompt
 from rollyard.trainer.trainer import Trainer

@@ -25,9 +25,9 @@ import rollyard
 from rollyard import staleness
 from rollyard.config import ConfigError, RunConfig
 from rollyard.placement import weights
+from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.placement.run import Roles, RunRecord
 from rollyard.placement.score import score
-from rollyard.rollout.worker import RolloutWorker
 from rollyard.telemetry import rundir
 from rollyard.types import Request, Sample
 

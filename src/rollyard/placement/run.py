@@ -24,7 +24,7 @@ from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
-from rollyard.models import PRESETS, export, num_params, source_dtype
+from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.failures import RewardFailures

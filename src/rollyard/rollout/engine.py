@@ -25,8 +25,9 @@ prompt's KV and last logits are kept for the rest (dropped on a weight update: r
 Memory. The fast path keeps one static cache ``[layers, 2, slots, kv_heads, width, head_dim]``
 with ``slots * width <= max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted).
 Admission waits while a sample does not fit; when the engine is empty any single accepted request
-fits, so the queue always drains. Other architectures take the batched HF backend
-(``rollout/hf_backend.py``: one transformers cache, rows x widest prompt + max_new_tokens within the
+fits, so the queue always drains. The backends are files of their own behind one
+contract (``rollout/backend.py``): ``rollout/native.py`` (the fast path above), and for other
+architectures the batched HF backend (``rollout/hf.py``: one transformers cache, rows x widest prompt + max_new_tokens within the
 same budget), or, for a model it cannot reproduce, the per-sequence one (prompt + max_new_tokens
 per sample).
 
@@ -37,16 +38,17 @@ same samples.
 
 from __future__ import annotations
 
-import heapq
 import warnings
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
-from rollyard import cpu_kernels
-from rollyard.rollout import hf_backend, llama_forward
+from rollyard.model import kernels as cpu_kernels
+from rollyard.rollout import hf as hf_backend
+from rollyard.rollout import native
+from rollyard.rollout.backend import Seq as _Seq
 from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
@@ -60,170 +62,6 @@ class _Group:
     need: int  # cache positions one sample needs: prompt + max_new_tokens
     stash: object = None  # backend prompt state kept for the samples admitted later
     logits: torch.Tensor | None = None  # [V] last-prompt-position logits (with stash)
-
-
-@dataclass(eq=False)
-class _Seq:
-    sid: str
-    req: Request
-    k: int
-    max_new: int
-    slot: object = None
-    length: int = 0  # tokens whose K/V are in the cache (the last sampled token is not yet)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-# ---------------------------------------------------------------------------------------------
-# Backends: where the KV cache lives and how a forward runs.
-# ---------------------------------------------------------------------------------------------
-
-
-class _SlotBackend:
-    """Fast path: a static slot cache and the functional Llama-family forward."""
-
-    name = "fast"
-
-    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
-        self.fwd = llama_forward.LlamaFast(model)
-        self.max_concurrent, self.budget = max_concurrent, max_cache_tokens
-        self.context = self.fwd.context
-        self.R = self.W = 0
-        self.kv = None
-        self.free: list[int] = []
-
-    def refresh(self) -> None:
-        self.fwd.refresh()
-
-    def _width_for(self, need: int) -> int:
-        w = max(need, min(_round_up(need, 16), self.context, self.budget))
-        # Prefer the width at which all max_concurrent slots still fit: no re-layout later.
-        return max(w, min(self.context, self.budget // self.max_concurrent))
-
-    def _relayout(self, R: int, W: int, active: list[_Seq]) -> None:
-        """New cache of R slots x W positions; active sequences move (compacted) to slots 0..a-1."""
-        new = self.fwd.new_cache(R, W)
-        if active:
-            old = torch.tensor([s.slot for s in active], device=new.device)
-            wc = min(W, self.W, max(s.length for s in active))
-            if wc:
-                new[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
-            for i, s in enumerate(active):
-                s.slot = i
-        self.kv, self.R, self.W = new, R, W
-        self.free = list(range(len(active), R))
-        heapq.heapify(self.free)
-
-    def reserve(self, active: list[_Seq], needs: list[int]) -> list[int]:
-        """Slots for the longest prefix of ``needs`` that fits (re-laying out the cache if that admits more)."""
-        k = 0
-        while k < len(needs) and k < len(self.free) and needs[k] <= self.W:
-            k += 1
-        if k < len(needs):
-            base = max([s.req.prompt_ids.__len__() + s.max_new for s in active], default=0)
-            for m in range(len(needs), k, -1):
-                W = self._width_for(max(base, max(needs[:m])))
-                R = min(self.max_concurrent, self.budget // W)
-                if len(active) + m <= R:
-                    if (R, W) != (self.R, self.W) or len(self.free) < m:
-                        self._relayout(R, W, active)
-                    k = m
-                    break
-        return [heapq.heappop(self.free) for _ in range(k)]
-
-    def release(self, slot: int) -> None:
-        heapq.heappush(self.free, slot)
-
-    def maybe_compact(self, active: list[_Seq]) -> None:
-        # Decode runs over slots 0..hi-1, holes left by finished sequences included. Once the holes
-        # outnumber a quarter of the survivors (+2), move the survivors down: one copy of their K/V
-        # against a step's attention over every hole for the rest of the batch (measured on a
-        # varlen GRPO batch, small preset: generate 0-11% faster than waiting for 2x survivors + 8).
-        if active:
-            hi = max(s.slot for s in active) + 1
-            if hi > len(active) + len(active) // 4 + 2:
-                self._compact(sorted(active, key=lambda s: s.slot))
-
-    def _compact(self, active: list[_Seq]) -> None:
-        """Move the active sequences to slots 0..a-1 within the same cache (no new allocation).
-
-        The right-hand side gathers a copy first, so overlapping source and destination slots are
-        safe; the slots left behind keep stale (finite) entries, masked out like any garbage."""
-        old = torch.tensor([s.slot for s in active], device=self.kv.device)
-        wc = max(s.length for s in active)
-        if wc:
-            self.kv[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
-        for i, s in enumerate(active):
-            s.slot = i
-        self.free = list(range(len(active), self.R))
-        heapq.heapify(self.free)
-
-    def prefill(self, prompts: list[list[int]], slots: list[int]) -> torch.Tensor:
-        P = max(len(p) for p in prompts)
-        dev = self.fwd.device
-        toks = torch.tensor([p + [0] * (P - len(p)) for p in prompts], device=dev)
-        last = torch.tensor([len(p) - 1 for p in prompts], device=dev)
-        return self.fwd.prefill(toks, self.kv, torch.tensor(slots, device=dev), last)
-
-    def fork(self, src: list[int], dst: list[int], P: int) -> None:
-        if dst:
-            dev = self.kv.device
-            self.kv[:, :, torch.tensor(dst, device=dev), :, :P] = self.kv[:, :, torch.tensor(src, device=dev), :, :P]
-
-    def snapshot(self, slot: int, P: int):
-        return self.kv[:, :, slot, :, :P].clone()
-
-    def restore(self, stash, slots: list[int]) -> None:
-        P = stash.shape[-2]
-        for s in slots:
-            self.kv[:, :, s, :, :P] = stash
-
-    # inference_mode, not no_grad: no view or version-counter bookkeeping on the ~100 small ops
-    # of a step (3-14% of a tiny decode step). The cache is made outside it (reserve, relayout),
-    # so it stays a normal tensor that compaction, fork and restore may write to.
-    @torch.inference_mode()
-    def decode(self, seqs: list[_Seq]) -> torch.Tensor:
-        hi = max(s.slot for s in seqs) + 1
-        toks, pos = [0] * hi, [0] * hi
-        for s in seqs:
-            toks[s.slot], pos[s.slot] = s.tokens[-1], s.length
-        dev = self.fwd.device
-        # Every active sequence at one position (GRPO's samples of equal-length prompts): no mask,
-        # plain-slice K/V writes. Holes left by finished sequences ride along as token 0 at that
-        # position: their rows are dropped below, and what they write lands in free slots, which
-        # are prefilled, forked or restored before anyone reads them.
-        p0 = seqs[0].length
-        if all(s.length == p0 for s in seqs):
-            logits = self.fwd.decode(torch.tensor(toks, device=dev), None, self.kv, p0 + 1, same_pos=p0)
-        else:
-            logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
-                                     max(pos) + 1)
-        if len(seqs) == hi and all(s.slot == i for i, s in enumerate(seqs)):
-            return logits
-        return logits[torch.tensor([s.slot for s in seqs], device=dev)]
-
-
-@torch.no_grad()
-def _fast_path_matches(model, backend: _SlotBackend) -> float:
-    """Max |logit difference| between the fast path and the HF forward on a short random sequence."""
-    fwd = backend.fwd
-    vocab = fwd.embed.shape[0]
-    T = min(8, fwd.context)
-    g = torch.Generator().manual_seed(1234)
-    ids = torch.randint(0, vocab, (1, T), generator=g).to(fwd.device)
-    ref = model(input_ids=ids).logits[0].float()
-    kv = fwd.new_cache(1, T)
-    out = [fwd.prefill(ids[:, :T // 2], kv, torch.tensor([0], device=fwd.device),
-                       torch.tensor([T // 2 - 1], device=fwd.device))[0]]
-    for t in range(T // 2, T):
-        out.append(fwd.decode(ids[:, t], torch.tensor([t], device=fwd.device), kv, t + 1)[0])
-    got = torch.stack(out).float()
-    return float((got - ref[T // 2 - 1:]).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,11 +105,11 @@ class RolloutEngine:
     # -- backend selection -------------------------------------------------------------------
 
     def _pick_backend(self):
-        reason = llama_forward.unsupported_reason(self.model)
+        reason = native.unsupported_reason(self.model)
         if reason is None:
             try:
-                backend = _SlotBackend(self.model, self.max_concurrent, self.max_cache_tokens)
-                err = _fast_path_matches(self.model, backend)
+                backend = native.NativeBackend(self.model, self.max_concurrent, self.max_cache_tokens)
+                err = native.fast_path_matches(self.model, backend)
                 tol = 1e-4 if backend.fwd.weight_dtype == torch.float32 else 3e-2
                 if err <= tol:
                     return backend
@@ -293,7 +131,7 @@ class RolloutEngine:
     def _use_backend(self, name: str) -> None:
         """Force ``"fast"``, ``"hf"`` (batched HF) or ``"hf-perseq"``; tests compare them. Only while idle."""
         assert not self._active, "switch backends only while idle"
-        cls = {"fast": _SlotBackend, "hf": hf_backend.BatchedHFBackend, "hf-perseq": hf_backend.PerSeqHFBackend}[name]
+        cls = {"fast": native.NativeBackend, "hf": hf_backend.BatchedHFBackend, "hf-perseq": hf_backend.PerSeqHFBackend}[name]
         self.backend = cls(self.model, self.max_concurrent, self.max_cache_tokens)
         for g in self._queue:
             g.stash = g.logits = None

@@ -42,10 +42,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from rollyard import roles
 from rollyard.config import ConfigError, RunConfig
+from rollyard.model.loading import policy
 from rollyard.trainer import fsdp
-from rollyard.trainer.trainer import Trainer
+from rollyard.trainer.trainer import Trainer, trainer_kwargs
 from rollyard.types import Sample
 
 BUCKET_BYTES = 64 << 20
@@ -207,7 +207,7 @@ class Rank:
         if self.sharded:
             train_model = copy.deepcopy(self.model) if dist.get_rank() == 0 else self.model
             units = fsdp.shard(train_model)
-        self.trainer = RankTrainer(train_model, units=units, **roles.trainer_kwargs(self.cfg), device=self.device)
+        self.trainer = RankTrainer(train_model, units=units, **trainer_kwargs(self.cfg), device=self.device)
         self.load_optimizer(optim_state)
 
     def load_optimizer(self, state) -> None:
@@ -283,7 +283,7 @@ def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None
         cfg = RunConfig.model_validate(cfg_data)
         dev = f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
         _join_group(rank, k, port, device)
-        model, _, _ = roles.policy(cfg, dev)
+        model, _, _ = policy(cfg, dev)
         me = Rank(cfg, model, dev)
         while True:
             op, payload = _receive()

@@ -12,7 +12,7 @@ sequences are cheaper padded, a few very uneven ones packed. ``fast_forward`` (d
 padded rows of Llama-family models through ``llama_forward.train_hidden`` (checked against the
 decoder at first use): fused q|k|v and gate|up matmuls, RoPE as one cat, and on CPU a grouped
 causal attention in plain matmuls instead of SDPA's kernels, and fp32 projections (forward and
-both gradients) and the lm_head on oneDNN where it beats MKL (:mod:`rollyard.cpu_gemm`).
+both gradients) and the lm_head on oneDNN where it beats MKL (:mod:`rollyard.model.gemm`).
 
 The full ``[L, V]`` logits never exist: logits are computed ``logprob_chunk`` rows at a time,
 and under autograd each chunk is checkpointed, so the backward pass recomputes one chunk's
@@ -38,9 +38,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from rollyard import cpu_gemm, cpu_memory
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
-from rollyard.rollout import llama_forward
+from rollyard.config import RunConfig
+from rollyard.model import gemm as cpu_gemm
+from rollyard.model import llama as llama_forward
+from rollyard.model import memory as cpu_memory
 from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan
 from rollyard.types import Sample
@@ -449,3 +451,13 @@ class Trainer:
         grad_norm = self._optimizer_step(float(total))[0] if num_tokens else 0.0
         return {"loss": float(total), "grad_norm": grad_norm, "tokens": float(num_tokens),
                 "micro_batches": float(len(mbs))}
+
+
+def trainer_kwargs(cfg: RunConfig) -> dict:
+    """The Trainer's keyword arguments from the config (one place, so every rank builds the same one)."""
+    t, a = cfg.trainer, cfg.algo
+    return {"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
+            "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
+            "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
+            "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
+            "max_skipped_steps": t.max_skipped_steps, "precision": t.precision}

@@ -1,4 +1,4 @@
-"""CPU kernels in fp32, compiled from ``cpu_kernels.cc``: the decode step's attention, RMSNorm,
+"""CPU kernels in fp32, compiled from ``model/kernels.cc``: the decode step's attention, RMSNorm,
 SwiGLU and RoPE + K/V cache write, and the training forward's RMSNorm, SwiGLU and q|k|v split +
 RoPE (with their backwards).
 
@@ -25,26 +25,27 @@ Functions). torch runs each of these as several elementwise kernels forward and 
 here is one pass forward and one backward. Trainer step, 32 x 68 positions, 2 threads
 (in-process A/B against torch's ops): ``small`` 238 -> 207 ms, ``tiny`` 55 -> 45 ms.
 
-It is built at first use with the system C++ compiler (``$CXX``, else ``g++``; ``-O3
--march=native -fopenmp``), cached under ``$XDG_CACHE_HOME/rollyard/kernels`` (else
-``~/.cache/...``) by a hash of its source, the compiler's version and the CPU's flags. Each
-attention shape (query heads per K/V head, head_dim) is checked against torch on a random case
-once per process and used only where the kernel also times no slower than torch; RMSNorm and
-SwiGLU are checked once at load (the rest by the tests). Without a compiler, or on any failure,
-it says why once on stderr and the engine and trainer keep torch's ops.
-``ROLLYARD_CPU_KERNELS=0`` turns it off; ``=1`` skips the timing and makes an unavailable or
-wrong kernel an error instead.
+It is built at first use by ``torch.utils.cpp_extension.load`` (ninja and the system C++
+compiler, ``$CXX`` else ``c++``; ``-O3 -march=native -fopenmp``), which rebuilds when the source
+or flags change; the build directory ``$XDG_CACHE_HOME/rollyard/kernels/<cpu>`` (else
+``~/.cache/...``) is keyed by the CPU's flags. Each attention shape (query heads per K/V head,
+head_dim) is checked against torch on a fixed random case once per process; RMSNorm and SwiGLU are
+checked once at load (the rest by the tests). The choice never depends on timing, so two runs of
+one seed on one machine compute the same numbers, loaded or not. Without a compiler, or on any
+failure, it says why once on stderr and the engine and trainer keep torch's ops.
+``ROLLYARD_CPU_KERNELS=0`` turns it off; ``=1`` makes an unavailable or wrong kernel an error
+instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ import torch.nn.functional as F
 
 from rollyard.config import env_flag
 
-_SOURCE = Path(__file__).with_name("cpu_kernels.cc")
+_SOURCE = Path(__file__).with_name("kernels.cc")
 
 
 class KernelsRequired(RuntimeError):
@@ -74,27 +75,35 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
-def _compile(cxx: str) -> Path:
-    """The cached shared library, compiled first when missing (atomically: concurrent ranks may race)."""
-    src = _SOURCE.read_bytes()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
-    key = hashlib.sha256(src + version.encode() + _cpu_signature().encode()).hexdigest()[:16]
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollyard" / "kernels"
-    lib = root / f"cpu_kernels-{key}.so"
-    if lib.exists():
-        return lib
+def _compile() -> Path:
+    """The shared library, built (or found already built) by ``torch.utils.cpp_extension.load``.
+
+    cpp_extension owns the build: ninja, the compiler (``$CXX``, else ``c++``), rebuilding when the
+    source or flags change, and a file lock so that concurrent ranks do not race. The build
+    directory is keyed by the CPU's flags as well, because ``-march=native`` binds the library to
+    this CPU (a home directory shared between machines must not hand one machine's build to another)."""
+    from torch.utils import cpp_extension
+
+    key = hashlib.sha256(_cpu_signature().encode()).hexdigest()[:12]
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollyard" / "kernels" / key
     root.mkdir(parents=True, exist_ok=True)
+    fresh = not any(root.glob("*.so"))
     t = time.perf_counter()
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        out = Path(tmp) / lib.name
-        cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-o", str(out), str(_SOURCE)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            err = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"{' '.join(cmd[:2])} ... exited {done.returncode}: {err}")
-        os.replace(out, lib)
-    print(f"[rollyard] compiled rollyard's CPU kernels in {time.perf_counter() - t:.1f} s ({lib})", file=sys.stderr)
-    return lib
+    with contextlib.redirect_stdout(sys.stderr):  # cpp_extension's own notes go to stderr, never the console
+        path = cpp_extension.load(
+            name="rollyard_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(root),
+            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+            is_python_module=False, verbose=False)
+    if fresh:
+        print(f"[rollyard] compiled rollyard's CPU kernels in {time.perf_counter() - t:.1f} s ({root})", file=sys.stderr)
+    return Path(path)
+
+
+def _first_line(e: BaseException) -> str:
+    """One line for a build failure: the compiler's first ``error:`` line, else the message's first."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return f"{type(e).__name__}: {(errors or lines or ['no message'])[0][:300]}"
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -147,9 +156,9 @@ def _call(lib, q, K, V, lens) -> torch.Tensor:
     return out
 
 
-def _trial(lib, G: int, hd: int, timed: bool) -> str | None:
-    """Why the kernel must not run attention of this shape here (wrong results, or, when
-    ``timed``, slower than torch at a decode-sized case), else ``None``."""
+def _trial(lib, G: int, hd: int) -> str | None:
+    """Why the kernel must not run attention of this shape here (its result differs from torch's), else
+    ``None``. A fixed random case: the answer depends on the shape and this CPU, never on timing."""
     gen = torch.Generator().manual_seed(0)
     B, KVH, W = 32, 4, 68
     cache = torch.randn(2, B, KVH, W + 28, hd, generator=gen)
@@ -161,21 +170,6 @@ def _trial(lib, G: int, hd: int, timed: bool) -> str | None:
         err = float((got - want).abs().max())
         if not err < 1e-4:
             return f"at G={G}, head_dim={hd} its result differs from torch's by {err:.2e}"
-    if not timed:
-        return None
-
-    def best(fn) -> float:
-        fn()
-        times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-        return min(times)
-
-    ours, theirs = best(lambda: _call(lib, q, K, V, None)), best(lambda: reference(q, K, V, None))
-    if ours > theirs:
-        return f"at G={G}, head_dim={hd} it timed slower than torch ({ours * 1e6:.0f} vs {theirs * 1e6:.0f} us)"
     return None
 
 
@@ -262,10 +256,10 @@ def kernel() -> ctypes.CDLL | None:
         return None
     if "lib" not in _STATE:
         try:
-            lib = _load(_compile(os.environ.get("CXX") or "g++"))
+            lib = _load(_compile())
             why = _load_trial(lib)
-        except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as e:
-            why = f"{type(e).__name__}: {e}"
+        except (OSError, RuntimeError, ImportError, subprocess.SubprocessError, AttributeError) as e:
+            why = _first_line(e)
         if why:
             lib = None
             if flag != "1":  # with 1 the error below says it
@@ -279,16 +273,15 @@ def kernel() -> ctypes.CDLL | None:
 
 def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether the kernel is on and runs this attention shape: ``G = q_heads / kv_heads`` in 1..8,
-    ``head_dim`` in 8, 16, 24, 32, 40, 64, 128, checked once per shape against torch (and, under
-    ``auto``, timed no slower than it)."""
+    ``head_dim`` in 8, 16, 24, 32, 40, 64, 128, checked once per shape against torch. Deterministic: it
+    depends on the shape and the CPU, not on timing (timed comparisons live in ``bench/engine.py``)."""
     lib = kernel()
     if lib is None or q_heads % kv_heads or not lib.rollyard_decode_attn_supports(q_heads // kv_heads, head_dim):
         return False
-    shape = (q_heads // kv_heads, head_dim, torch.get_num_threads())
+    shape = (q_heads // kv_heads, head_dim)
     if shape not in _STATE:
-        timed = env_flag("ROLLYARD_CPU_KERNELS") == "auto"
-        why = _trial(lib, shape[0], head_dim, timed)
-        if why and not timed:
+        why = _trial(lib, shape[0], head_dim)
+        if why and env_flag("ROLLYARD_CPU_KERNELS") == "1":
             raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU decode-attention kernel is wrong here: {why}; "
                                f"unset it (or set 0) and report this machine")
         if why:
@@ -422,3 +415,18 @@ def train_qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int
     if _train_lib(y, cos, sin) is None or H % KVH or y.dim() != 3 or not (cos.is_contiguous() and sin.is_contiguous()):
         return None
     return _QKVRope.apply(y, cos, sin, H, KVH)
+
+
+def choices() -> dict:
+    """The numerics-relevant kernel choices this process has made (for ``run.json``): whether the
+    compiled kernels are in use (or why not), each decode-attention shape's verdict, and whether
+    fp32 linear layers run on oneDNN. Deterministic by shape, CPU features and settings."""
+    from rollyard.model import gemm
+
+    lib = _STATE.get("lib", "not loaded")
+    out = {"cpu_kernels": "not loaded" if lib == "not loaded" else ("on" if lib is not None else f"off: {_STATE.get('why')}"),
+           "cpu_kernels_setting": env_flag("ROLLYARD_CPU_KERNELS"),
+           "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
+           "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),
+           "cpu_avx512": gemm.cpu_has_avx512()}
+    return out

@@ -14,7 +14,7 @@ more) by fusing, once per weight version, the weights that are always used toget
   attention scale is folded into the q part of those weights instead of into ``W_qkv``.
 
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it
-from ``load_weights``). On a CPU where oneDNN is the faster GEMM (``rollyard.cpu_gemm``), the
+from ``load_weights``). On a CPU where oneDNN is the faster GEMM (``rollyard.model.gemm``), the
 projections large enough to repay its per-call cost (and the LM head) are stored prepacked in
 oneDNN's layout, and the o / down projections add the residual inside the kernel. Norm weights and
 embeddings are read from the module.
@@ -27,7 +27,7 @@ fp32 at these shapes, while the weight matmuls, where bf16 pays, stay bf16, unle
 narrower than ``CPU_BF16_MIN_HIDDEN``: then the fused copies are the bf16 weights upcast to fp32
 (``dtype``, the compute dtype; ``weight_dtype`` is the module's).
 
-On CPU the decode step's attention and RMSNorms run through ``rollyard.cpu_kernels`` (compiled
+On CPU the decode step's attention and RMSNorms run through ``rollyard.model.kernels`` (compiled
 at first use; torch's ops where it cannot be built).
 
 ``unsupported_reason(model)`` says why a model cannot take this path (the engine then uses the
@@ -39,8 +39,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from rollyard import cpu_gemm, cpu_kernels
-from rollyard.cpu_gemm import pack, packed_linear
+from rollyard.model import gemm as cpu_gemm
+from rollyard.model import kernels as cpu_kernels
+from rollyard.model.gemm import pack, packed_linear
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # On CPU, bf16 weights of a model narrower than this compute in fp32: at hidden 96 a bf16 decode
@@ -99,7 +100,7 @@ class LlamaFast:
         # module docstring); the values are the bf16 weights', only the arithmetic is wider.
         self.dtype = torch.float32 if cpu_bf16 and self.D < CPU_BF16_MIN_HIDDEN else p.dtype
         self.kv_dtype = torch.float32 if cpu_bf16 else p.dtype
-        # rollyard.cpu_kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
+        # rollyard.model.kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
         on_cpu = p.device.type == "cpu"
         self.attn_kernel = (on_cpu and self.kv_dtype == torch.float32
                             and cpu_kernels.attention_supported(self.H, self.KVH, self.hd))
@@ -377,7 +378,7 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     :func:`train_forward_matches` holds: the same math in fewer ops (q|k|v and gate|up
     concatenated per call, so gradients reach the original weights; fused ``rms_norm``; RoPE's
     half swap as one cat; on CPU :func:`causal_attention`; on CPU in fp32 the RMSNorms, SwiGLU
-    and q|k|v split + RoPE through ``rollyard.cpu_kernels``). No dropout (the family has none in training).
+    and q|k|v split + RoPE through ``rollyard.model.kernels``). No dropout (the family has none in training).
     """
     inner = model.model
     x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)

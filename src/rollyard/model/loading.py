@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 
-from rollyard.config import ConfigError
+from rollyard.config import ConfigError, RunConfig
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -189,3 +189,13 @@ def export(model, tokenizer, out_dir: str | Path, dtype: torch.dtype | None = No
 
 def num_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def policy(cfg: RunConfig, device: str):
+    """(model on ``device``, tokenizer, context length) for the run; a LoRA target that matches nothing
+    fails here, at start-up."""
+    model, tokenizer = load_policy(cfg.model.name, seed=cfg.model.seed, max_position_embeddings=cfg.model.context)
+    lora = cfg.model.lora
+    if lora.r > 0 and (why := lora_target_error(model, lora.targets)):  # at start-up, before any warm start
+        raise ConfigError(why)
+    return model.to(device), tokenizer, context_length(model)
