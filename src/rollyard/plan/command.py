@@ -19,8 +19,9 @@ BAD_INPUT = (ConfigError, RunDirError, FileNotFoundError, NotADirectoryError, Is
 
 
 def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | int:
+    """Options and positionals in any order (``plan FILE --json key=value``)."""
     try:
-        return p.parse_args(argv)
+        return p.parse_intermixed_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2, already printed by argparse)
         return int(e.code or 0)
 
@@ -84,6 +85,11 @@ def _plan(args: argparse.Namespace) -> int:
         return 0
     files = [a for a in args.args if "=" not in a]
     overrides = [a for a in args.args if "=" in a] + args.set
+    for o in overrides:
+        value = o.split("=", 1)[1]
+        if value.count("{") != value.count("}") or value.count("[") != value.count("]") or not o.split("=", 1)[0]:
+            raise I.PlanError(f"override {o!r} is cut short: the shell split it at a space; fix: quote the whole "
+                              f"override, e.g. 'network.custom={{roce = 25e9}}'")
     if len(files) > 1:
         raise I.PlanError(f"give one plan file, got {len(files)}: {', '.join(files)}")
     inputs = I.load_plan(files[0] if files else None, overrides, defaults=args.defaults)

@@ -7,7 +7,8 @@ Phase times are functions of the GPUs a pool gets:
   the model's ratio between the two GPU counts, so measurement sets the level and the model the shape;
 - trainer on g GPUs: FLOP-bound, so time x GPUs is constant (6 x P_active x tokens for fwd+bwd,
   2 x P_active x tokens for a reference forward);
-- reward: CPU verifiers, independent of the GPU split.
+- reward: CPU verifiers, independent of the GPU split (on the rollout side unless streamed);
+- algorithm (advantages, loss bookkeeping): a given time on the trainer side, independent of the split.
 
 ``split_table`` evaluates colocated on G, and disaggregated and async at every split of G into whole
 engine replicas, and reports the best split of each.
@@ -131,7 +132,8 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     G = p.total_gpus()
     reward = reward_on_rollout_side(p)
     stream = p.trainer.minibatches if p.phases.train_streamed else 0
-    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G)
+    algo = p.phases.algorithm_s  # advantages / loss bookkeeping: on the trainer side, as in the simulator
+    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G) + algo
     colo = M.PoolSplit("colocated", G, G, ro, tr, reload_s, M.colocated_step_s(ro, 0.0, tr, reload_s))
     out = {"colocated": {"best": colo, "all": [colo]}}
     for placement in ("disaggregated", "async"):
@@ -139,11 +141,11 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
         for gr, gt in M.splits(G, p.rollout.tp):
             if placement == "async":
                 ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
-                tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt)
+                tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt) + algo
                 step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             else:
                 ro = rollout_s(p, gr, lengths=lengths) + reward
-                tr = reference_s(p, gt) + train_s(p, gt)
+                tr = reference_s(p, gt) + train_s(p, gt) + algo
                 step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             rows.append(M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step))
         best = min(rows, key=lambda r: r.step_s) if rows else None

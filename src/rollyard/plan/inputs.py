@@ -8,7 +8,7 @@ Hardware defaults are H100-class GPUs; phase times left out are estimated (rollo
 model of ``mechanisms``, training from 6 * P_active * tokens over sustained FLOP/s).
 
 An unknown field anywhere is an error naming the field and the closest valid one; ``key.sub=value``
-overrides (values parsed as YAML) beat the file.
+overrides (values read as TOML, else YAML) beat the file.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollyard.config import (
     ConfigError,
@@ -39,6 +39,11 @@ PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
 SYNC_MODES: tuple[str, ...] = ("full", "delta", "lora")
 
 
+# Bounds that keep a step physical: 1e9 prompts x 1e6 samples is already ~1e15 sequences per step,
+# beyond any cluster; larger counts are typos (1e16) and would overflow the order statistics.
+MAX_PROMPTS, MAX_SAMPLES = 10**9, 10**6
+
+
 class PlanError(ConfigError):
     """A plan file, field or value is wrong; the message says which, and the fix."""
 
@@ -46,6 +51,16 @@ class PlanError(ConfigError):
 class Section(BaseModel):
     # allow_inf_nan=False: an infinite or NaN figure is a typo, never a property of hardware.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value, info):
+        """``true``/``false`` for a number is a typo (pydantic would read it as 1 or 0): refuse it."""
+        f = cls.model_fields.get(info.field_name)
+        if isinstance(value, bool) and f is not None and "bool" not in str(f.annotation):
+            raise ValueError(f"a yes/no value where a number is expected ({f.description.split(';')[0]}); "
+                             f"fix: give a number, e.g. {info.field_name} = {f.default!r}")
+        return value
 
 
 class PolicySection(Section):
@@ -69,8 +84,8 @@ class TrainerSection(Section):
 
 
 class RolloutSection(Section):
-    prompts: int = Field(256, ge=1, description="prompts per step [count]; runbook: 256")
-    samples: int = Field(8, ge=1, description="samples per prompt (GRPO group size) [count]; runbook: 8")
+    prompts: int = Field(256, ge=1, le=MAX_PROMPTS, description="prompts per step [count]; runbook: 256")
+    samples: int = Field(8, ge=1, le=MAX_SAMPLES, description="samples per prompt (GRPO group size) [count]; runbook: 8")
     avg_tokens: float = Field(4096, gt=0, le=1e7, description="mean generated tokens per sample [tokens]; runbook: 4096")
     bytes_per_token: float = Field(8, gt=0, le=1e6, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
     prompt_tokens: float = Field(0, ge=0, le=1e7, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
@@ -168,6 +183,11 @@ class PlanInputs(Section):
         for role in self.budget.shares:
             if role not in rundir.ROLES:
                 raise ValueError(f"budget.shares has role {role!r}; valid roles: {', '.join(rundir.ROLES)}")
+        for role, share in self.budget.shares.items():
+            if not (isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share <= 1):
+                raise ValueError(f"budget.shares.{role} = {share!r}: a share of step time must be a fraction in "
+                                 f"[0, 1]; fix: give each role's fraction of the step, summing to 1, e.g. "
+                                 f"{{rollout = 0.6, train = 0.4}}")
         if self.budget.shares and abs(sum(self.budget.shares.values()) - 1.0) > 0.01:
             raise ValueError(f"budget.shares must sum to 1, got {sum(self.budget.shares.values()):.3f} "
                              f"({self.budget.shares})")
@@ -192,6 +212,14 @@ class PlanInputs(Section):
         if self.policy.active_params is not None and self.policy.active_params > self.policy.params:
             raise ValueError(f"policy.active_params = {self.policy.active_params:g} exceeds policy.params = "
                              f"{self.policy.params:g}; fix: active parameters are a subset of all parameters")
+        ro = self.rollout
+        if ro.tp > ro.gpus or ro.gpus % ro.tp:
+            raise ValueError(f"rollout.tp = {ro.tp} does not fit rollout.gpus = {ro.gpus}: the rollout pool holds whole "
+                             f"engine replicas of tp GPUs each; fix: make rollout.gpus a multiple of rollout.tp "
+                             f"(e.g. rollout.gpus = {max(ro.tp, ro.gpus + (-ro.gpus) % ro.tp)}) or lower rollout.tp")
+        if self.cluster.gpus is not None and self.cluster.gpus < ro.tp:
+            raise ValueError(f"cluster.gpus = {self.cluster.gpus} cannot hold one rollout replica of rollout.tp = "
+                             f"{ro.tp} GPUs; fix: raise cluster.gpus to at least {ro.tp} or lower rollout.tp")
         if self.sync.mode == "lora" and not self.policy.lora:
             raise ValueError("sync.mode = 'lora' needs policy.lora = true (only adapters can sync when only adapters train)")
         return self
@@ -228,7 +256,7 @@ def load_plan(path: str | Path | None = None, overrides: list[str] = (), default
             raise PlanError(f"plan file {path} is empty: expected at least one section (e.g. [policy]); "
                             f"fix: fill it in, or pass --defaults to price the runbook's reference workload")
         for text in overrides:
-            key, value = parse_override(text)
+            key, value = parse_plan_override(text)
             _set_dotted(data, key, value)
     except PlanError:
         raise
@@ -240,6 +268,25 @@ def load_plan(path: str | Path | None = None, overrides: list[str] = (), default
         raise
     except ConfigError as e:  # check_keys: unknown field
         raise PlanError(str(e).replace("unknown config key", "unknown plan field")) from None
+
+
+def parse_plan_override(text: str) -> tuple[str, object]:
+    """``key.sub=value`` -> (key, value): the value is read as a TOML value first (what plan files are
+    written in: ``{roce = 25e9}``, ``1e16``, ``[a, b]`` of quoted strings), else as YAML (``{slow: 0}``,
+    ``.inf``, bare words)."""
+    import tomllib
+
+    key, value = parse_override(text)
+    raw = text.split("=", 1)[1].strip()
+    if raw:
+        try:
+            return key, tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            pass
+    if isinstance(value, dict) and any(v is None and "=" in str(k) for k, v in value.items()):
+        raise PlanError(f"override {text!r}: the table does not parse; write it as TOML, e.g. "
+                        f"{key}={{name = 25e9}} (quote the whole override in the shell)")
+    return key, value
 
 
 def describe(model: type[BaseModel] = PlanInputs, prefix: str = "") -> list[str]:

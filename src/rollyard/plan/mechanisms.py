@@ -40,7 +40,9 @@ def expected_longest(n: int, *, mean: float, sigma: float, cap: float, lengths: 
         s = sorted(lengths)
         return float(min(max(s[min(len(s) - 1, int(q * len(s)))], 1), cap))
     mu = math.log(mean) - sigma * sigma / 2  # a lognormal with this mean
-    return float(min(math.exp(mu + sigma * NormalDist().inv_cdf(q)), cap))
+    # The upper quantile by symmetry, -inv_cdf(1/(n+1)): 1 - 1/(n+1) rounds to 1.0 for n >= ~1e16.
+    z = -NormalDist().inv_cdf(max(1 / (n + 1), 1e-300))
+    return float(min(math.exp(min(mu + sigma * z, 700.0)), cap))
 
 
 def decode_step_s(weight_bytes: float, in_flight: float, kv_bytes_per_seq: float, tp: int, mem_bw: float) -> float:

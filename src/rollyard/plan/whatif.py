@@ -119,6 +119,7 @@ class TailWhatIf:
     floor_rollout_s: float | None = None  # the bubble-free floor: no schedule beats it
     bounded: bool = False  # the tail-batching figure was raised to the floor
     step_speedup: float | None = None  # the chosen placement's steady-state step, plain / tail rollout
+    draws: int = 0  # random draws the what-if made (bounded: see MAX_UNITS, EXACT_DRAWS)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -135,32 +136,72 @@ def bound_by_floor(t: TailWhatIf, floor_s: float) -> TailWhatIf:
                    speedup=t.plain_rollout_s / floor_s if floor_s > 0 else t.speedup)
 
 
+# The what-if's cost is bounded whatever prompts x samples is: a round simulates at most MAX_UNITS
+# units (a unit is one prompt, or k = ceil(prompts / MAX_UNITS) prompts deferred together), and a unit
+# of more than EXACT_DRAWS responses is drawn by order statistics (its longest response from the
+# distribution of the maximum, the rest at the mean of a draw below it) instead of one draw each.
+MAX_UNITS = 1024
+EXACT_DRAWS = 16
+
+
 class LengthSampler:
     """Draws response lengths: from a given list (with replacement) or a clipped lognormal."""
 
     def __init__(self, rng: random.Random, cap: int, lengths: list[int] | None = None,
                  mean: float | None = None, sigma: float = 0.6):
         self.rng, self.cap, self.lengths, self.sigma = rng, cap, list(lengths or []), sigma
+        self.draws = 0  # random numbers drawn (the bounded-cost check counts these)
         if not self.lengths:
             if not mean or mean <= 0:
                 raise PlanError("tail what-if needs response lengths or a positive mean length")
             self.mu = math.log(mean) - sigma * sigma / 2  # lognormal with this mean
+        else:
+            self.sorted = sorted(self.lengths)
+            self.prefix = [0]
+            for x in self.sorted:
+                self.prefix.append(self.prefix[-1] + x)
+
+    def _clip(self, x: float) -> int:
+        return int(min(max(round(x), 1), self.cap))
 
     def draw(self) -> int:
+        self.draws += 1
         if self.lengths:
             x = self.rng.choice(self.lengths)
         else:
             x = math.exp(self.rng.gauss(self.mu, self.sigma))
-        return int(min(max(round(x), 1), self.cap))
+        return self._clip(x)
+
+    def draw_many(self, n: int) -> tuple[int, int]:
+        """(longest, total) of ``n`` responses: exact draws up to EXACT_DRAWS, else order statistics.
+
+        The maximum of n i.i.d. draws has CDF F^n, so it is F^-1(U^(1/n)); the other n - 1 are i.i.d.
+        draws conditioned to lie below it, counted at their conditional mean E[X | X <= max]
+        (lognormal: closed form; given lengths: a prefix sum over the sorted list)."""
+        if n <= EXACT_DRAWS:
+            d = [self.draw() for _ in range(n)]
+            return max(d), sum(d)
+        self.draws += 1
+        u = self.rng.random() ** (1.0 / n)
+        if self.lengths:
+            i = min(len(self.sorted) - 1, int(u * len(self.sorted)))
+            top, below = self.sorted[i], self.prefix[i + 1] / (i + 1)
+        else:
+            from statistics import NormalDist
+
+            z = NormalDist().inv_cdf(min(max(u, 1e-300), 1 - 1e-16))
+            top = math.exp(self.mu + self.sigma * z)
+            nd = NormalDist()
+            lo = nd.cdf(z)
+            below = (math.exp(self.mu + self.sigma ** 2 / 2) * nd.cdf(z - self.sigma) / lo) if lo > 0 else top
+        longest = self._clip(top)
+        return longest, longest + round((n - 1) * min(below, longest))
 
 
-def _prompt_lengths(sampler: LengthSampler, n_prompts: int, samples: int) -> list[tuple[int, int]]:
-    """(longest response, total response tokens) per prompt; a prompt is done when all its samples are."""
-    out = []
-    for _ in range(n_prompts):
-        draws = [sampler.draw() for _ in range(samples)]
-        out.append((max(draws), sum(draws)))
-    return out
+def _prompt_lengths(sampler: LengthSampler, n_units: int, per_unit: int) -> list[tuple[int, int]]:
+    """(longest response, total response tokens) per unit of ``per_unit`` responses; a unit is done
+    when all its responses are."""
+    return [sampler.draw_many(per_unit) for _ in range(n_units)]
 
 
 def _round(prompts: list[tuple[int, int]], samples: int) -> tuple[int, float]:
@@ -173,12 +214,17 @@ def _round(prompts: list[tuple[int, int]], samples: int) -> tuple[int, float]:
 def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int, seed: int, cap: int,
                 rollout_s: float, lengths: list[int] | None = None, mean: float | None = None,
                 sigma: float = 0.6, source: str = "") -> TailWhatIf:
-    """Predicted rollout time per step: plain synchronous rounds vs tail batching."""
+    """Predicted rollout time per step: plain synchronous rounds vs tail batching (bounded cost:
+    MAX_UNITS units per round, order statistics above EXACT_DRAWS responses per unit)."""
+    group = math.ceil(prompts / MAX_UNITS)  # prompts per simulated unit
+    issue = math.ceil((prompts + max(1, math.ceil(prompts * overprovision))) / group)
+    prompts = math.ceil(prompts / group)
+    samples *= group  # responses per unit
     plain_s = LengthSampler(random.Random(seed), cap, lengths, mean, sigma)
     plain = [_round(_prompt_lengths(plain_s, prompts, samples), samples) for _ in range(steps)]
 
     tail_s = LengthSampler(random.Random(seed), cap, lengths, mean, sigma)
-    issue = prompts + max(1, math.ceil(prompts * overprovision))
+    issue = max(issue, prompts + 1)
     queue: list[tuple[int, int]] = []
     tail: list[tuple[int, float]] = []
     short = long = 0
@@ -197,6 +243,7 @@ def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int,
             short += 1
 
     sample_pool = sorted(plain_s.draw() for _ in range(4000)) if not lengths else sorted(lengths)
+    draws = plain_s.draws + tail_s.draws
 
     def pct(q: float) -> float:
         return float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])
@@ -211,4 +258,5 @@ def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int,
         short_rounds=short, long_rounds=long, decode_step_s=step_s,
         plain_rollout_s=plain_len * step_s, tail_rollout_s=tail_len * step_s,
         speedup=plain_len / tail_len,  # lengths are >= 1, so rounds are never empty
+        draws=draws,
     )

@@ -1,0 +1,119 @@
+"""`rollyard plan` v3: bad inputs are one line with the fix (exit 2), options and overrides parse in
+any order, TOML inline tables as overrides, every phase counts at equal hardware, and the what-ifs'
+cost is bounded whatever prompts x samples is."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rollyard.plan import mechanisms as M
+from rollyard.plan.command import plan_main
+from rollyard.plan.inputs import load_plan
+from rollyard.plan.planner import make_plan
+from rollyard.plan.whatif import EXACT_DRAWS, MAX_UNITS, tail_whatif
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def run_plan(capsys, *argv):
+    code = plan_main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["rollout.prompts=1e16"], ["rollout.prompts", "less than or equal to 1000000000"]),
+    (["rollout.prompts=10000000000000000"], ["rollout.prompts", "less than or equal"]),
+    (["rollout.mem_bandwidth=true"], ["rollout.mem_bandwidth", "yes/no value", "give a number"]),
+    (["policy.params=false"], ["policy.params", "yes/no value"]),
+    (["budget.shares={train = 2.0, rollout = -1.0}"], ["budget.shares.train = 2.0", "[0, 1]"]),
+    (["budget.shares={train = 1.5, rollout = -0.5}"], ["budget.shares", "[0, 1]"]),
+    (["rollout.tp=8", "rollout.gpus=4"], ["rollout.tp = 8 does not fit rollout.gpus = 4", "multiple"]),
+    (["rollout.tp=3", "rollout.gpus=8"], ["rollout.tp = 3", "rollout.gpus = 9"]),
+    (["rollout.tp=4", "rollout.gpus=4", "cluster.gpus=2"], ["cluster.gpus = 2", "at least 4"]),
+    (["network.custom={roce", "=", "25e9}"], ["cut short", "quote the whole override"]),
+])
+def test_bad_plan_inputs_are_one_line_with_the_fix(capsys, argv, words):
+    code, out, err = run_plan(capsys, "--defaults", *argv)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and "fix" in err, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("override", ["network.custom={roce = 25e9}", "network.custom={roce=25e9}",
+                                      "network.custom={roce: 25e9}"])
+def test_inline_table_overrides_toml_or_yaml(capsys, override):
+    code, out, err = run_plan(capsys, "--json", override, "network.sync_link=roce")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["tiers"]["roce"] == 25e9
+    assert d["sync_times"]["full"]["roce"] > d["sync_times"]["full"]["rdma"]  # 25 GB/s is slower than 50
+
+
+def test_options_and_overrides_in_any_order(capsys):
+    f = str(EXAMPLES / "plan_runbook.toml")
+    orders = ([f, "--json", "rollout.prompts=10"], ["--json", f, "rollout.prompts=10"],
+              ["rollout.prompts=10", f, "--json"], [f, "--set", "rollout.prompts=10", "--json"])
+    docs = []
+    for argv in orders:
+        code, out, err = run_plan(capsys, *argv)
+        assert code == 0, (argv, err)
+        docs.append(json.loads(out))
+    assert all(d["inputs"]["rollout"]["prompts"] == 10 for d in docs)
+    assert len({json.dumps(d["bytes"], sort_keys=True) for d in docs}) == 1
+
+
+def test_scientific_notation_reaches_integer_fields():
+    # TOML reads 1e3 as a number (YAML 1.1 would read a string): an integer field takes 1000.
+    assert load_plan(None, ["rollout.prompts=1e3"]).rollout.prompts == 1000
+
+
+def test_expected_longest_survives_huge_counts():
+    # 1 - 1/(n+1) rounds to 1.0 for n ~ 1e16; the quantile is taken by symmetry instead.
+    assert M.expected_longest(10**20, mean=4096, sigma=0.6, cap=16384) == 16384
+    assert M.expected_longest(10**15, mean=100, sigma=0.6, cap=1e12) > M.expected_longest(10**6, mean=100, sigma=0.6,
+                                                                                       cap=1e12)
+
+
+@pytest.mark.parametrize("prompts, samples", [(4, 10**6), (10**9, 1), (10**9, 10**6), (256, 8)])
+def test_tail_whatif_draws_are_bounded(prompts, samples):
+    tw = tail_whatif(prompts=prompts, samples=samples, overprovision=0.25, steps=8, seed=0, cap=16384,
+                     rollout_s=100.0, mean=4096, sigma=0.6)
+    # At most MAX_UNITS (x1.25 issued) units per round, each at most EXACT_DRAWS draws, plus the fixed
+    # 4000-draw percentile pool: independent of prompts x samples.
+    per_round = (MAX_UNITS * 1.25 + 2) * EXACT_DRAWS
+    assert tw.draws <= 2 * 8 * per_round + 4000 + 1
+    assert 1 <= tw.plain_round_tokens <= 16384 and tw.speedup > 0
+
+
+def test_order_statistic_draws_match_exact_draws():
+    # A unit of 64 responses drawn by order statistics prices the round like 64 exact draws do
+    # (same distribution of the maximum; Monte Carlo over 64 rounds, 10% agreement).
+    kw = dict(prompts=64, overprovision=0.25, steps=64, seed=1, cap=10**6, rollout_s=1.0, mean=500, sigma=0.6)
+    exact = tail_whatif(samples=EXACT_DRAWS, **kw)  # 16 exact draws per prompt
+    many = tail_whatif(samples=EXACT_DRAWS + 1, **kw)  # 17: order statistics
+    assert many.plain_round_tokens == pytest.approx(exact.plain_round_tokens, rel=0.1)
+    assert many.plain_bubble == pytest.approx(exact.plain_bubble, abs=0.05)
+
+
+def test_a_million_samples_plan_end_to_end(capsys):
+    code, out, err = run_plan(capsys, "--defaults", "--json", "rollout.samples=1000000")
+    assert code == 0, err
+    assert json.loads(out)["tail_whatif"]["draws"] < 100_000
+
+
+@pytest.mark.parametrize("example", ["plan_verl_async_128.toml", "plan_runbook.toml"])
+def test_algorithm_seconds_count_at_equal_hardware(example):
+    base = load_plan(EXAMPLES / example)
+    steps = {}
+    for a in (0.0, 13.98, 200.0, 500.0):
+        plan = make_plan(base.model_copy(update={"phases": base.phases.model_copy(update={"algorithm_s": a})}))
+        steps[a] = {k: v["step_s"] for k, v in plan.equal_hardware().items()}
+    for name in steps[0.0]:
+        series = [steps[a][name] for a in (0.0, 13.98, 200.0, 500.0)]
+        # Never faster with more work, and 500 s of algorithm work cannot hide entirely.
+        assert series == sorted(series) and series[-1] > series[0], (name, series)
+    # Colocated serializes every phase: its step grows by exactly the added algorithm seconds.
+    assert steps[500.0]["colocated"] - steps[0.0]["colocated"] == pytest.approx(500.0)
