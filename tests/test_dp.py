@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from runs import straight_and_resumed
+from cli_runs import straight_and_resumed
 
 from rollyard import checkpoint, roles
 from rollyard.cli import main

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from runs import straight_and_resumed
+from cli_runs import straight_and_resumed
 
 from rollyard.cli import main
 from rollyard.model.loading import build_preset, char_tokenizer

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from runs import train_interrupted
+from cli_runs import train_interrupted
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rollyard.cli import main
