@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollyard.runguard import RunFinished
     from rollyard.signals import Stopped
     from rollyard.trainer.numerics import NumericalError
+    from rollyard.placement import RolloutCrashLoop
     try:
         return commands[cmd](rest)
     except _bad_input_errors() as e:
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"rollyard {cmd}: {e}; resume with --resume", file=sys.stderr)
         return e.exit_code
-    except NumericalError as e:
+    except (NumericalError, RolloutCrashLoop) as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -14,6 +14,10 @@ from rollyard.config import ConfigError, RunConfig
 PLACEMENTS = ("colocated", "disaggregated", "async")
 
 
+class RolloutCrashLoop(RuntimeError):
+    """Rollout workers died more often than the restart limit allows within its window; the run stops."""
+
+
 def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
     """Placement rules the typed config cannot see alone; one line each, with the fix.
 
@@ -35,12 +39,13 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
     if cfg.sync.transport == "inprocess":
         raise ConfigError(f"placement={cfg.placement} runs rollout in other processes, so sync.transport=inprocess "
                           f"cannot reach them; set sync.transport=ray (or auto)")
-    if cfg.sync.mode not in ("auto", "full"):
-        raise ConfigError(f"sync.mode={cfg.sync.mode!r}: placement={cfg.placement} ships full weights for now; "
-                          f"set sync.mode=full (or auto)")
-    if cfg.sync.transport not in ("auto", "ray"):
-        raise ConfigError(f"sync.transport={cfg.sync.transport!r}: placement={cfg.placement} moves weights "
-                          f"through the Ray object store for now; set sync.transport=ray (or auto)")
+    if cfg.sync.mode == "inprocess":
+        raise ConfigError(f"placement={cfg.placement} gives each rollout worker its own model copy, so "
+                          f"sync.mode=inprocess (a shared module) cannot reach it; set sync.mode=full, delta or lora "
+                          f"(or auto)")
+    from rollyard import roles
+    from rollyard.sync.factory import resolve
+    resolve(cfg, roles.device_of(cfg))  # the mode x transport rules, one line each
     cpus = ray_cpus
     if cpus is not None and cfg.rollout.workers > cpus:
         raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs one CPU each, but Ray can give {cpus:g}; "

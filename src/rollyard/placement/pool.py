@@ -14,24 +14,26 @@ restarted with the latest published weights, and the run goes on.
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 
 import ray
-import torch
 from ray.exceptions import RayActorError, RayError
 from ray.util.queue import Empty, Queue
 
 import rollyard
-from rollyard import staleness
+from rollyard import roles, staleness
 from rollyard.config import ConfigError, RunConfig
-from rollyard.placement import weights
+from rollyard.placement import RolloutCrashLoop, weights
 from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.placement.run import Roles, RunRecord
 from rollyard.placement.score import score
+from rollyard.sync.check import WeightsDiffer
+from rollyard.sync.factory import resolve
 from rollyard.telemetry import rundir
 from rollyard.types import Request, Sample
 
-MAX_RESTARTS = 3  # per worker; a worker that keeps dying is a bug to surface, not to hide
+MAX_RESTARTS = 3  # restarts within RESTART_WINDOW_S; workers that keep dying are a bug to surface, not to hide
+RESTART_WINDOW_S = 600.0
 MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
@@ -42,9 +44,10 @@ class RolloutPool:
         self.ledger = r.feed.ledger
         self.P = cfg.rollout.prompts_per_step
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
-        self.actor = ray.remote(num_cpus=1, max_concurrency=4)(RolloutWorker)
-        self.publisher = weights.Publisher(torch.bfloat16 if cfg.rollout.dtype == "bf16" else torch.float32)
-        self.ref, nbytes = self.publisher.publish(r.model, run.state.version)
+        # control calls (submit, update, join/recv of the sync group, checksum) run beside the loop
+        self.actor = ray.remote(num_cpus=1, max_concurrency=8)(RolloutWorker)
+        self.publisher = weights.Publisher(resolve(cfg, roles.device_of(cfg)), r.model, cfg.sync.bucket_mb)
+        self.ref, nbytes = self.publisher.startup(r.model, run.state.version)
         self.checksum = self.publisher.checksum(r.model)  # every worker must start equal to the trainer
         run.totals["sync/startup_bytes"] = nbytes
         run.telemetry.traffic(run.state.step, "weights", nbytes)  # the opening full sync (review expects it)
@@ -55,10 +58,12 @@ class RolloutPool:
         self.runs: dict[str, object] = {}
         self.offsets: dict[str, float] = {}
         self.restarts: Counter = Counter()
+        self.restart_times: deque[float] = deque()  # when workers were replaced (the crash-loop window)
         self.syncs = 0
         self.stats: Counter = Counter()
         for i in range(cfg.rollout.workers):
-            self._start(f"rollout-{i}")
+            self._start(f"rollout-{i}", self.ref, self.checksum)
+        self.publisher.connect(self.workers)
         live = self.ledger.queued()  # a resumed run's live prompts: requeued, meant for the next step
         for q in live:
             self.meta[q.id] = (run.state.step, len(self.meta))
@@ -66,43 +71,67 @@ class RolloutPool:
 
     # -- workers -----------------------------------------------------------------------------------
 
-    def _start(self, name: str) -> None:
+    def _start(self, name: str, handle: list, checksum: str) -> None:
+        """Start actor ``name`` from the weights ``handle`` names; it must hash to ``checksum``."""
         i, n = int(name.rsplit("-", 1)[1]), self.restarts[name]
-        h = self.actor.remote(self.cfg.model_dump(mode="json"), name, self.cfg.seed + i + 1000 * n, self.ref,
+        h = self.actor.remote(self.cfg.model_dump(mode="json"), name, self.cfg.seed + i + 1000 * n, handle,
                               self.queue, self.admission_bound, self.cfg.rollout.inflight)
         ray.get(h.info.remote())  # waits for the model copy to be built
         t0 = time.time()
         info = ray.get(h.info.remote())  # then a round trip measures the clock offset
         self.offsets[name] = info["time"] - (t0 + time.time()) / 2
-        if info["checksum"] != self.checksum:
-            raise RuntimeError(f"rollout worker {name} starts with weights that differ from the trainer's "
-                               f"(checksum {info['checksum'][:12]} vs {self.checksum[:12]})")
+        if info["checksum"] != checksum:
+            raise WeightsDiffer(f"rollout worker {name} starts with weights that differ from the trainer's at "
+                                f"version {info['version']} (checksum {info['checksum'][:12]} vs {checksum[:12]})")
         if info["rollyard"] != rollyard.__file__:
             raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
                               f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
         self.workers[name], self.runs[name] = h, h.run.remote()
 
-    def _check_workers(self) -> None:
-        ready, _ = ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=0)
-        for name in [n for n, ref in self.runs.items() if ref in ready]:
+    def _check_workers(self, wait_s: float = 0.0) -> None:
+        """Replace every worker whose loop ended (``wait_s``: wait that long for one to end)."""
+        ready, _ = ray.wait(list(self.runs.values()), num_returns=1, timeout=wait_s) if wait_s else ([], [])
+        ready += ray.wait(list(self.runs.values()), num_returns=len(self.runs), timeout=0)[0]
+        dead = [n for n, ref in self.runs.items() if ref in ready]
+        for name in dead:
             try:
                 ray.get(self.runs[name])
                 raise RuntimeError(f"rollout worker {name} left its loop without being stopped")
             except RayActorError as e:
                 self._replace(name, e)
+        if dead:
+            self.publisher.connect(self.workers)  # a sync group cannot outlive a member: a new one, all ranks
 
     def _replace(self, name: str, err: Exception) -> None:
+        now = time.time()
+        self.restart_times.append(now)
+        while self.restart_times and now - self.restart_times[0] > RESTART_WINDOW_S:
+            self.restart_times.popleft()
+        if len(self.restart_times) > MAX_RESTARTS:
+            raise RolloutCrashLoop(f"rollout workers died {len(self.restart_times)} times within "
+                                   f"{RESTART_WINDOW_S:.0f} s (limit {MAX_RESTARTS}), last {name} "
+                                   f"({type(err).__name__}); stopping rather than restarting in a loop; see the "
+                                   f"worker's log above, the latest checkpoint is intact (--resume)") from err
         self.restarts[name] += 1
-        if self.restarts[name] > MAX_RESTARTS:
-            raise RuntimeError(f"rollout worker {name} died {self.restarts[name]} times; last: {err}") from err
         self._drain()  # the groups it queued before dying are taken, not requeued
         requeued = self.ledger.requeue(self.ledger.on_worker(name))
-        self.run.log(f"[yellow]rollout worker {name} died ({type(err).__name__}); {len(requeued)} in-flight "
-                     f"prompts requeued, restarting it[/yellow]")
         del self.workers[name], self.runs[name]
+        handle, nbytes, checksum = self.publisher.snapshot_handle()  # the current weights, not the start-up ones
+        self.run.telemetry.traffic(self.run.state.step, "weights", nbytes)
+        self.run.count("sync/restart_bytes", nbytes)
+        self._start(name, handle, checksum)
         self.stats["restarts"] += 1
-        self._start(name)
+        self.run.log(f"[yellow]rollout worker {name} died ({type(err).__name__}); restarted at weights "
+                     f"v{self.publisher.last.version} (checksum verified), {len(requeued)} in-flight prompts "
+                     f"requeued[/yellow]")
         self._hand_out([(q, max(self.run.state.version, self.meta[q.id][0])) for q in requeued])
+
+    def _catch_up(self, name: str) -> None:
+        """Send worker ``name`` the last published version in full (it missed or rejected an update)."""
+        handle, nbytes, _ = self.publisher.snapshot_handle()
+        self.workers[name].update.remote(handle)
+        self.run.telemetry.traffic(self.run.state.step, "weights", nbytes)
+        self.stats["catch_ups"] += 1
 
     # -- hand out ------------------------------------------------------------------------------------
 
@@ -152,6 +181,8 @@ class RolloutPool:
         for span in item["spans"]:
             tel.record(span, self.offsets.get(name, 0.0))
         self.stats.update(item["stats"])
+        if item.get("needs_full") and name in self.workers:
+            self._catch_up(name)
         for rid, why in item["rejected"]:
             self.ledger.dead([rid])
             self.run.dead_letter([{"source": rid, "reason": why}], step)
@@ -213,21 +244,45 @@ class RolloutPool:
         return samples, train_metrics, trained_at
 
     def publish(self, step: int, version: int) -> None:
-        """Put the trainer's weights at ``version`` in the object store and tell every worker."""
+        """Send the trainer's weights at ``version`` to every worker (``sync.mode`` over ``sync.transport``)."""
         self.syncs += 1
-        with self.run.telemetry.span("sync", step, mode="full", transport="ray", version=version):
-            self.ref, nbytes = self.publisher.publish(self.r.model, version)
-            for h in self.workers.values():
-                h.update.remote(self.ref)
+        p = self.publisher
+        with self.run.telemetry.span("sync", step, mode=p.mode, transport=p.transport, version=version) as span:
+            try:
+                nbytes = p.publish(self.r.model, version, self.workers)
+                span.update(bytes=nbytes, values=sum(t.numel() for t in p.last.tensors.values()))
+            except weights.SyncBroken as e:  # a member died mid-broadcast: replace it, rebuild, catch the rest up
+                self.run.log(f"[yellow]{e}; rebuilding the sync group[/yellow]")
+                nbytes = 0
+                self._check_workers(wait_s=p.timeout_s)
+                for name in self.workers:
+                    self._catch_up(name)  # each skips it if it already holds this version
         self.run.telemetry.traffic(step, "weights", nbytes)
+        self.run.count("sync/bytes", nbytes)
+        if self.cfg.sync.check_every and self.syncs % self.cfg.sync.check_every == 0:
+            self.check(step, version)
+
+    def check(self, step: int, version: int) -> None:
+        """The equality check: every worker's weights, once at ``version``, hash to the trainer's."""
+        expected = self.publisher.checksum(self.r.model)
+        with self.run.telemetry.span("sync_check", step, version=version, checksum=expected):
+            got = {n: h.checksum.remote(version) for n, h in self.workers.items()}
+            for name, ref in got.items():
+                held, checksum = ray.get(ref)
+                if (held, checksum) != (version, expected):
+                    raise WeightsDiffer(f"weight sync equality check failed at version {version}: rollout worker "
+                                        f"{name} holds v{held} with checksum {checksum[:12]}, the trainer's is "
+                                        f"{expected[:12]}; stopping rather than sampling from the wrong weights")
+        self.stats["checked"] += 1
+        self.run.log(f"sync check v{version}: {len(got)} worker(s) equal the trainer ({expected[:12]})")
 
     def metrics(self) -> dict:
         """This step's pool counters (reset), for the step's metrics row."""
         s, self.stats = self.stats, Counter()
-        for key in ("restarts", "dropped", "duplicates"):
+        for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
         counts = self.ledger.counts()
-        return {"staleness/dropped": s["dropped"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
+        return {"staleness/dropped": s["dropped"], "sync/checked": s["checked"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
                 "rollout/held_s": s["held_s"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
                 **{f"prompts/{k}": v for k, v in counts.items()}}
 

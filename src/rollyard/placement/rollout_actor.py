@@ -13,6 +13,11 @@ thread-safe). One loop iteration:
 3. one ``engine.step()``; the groups it finished (all ``n`` samples of a request) go to the bounded
    output queue as one item (a full queue blocks the loop: backpressure), with the spans since.
 
+Weights arrive as object-store handles (``update``) or, with ``sync.transport=dist``, by a
+broadcast received on a control thread (``join_dist``, ``recv_dist``) and queued the same way;
+an update at or below the held version is skipped, a rejected one (``SyncRejected``: nothing
+applied) is reported to the driver, which sends the last full version.
+
 Spans are wall-clock ``time.time()`` records tagged with this worker's name and pid; the driver
 shifts them by the clock offset it measured (``info``) and writes them to the run's spans.jsonl.
 """
@@ -30,6 +35,10 @@ from rollyard import roles, staleness
 from rollyard.config import RunConfig
 from rollyard.placement import weights
 from rollyard.sync.check import weights_checksum
+from rollyard.sync.factory import resolve
+from rollyard.sync.group import SyncGroup
+from rollyard.sync.transport_dist import DistTransport
+from rollyard.sync.wire import SyncRejected
 from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
@@ -41,8 +50,7 @@ class RolloutWorker:
         self.cfg = RunConfig.model_validate(cfg)
         self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
         model, tokenizer, _ = roles.policy(self.cfg, "cpu")
-        if self.cfg.rollout.dtype == "bf16":
-            model = model.to(torch.bfloat16)
+        model = model.to(resolve(self.cfg, roles.device_of(self.cfg)).dtype)  # the dtype the trainer publishes in
         update = weights.receive(handle)  # the trainer's weights: start-up or a restart
         self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version - 1, seed=seed)
         self.engine.load_weights(update)
@@ -58,6 +66,8 @@ class RolloutWorker:
         self._busy: dict | None = None  # the open rollout span
         self._idle_since: float | None = None  # holding work the bound does not admit yet
         self._ready: list[tuple[str, list[Sample]]] = []  # finished groups not yet shipped
+        self._group: tuple[int, SyncGroup] | None = None  # sync.transport=dist: (generation, group)
+        self._needs_full = False  # an update was rejected: the driver sends the last full version
 
     # -- control (any thread) --------------------------------------------------------------------
 
@@ -71,6 +81,26 @@ class RolloutWorker:
 
     def stop(self) -> None:
         self._stop = True
+
+    def join_dist(self, address: tuple[str, int], rank: int, world: int, generation: int, timeout_s: float) -> None:
+        """Join the trainer's sync group ``generation`` (a newer one replaces it; see sync/group.py)."""
+        self._group = (generation, SyncGroup.join(address, rank, world, timeout_s, prefix=f"g{generation}"))
+
+    def recv_dist(self, generation: int, bucket_bytes: int) -> int:
+        """Receive one broadcast update (on a control thread, so the loop keeps decoding) and queue it."""
+        if self._group is None or self._group[0] != generation:
+            raise RuntimeError(f"{self.name}: sync group {generation} is not the one joined "
+                               f"({self._group[0] if self._group else None})")
+        update = DistTransport(bucket_bytes, group=self._group[1]).recv()
+        self.update(update)
+        return update.nbytes
+
+    def checksum(self, version: int, timeout_s: float = 120.0) -> tuple[int, str]:
+        """``(version, checksum)`` of the weights once the loop applied ``version`` (the equality check)."""
+        deadline = time.time() + timeout_s
+        while self.engine.version < version and time.time() < deadline:
+            time.sleep(0.005)
+        return self.engine.version, weights_checksum(self.engine.model)
 
     def info(self) -> dict:
         import rollyard
@@ -114,12 +144,13 @@ class RolloutWorker:
     def _ship(self, rejected: list | None = None) -> None:
         """One queue item per loop iteration with every group finished in it (a round's short
         answers finish together: one round trip instead of one per group)."""
-        if not (self._ready or rejected):
+        if not (self._ready or rejected or self._needs_full):
             return
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, {"aborted": 0, "held_s": 0.0}
         self.out.put({"worker": self.name, "groups": self._ready, "rejected": rejected or [], "spans": spans,
-                      "stats": stats})
+                      "stats": stats, "needs_full": self._needs_full, "version": self.engine.version})
+        self._needs_full = False
         self._ready = []
 
     def _target_now(self) -> int:
@@ -164,6 +195,8 @@ class RolloutWorker:
             self._ready.append((s.request_id, group))
 
     def _apply(self, u: WeightUpdate) -> None:
+        if u.version <= self.engine.version:  # a catch-up snapshot this copy already holds
+            return
         if self.inflight == "finish":  # in-flight sequences complete on the weights they started with
             while self.engine.num_active:
                 self._open_span()
@@ -172,7 +205,12 @@ class RolloutWorker:
             self._ship()
         self._close_span()
         start = time.time()
-        aborted = self.engine.load_weights(u, self.inflight)
+        try:
+            aborted = self.engine.load_weights(u, self.inflight)
+        except SyncRejected:  # nothing applied; ask the driver for the last full version
+            self._needs_full = True
+            self._ship()
+            return
         if aborted:  # restart the aborted groups whole, under the new weights
             ids = {s.request_id for s in aborted}
             self.engine.abort(list(ids))

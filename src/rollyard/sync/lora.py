@@ -78,12 +78,18 @@ class LoraPublisher:
     @torch.no_grad()
     def expected(self, model) -> dict[str, torch.Tensor]:
         """The merged weights a rollout copy in sync with ``model`` holds."""
-        out = base_weights(model, self.dtype)
-        ad = adapter_tensors(model, self.dtype)
-        for m in adapted_modules(model):
-            w = m + ".weight"
-            out[w] = merge(out[w], ad[m + ".lora_A"], ad[m + ".lora_B"], ad[m + ".scaling"])
-        return out
+        return merged({**base_weights(model, self.dtype), **adapter_tensors(model, self.dtype)})
+
+
+@torch.no_grad()
+def merged(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The rollout copy's weights from a full LoRA update's tensors (bases + adapters): adapted
+    weights merged, the adapter tensors themselves left out."""
+    out = {n: t for n, t in tensors.items() if not n.endswith(ADAPTER_SUFFIXES)}
+    for m in sorted({n.rsplit(".", 1)[0] for n in tensors if n.endswith(ADAPTER_SUFFIXES)}):
+        w = m + ".weight"
+        out[w] = merge(out[w], *(tensors[m + suf] for suf in ADAPTER_SUFFIXES))
+    return out
 
 
 def stage(live: dict[str, torch.Tensor], update: WeightUpdate, bases: dict[str, torch.Tensor]

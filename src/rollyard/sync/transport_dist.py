@@ -1,7 +1,8 @@
 """torch.distributed transport: a bucketed broadcast from the trainer rank to the rollout ranks.
 
 The caller sets up the process group (``torch.distributed.init_process_group`` or ``new_group``:
-gloo on CPU, NCCL on GPU; plain processes in tests, Ray actors in placements) and builds one
+gloo on CPU, NCCL on GPU; plain processes in tests), or passes a ``sync.group.SyncGroup`` (a group
+of its own, as the Ray placements do: rebuilt when a rollout actor dies) and builds one
 ``DistTransport`` per process with the same ``src`` rank. The trainer calls ``send(update)``, every
 other rank ``recv()``; both block until the broadcast completes.
 
@@ -29,12 +30,14 @@ class DistTransport:
     def __init__(self, bucket_bytes: int, src: int = 0, group=None, device: str = "cpu"):
         if bucket_bytes < 1:
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
-        if not dist.is_initialized():
+        if not hasattr(group, "broadcast") and not dist.is_initialized():
             raise RuntimeError("DistTransport needs a torch.distributed process group: call "
                                "torch.distributed.init_process_group(...) in every process first")
         self.bucket_bytes, self.src, self.group, self.device = int(bucket_bytes), src, group, torch.device(device)
 
     def _bcast(self, t: torch.Tensor) -> torch.Tensor:
+        if hasattr(self.group, "broadcast"):  # a group of its own (sync/group.py), rebuilt when a member dies
+            return self.group.broadcast(t, self.src)
         dist.broadcast(t, src=self.src, group=self.group)
         return t
 
