@@ -42,10 +42,12 @@ def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), pro
                 s0 = t - 0.3  # the next rollout starts under the previous train
             else:
                 s0 = t
-            spans.append({"role": role, "step": step, "worker": "driver", "start": s0, "end": s0 + secs})
+            spans.append({"role": role, "step": step, "worker": "driver", "start": s0, "end": s0 + secs,
+                          **({"version": step} if role == "rollout" else {})})
             t = s0 + secs
         metrics.append({"step": step, **{rundir.TIME_KEY.format(role=r): s * scale.get(r, 1.0) for r, s in PHASES},
-                        rundir.STEP_TIME: t - start, rundir.STALENESS_MAX: staleness if step == 1 else 0})
+                        rundir.STEP_TIME: t - start, rundir.STALENESS_MAX: staleness if step == 1 else 0,
+                        "version": step + 1, "tokens/generated": sum(resp)})
         ledger = {"prompts": 4 * prompts * prompt_len, "samples": sample_bytes_per_token * sum(resp),
                   "rewards": 4 * n, "ref_logprobs": 0, "weights": 0, "gradients": 0, "gather": 0,
                   **(ledger_extra or {})}
@@ -167,7 +169,7 @@ def test_review_cli_json_out_and_record(tmp_path, capsys):
     run = make_run(tmp_path / "run")
     assert review_main([str(run), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["verdict"] == NOT_CHECKED and len(doc["verification"]) == 4
+    assert doc["verdict"] == NOT_CHECKED and len(doc["verification"]) == 6
     assert "## Verification" in doc["decision_record"]
     out = tmp_path / "out"
     assert review_main([str(run), "--out", str(out)]) == 0
