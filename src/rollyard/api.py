@@ -29,7 +29,7 @@ from typing import Any
 from rollyard.config import ConfigError, MissingPackage, RunConfig, from_dict, load_config, read_file
 from rollyard.reward.hooks import path_of
 from rollyard.telemetry import rundir
-from rollyard.telemetry.report import console
+from rollyard.telemetry.report import console, quiet_third_party
 
 INPUTS = "inputs"
 
@@ -56,11 +56,12 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
     """
     from rollyard import placement
 
+    quiet_third_party()
     if resume is not None:
         if config is not None or any(x is not None for x in (model, tokenizer, dataset, reward_funcs)):
             raise ConfigError("resume=RUN_DIR continues a run with its saved config and inputs; pass only "
                               "overrides with it (no config, model, tokenizer, dataset or reward_funcs)")
-        cfg = load_config(Path(resume) / rundir.CONFIG, [*overrides, f"out_dir={resume}"])
+        cfg = _resume_config(Path(resume), overrides)
     else:
         data, values = _as_dict(config), _reward_values(reward_funcs)
         run_dir = Path(from_dict(data, overrides, values).out_dir)
@@ -69,6 +70,32 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
     summary = placement.train(cfg, cfg.out_dir, resume=resume is not None)
     run = Path(cfg.out_dir)
     return Run(run, cfg, summary, list(rundir.read_jsonl(run / rundir.METRICS)), _plots(run, cfg))
+
+
+# data.* settings that decide the training prompt stream; a checkpoint's dataset cursor is only valid for it
+STREAM_KEYS = ("task", "task_options", "path", "fields", "train_size", "seed", "chat_template")
+
+
+def _resume_config(run: Path, overrides: list[str]) -> RunConfig:
+    """The saved config of run directory ``run`` plus ``overrides``; ConfigError (one line, with the fix)
+    when ``run`` is no run directory or an override changes the prompt stream the checkpoint is in."""
+    if not run.is_dir():
+        what = "is a file" if run.exists() else "does not exist"
+        raise ConfigError(f"--resume {run}: {what}; expected a run directory written by `rollyard train` "
+                          f"(e.g. runs/demo-20261123-101500), or start a new run with --config")
+    if not (run / rundir.CONFIG).is_file():
+        raise ConfigError(f"--resume {run}: no {rundir.CONFIG} in it, so it is not a run directory (or its first "
+                          f"start failed before writing one); pass the directory `rollyard train` wrote, or start "
+                          f"a new run")
+    saved = load_config(run / rundir.CONFIG, [f"out_dir={run}"])
+    cfg = load_config(run / rundir.CONFIG, [*overrides, f"out_dir={run}"])
+    for key in STREAM_KEYS:
+        was, now = getattr(saved.data, key), getattr(cfg.data, key)
+        if was != now:
+            raise ConfigError(f"--resume {run} data.{key}={now!r}: the run's checkpoint continues its prompt stream, "
+                              f"which data.{key}={was!r} made; drop the data.{key} override (or start a new run with "
+                              f"it)")
+    return cfg
 
 
 def _as_dict(config) -> dict:

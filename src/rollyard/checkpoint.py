@@ -58,9 +58,28 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointWriteError(ConfigError):
+    """A checkpoint could not be written (a read-only or full disk): one line with the fix, exit 2."""
+
+
 def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2,
          extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write checkpoint ``state.step`` atomically; keep the newest ``keep``; return its path."""
+    """Write checkpoint ``state.step`` atomically; keep the newest ``keep``; return its path.
+    CheckpointWriteError when the disk refuses it (the previous checkpoint stays the latest valid one)."""
+    try:
+        return _save(run_dir, state, model, optimizer, keep, extra_rng)
+    except OSError as e:
+        root = Path(run_dir) / rundir.CHECKPOINTS
+        prev = latest(run_dir, log=lambda m: None) if root.is_dir() else None
+        resume = (f"then resume from {prev.name} with --resume {run_dir}" if prev is not None
+                  else "then start the run again")
+        raise CheckpointWriteError(f"cannot write checkpoint step {state.step} under {root} "
+                                   f"({e.strerror or e}{f': {e.filename}' if e.filename else ''}); make the run "
+                                   f"directory writable (permissions, free space), {resume}") from None
+
+
+def _save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int,
+          extra_rng: dict[str, torch.Tensor] | None) -> Path:
     root = Path(run_dir) / rundir.CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step:06d}"

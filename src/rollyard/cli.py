@@ -71,15 +71,18 @@ def cmd_sft(argv: list[str]) -> int:
     from rollyard.config import load_config
     from rollyard.model.loading import export
     from rollyard.sft import train_sft
+    from rollyard.signals import graceful
+    from rollyard.telemetry.report import quiet_third_party
 
     p = _train_parser("sft")
     p.add_argument("--out", default="runs/sft", help="where to write the warm-started model")
     args = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     cfg = load_config(args.config, args.overrides)
+    quiet_third_party()
     device = roles.device_of(cfg)
     model, tokenizer, context = roles.policy(cfg, device)
     train, held = roles.prompts(cfg, [], tokenizer)
-    with roles.rewards(cfg, tokenizer, model) as rewards:
+    with graceful(), roles.rewards(cfg, tokenizer, model) as rewards:  # SIGTERM / SIGINT stop between SFT steps
         info = train_sft(model, tokenizer, train, held, rewards, cfg, context, device)
     export(model, tokenizer, Path(args.out))
     print(f"warm-started model written to {args.out}: {info}")
@@ -120,10 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     if cmd not in commands:
         print(f"rollyard: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
         return 2
+    from rollyard.placement import RolloutCrashLoop
     from rollyard.runguard import RunFinished
     from rollyard.signals import Stopped
     from rollyard.trainer.numerics import NumericalError
-    from rollyard.placement import RolloutCrashLoop
     try:
         return commands[cmd](rest)
     except _bad_input_errors() as e:
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollyard {cmd}: {e}", file=sys.stderr)
         return 0
     except Stopped as e:
-        print(f"rollyard {cmd}: {e}; resume with --resume", file=sys.stderr)
+        print(f"rollyard {cmd}: {e}", file=sys.stderr)
         return e.exit_code
     except (NumericalError, RolloutCrashLoop) as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)

@@ -106,6 +106,7 @@ class LogConfig(Section):
     wandb_project: str = Field("rollyard", min_length=1, description="W&B project name")
     completions_every: int = Field(0, ge=0, description="write sampled completions to completions.jsonl every N steps; 0: never")
     plots: bool = Field(True, description="write PNG plots to RUN_DIR/plots at the end of train (needs rollyard[plots]; skipped with a note when missing)")
+    progress_every: int = Field(1, ge=1, description="without a terminal (CI, a pipe, a file): one progress line every N steps (and the last); a terminal shows the live bar")
 
 
 class AlgoConfig(Section):

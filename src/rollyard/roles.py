@@ -59,7 +59,8 @@ def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Pro
             first = deadletter[0].get("reason", "?") if deadletter else "the file holds no prompts"
             raise DataError(f"{d.path}: no usable prompt ({len(deadletter)} lines dead-lettered; first: {first}); "
                             f"fix the file or data.fields")
-        held = load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter) if d.eval_path else []
+        held = (load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter,
+                             key="data.eval_path") if d.eval_path else [])
         if not held and d.task:
             held = _task_prompts(cfg, "eval", d.eval_size)
         chat.render(train + held, tokenizer, d.chat_template)
@@ -82,7 +83,7 @@ def reward_hooks(cfg: RunConfig) -> list[str]:
     """The run's reward functions: ``reward.hooks``, else ``reward.hook``, else the built-in task's verifier."""
     if cfg.reward.hooks or cfg.reward.hook:
         return cfg.reward.hooks or [cfg.reward.hook]
-    if cfg.data.path:
+    if cfg.data.path and not cfg.data.task:
         raise HookError(
             f"data.path={cfg.data.path!r} has no built-in verifier: set reward.hook=module:function "
             f"(or reward.hooks=[...]) naming a function in one of {ACCEPTED}"

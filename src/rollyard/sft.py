@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from rollyard import signals
 from rollyard.config import ConfigError, RunConfig
 from rollyard.evaluate import greedy_accuracy
 from rollyard.model.loading import export, load_policy
@@ -57,6 +58,7 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
     acc, t0, step, loss = 0.0, time.time(), 0, float("nan")
     evaluate = lambda: greedy_accuracy(model, tokenizer, held, rewards, cfg.rollout.max_new_tokens, context)  # noqa: E731
     for step in range(1, s.steps + 1):
+        signals.raise_if_stopping_warm_start()  # SIGTERM / SIGINT: stop within a step, not after the warm start
         idx = torch.randint(len(pairs), (s.batch_size,), generator=g).tolist()
         loss = trainer.sft_step([pairs[i] for i in idx])["loss"]
         if held and (step % s.eval_every == 0 or step == s.steps):

@@ -19,13 +19,18 @@ _requested: list[int] = []  # signals received since graceful() was entered
 
 
 class Stopped(Exception):
-    """The run stopped on a signal; ``step`` is the step the latest checkpoint resumes at (None: unknown)."""
+    """The run stopped on a signal; ``step`` is the step the latest checkpoint resumes at (None: unknown).
+    ``warm_start``: it stopped before RL began (no checkpoint, nothing to resume)."""
 
-    def __init__(self, signum: int, step: int | None, abandoned: bool = False):
+    def __init__(self, signum: int, step: int | None, abandoned: bool = False, warm_start: bool = False):
         self.signum, self.step, self.abandoned = signum, step, abandoned
         name = signal.Signals(signum).name
-        where = ("the step in progress was abandoned; the latest checkpoint is intact" if abandoned
-                 else f"checkpoint written at step {step}")
+        if warm_start:
+            where = "the warm start was abandoned before RL began (nothing cached, no checkpoint); run the command again"
+        elif abandoned:
+            where = "the step in progress was abandoned; the latest checkpoint is intact; resume with --resume"
+        else:
+            where = f"checkpoint written at step {step}; resume with --resume"
         super().__init__(f"stopped by {name}: {where}")
 
     @property
@@ -57,6 +62,12 @@ def graceful() -> Iterator[None]:
 
 def stop_requested() -> bool:
     return bool(_requested)
+
+
+def raise_if_stopping_warm_start() -> None:
+    """Called between warm-start (SFT) steps: a signal stops at once, as nothing there can be resumed."""
+    if _requested:
+        raise Stopped(_requested[0], None, warm_start=True)
 
 
 def raise_if_stopping(step: int) -> None:

@@ -38,7 +38,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
     compare_weights(publisher.expected(r.model), engine.model, run.state.version)
     sched = make_scheduler(run, r) if cfg.rollout.scheduler == "tail" else None
     run.begin()
-    with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:
+    with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
         for step in range(run.state.step, cfg.steps):
             round_metrics: dict = {}
             trained_at = run.state.version

@@ -31,7 +31,8 @@ from rollyard.reward.failures import RewardFailures
 from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.sft import warm_start
 from rollyard.sync.factory import sync_facts
-from rollyard.tasks.base import Prompt
+from rollyard.tasks.base import DataError, Prompt
+from rollyard.tasks.dataset import check_context
 from rollyard.telemetry import rundir, sessions
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
@@ -77,11 +78,9 @@ class RunRecord:
         return trained
 
     def eval_during(self, r: Roles, step: int) -> None:
-        """Held-out eval after ``step``, also written into its metrics row (``eval/accuracy``)."""
+        """Held-out eval after ``step`` (of the policy step ``step + 1`` starts from: see ``evaluate``)."""
         acc = evaluate(self, r)
-        if acc is not None:
-            self.telemetry.note(step, {"eval/accuracy": acc})
-        self.log(f"step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
+        self.log(f"after step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
@@ -149,11 +148,16 @@ class RunRecord:
         on a signal. ``extra_rng``: a callable returning the driver's extra RNG state to checkpoint."""
         self.state.step = step + 1
         if self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0 and self.state.step < self.cfg.steps:
+            t0 = time.time()
             self.eval_during(r, step)
+            self.telemetry.note(step, {"eval/seconds": time.time() - t0})  # in this step's wall time (alarms skip it)
         progress.update(self.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at, extra=extra))
         if (self.state.step % self.cfg.checkpoint_every == 0 or self.state.step == self.cfg.steps
                 or signals.stop_requested()):
+            t0 = time.time()
             self.save_checkpoint(r, extra_rng() if extra_rng else None)
+            # after this row was written: the next step's wall time holds it (alarms skip that step)
+            self.telemetry.note(self.state.step, {"checkpoint/seconds": time.time() - t0})
         signals.raise_if_stopping(self.state.step)
 
     def save_checkpoint(self, r: Roles, extra_rng: dict | None = None) -> Path:
@@ -181,7 +185,13 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     device = roles.device_of(cfg)
     deadletter: list[dict] = []
     model, tokenizer, context = roles.policy(cfg, device)
-    train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
+    try:
+        train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
+    except DataError:
+        with open(run / rundir.DEADLETTER, "a") as f:  # every line malformed: the reasons go on disk too
+            f.writelines(json.dumps({"step": None, **rec}) + "\n" for rec in deadletter)
+        raise
+    check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}")
     rewards = roles.rewards(cfg, tokenizer, model)
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}
@@ -208,20 +218,43 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     rec.dead_letter(deadletter)
     (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model), **(info or {})}, indent=1))
+    _renote_eval(rec)
     if state.eval_before is None:
         state.eval_before = evaluate(rec, handles)
         state.extra.update(sft_info)
-        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({len(held_out)} prompts)")
+        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)})")
     dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
     return rec, handles, extra_rng
 
 
+def held_out_count(cfg: RunConfig, held_out: list[Prompt]) -> str:
+    """``"200 prompts"``, saying so when a built-in task's eval split holds fewer than data.eval_size."""
+    n = len(held_out)
+    short = not cfg.data.eval_path and cfg.data.task and n < cfg.data.eval_size
+    return f"{n} prompts" + (f": the whole {cfg.data.task} eval split, data.eval_size={cfg.data.eval_size} asks for "
+                             f"more" if short else "")
+
+
 def evaluate(run: RunRecord, r: Roles) -> float | None:
-    """Held-out greedy accuracy now (recorded in eval.jsonl); None when there is no held-out set."""
+    """Held-out greedy accuracy now; None when there is no held-out set.
+
+    Labelled ``run.state.step``, the optimizer steps done so far, i.e. the step that starts from
+    this policy: eval.jsonl's ``step`` and the metrics row that holds ``eval/accuracy`` are the same
+    (0: before RL; the eval after the last step has no row)."""
     acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.rewards, run.cfg.rollout.max_new_tokens, r.context)
     if acc is not None:
         run.telemetry.evaluation(run.state.step, acc)
+        if run.state.step < run.cfg.steps:
+            run.telemetry.note(run.state.step, {"eval/accuracy": acc})
     return acc
+
+
+def _renote_eval(run: RunRecord) -> None:
+    """A resumed run: the eval recorded at the checkpoint's step goes into that step's row again."""
+    path = run.run_dir / rundir.EVAL
+    for e in rundir.read_jsonl(path) if path.exists() and run.state.step < run.cfg.steps else ():
+        if e.get("step") == run.state.step and isinstance(e.get("accuracy"), (int, float)):
+            run.telemetry.note(run.state.step, {"eval/accuracy": e["accuracy"]})
 
 
 def run_info(cfg: RunConfig, model) -> dict:

@@ -71,8 +71,9 @@ def _rows_parquet(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def load_prompts(path: str | Path, fields: dict[str, str] | None = None, on_error: str = "raise",
-                 deadletter: list | None = None) -> list[Prompt]:
-    """Read prompts from a ``.jsonl`` or ``.parquet`` file (see the module docstring for the rules)."""
+                 deadletter: list | None = None, key: str = "data.path") -> list[Prompt]:
+    """Read prompts from a ``.jsonl`` or ``.parquet`` file (see the module docstring for the rules);
+    ``key`` is the setting that named the file (``data.path`` or ``data.eval_path``), for messages."""
     path = Path(path)
     if on_error not in ("raise", "deadletter"):
         raise ValueError(f"on_error must be 'raise' or 'deadletter', got {on_error!r}")
@@ -93,10 +94,10 @@ def load_prompts(path: str | Path, fields: dict[str, str] | None = None, on_erro
     elif suffix in PARQUET_SUFFIXES:
         rows = _rows_parquet
     else:
-        raise DataError(f"{path}: unsupported dataset format {path.suffix or '(no suffix)'!r}; "
+        raise DataError(f"{key}={path}: unsupported dataset format {path.suffix or '(no suffix)'!r}; "
                         f"use a .jsonl file (one JSON object per line) or a .parquet file")
     if not path.is_file():
-        raise DataError(f"{path}: no such dataset file; check data.path (relative paths are from "
+        raise DataError(f"{key}={path}: no such dataset file; check {key} (relative paths are from "
                         f"{Path.cwd()})")
 
     out: list[Prompt] = []
@@ -112,9 +113,28 @@ def load_prompts(path: str | Path, fields: dict[str, str] | None = None, on_erro
             deadletter.append({"source": source, "reason": str(e)})
             dead += 1
     if not out:
-        why = f"all {dead} lines were malformed and dead-lettered" if dead else "the file has no prompts"
-        raise DataError(f"{path}: no usable prompts ({why}); check the file and data.fields")
+        why = (f"all {dead} lines were malformed and dead-lettered, first: {deadletter[-dead]['reason']}" if dead
+               else "the file has no prompts")
+        raise DataError(f"{key}={path}: no usable prompts ({why}); check the file and data.fields")
     return out
+
+
+def check_context(prompts: list[Prompt], tokenizer, context: int, source: str) -> None:
+    """DataError when not one of ``prompts`` leaves a position free to generate in ``context`` tokens.
+
+    A run whose every prompt is too long would only dead-letter them, step after step, training on
+    nothing: it fails here, before the warm start and the first step. Stops at the first prompt
+    that fits (the usual case costs one tokenization)."""
+    longest = 0
+    for p in prompts:
+        n = len(tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"])  # as to_requests
+        if n < context:
+            return
+        longest = max(longest, n)
+    if prompts:
+        raise DataError(f"{source}: every one of the {len(prompts)} prompts is at least {context} tokens "
+                        f"(longest {longest}), so none fits model.context={context} with room to generate; "
+                        f"set model.context={longest + 16} or more, or shorten the prompts")
 
 
 def _parse(rec: Any, path: Path, lineno: int, prompt_col: str, id_col: str, id_mapped: bool,

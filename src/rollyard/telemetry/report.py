@@ -1,8 +1,13 @@
-"""What a person watching a run sees: a live progress bar and the end-of-run tables."""
+"""What a person watching a run sees: the step progress and the end-of-run tables.
+
+On a terminal the progress is a live bar whose description is the latest step's per-role
+breakdown. Anywhere else (CI, a pipe, a file) it is one complete line per step, or every
+``log.progress_every`` steps and the last, with full role names and never wrapped; third-party
+progress bars (transformers' "Writing model shards") are turned off (:func:`quiet_third_party`).
+"""
 
 from __future__ import annotations
 
-import sys
 from statistics import mean
 
 from rich.console import Console
@@ -11,34 +16,58 @@ from rich.table import Table
 
 from rollyard.telemetry import rundir
 
-console = Console(stderr=False, highlight=False)
+# soft_wrap: a line longer than the terminal (or rich's 80 columns off one) is never cut or wrapped
+console = Console(stderr=False, highlight=False, soft_wrap=True)
+
+
+def quiet_third_party() -> None:
+    """Turn off other libraries' progress bars: ours is the only progress output."""
+    from transformers.utils import logging as hf_logging
+    hf_logging.disable_progress_bar()
+
+
+def step_line(row: dict) -> str:
+    """One step's breakdown: ``"rollout 0.412s | reward 0.051s | train 0.230s | sync 0.000s | step 0.70s |
+    mean reward 0.41, accuracy 38%"``, full role names."""
+    roles = list(rundir.ROLES) + sorted(k[len("time/"):] for k in row if k.startswith("time/")
+                                        and k[len("time/"):] not in rundir.ROLES and k != rundir.STEP_TIME)
+    parts = [f"{r} {row[rundir.TIME_KEY.format(role=r)]:.3f}s" for r in roles if rundir.TIME_KEY.format(role=r) in row]
+    if isinstance(row.get(rundir.STEP_TIME), (int, float)):
+        parts.append(f"step {row[rundir.STEP_TIME]:.2f}s")
+    return " | ".join(parts) + f" | mean reward {row.get('reward/mean', 0):.2f}, accuracy {row.get('reward/accuracy', 0):.0%}"
 
 
 class StepProgress:
-    """A progress bar whose description is the latest step's per-role breakdown."""
+    """The RL steps' progress: a live bar on a terminal (``live`` None: when stdout is one and
+    ``enabled``), else one line every ``every`` steps (and the last step)."""
 
-    def __init__(self, total: int, start: int = 0, enabled: bool = True):
-        self.enabled = enabled
-        self._bar = Progress(TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                             TextColumn("{task.description}"), console=console,
-                             disable=not enabled, transient=False, refresh_per_second=4)
-        self._task = self._bar.add_task("", total=total, completed=start)
+    def __init__(self, total: int, start: int = 0, enabled: bool = True, every: int = 1, live: bool | None = None):
+        self.total, self.every = total, max(1, every)
+        self.live = (enabled and console.is_terminal) if live is None else live
+        self._bar = None
+        if self.live:
+            self._bar = Progress(TextColumn("[bold]RL"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 TextColumn("{task.description}"), console=console, transient=False,
+                                 refresh_per_second=4)
+            self._task = self._bar.add_task("", total=total, completed=start)
 
     def __enter__(self):
-        self._bar.__enter__()
+        if self._bar is not None:
+            self._bar.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._bar.__exit__(*exc)
+        if self._bar is not None:
+            self._bar.__exit__(*exc)
 
     def update(self, row: dict) -> None:
-        parts = [f"{r[:4]} {row[rundir.TIME_KEY.format(role=r)]:.2f}s" for r in rundir.ROLES
-                 if rundir.TIME_KEY.format(role=r) in row]
-        desc = " | ".join(parts) + f" | reward {row.get('reward/mean', 0):.2f} acc {row.get('reward/accuracy', 0):.0%}"
-        self._bar.update(self._task, advance=1, description=desc)
-        if not self.enabled or not sys.stdout.isatty():
-            # No live bar (CI, a pipe): one line per step is the progress output.
-            console.print(f"step {row['step']}: {desc}")
+        line = step_line(row)
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, description=line)
+            return
+        done = row["step"] + 1
+        if done % self.every == 0 or done == self.total:
+            console.print(f"step {row['step']} ({done}/{self.total}): {line}", markup=False)
 
 
 def role_shares(step_seconds: dict[int, dict[str, float]]) -> list[tuple[str, float, float]]:
