@@ -24,11 +24,32 @@ from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.tasks.base import Prompt
 from rollyard.trainer.trainer import Trainer
 
+# data.* settings that decide the warm start: its demonstrations and the held-out set its stop test uses
+DATA_KEYS = ("task", "task_options", "path", "fields", "train_size", "seed", "chat_template", "eval_size", "eval_path")
+
 
 def cache_key(cfg: RunConfig) -> str:
-    blob = json.dumps({"model": cfg.model.model_dump(), "data": cfg.data.model_dump(), "sft": cfg.sft.model_dump(
-        exclude={"cache_dir", "auto"}), "max_new_tokens": cfg.rollout.max_new_tokens, "v": 1}, sort_keys=True)
+    """A hash of what decides the warm start, and nothing else: the preset and its init (model.*, not
+    the LoRA adapter, which is attached after it), the demonstrations and held-out prompts (DATA_KEYS,
+    and the size and time of a dataset file), the sft.* settings, and the trainer's micro-batching.
+    Not the RL settings (steps, seed, rollout.max_new_tokens, reward.*, ...): SFT's stop test
+    generates as many tokens as the longest demonstration (see ``train_sft``)."""
+    d = cfg.data
+    files = {k: _stamp(getattr(d, k)) for k in ("path", "eval_path") if getattr(d, k)}
+    blob = json.dumps({"model": cfg.model.model_dump(exclude={"lora"}), "data": d.model_dump(include=set(DATA_KEYS)),
+                       "files": files, "sft": cfg.sft.model_dump(exclude={"cache_dir", "auto"}),
+                       "trainer": cfg.trainer.model_dump(include={"micro_batch_tokens", "logprob_chunk"}), "v": 2},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _stamp(path: str) -> list[int] | None:
+    """(size, mtime in ns) of a dataset file, so an edited file is a new warm start; None when missing."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
 
 
 def demos(prompts: list[Prompt], tokenizer) -> list[tuple[list[int], list[int]]]:
@@ -54,9 +75,10 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
                           "model.name=<a local model>")
     trainer = Trainer(model, lr=s.lr, max_grad_norm=1.0, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                       logprob_chunk=cfg.trainer.logprob_chunk, device=device)
-    g = torch.Generator().manual_seed(cfg.seed)
+    g = torch.Generator().manual_seed(cfg.model.seed)  # part of making the initial policy, like the init
     acc, t0, step, loss = 0.0, time.time(), 0, float("nan")
-    evaluate = lambda: greedy_accuracy(model, tokenizer, held, rewards, cfg.rollout.max_new_tokens, context)  # noqa: E731
+    longest = max(len(c) for _, c in pairs)  # the stop test's budget: the longest demo (EOS included), not RL's
+    evaluate = lambda: greedy_accuracy(model, tokenizer, held, rewards, longest, context)  # noqa: E731
     for step in range(1, s.steps + 1):
         signals.raise_if_stopping_warm_start()  # SIGTERM / SIGINT: stop within a step, not after the warm start
         idx = torch.randint(len(pairs), (s.batch_size,), generator=g).tolist()

@@ -1,0 +1,84 @@
+"""The warm start: cached under a key that holds only what changes it, and stopped within a step by
+SIGTERM / SIGINT (a person should never need kill -9)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from rollyard.cli import main
+from rollyard.config import load_config
+from rollyard.sft import cache_key
+
+SFT = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.prompts_per_step=2",
+       "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4", "progress=false", "reward.num_workers=1",
+       "log.plots=false", "sft.steps=2", "sft.eval_every=1", "sft.batch_size=4"]
+
+
+def _key(*overrides: str) -> str:
+    return cache_key(load_config(None, list(overrides)))
+
+
+@pytest.mark.parametrize("override", ["rollout.max_new_tokens=5", "model.lora.r=4", "steps=7", "seed=3", "trainer.lr=1e-4",
+                                      "reward.num_workers=1", "sft.auto=false", "sft.cache_dir=/elsewhere",
+                                      "data.on_error=deadletter", "eval_every=5", "placement=async",
+                                      "rollout.temperature=0.5", "algo.kl_coef=0.1", "checkpoint_every=3"])
+def test_settings_that_do_not_change_the_warm_start_keep_its_key(override):
+    assert _key(override) == _key()
+
+
+@pytest.mark.parametrize("override", ["model.context=64", "model.seed=1", "model.name=small", "data.train_size=100",
+                                      "data.eval_size=50", "data.seed=2", "data.task_options={max_operand: 20}",
+                                      "sft.steps=10", "sft.lr=1e-3", "sft.target_accuracy=0.5",
+                                      "trainer.micro_batch_tokens=512"])
+def test_settings_that_change_the_warm_start_change_its_key(override):
+    assert _key(override) != _key()
+
+
+def test_an_edited_dataset_file_is_a_new_warm_start(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n')
+    before = _key(f"data.path={data}")
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2=", "answer": "4"}\n')
+    assert _key(f"data.path={data}") != before
+
+
+def test_rl_overrides_and_lora_reuse_the_cached_warm_start(tmp_path, capsys):
+    cache = f"sft.cache_dir={tmp_path / 'cache'}"
+    assert main(["train", *SFT, cache, "steps=1", f"out_dir={tmp_path / 'a'}"]) == 0
+    assert "warm start: SFT on task demonstrations" in capsys.readouterr().out
+    assert main(["train", *SFT, cache, "steps=1", "rollout.max_new_tokens=6", "model.lora.r=2", "seed=5",
+                 f"out_dir={tmp_path / 'b'}"]) == 0
+    assert "warm start: loading cached SFT model" in capsys.readouterr().out
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_the_warm_start_stops_it_with_one_line(tmp_path, signum):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "300"}
+    args = [*SFT, "sft.steps=1000000", "sft.eval_every=1000000", f"sft.cache_dir={cache}", "steps=1",
+            f"out_dir={tmp_path / 'run'}"]
+    proc = subprocess.Popen([sys.executable, "-m", "rollyard.cli", "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:  # wait until the warm start has begun
+        if line.startswith("warm start: SFT"):
+            break
+    time.sleep(1.0)  # into the SFT loop
+    proc.send_signal(signum)
+    try:
+        _, err = proc.communicate(timeout=60)  # a hang guard, not a timing assert: unfixed, this runs ~forever
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("the warm start ignored the signal")
+    assert proc.returncode == 128 + signum, err
+    last = err.strip().splitlines()[-1]
+    assert last == (f"rollyard train: stopped by {signal.Signals(signum).name}: the warm start was abandoned before RL "
+                    f"began (nothing cached, no checkpoint); run the command again"), err
+    assert "Traceback" not in err
+    assert not any(p.is_dir() and not p.name.endswith(".tmp") for p in cache.iterdir())  # nothing cached
