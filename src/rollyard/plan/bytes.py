@@ -117,8 +117,10 @@ def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
 
 
 def colocated_reload_seconds(p: PlanInputs) -> float:
-    """Colocated sync: each engine GPU copies its 1/tp shard of the weights at HBM bandwidth."""
-    return M.colocated_reload_s(p.policy.params * p.policy.bytes_per_param, p.rollout.tp, p.rollout.mem_bandwidth)
+    """Colocated sync: each engine GPU copies its 1/tp shard of the weights at HBM bandwidth, plus the
+    software cost a sync pays whatever the transport (``sync.fixed_s``: pause/resume, bookkeeping)."""
+    return M.colocated_reload_s(p.policy.params * p.policy.bytes_per_param, p.rollout.tp,
+                                p.rollout.mem_bandwidth) + p.sync.fixed_s
 
 
 def predicted_sync_bytes(params: float, bytes_per_param: float, mode: str, *, delta_fraction: float = 0.02,

@@ -52,6 +52,11 @@ def plan_parser() -> argparse.ArgumentParser:
                                                            "workload (without it an empty file is an error)")
     p.add_argument("--out", metavar="DIR", help="write plan.json, plan.yaml (resolved inputs), decision_record.md, "
                                                 "timeline.txt and timeline.png to DIR")
+    p.add_argument("--calibrate-from", metavar="RUN_DIR",
+                   help="price the plan with rates measured in RUN_DIR (a baseline run on this machine): its shape, "
+                        "decode bandwidth, trainer FLOP/s, measured reward/reference/algorithm seconds, sync software "
+                        "cost and its step-to-step spread as the budget tolerance; overrides apply on top. With --out, "
+                        "DIR/plan.yaml is the budget for `rollyard review RUN --plan DIR/plan.yaml --check`")
     p.add_argument("--lengths-from", metavar="RUN_DIR", help="tail what-if: response lengths from RUN_DIR/lengths.jsonl")
     p.add_argument("--fields", action="store_true", help="list every plan field with its default, unit and bounds")
     p.add_argument("--list-optimizations", action="store_true", help="list the budget what-if's optimizations")
@@ -92,8 +97,19 @@ def _plan(args: argparse.Namespace) -> int:
                               f"override, e.g. 'network.custom={{roce = 25e9}}'")
     if len(files) > 1:
         raise I.PlanError(f"give one plan file, got {len(files)}: {', '.join(files)}")
-    inputs = I.load_plan(files[0] if files else None, overrides, defaults=args.defaults)
     lengths = source = None
+    if args.calibrate_from:
+        from rollyard.plan.calibrate import calibrate
+
+        if files:
+            raise I.PlanError(f"--calibrate-from builds the plan from {args.calibrate_from}; got a plan file too "
+                              f"({files[0]}); fix: drop the file, and give changes as key.sub=value overrides")
+        data, _ = calibrate(args.calibrate_from)
+        inputs = I.load_plan_data(data, overrides)
+        lengths = [n for step in _run_lengths(args.calibrate_from).values() for n in step] or None
+        source = f"{args.calibrate_from} ({len(lengths or [])} responses)"
+    else:
+        inputs = I.load_plan(files[0] if files else None, overrides, defaults=args.defaults)
     if args.lengths_from:
         from rollyard.plan.review import read_lengths
         lengths = [n for step in read_lengths(args.lengths_from).values() for n in step]
@@ -120,6 +136,12 @@ def _plan(args: argparse.Namespace) -> int:
         print()
         print(record)
     return 0
+
+
+def _run_lengths(run_dir: str) -> dict[int, list[int]]:
+    from rollyard.plan.review import read_lengths
+
+    return read_lengths(run_dir, required=False)
 
 
 def _non_finite(doc, path: str = "") -> str | None:

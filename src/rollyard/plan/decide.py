@@ -144,9 +144,12 @@ def staleness(p: PlanInputs, placement: str) -> tuple[int, str]:
 
 def overlaps(p: PlanInputs, placement: str) -> list[tuple[str, str, str]]:
     out = []
-    if placement in ("disaggregated", "async"):
+    # With bound 0 nothing may run ahead: each batch waits for the weights of the step before, so
+    # the pools take turns by design (unless training streams, below).
+    ahead = p.sync.staleness_bound >= 1
+    if placement in ("disaggregated", "async") and ahead:
         out.append(("rollout", "train", "the two pools run concurrently: batch k+1 decodes while step k trains"))
-    if placement == "async":
+    if placement == "async" and ahead:
         out.append(("rollout", "sync", "the weight transfer runs under the rollout tail; the engine swaps at a batch boundary"))
     if placement != "colocated" and p.phases.train_streamed and p.sync.staleness_bound == 0:
         out.append(("rollout", "train", f"on-policy streaming: the trainer accumulates mini-batch 1 of "

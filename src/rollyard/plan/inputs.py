@@ -270,6 +270,22 @@ def load_plan(path: str | Path | None = None, overrides: list[str] = (), default
         raise PlanError(str(e).replace("unknown config key", "unknown plan field")) from None
 
 
+def load_plan_data(data: dict, overrides: list[str] = ()) -> PlanInputs:
+    """Plan data already in nested dicts (e.g. a calibrated plan) + ``key.sub=value`` overrides."""
+    import copy
+
+    data = copy.deepcopy(data)
+    try:
+        for text in overrides:
+            key, value = parse_plan_override(text)
+            _set_dotted(data, key, value)
+        return validate_plan(data)
+    except PlanError:
+        raise
+    except ConfigError as e:
+        raise PlanError(str(e).replace("unknown config key", "unknown plan field")) from None
+
+
 def parse_plan_override(text: str) -> tuple[str, object]:
     """``key.sub=value`` -> (key, value): the value is read as a TOML value first (what plan files are
     written in: ``{roce = 25e9}``, ``1e16``, ``[a, b]`` of quoted strings), else as YAML (``{slow: 0}``,

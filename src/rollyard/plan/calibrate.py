@@ -1,0 +1,94 @@
+"""`rollyard plan --calibrate-from RUN_DIR`: a plan priced with rates measured on the machine a run used.
+
+A budget to hold runs to needs rates of *this* machine; the defaults are H100-class and mean nothing
+for a CPU run. Calibration reads a baseline run (run.json, spans, lengths) and sets the plan's
+rates so that the plan, on the baseline's own shape, prices every phase at the baseline's mean:
+
+- rollout: the decode model's bandwidth, ``rollout.mem_bandwidth``, solved so the model's
+  synchronous round equals the measured mean (both terms of the round are 1 / bandwidth, so the
+  solution is exact); a plan with more prompts or longer responses then scales by the decode model;
+- train: ``trainer.flops_per_gpu`` solved from 6 x P x tokens / (train seconds x GPUs), so the train
+  estimate scales with tokens;
+- reference, reward, algorithm: the measured seconds, given (the plan has no model to scale them);
+- sync: ``sync.fixed_s``, the software cost of one sync beyond what the byte model prices
+  (the measured sync seconds per sync minus the modelled moving part, at least 0);
+- ``budget.tolerance``: from the baseline's own step-to-step noise (``spread``: three standard
+  errors of the difference of two N-step means, for the noisiest phase of at least 5% of the step;
+  never below the default 0.2). On a quiet machine that is tight; on a shared one it is honest.
+
+The calibrated plan is ordinary plan inputs (``--out`` writes them as plan.yaml), so `review RUN
+--plan DIR/plan.yaml --check` is a gate on any machine: it fails when a phase leaves the budget.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollyard.plan import bytes as B
+from rollyard.plan import hardware as H
+from rollyard.plan.inputs import PlanInputs
+from rollyard.plan.review import phase_seconds, plan_from_run, read_run
+
+MIN_SHARE = 0.05  # phases below this share of the step do not set the tolerance (timer noise dominates)
+MIN_TOLERANCE = 0.2  # the plan's default budget.tolerance
+
+
+def spread(per_step: dict[str, list[float]]) -> float:
+    """Three standard errors of the difference of two N-step means, relative to the mean, for the
+    noisiest phase holding at least MIN_SHARE of the step: 3 x sqrt(2) x (std / mean) / sqrt(N).
+
+    A run like the baseline (same shape, same machine, same noise) has phase means whose difference
+    from the baseline's is within that bound with ~99.7% probability (normal approximation); the
+    gate fails runs outside it. A single-step baseline has no spread: the default tolerance stands."""
+    means = {r: sum(v) / len(v) for r, v in per_step.items() if v}
+    total = sum(means.values()) or 1.0
+    out = 0.0
+    for role, vals in per_step.items():
+        m, n = means.get(role, 0.0), len(vals)
+        if m > 0 and m / total >= MIN_SHARE and n > 1:
+            std = (sum((x - m) ** 2 for x in vals) / (n - 1)) ** 0.5
+            out = max(out, 3 * 2 ** 0.5 * (std / m) / n ** 0.5)
+    return out
+
+
+def calibrate(run_dir: str | Path) -> tuple[dict, dict]:
+    """Plan data (nested dicts, ready for overrides and ``validate_plan``) and what was measured."""
+    run = read_run(run_dir)
+    base = plan_from_run(run)
+    lengths = [n for v in run.lengths.values() for n in v] or None
+    per = phase_seconds(run.spans)
+    secs = {r: sum(v) / len(v) for r, v in per.items() if v}
+    data = base.model_dump(mode="json")
+    ph = data["phases"]
+    ph["gpus"] = None
+    ph["train_s_measured"] = {}
+    note: dict[str, float] = {}
+
+    rollout = secs.get("rollout", 0.0)
+    if rollout > 0:
+        ph["rollout_s"] = None
+        data["rollout"]["bytes_per_decoded_token"] = None
+        modelled = H.rollout_s(PlanInputs.model_validate(data), base.rollout.gpus, lengths=lengths)
+        data["rollout"]["mem_bandwidth"] = base.rollout.mem_bandwidth * modelled / rollout
+        note["rollout_s"] = rollout
+    train = secs.get("train", 0.0)
+    if train > 0:
+        ph["train_s"] = None
+        p = PlanInputs.model_validate(data)
+        data["trainer"]["flops_per_gpu"] = 6 * H.active_params(p) * H.train_tokens(p) / (train * H.trainer_gpus(p))
+        note["train_s"] = train
+
+    p = PlanInputs.model_validate(data)
+    every = p.sync.every_steps
+    one_sync = secs.get("sync", 0.0) * every
+    if p.placement == "colocated":
+        moving = B.colocated_reload_seconds(p.model_copy(update={"sync": p.sync.model_copy(update={"fixed_s": 0.0})}))
+    else:
+        mode = p.sync.mode if p.sync.mode != "auto" else "full"
+        q = p.model_copy(update={"sync": p.sync.model_copy(update={"fixed_s": 0.0})})
+        moving = B.sync_breakdown(q, B.step_bytes(q), mode).total
+    data["sync"]["fixed_s"] = max(0.0, one_sync - moving)
+    note["sync_s"] = one_sync
+    data["budget"]["tolerance"] = round(max(MIN_TOLERANCE, min(spread(per), 10.0)), 3)
+    data["name"] = f"calibrated from {run.path.name}"
+    return data, note
