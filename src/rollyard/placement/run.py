@@ -24,6 +24,7 @@ from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import greedy_accuracy
+from rollyard.model import kernels
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -274,6 +275,7 @@ def run_info(cfg: RunConfig, model) -> dict:
                           (cfg.sync.transport if cfg.sync.transport != "auto" else ("inprocess" if colocated else "ray")),
         "rollout_workers": 0 if colocated else cfg.rollout.workers,
         "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
+        "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
     }
 
 
@@ -294,6 +296,8 @@ def finish(run: RunRecord, r: Roles) -> dict:
     }
     summary.update(sessions.whole_run(run.run_dir))  # totals over every session of the run, not just this one
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
+    info = json.loads((run.run_dir / rundir.RUN_INFO).read_text())  # the kernel choices the whole run made
+    (run.run_dir / rundir.RUN_INFO).write_text(json.dumps({**info, "kernels": kernels.choices()}, indent=1))
     print_summary(run.telemetry.step_seconds, run.state.eval_before, after)
     console.print(f"run directory: {run.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     rundir.unlock(run.run_dir)

@@ -94,6 +94,7 @@ RUN_INFO_EXTRA = {
     "sync_every": "optimizer steps between weight publishes",
     "rollout_workers": "rollout worker processes (0 when colocated)",
     "inflight": "what in-flight sequences do when weights arrive: finish | abort | continue",
+    "kernels": "numerics-relevant kernel/GEMM choices (rollyard.model.kernels.choices; by shape and CPU features)",
 }
 
 # run.json keys a reader must not require (runs written before them lack them).
