@@ -41,8 +41,8 @@ class Stopped(Exception):
 def _handler(signum, frame) -> None:
     _requested.append(signum)
     if len(_requested) == 1:
-        print(f"\nrollyard: {signal.Signals(signum).name} received: finishing this step and writing a "
-              f"checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+        print(f"\nrollyard: {signal.Signals(signum).name} received: finishing this step, then a checkpoint once "
+              f"RL has begun (send it again to stop at once)", file=sys.stderr, flush=True)
         return
     raise Stopped(signum, None, abandoned=True)
 
