@@ -14,6 +14,9 @@ No core loop knows about these. Each fault enters through an interface a real fa
 - ``kill_reward_worker()``: SIGKILL one live reward worker process of this process (found in /proc).
 - ``truncate(path)`` / ``corrupt(path)``: damage a checkpoint or record file on disk.
 - ``nan_in_training(dir)``: a model directory whose training forward is NaN (rollout unaffected).
+- ``dying_worker(moment, marker)``: a rollout actor class (the Ray placements' ``worker`` test
+  hook) that kill -9s its own process at a named moment: decoding, mid-sync, between syncs, or
+  at every start (a crash loop).
 """
 
 from __future__ import annotations
@@ -165,3 +168,60 @@ def nan_in_training(path: str | Path) -> Path:
     cfg["final_logit_softcapping"] = float("nan")
     (out / "config.json").write_text(json.dumps(cfg))
     return out
+
+
+# ------------------------------------------------------------------ rollout actors that die (kill -9)
+MOMENTS = ("decoding", "mid_sync", "between_syncs", "always")
+
+
+def dying_worker(moment: str, marker: str | Path, from_version: int = 2) -> type:
+    """A rollout actor class (the placements' ``worker`` test hook) that SIGKILLs its own process
+    once weights of version ``>= from_version`` are involved, at ``moment``:
+
+    - ``decoding``: right after a decode step, with sequences in flight;
+    - ``mid_sync``: with an update half-received: over ``dist`` after the broadcast's size prefix
+      (the trainer is mid-broadcast), over ``ray`` after the object arrived, before the swap;
+    - ``between_syncs``: idle, holding the weights of the last sync, nothing decoding;
+    - ``always``: while decoding, every time (a crash loop).
+
+    It dies once per run: the first to die writes ``marker``; the replacement (same class) sees it.
+    """
+    from rollyard.placement.rollout_actor import RolloutWorker
+
+    if moment not in MOMENTS:
+        raise ValueError(f"moment must be one of {MOMENTS}, got {moment!r}")
+    marker = str(marker)
+
+    def die(self) -> None:
+        if moment != "always":
+            if os.path.exists(marker):
+                return
+            Path(marker).write_text(json.dumps({"pid": os.getpid(), "version": self.engine.version,
+                                                "active": self.engine.num_active}))
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)
+
+    class Dying(RolloutWorker):
+        def poll(self):
+            super().poll()
+            if self.engine.version < from_version:
+                return
+            if moment in ("decoding", "always") and self.engine.num_active:
+                die(self)
+            if moment == "between_syncs" and not self.engine.num_active and not self.engine.num_queued:
+                die(self)
+
+        def recv_dist(self, generation, bucket_bytes):
+            if moment == "mid_sync" and self.engine.version + 1 >= from_version and not os.path.exists(marker):
+                import torch
+                self._group[1].broadcast(torch.zeros(2, dtype=torch.int64), 0)  # the size prefix, then die
+                die(self)
+            return super().recv_dist(generation, bucket_bytes)
+
+        def _apply(self, u):
+            if moment == "mid_sync" and u.version >= from_version:
+                die(self)
+            super()._apply(u)
+
+    Dying.__name__ = Dying.__qualname__ = f"RolloutWorker_dies_{moment}"
+    return Dying

@@ -223,7 +223,8 @@ def test_killed_rollout_actor_is_replaced_and_its_prompts_requeued(tmp_path):
 
     t = threading.Thread(target=kill_when_busy, daemon=True)
     t.start()
-    assert main(["train", *LONG, "steps=8", f"out_dir={run}", "placement=async", "max_staleness=1"]) == 0
+    hook = f"reward.hook={Path(__file__).parent / 'dense_reward.py'}:digits"  # non-zero rewards: weights change
+    assert main(["train", *LONG, "steps=8", f"out_dir={run}", "placement=async", "max_staleness=1", hook]) == 0
     t.join(timeout=1)
     summary = json.loads((run / rundir.SUMMARY).read_text())
     assert killed and summary["rollout/restarts"] >= 1 and summary["steps"] == 8

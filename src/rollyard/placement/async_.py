@@ -19,12 +19,13 @@ from rollyard.placement.run import finish, start
 from rollyard.telemetry.report import StepProgress
 
 
-def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_slack: int = 0) -> dict:
-    """``admission_slack`` (a test hook): workers admit work that many versions past the bound, so
-    the consumption check must catch it."""
+def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_slack: int = 0,
+          worker: type | None = None) -> dict:
+    """Test hooks: ``admission_slack``: workers admit work that many versions past the bound, so
+    the consumption check must catch it; ``worker``: the rollout actor class (tests/faults.py)."""
     run, r, _ = start(cfg, run_dir, resume)
     bound = cfg.max_staleness
-    pool = RolloutPool(cfg, run, r, bound, admission_slack)
+    pool = RolloutPool(cfg, run, r, bound, admission_slack, worker)
     try:
         run.begin()
         with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:

@@ -17,10 +17,11 @@ from rollyard.placement.run import finish, start
 from rollyard.telemetry.report import StepProgress
 
 
-def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
+def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, worker: type | None = None) -> dict:
+    """``worker`` (a test hook): the rollout actor class (tests/faults.py)."""
     run, r, _ = start(cfg, run_dir, resume)
     bound = cfg.sync.every
-    pool = RolloutPool(cfg, run, r, bound)
+    pool = RolloutPool(cfg, run, r, bound, worker=worker)
     try:
         run.begin()
         with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:

@@ -19,6 +19,7 @@ from collections import Counter, deque
 import ray
 from ray.exceptions import RayActorError, RayError
 from ray.util.queue import Empty, Queue
+from rich.markup import escape
 
 import rollyard
 from rollyard import roles, staleness
@@ -38,14 +39,16 @@ MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
 class RolloutPool:
-    def __init__(self, cfg: RunConfig, run: RunRecord, r: Roles, bound: int, admission_slack: int = 0):
+    def __init__(self, cfg: RunConfig, run: RunRecord, r: Roles, bound: int, admission_slack: int = 0,
+                 worker: type | None = None):
+        """``admission_slack`` and ``worker`` (the actor class, default ``RolloutWorker``) are test hooks."""
         self.cfg, self.run, self.r, self.bound = cfg, run, r, bound
         self.admission_bound = bound + admission_slack  # test hook: > bound exercises consumption alone
         self.ledger = r.feed.ledger
         self.P = cfg.rollout.prompts_per_step
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
         # control calls (submit, update, join/recv of the sync group, checksum) run beside the loop
-        self.actor = ray.remote(num_cpus=1, max_concurrency=8)(RolloutWorker)
+        self.actor = ray.remote(num_cpus=1, max_concurrency=8)(worker or RolloutWorker)
         self.publisher = weights.Publisher(resolve(cfg, roles.device_of(cfg)), r.model, cfg.sync.bucket_mb)
         self.ref, nbytes = self.publisher.startup(r.model, run.state.version)
         self.checksum = self.publisher.checksum(r.model)  # every worker must start equal to the trainer
@@ -252,7 +255,7 @@ class RolloutPool:
                 nbytes = p.publish(self.r.model, version, self.workers)
                 span.update(bytes=nbytes, values=sum(t.numel() for t in p.last.tensors.values()))
             except weights.SyncBroken as e:  # a member died mid-broadcast: replace it, rebuild, catch the rest up
-                self.run.log(f"[yellow]{e}; rebuilding the sync group[/yellow]")
+                self.run.log(f"[yellow]{escape(str(e))}; rebuilding the sync group[/yellow]")
                 nbytes = 0
                 self._check_workers(wait_s=p.timeout_s)
                 for name in self.workers:
@@ -263,18 +266,33 @@ class RolloutPool:
             self.check(step, version)
 
     def check(self, step: int, version: int) -> None:
-        """The equality check: every worker's weights, once at ``version``, hash to the trainer's."""
+        """The equality check: every worker's weights, once at ``version``, hash to the trainer's.
+        A worker that dies meanwhile is replaced (its replacement was checked against this version
+        when it started); the queue is drained while waiting (a worker may be asking for a catch-up)."""
         expected = self.publisher.checksum(self.r.model)
         with self.run.telemetry.span("sync_check", step, version=version, checksum=expected):
-            got = {n: h.checksum.remote(version) for n, h in self.workers.items()}
-            for name, ref in got.items():
-                held, checksum = ray.get(ref)
+            pending = {h.checksum.remote(version): n for n, h in self.workers.items()}
+            checked, dead = 0, False
+            while pending:
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.05)
+                if not ready:
+                    self._drain()
+                    continue
+                name = pending.pop(ready[0])
+                try:
+                    held, checksum = ray.get(ready[0])
+                except RayActorError:
+                    dead = True
+                    continue
                 if (held, checksum) != (version, expected):
                     raise WeightsDiffer(f"weight sync equality check failed at version {version}: rollout worker "
                                         f"{name} holds v{held} with checksum {checksum[:12]}, the trainer's is "
                                         f"{expected[:12]}; stopping rather than sampling from the wrong weights")
+                checked += 1
+            if dead:
+                self._check_workers(wait_s=self.publisher.timeout_s)
         self.stats["checked"] += 1
-        self.run.log(f"sync check v{version}: {len(got)} worker(s) equal the trainer ({expected[:12]})")
+        self.run.log(f"sync check v{version}: {checked} worker(s) equal the trainer ({expected[:12]})")
 
     def metrics(self) -> dict:
         """This step's pool counters (reset), for the step's metrics row."""
