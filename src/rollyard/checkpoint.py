@@ -58,8 +58,9 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-class CheckpointWriteError(ConfigError):
-    """A checkpoint could not be written (a read-only or full disk): one line with the fix, exit 2."""
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a read-only or full disk); the message names the fix (the
+    CLI prints it as one line, exit 2)."""
 
 
 def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2,

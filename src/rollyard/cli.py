@@ -27,10 +27,11 @@ commands:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from rollyard.checkpoint import CheckpointWriteError
     from rollyard.config import ConfigError
     from rollyard.tasks.base import DataError, HookError
     from rollyard.telemetry.rundir import RunDirError
-    return ConfigError, DataError, HookError, RunDirError, FileNotFoundError
+    return ConfigError, DataError, HookError, RunDirError, FileNotFoundError, CheckpointWriteError
 
 
 def _train_parser(name: str) -> argparse.ArgumentParser:
