@@ -28,7 +28,7 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_s
     pool = RolloutPool(cfg, run, r, bound, admission_slack, worker)
     try:
         run.begin()
-        with StepProgress(cfg.steps, run.state.step, cfg.progress) as progress:
+        with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
             for step in range(run.state.step, cfg.steps):
                 pool.fill(horizon=step + bound + 1, step=step)
                 requests, samples = pool.take(cfg.rollout.prompts_per_step, run.state.version)
