@@ -172,15 +172,20 @@ def test_disaggregated_is_one_step_off(tmp_path):
 
 
 @ray_test
-def test_consumption_drops_and_requeues_what_admission_let_through(tmp_path):
-    """Workers admit two versions past the bound (test hook); the trainer still trains on nothing stale."""
+def test_consumption_drops_and_requeues_what_admission_let_through(tmp_path, capsys):
+    """Workers admit two versions past the bound (test hook): stale groups reach the trainer, which
+    drops each one with its reason, counts it and requeues its prompt; nothing stale is trained."""
     from rollyard.placement import async_
 
     cfg = load_config(None, [*LONG, "steps=4", "placement=async", "max_staleness=0", f"out_dir={tmp_path / 'r'}"])
     summary = async_.train(cfg, cfg.out_dir, admission_slack=2)
     rows = _metrics(Path(cfg.out_dir))
     assert all(r[rundir.STALENESS_MAX] == 0 for r in rows)
-    assert sum(r["staleness/dropped"] for r in rows) > 0 and summary["rollout/dropped"] > 0
+    dropped = sum(r["staleness/dropped"] for r in rows)
+    assert dropped > 0 and summary["rollout/dropped"] == dropped
+    reasons = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("dropped stale group")]
+    assert len(reasons) == dropped and all("accepts v" in ln and "prompt requeued" in ln for ln in reasons)
+    assert _ledger(Path(cfg.out_dir))["requeues"] >= dropped
     # inflight=finish (the default): nothing spans an update, nothing is aborted
     assert sum(r["staleness/mixed_samples"] for r in rows) == 0 and sum(r["rollout/aborted"] for r in rows) == 0
     _assert_accounted(Path(cfg.out_dir))

@@ -425,3 +425,19 @@ def test_reward_hacking_alarm_when_reward_rises_and_held_out_does_not():
     assert run([0.30, 0.25])[7] == 1.0  # ... or falling
     assert run([0.30, 0.45])[7] == 0.0  # both up: learning
     assert run([0.30, 0.30])[3] == 0.0  # nothing to compare the first eval with
+
+
+@pytest.mark.parametrize(("hook", "flag"), [("always_raise", "reward/errors"), ("hangs", "reward/timeouts")])
+def test_tail_scheduler_counts_failed_verifier_calls_as_the_plain_one(tmp_path, hook, flag):
+    """Every sample of the step failed (raised, or ran past the timeout): both schedulers count each one."""
+    rows = {}
+    for sched in ("plain", "tail"):
+        run = tmp_path / sched
+        assert main(["train", *TINY, "steps=1", f"reward.hook={faults.HOOKS}:{hook}", "reward.timeout_s=0.5",
+                     f"rollout.scheduler={sched}", f"out_dir={run}"]) == 0
+        rows[sched] = _rows(run)[0]
+        summary = json.loads((run / rundir.SUMMARY).read_text())
+        assert summary["reward_flags"][flag.split("/")[1]] == rows[sched][flag]
+    for sched, row in rows.items():
+        assert row[flag] > 0 and row["reward/failed_frac"] == 1.0, (sched, row)
+    assert rows["tail"][flag] >= rows["plain"][flag]  # tail over-provisions: at least the plain step's samples

@@ -294,6 +294,8 @@ def test_ledger_weights_bytes_come_from_the_transport(tmp_path, ray_session):
     rollout_versions = [json.loads(r)["version"] for r in (tmp_path / "spans.jsonl").read_text().splitlines()
                         if json.loads(r).get("role") == "rollout"]
     assert rollout_versions == [0, 0, 2]  # samples carry the version the engine holds
+    checked = [json.loads(r)["sync/checked"] for r in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert checked == [0, 1, 0]  # sync.check_every=1: the one sync (after step 1) was checked
 
 
 BAD = [

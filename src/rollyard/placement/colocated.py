@@ -63,14 +63,17 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
             after_step(tel, step, trainer)  # dp ranks: the gradients edge; fsdp: the gather (span + edge)
 
             run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
-            nbytes = 0
+            nbytes, checked = 0, 0
             if (step + 1) % cfg.sync.every == 0 and engine.version != run.state.version:
                 with tel.span("sync", step, mode=plan.mode, transport=plan.transport):
                     nbytes = push_pull(publisher, transport, r.model, engine, run.state.version)
                     syncs += 1
                     if cfg.sync.check_every and syncs % cfg.sync.check_every == 0:
                         compare_weights(publisher.expected(r.model), engine.model, engine.version)
+                        checked = 1
+                        run.log(f"sync check v{engine.version}: the rollout copy equals the trainer")
             tel.traffic(step, "weights", nbytes)
+            round_metrics["sync/checked"] = checked
 
             run.close_step(step, r, progress, requests, samples, train_metrics, trained_at, extra=round_metrics,
                            extra_rng=lambda: {"engine": engine.generator.get_state()})

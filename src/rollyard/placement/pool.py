@@ -199,10 +199,16 @@ class RolloutPool:
             tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
     def _drop_stale(self, version: int) -> None:
+        """Consumption: a buffered group older than the bound is not trained on; its prompt is
+        requeued (handed out again) and the drop counted, with the reason printed."""
+        floor = staleness.min_fresh_version(version, self.bound)
         for rid, (_, samples) in list(self.buffer.items()):
-            if not staleness.is_fresh(min(s.version for s in samples), version, self.bound):
+            oldest = min(s.version for s in samples)
+            if not staleness.is_fresh(oldest, version, self.bound):
                 del self.buffer[rid]
                 self.stats["dropped"] += 1
+                self.run.log(f"[yellow]dropped stale group {rid}: sampled at v{oldest}, trainer at v{version} "
+                             f"accepts v{floor}+ (max staleness {self.bound}); prompt requeued[/yellow]")
                 self._hand_out([(q, version) for q in self.ledger.requeue([rid])])
 
     def take(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:

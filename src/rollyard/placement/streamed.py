@@ -41,17 +41,20 @@ def group_advantages(group: list[Sample], normalize_std: bool) -> None:
 
 def streamed_step(ctx, roles, engine, step: int, scheduler
                   ) -> tuple[list[Request], list[Sample], dict[str, float], dict[str, float]]:
-    """Run one round and its optimizer step; returns ``(requests, samples, train_metrics, round_metrics)``.
+    """Run one round and its optimizer step; returns ``(requests, samples, train_metrics, round_metrics)``
+    (``samples``: every scored sample, as ``score()`` returns them, failed verifier calls included).
     ``ctx``: the run record; ``roles``: the driver's role handles; ``engine``: the local rollout engine."""
     cfg, tel, trainer = ctx.cfg, ctx.telemetry, roles.trainer
     stream = StreamingStep(trainer)
     in_round = {"train_s": 0.0}
     trained: list[Sample] = []
+    scored: list[Sample] = []  # every scored sample, failed verifier calls included: the step's metrics count them
 
     def on_group(group: list[Sample]) -> None:
         t0 = time.perf_counter()
         group, unscored = split_unscored(group)  # a sample no hook scored is left out of the loss
         ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
+        scored.extend(group)
         group = ctx.settle_rewards(step, group)  # failed verifier calls (per group; the step row shows the last)
         trained.extend(group)
         if not group:
@@ -68,7 +71,7 @@ def streamed_step(ctx, roles, engine, step: int, scheduler
     ctx.dead_letter(rnd.dead, step)
     tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in rnd.requests))
     tel.traffic(step, "samples", sum(s.payload_bytes() for s in rnd.samples))
-    tel.traffic(step, "rewards", 4 * len(trained))
+    tel.traffic(step, "rewards", 4 * len(scored))
     with tel.span("train", step):
         train_metrics = stream.finish()
     ctx.state.extra["tail"] = scheduler.state()
@@ -80,4 +83,4 @@ def streamed_step(ctx, roles, engine, step: int, scheduler
         "tail/train_in_round_s": in_round["train_s"],
         "tail/long_share": by_kind["long"] / max(by_kind["short"] + by_kind["long"], 1),
     }
-    return rnd.requests, trained, train_metrics, round_metrics
+    return rnd.requests, scored, train_metrics, round_metrics
