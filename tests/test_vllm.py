@@ -10,6 +10,7 @@ as >= 1e-2).
 import copy
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -179,14 +180,19 @@ def test_unsupported_architecture(tmp_path, capsys, monkeypatch):
 # -- GRPO end to end -------------------------------------------------------------------------------
 
 
+DIGITS = f"reward.hook={Path(__file__).parent / 'dense_reward.py'}:digits"  # a reward a random tiny model earns some of
+
+
 @pytest.mark.slow
 def test_grpo_colocated_full_sync(tmp_path):
-    """GRPO with backend=vllm, full sync: the checksum inside the vLLM worker is compared with the trainer's
+    """GRPO with backend=vllm, full sync: the checksum read inside the vLLM worker is compared with the trainer's
     after every sync (the run stops on a mismatch), the logprob gap stays within float rounding, reward rises."""
     run = tmp_path / "r"
-    assert main(["train", *ARGS, "model.name=tiny64", "sync.mode=full", "sync.check_every=1", "steps=6",
-                 "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", f"out_dir={run}"]) == 0
+    assert main(["train", *ARGS, "model.name=tiny64", "sync.mode=full", "sync.check_every=1", "steps=8", DIGITS,
+                 "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "eval_every=0",
+                 f"out_dir={run}"]) == 0
     rows = list(rundir.read_jsonl(run / rundir.METRICS))
-    assert len(rows) == 6 and max(r["train/logprob_diff_max"] for r in rows) < GAP
-    info = json.loads((run / rundir.RUN_INFO).read_text())
-    assert info["sync_mode"] == "full"
+    assert len(rows) == 8 and max(r["train/logprob_diff_max"] for r in rows) < GAP
+    assert json.loads((run / rundir.RUN_INFO).read_text())["sync_mode"] == "full"
+    reward = [r["reward/mean"] for r in rows]
+    assert sum(reward[-3:]) / 3 > sum(reward[:3]) / 3 + 0.05, reward
