@@ -1,7 +1,9 @@
 """Ray for the multi-process placements: join ``RAY_ADDRESS`` or start a local Ray sized to the machine.
 
 No dashboard, no auth on a local session, nothing to start by hand. Workers get this process's
-``PYTHONPATH`` (so they import the same ``rollyard``) and one intra-op thread each.
+``PYTHONPATH`` (so they import the same ``rollyard``) and one intra-op thread each. A local
+session is watched by ``reaper.py``: if this process dies (even by SIGKILL), nothing Ray started
+for it is left running.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import threading
 from pathlib import Path
 
 import rollyard
+from rollyard.placement import reaper
+
+_watcher = None  # the reaper process watching this driver (placement/reaper.py)
 
 
 def cpus() -> float:
@@ -37,6 +42,8 @@ def connect() -> None:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=env, log_to_driver=True)
     else:
+        global _watcher
+        _watcher = _watcher or reaper.watch()  # a local session dies with this process, even on kill -9
         ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, runtime_env=env, log_to_driver=True,
                  configure_logging=False)
     if threading.current_thread() is threading.main_thread():
