@@ -35,6 +35,7 @@ from rollyard.types import Request, Sample
 
 MAX_RESTARTS = 3  # restarts within RESTART_WINDOW_S; workers that keep dying are a bug to surface, not to hide
 RESTART_WINDOW_S = 600.0
+ROLLOUT_RESOURCE = "rollyard_rollout"  # nodes started with this custom resource host the rollout workers
 MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
@@ -48,7 +49,10 @@ class RolloutPool:
         self.P = cfg.rollout.prompts_per_step
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
         # control calls (submit, update, join/recv of the sync group, checksum) run beside the loop
-        self.actor = ray.remote(num_cpus=1, max_concurrency=8)(worker or RolloutWorker)
+        opts = {"num_cpus": 1, "max_concurrency": 8}
+        if ray.cluster_resources().get(ROLLOUT_RESOURCE):  # a cluster that names its rollout nodes
+            opts["resources"] = {ROLLOUT_RESOURCE: 0.001}
+        self.actor = ray.remote(**opts)(worker or RolloutWorker)
         self.publisher = weights.Publisher(resolve(cfg, roles.device_of(cfg)), r.model, cfg.sync.bucket_mb)
         self.ref, nbytes = self.publisher.startup(r.model, run.state.version)
         self.checksum = self.publisher.checksum(r.model)  # every worker must start equal to the trainer
@@ -90,6 +94,9 @@ class RolloutPool:
             raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
                               f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
         self.workers[name], self.runs[name] = h, h.run.remote()
+        here = ray.get_runtime_context().get_node_id()
+        where = "the driver's node" if info["node"] == here else "another node than the driver"
+        self.run.log(f"{name}: pid {info['pid']} on node {info['node'][:12]} ({where})")
 
     def _check_workers(self, wait_s: float = 0.0) -> None:
         """Replace every worker whose loop ended (``wait_s``: wait that long for one to end)."""

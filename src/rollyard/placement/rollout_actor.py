@@ -104,7 +104,7 @@ class RolloutWorker:
 
     def info(self) -> dict:
         import rollyard
-        return {"pid": os.getpid(), "time": time.time(), "version": self.engine.version,
+        return {"pid": os.getpid(), "node": _node_id(), "time": time.time(), "version": self.engine.version,
                 "checksum": weights_checksum(self.engine.model),
                 "active": self.engine.num_active, "held": len(self.held), "rollyard": rollyard.__file__}
 
@@ -221,3 +221,13 @@ class RolloutWorker:
         self.spans.append({"role": "sync", "step": u.version - 1, "worker": self.name, "pid": os.getpid(),
                            "start": start, "end": time.time(), "version": u.version, "inflight": self.inflight,
                            "aborted": len(aborted)})
+
+
+def _node_id() -> str | None:
+    """The Ray node this process runs on (None outside Ray)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except ImportError:
+        return None
