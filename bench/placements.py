@@ -5,6 +5,9 @@ planner's prediction from each run's measured phase times.
     .venv/bin/python bench/placements.py --steps 40 --set rollout.max_concurrent=32
     .venv/bin/python bench/placements.py --only async --staleness 2
     .venv/bin/python bench/placements.py --steps 40 --rounds 3     # rotate the order 3 times, medians
+    .venv/bin/python bench/placements.py --grid --steps 12         # Ray placements x sync mode x transport
+    .venv/bin/python bench/placements.py --grid --config tail.toml --set rollout.scheduler=plain  # countdown
+    .venv/bin/python bench/placements.py --actor-speed             # the rollout loop: Ray actor vs in-process
 
 Same work: the demo config (examples/demo.toml: warm-started tiny preset, arithmetic, 32 x 8
 samples per step), the same seed and the same number of optimizer steps, hence the same number of
@@ -72,11 +75,36 @@ def predicted_steps_per_hour(where: str, ph: dict[str, float], bound: int, sync_
     return sim.steps_per_hour
 
 
-def run_one(where: str, args, out: Path) -> dict:
-    run = out / where
+def sync_bytes_vs_plan(run: Path) -> tuple[float, float]:
+    """Mean bytes per steady sync as the transport reported them (driver sync spans after the
+    first) and the plan's prediction for the same syncs (``predicted_sync_bytes``: a delta's
+    carried fraction with the index bytes of its encoding, LoRA's adapter / base ratio)."""
+    from rollyard.plan.bytes import predicted_sync_bytes
+
+    info = json.loads((run / rundir.RUN_INFO).read_text())
+    P, bpp, mode = info["policy_params"], info["bytes_per_param"], info["sync_mode"]
+    syncs = [s for s in rundir.read_jsonl(run / rundir.SPANS) if s["role"] == "sync" and s["worker"] == "driver"
+             and "bytes" in s][1:]
+    if not syncs:
+        return 0.0, 0.0
+    measured, predicted = 0.0, 0.0
+    for s in syncs:
+        measured += s["bytes"]
+        f = s["values"] / P
+        index = 4.0 if f < 1 / 32 else (1 / (8 * f) if bpp * (1 - f) > 1 / 8 else 0.0)
+        predicted += predicted_sync_bytes(P, bpp, mode, delta_fraction=f, delta_index_bytes=index,
+                                          lora_fraction=info["lora_fraction"] or 0.0)
+    return measured / len(syncs), predicted / len(syncs)
+
+
+def run_one(where: str, args, out: Path, sync: tuple[str, str] | None = None) -> dict:
+    grid = [f"sync.mode={sync[0]}", f"sync.transport={sync[1]}"] if sync else []
+    if sync and sync[0] == "lora":
+        grid = [f"model.lora.r={args.lora_r}", f"sync.transport={sync[1]}"]
+    run = out / (where if not sync else f"{where}-{sync[0]}-{sync[1]}")
     overrides = [f"steps={args.steps}", f"placement={where}", f"out_dir={run}", "progress=false",
-                 f"sft.cache_dir={args.cache}", f"max_staleness={args.staleness}", *args.set]
-    cfg = load_config(ROOT / "examples" / "demo.toml", overrides)
+                 f"sft.cache_dir={args.cache}", f"max_staleness={args.staleness}", *args.set, *grid]
+    cfg = load_config(ROOT / "examples" / args.config, overrides)
     t0 = time.time()
     summary = placement.train(cfg, run)
     wall = time.time() - t0
@@ -86,13 +114,76 @@ def run_one(where: str, args, out: Path) -> dict:
     ph = phases(run, range(args.warmup, args.steps))
     bound = int(json.loads((run / rundir.RUN_INFO).read_text())["staleness_bound"])
     pred = predicted_steps_per_hour(where, ph, bound, cfg.sync.every)
-    return {"placement": where, "steps": args.steps,
+    wire, plan = sync_bytes_vs_plan(run) if where != "colocated" else (0.0, 0.0)
+    return {"placement": where if not sync else f"{where} {sync[0]}/{sync[1]}", "steps": args.steps,
+            "sync_bytes": wire, "sync_bytes_plan": plan,
             "samples": args.steps * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt,
             "step_s": step_s, "steps_per_hour": 3600 / step_s, "predicted_steps_per_hour": pred,
             "error": (3600 / step_s - pred) / pred, "eval_before": summary["eval_before"],
             "eval_after": summary["eval_after"], "wall_s": wall, "phases": ph, "staleness_bound": bound,
             "max_staleness_seen": max(r[rundir.STALENESS_MAX] for r in rows),
             "dropped": sum(r.get("staleness/dropped", 0) for r in rows)}
+
+
+def actor_speed(reps: int = 8) -> int:
+    """The rollout actor's own loop (``RolloutWorker.poll``: admit, ``engine.step()``, ship finished
+    groups) on 32 prompts x 8 samples x 8 tokens, in this process and in a Ray actor (its output
+    through the placements' Ray queue), one intra-op thread each, alternated; ms per generated token."""
+    import ray
+    from ray.util.queue import Queue
+
+    from rollyard import roles
+    from rollyard.placement import cluster
+    from rollyard.placement.rollout_actor import RolloutWorker
+    from rollyard.sync.full import FullPublisher
+    from rollyard.types import Request
+
+    cfg = load_config(None, ["model.context=64", "rollout.max_new_tokens=8", "rollout.max_concurrent=256"])
+    model, tok, _ = roles.policy(cfg, "cpu")
+    update = FullPublisher(torch.float32).publish(model, 0)
+
+    def work(k: int) -> list:
+        return [(Request(f"p{k}-{i}", tok(f"{i}+{i}=")["input_ids"], n=8, max_new_tokens=8), 0) for i in range(32)]
+
+    def tokens(item: dict) -> int:
+        return sum(len(s.completion_ids) for _, g in item["groups"] for s in g)
+
+    class Out(list):
+        def put(self, item):
+            self.append(item)
+
+    out = Out()
+    local = RolloutWorker(cfg.model_dump(mode="json"), "local", 0, update, out, 1, "finish")
+    cluster.connect()
+    queue = Queue(maxsize=64, actor_options={"num_cpus": 0})
+    actor = ray.remote(num_cpus=1, max_concurrency=8)(RolloutWorker).remote(
+        cfg.model_dump(mode="json"), "actor", 0, update, queue, 1, "finish")
+    ray.get(actor.info.remote())
+    loop = actor.run.remote()
+    times: dict[str, list[float]] = {"in-process": [], "ray actor": []}
+    for k in range(reps):
+        t0, got, n = time.perf_counter(), 0, 0
+        local.submit(work(k))
+        while got < 32:
+            local.poll()
+            while out:
+                item = out.pop()
+                got, n = got + len(item["groups"]), n + tokens(item)
+        times["in-process"].append((time.perf_counter() - t0) / n)
+        t0, got, n = time.perf_counter(), 0, 0
+        actor.submit.remote(work(k))
+        while got < 32:
+            item = queue.get()
+            got, n = got + len(item["groups"]), n + tokens(item)
+        times["ray actor"].append((time.perf_counter() - t0) / n)
+    actor.stop.remote()
+    ray.get(loop)
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    for k, v in times.items():
+        print(f"{k:11} ms/token: best {min(v) * 1e3:.4f}, median {med[k] * 1e3:.4f}  (first round is warm-up)")
+    print(f"ray actor / in-process (median): {med['ray actor'] / med['in-process']:.2f}x; "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    return 0
 
 
 def main() -> int:
@@ -105,6 +196,12 @@ def main() -> int:
     p.add_argument("--cache", default=str(ROOT / ".cache" / "warmstart"), help="sft.cache_dir (warm start cache)")
     p.add_argument("--out", default=None, help="where the runs go (default: a fresh dir under bench/out)")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--config", default="demo.toml", help="example config under examples/ (tail.toml: countdown)")
+    p.add_argument("--grid", action="store_true", help="the Ray placements once per sync mode x transport "
+                   "(full, delta, lora x ray, dist) after one colocated run; bytes per sync vs the plan")
+    p.add_argument("--lora-r", type=int, default=16, help="adapter rank of the lora runs in --grid")
+    p.add_argument("--actor-speed", action="store_true", help="only: the rollout actor's loop in a Ray actor "
+                   "vs the same loop in this process, tokens per second (one thread each)")
     p.add_argument("--rounds", type=int, default=1, help="run the set R times, rotating the order (drifting "
                    "load hits every placement alike); the table shows each placement's median round")
     args = p.parse_args()
@@ -116,27 +213,41 @@ def main() -> int:
         raise SystemExit(f"--steps ({args.steps}) must be larger than --warmup ({args.warmup})")
     torch.set_num_threads(1)
     out = Path(args.out or ROOT / "bench" / "out" / f"placements-{time.strftime('%Y%m%d-%H%M%S')}")
+    if args.actor_speed:
+        return actor_speed()
     order = list(args.only or PLACEMENTS)
-    runs: dict[str, list[dict]] = {w: [] for w in order}
+    if args.grid:
+        order = [(w, (m, t)) if w != "colocated" else (w, None) for w in order
+                 for m, t in ([(None, None)] if w == "colocated" else
+                              [(m, t) for m in ("full", "delta", "lora") for t in ("ray", "dist")])]
+    else:
+        order = [(w, None) for w in order]
+    runs: dict[tuple, list[dict]] = {w: [] for w in order}
     for k in range(args.rounds):
-        for where in order[k % len(order):] + order[:k % len(order)]:
-            runs[where].append(run_one(where, args, out / f"round{k}" if args.rounds > 1 else out))
+        for where, sync in order[k % len(order):] + order[:k % len(order)]:
+            runs[(where, sync)].append(run_one(where, args, out / f"round{k}" if args.rounds > 1 else out, sync))
     results = [sorted(rs, key=lambda r: r["steps_per_hour"])[len(rs) // 2] for rs in runs.values()]
     if args.rounds > 1:
-        for where, rs in runs.items():
+        for rs in runs.values():
             per = ", ".join(f"{r['steps_per_hour']:.0f}" for r in rs)
-            print(f"{where}: steps/h per round {per}")
+            print(f"{rs[0]['placement']}: steps/h per round {per}")
     base = next((r for r in results if r["placement"] == "colocated"), None)
+    if args.grid:
+        print(f"\n{'placement mode/transport':32} {'bytes/sync':>11} {'plan':>11} {'ratio':>6}")
+        for r in results:
+            if r["sync_bytes_plan"]:
+                print(f"{r['placement']:32} {r['sync_bytes']:11.0f} {r['sync_bytes_plan']:11.0f} "
+                      f"{r['sync_bytes'] / r['sync_bytes_plan']:6.3f}")
     print(f"\nsame work: {args.steps} steps x {results[0]['samples'] // args.steps} samples, seed 0, "
           f"overrides {args.set or 'none'}; steps/hour over steps {args.warmup}..{args.steps - 1}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    print(f"{'placement':14} {'s/step':>7} {'steps/h':>8} {'vs colo':>8} {'planner':>8} {'error':>7} "
+    print(f"{'placement':24} {'s/step':>7} {'steps/h':>8} {'vs colo':>8} {'planner':>8} {'error':>7} "
           f"{'acc before':>10} {'acc after':>9} {'R s':>6} {'T s':>6} {'sync s':>7} {'limit':>6} {'lag':>4}")
     for r in results:
         ph = r["phases"]
         ratio = f"{r['steps_per_hour'] / base['steps_per_hour']:.2f}x" if base else "-"
         limit = (ph["rollout"] + ph["trainer"]) / max(ph["rollout"], ph["trainer"], 1e-9)
-        print(f"{r['placement']:14} {r['step_s']:7.3f} {r['steps_per_hour']:8.0f} {ratio:>8} "
+        print(f"{r['placement']:24} {r['step_s']:7.3f} {r['steps_per_hour']:8.0f} {ratio:>8} "
               f"{r['predicted_steps_per_hour']:8.0f} {r['error']:+7.1%} {r['eval_before']:10.1%} {r['eval_after']:9.1%} "
               f"{ph['rollout']:6.3f} {ph['trainer']:6.3f} {ph['sync']:7.3f} {limit:5.2f}x "
               f"{r['max_staleness_seen']:>4}")
