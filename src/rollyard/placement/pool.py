@@ -31,6 +31,7 @@ from rollyard.placement.score import score
 from rollyard.sync.check import WeightsDiffer
 from rollyard.sync.factory import resolve
 from rollyard.telemetry import rundir
+from rollyard.trainer.dp import after_step
 from rollyard.types import Request, Sample
 
 MAX_RESTARTS = 3  # restarts within RESTART_WINDOW_S; workers that keep dying are a bug to surface, not to hide
@@ -252,6 +253,7 @@ class RolloutPool:
         trained_at = run.state.version
         with run.telemetry.span("train", step, requests=[q.id for q in requests]):
             train_metrics = r.trainer.step(trained)
+        after_step(run.telemetry, step, r.trainer)  # dp ranks: the gradients edge; fsdp: gather for the publish
         r.feed.ledger.trained([q.id for q in requests])
         if not train_metrics.get("skipped"):  # a skipped update is no new version: nothing to publish
             run.state.version += 1
