@@ -116,9 +116,10 @@ def test_worker_admission_holds_work_past_the_bound():
     ("placement=nearby", "placement='nearby'"),
     ("max_staleness=-1", "max_staleness must be >= 0"),
     ("rollout.workers=1000", "rollout.workers=1000"),
+    ("sync.mode=inprocess", "sync.mode=inprocess (a shared module) cannot reach it"),
 ])
 def test_bad_placement_input_exit_2(tmp_path, capsys, override, needle):
-    extra = ["placement=async"] if override.startswith("rollout") else []
+    extra = ["placement=async"] if override.startswith(("rollout", "sync")) else []
     assert main(["train", *TINY, *extra, override, f"out_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
