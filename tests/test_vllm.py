@@ -142,6 +142,25 @@ def test_abort_by_sample_and_request(setup):
     assert sorted(s.id for s in rest) == ["x#0", "x#2"] and engine.idle
 
 
+def test_dead_vllm_engine_is_replaced(setup):
+    """vLLM's engine core shut down under the engine (as when it dies): the next step builds a new vLLM engine
+    from the rollout copy (same weights, checksum-verified), the in-flight samples restart, none is lost."""
+    model, tok, engine = setup
+    v = engine.version
+    engine.submit([Request("dead", tok("3+4=")["input_ids"], n=3, max_new_tokens=10)])
+    engine.step()
+    engine._engine.engine_core.shutdown()  # vLLM's own shutdown: every later call fails
+    with pytest.warns(UserWarning, match="the vLLM engine died"):
+        out = list(engine.results())
+    assert engine.restarts == 1 and sorted(s.id for s in out) == ["dead#0", "dead#1", "dead#2"]
+    assert all(s.finish_reason in ("stop", "length") and set(s.versions) == {v} for s in out)
+    compare_weights(named(engine.mirror), engine.model, v)
+
+
+def named(model) -> dict:
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
 # -- start-up bad input: one line, exit 2 --------------------------------------------------------
 
 ARGS = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.prompts_per_step=2",

@@ -57,8 +57,12 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
                 tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
                 samples, trained = score(run, r, step, samples)
+                if hasattr(engine, "sleep"):  # rollout.backend=vllm: its GPU memory is the trainer's for the step
+                    engine.sleep()
                 with tel.span("train", step):
                     train_metrics = trainer.step(trained)
+                if hasattr(engine, "wake_up"):
+                    engine.wake_up()
                 ledger.trained([q.id for q in requests if ledger.state[q.id] == "in_flight"])
             after_step(tel, step, trainer)  # dp ranks: the gradients edge; fsdp: the gather (span + edge)
 

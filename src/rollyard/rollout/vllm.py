@@ -67,6 +67,7 @@ from rollyard.sync.apply import Receiver, named_params
 from rollyard.types import Request, Sample, WeightUpdate
 
 INFLIGHT_POLICIES = ("finish", "abort", "continue")
+MAX_RESTARTS = 3  # vLLM engines replaced in one worker before it gives up (a crash loop)
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention kernels work on blocks of a multiple of 32 tokens
 # vllm.LLM arguments rollyard derives from the run's config: setting them in rollout.vllm conflicts.
 OWNED = {
@@ -232,7 +233,7 @@ class VllmEngine:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         if top_p != 1.0:
             raise ValueError(f"the vLLM backend samples with top_p=1 only (its logprobs are taken after top-p), got {top_p}")
-        vllm = _import_vllm()
+        _import_vllm()  # MissingPackage (one line, naming the extra) before any work
         self.mirror = model
         self.eos_ids = sorted({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
         self.pad_token_id = pad_token_id
@@ -250,23 +251,28 @@ class VllmEngine:
         self._said_sleep = False
         self._dir = tempfile.mkdtemp(prefix="rollyard-vllm-")
         model.save_pretrained(self._dir)  # vLLM starts from a directory (its dummy load leaves buffers unset)
-        dtype = next(model.parameters()).dtype
-        on_cpu = not torch.cuda.is_available()
         opts = dict(options or {})
-        if on_cpu:
+        if not torch.cuda.is_available():
             opts.setdefault("block_size", CPU_BLOCK_MULTIPLE)
         opts.setdefault("enforce_eager", True)
         opts.setdefault("enable_prefix_caching", True)
-        kv_bytes = self._kv_bytes_per_token(conf, dtype) * self.max_cache_tokens
+        self._args = dict(model=self._dir, seed=int(seed), **opts)
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        """Build the vLLM engine and load the mirror's weights into it."""
+        vllm = _import_vllm()
+        conf, dtype = self.mirror.config, next(self.mirror.parameters()).dtype
         threads = torch.get_num_threads()
-        if on_cpu:  # plain linear weights from the first load on (the checksum reads them)
+        if not torch.cuda.is_available():  # plain linear weights from the first load on (the checksum reads them)
             from vllm.model_executor.layers.linear import LinearBase
             LinearBase._cpu_skip_gemm_dispatch = True
         try:
-            self.llm = vllm.LLM(model=self._dir, dtype=str(dtype).removeprefix("torch."), seed=int(seed),
-                                max_model_len=self.context, max_num_seqs=self.max_concurrent,
-                                kv_cache_memory_bytes=kv_bytes, logprobs_mode="processed_logprobs",
-                                skip_tokenizer_init=True, **opts)
+            self.llm = vllm.LLM(dtype=str(dtype).removeprefix("torch."), max_model_len=self.context,
+                                max_num_seqs=self.max_concurrent, logprobs_mode="processed_logprobs",
+                                kv_cache_memory_bytes=self._kv_bytes_per_token(conf, dtype) * self.max_cache_tokens,
+                                skip_tokenizer_init=True, **self._args)
         finally:
             torch.set_num_threads(threads)  # vLLM's CPU worker lowers the process's torch threads to 1
         self._engine = self.llm.llm_engine
@@ -312,23 +318,26 @@ class VllmEngine:
         return rejected
 
     def _admit(self) -> None:
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
-
         while self._queue and len(self._active) < self.max_concurrent:
             g = self._queue[0]
             k = g.pending.popleft()
             if not g.pending:
                 self._queue.popleft()
-            sid = f"{g.req.id}#{k}"
-            seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
-            params = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, max_tokens=g.req.max_new_tokens,
-                                    logprobs=0, stop_token_ids=list(self.eos_ids), seed=seed, detokenize=False,
-                                    output_kind=RequestOutputKind.DELTA)
-            prompt = TokensPrompt(prompt_token_ids=list(g.req.prompt_ids), cache_salt=f"v{self.version}")
-            self._engine.add_request(sid, prompt, params)
-            self._active[sid] = _Seq(sid, g.req, k)
+            self._add(g.req, k)
+
+    def _add(self, req: Request, k: int) -> None:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        sid = f"{req.id}#{k}"
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
+        params = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, max_tokens=req.max_new_tokens,
+                                logprobs=0, stop_token_ids=list(self.eos_ids), seed=seed, detokenize=False,
+                                output_kind=RequestOutputKind.DELTA)
+        prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids), cache_salt=f"v{self.version}")
+        self._engine.add_request(sid, prompt, params)
+        self._active[sid] = _Seq(sid, req, k)
 
     # -- decoding ----------------------------------------------------------------------------
 
@@ -336,10 +345,37 @@ class VllmEngine:
         """One admit + vLLM step; returns every sample finished since the last call."""
         self._admit()
         if self._active:
-            self._collect(self._engine.step())
+            self._collect(self._vllm_step())
         out = list(self._done)
         self._done.clear()
         return out
+
+    def _vllm_step(self) -> list:
+        """One ``LLMEngine.step()``; a vLLM engine that died is replaced like a killed rollout actor: a new one
+        from the mirror (which holds the current weights), every in-flight sample restarted from its prompt."""
+        try:
+            return self._engine.step()
+        except Exception as e:  # EngineDeadError or a worker's error: vLLM's engine is gone
+            if self.restarts >= MAX_RESTARTS:
+                raise RuntimeError(f"the vLLM engine died {self.restarts + 1} times ({type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:200] if str(e) else ''}); stopping rather than "
+                                   f"restarting in a loop") from e
+            self.restarts += 1
+            warnings.warn(f"the vLLM engine died ({type(e).__name__}); replaced by a new one at weights v{self.version}, "
+                          f"{len(self._active)} in-flight samples restarted from their prompts", stacklevel=2)
+            self._shutdown()
+            self._start()
+            restart = list(self._active.values())
+            self._active.clear()
+            for s in restart:
+                self._add(s.req, s.k)
+            return []
+
+    def _shutdown(self) -> None:
+        try:
+            self._engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - it is already dead; nothing to release
+            pass
 
     def _collect(self, outputs) -> None:
         v = self.version
@@ -427,7 +463,7 @@ class VllmEngine:
         if self._active:
             if inflight == "finish":
                 while self._active:
-                    self._collect(self._engine.step())
+                    self._collect(self._vllm_step())
             elif inflight == "abort":
                 aborted = self.abort([s.sid for s in self._active.values()])
         self._receiver.swap(staged)
@@ -457,6 +493,7 @@ class VllmEngine:
             self._reload()  # level 1 keeps the weights in host memory; reload anyway, the mirror is the truth
 
     def close(self) -> None:
+        self._shutdown()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- introspection -----------------------------------------------------------------------
