@@ -35,7 +35,7 @@ def test_every_prompt_longer_than_the_context_fails_before_training(tmp_path, ca
     run = tmp_path / "run"
     line = _one_line_exit_2(capsys, ["train", *TINY, "steps=2", f"data.path={data}",
                                      "reward.hook=rollyard.reward.verifiers:exact_match", f"out_dir={run}"])
-    assert "none fits model.context=48" in line and "set model.context=" in line
+    assert "none fits the model's context of 48" in line and "set model.context=" in line
     assert not (run / rundir.METRICS).exists() and not (run / rundir.CONFIG).exists()  # not one step ran
 
 

@@ -192,7 +192,8 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         with open(run / rundir.DEADLETTER, "a") as f:  # every line malformed: the reasons go on disk too
             f.writelines(json.dumps({"step": None, **rec}) + "\n" for rec in deadletter)
         raise
-    check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}")
+    check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}",
+                  preset=cfg.model.name in PRESETS)
     rewards = roles.rewards(cfg, tokenizer, model)
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}

@@ -119,12 +119,13 @@ def load_prompts(path: str | Path, fields: dict[str, str] | None = None, on_erro
     return out
 
 
-def check_context(prompts: list[Prompt], tokenizer, context: int, source: str) -> None:
+def check_context(prompts: list[Prompt], tokenizer, context: int, source: str, preset: bool = True) -> None:
     """DataError when not one of ``prompts`` leaves a position free to generate in ``context`` tokens.
 
     A run whose every prompt is too long would only dead-letter them, step after step, training on
     nothing: it fails here, before the warm start and the first step. Stops at the first prompt
-    that fits (the usual case costs one tokenization)."""
+    that fits (the usual case costs one tokenization). ``preset``: model.context sets the context
+    (a built-in preset), else it is the model directory's own."""
     longest = 0
     for p in prompts:
         n = len(tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"])  # as to_requests
@@ -132,9 +133,11 @@ def check_context(prompts: list[Prompt], tokenizer, context: int, source: str) -
             return
         longest = max(longest, n)
     if prompts:
+        fix = (f"set model.context={longest + 16} or more" if preset
+               else "use a model with a longer context (max_position_embeddings)")
         raise DataError(f"{source}: every one of the {len(prompts)} prompts is at least {context} tokens "
-                        f"(longest {longest}), so none fits model.context={context} with room to generate; "
-                        f"set model.context={longest + 16} or more, or shorten the prompts")
+                        f"(longest {longest}), so none fits the model's context of {context} with room to generate; "
+                        f"{fix}, or shorten the prompts")
 
 
 def _parse(rec: Any, path: Path, lineno: int, prompt_col: str, id_col: str, id_mapped: bool,
