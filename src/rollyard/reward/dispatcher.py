@@ -33,39 +33,31 @@ not limited), and the parent's import of the hook at start-up (it validates the 
 
 Workers are started as ``python rollyard/reward/worker.py``: a fresh interpreter that imports the
 standard library and the hook's module only (not torch, not the parent's ``__main__``), so start
-cost is the interpreter start plus the hook's own imports. A background thread feeds them, so
-``submit`` returns at once and verification overlaps whatever the caller does next.
+cost is the interpreter start plus the hook's own imports. The processes, their pipes and their
+restarts are ``pool.py``'s :class:`WorkerPool`; this module decides what each call scores, when it
+has run too long and what its outcome is. A background thread feeds the pool, so ``submit`` returns
+at once and verification overlaps whatever the caller does next.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import select
 import shutil
-import signal
-import struct
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rollyard.reward import hooks
-from rollyard.reward import worker as _worker
-from rollyard.tasks.base import HookError
+from rollyard.reward.pool import Worker, WorkerPool, describe_exit
 
 if TYPE_CHECKING:
     from rollyard.types import Sample
-
-WORKER_SCRIPT = os.path.abspath(_worker.__file__)
-_HEADER = struct.Struct(">I")
-MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (and flags every call)
-
 
 
 def load_hook(path: str) -> Callable:
@@ -101,56 +93,6 @@ class _Job:
     @property
     def seq(self) -> int:
         return self.seqs[0]
-
-
-@dataclass(eq=False)
-class _Worker:
-    proc: subprocess.Popen
-    spawned_at: float
-    start_deadline: float
-    state: str = "starting"  # starting | idle | busy
-    job: _Job | None = None
-    sent_at: float = 0.0
-    deadline: float = 0.0
-    buf: bytearray = field(default_factory=bytearray)
-
-    @property
-    def fd(self) -> int:
-        return self.proc.stdout.fileno()
-
-
-def _describe_exit(rc: int | None) -> str:
-    if rc is None:
-        return "still running"
-    if rc < 0:
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the worker's whole process group (it runs in its own session), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
-        pass
-    for f in (proc.stdin, proc.stdout):
-        try:
-            f.close()
-        except OSError:
-            pass
-
-
-def _kill_all(procs: set) -> None:
-    for p in list(procs):
-        _kill(p)
-    procs.clear()
 
 
 def _finite_f32(x: float) -> bool:
@@ -217,13 +159,11 @@ class RewardDispatcher:
         # Optional adaptive per-call timeout (reward/timeout.py): .timeout(meta) -> s, .observe(meta, s).
         self.timeout_policy = timeout_policy
         self._workdir = tempfile.mkdtemp(prefix="rollyard-reward-")  # each worker gets a subdirectory
-        self._limits = {"memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
         self._hung: list | None = []  # request ids of this batch's timeouts while no call answered; None: one did
         self._decode = decode
         self._eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
-        self.stats: dict[str, float] = {
-            "scored": 0, "timeouts": 0, "errors": 0, "worker_restarts": 0,
-            "worker_start_s": 0.0, "latency_p50_s": 0.0, "latency_p99_s": 0.0, "verify_p50_s": 0.0,
+        self._stats: dict[str, float] = {
+            "scored": 0, "timeouts": 0, "errors": 0, "latency_p50_s": 0.0, "latency_p99_s": 0.0, "verify_p50_s": 0.0,
         }
         self._cond = threading.Condition()
         self._pending: deque[_Job] = deque()
@@ -235,27 +175,29 @@ class RewardDispatcher:
         self._stop = False
         self._closed = False
         self._crash: BaseException | None = None
-        self._broken: str | None = None
-        self._start_failures = 0
-        self._start_times: list[float] = []
-        self._procs: set[subprocess.Popen] = set()
-        self._finalizer = weakref.finalize(self, _kill_all, self._procs)
         weakref.finalize(self, shutil.rmtree, self._workdir, True)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._workers: list[_Worker] = []
-        try:
-            self._workers = [self._spawn() for _ in range(num_workers)]
-            self._wait_ready()
+        init = {"hooks": self._spec, "sys_path": [p or os.getcwd() for p in sys.path], "workdir": self._workdir,
+                "memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
+        try:  # HookError when a worker cannot import the hooks
+            self._pool = WorkerPool(init, num_workers, start_timeout_s=start_timeout_s,
+                                    label=f"reward hook {self.hook!r}")
         except BaseException:
-            self._shutdown_workers()
-            self._close_wake()
+            shutil.rmtree(self._workdir, ignore_errors=True)
             raise
         self._thread = threading.Thread(target=self._loop, name="rollyard-reward-dispatcher", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------------------ public API
+    @property
+    def stats(self) -> dict[str, float]:
+        """``scored``, ``timeouts``, ``errors``, ``worker_restarts``, ``worker_start_s`` and the last batch's
+        latency percentiles (``latency_p50_s``, ``latency_p99_s``, ``verify_p50_s``)."""
+        return {**self._stats, "worker_restarts": self._pool.restarts, "worker_start_s": self._pool.start_s}
+
+    @property
+    def _workers(self) -> list[Worker]:
+        return self._pool.workers
+
     def submit(self, sample: "Sample") -> None:
         """Queue ``sample`` for scoring; returns at once."""
         self._submit([sample])
@@ -308,7 +250,8 @@ class RewardDispatcher:
         self._closed = True
         with self._cond:
             self._stop = True
-        self._wake()
+            self._pool.stopping = True
+        self._pool.wake()
         if getattr(self, "_thread", None) is not None:
             self._thread.join(timeout=10)
         with self._cond:
@@ -318,8 +261,7 @@ class RewardDispatcher:
             self._finish(job, 0.0, "error: dispatcher closed before this sample was scored", "error")
         for w in self._workers:
             w.job = None
-        self._shutdown_workers()
-        self._close_wake()
+        self._pool.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> "RewardDispatcher":
@@ -353,13 +295,13 @@ class RewardDispatcher:
         if not job.seqs:
             return seqs
         with self._cond:
-            broken = self._broken
+            broken = self._pool.broken
             if not broken:
                 self._pending.append(job)
         if broken:
             self._finish(job, 0.0, f"error: {broken}", "error")
         else:
-            self._wake()
+            self._pool.wake()
         return seqs
 
     def _item(self, sample) -> hooks.Item:
@@ -390,9 +332,9 @@ class RewardDispatcher:
         """Latency percentiles of the calls finished since the last batch (caller holds the lock)."""
         if self._latencies:
             lat, ver = sorted(self._latencies), sorted(self._verify)
-            self.stats["latency_p50_s"] = _percentile(lat, 0.5)
-            self.stats["latency_p99_s"] = _percentile(lat, 0.99)
-            self.stats["verify_p50_s"] = _percentile(ver, 0.5)
+            self._stats["latency_p50_s"] = _percentile(lat, 0.5)
+            self._stats["latency_p99_s"] = _percentile(lat, 0.99)
+            self._stats["verify_p50_s"] = _percentile(ver, 0.5)
             self._latencies.clear()
             self._verify.clear()
 
@@ -406,154 +348,18 @@ class RewardDispatcher:
         with self._cond:
             for seq, sample, (r, f, parts) in zip(job.seqs, job.samples, outcomes):
                 sample.reward, sample.reward_flag, sample.reward_parts = None if r is None else float(r), f, parts
-                self.stats["scored"] += 1
+                self._stats["scored"] += 1
                 k = kind or ("error" if f else None)
                 if k == "timeout":
-                    self.stats["timeouts"] += 1
+                    self._stats["timeouts"] += 1
                 elif k == "error":
-                    self.stats["errors"] += 1
+                    self._stats["errors"] += 1
                 self._done[seq] = sample
             if latency is not None:
                 self._latencies.append(latency)
             if verify_s is not None:
                 self._verify.append(verify_s)
             self._cond.notify_all()
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
-
-    def _close_wake(self) -> None:
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    # ------------------------------------------------------------------------------- workers
-    def _spawn(self) -> _Worker:
-        t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, WORKER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                start_new_session=True, close_fds=True, bufsize=0)
-        self._procs.add(proc)
-        w = _Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
-        init = {"hooks": self._spec, "sys_path": [p or os.getcwd() for p in sys.path], "workdir": self._workdir,
-                **self._limits}
-        if not self._send(w, init):
-            w.start_deadline = t0  # died at once: the loop notices it on EOF
-        return w
-
-    def _send(self, w: _Worker, obj) -> bool:
-        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-        data = _HEADER.pack(len(body)) + body
-        try:
-            fd = w.proc.stdin.fileno()
-            while data:
-                data = data[os.write(fd, data):]
-            return True
-        except (BrokenPipeError, OSError, ValueError):
-            return False
-
-    def _read(self, w: _Worker) -> list | None:
-        """Frames now readable from ``w``, or None at EOF (the worker is gone)."""
-        try:
-            data = os.read(w.fd, 1 << 16)
-        except OSError:
-            data = b""
-        if not data:
-            return None
-        w.buf += data
-        frames = []
-        while len(w.buf) >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(w.buf)
-            if len(w.buf) < _HEADER.size + n:
-                break
-            frames.append(pickle.loads(bytes(w.buf[_HEADER.size:_HEADER.size + n])))
-            del w.buf[:_HEADER.size + n]
-        return frames
-
-    def _wait_ready(self) -> None:
-        """Block until every initial worker has imported the hook; HookError if one cannot."""
-        deadline = time.monotonic() + self.start_timeout_s
-        while any(w.state == "starting" for w in self._workers):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise HookError(f"reward hook {self.hook!r}: worker processes did not finish importing it within "
-                                f"{self.start_timeout_s:.0f}s; make the module faster to import")
-            starting = [w for w in self._workers if w.state == "starting"]
-            ready, _, _ = select.select([w.fd for w in starting], [], [], left)
-            for w in starting:
-                if w.fd not in ready:
-                    continue
-                frames = self._read(w)
-                if frames is None:
-                    rc = w.proc.wait()
-                    raise HookError(f"reward hook {self.hook!r}: a worker process exited while importing it "
-                                    f"({_describe_exit(rc)}); check that the module imports in a fresh "
-                                    f"interpreter: {sys.executable} -c 'import ...'")
-                for fr in frames:
-                    self._on_start_frame(w, fr, initial=True)
-        self.stats["worker_start_s"] = max(self._start_times) if self._start_times else 0.0
-
-    def _on_start_frame(self, w: _Worker, fr, initial: bool) -> None:
-        if fr[0] == "ready":
-            w.state = "idle"
-            self._start_failures = 0
-            elapsed = time.monotonic() - w.spawned_at
-            if initial:
-                self._start_times.append(elapsed)
-            else:
-                self.stats["worker_start_s"] = elapsed
-        elif fr[0] == "init_error":
-            if initial:
-                raise HookError(f"reward hook {self.hook!r} imports in this process but not in a worker "
-                                f"process: {fr[1]}; make the module importable from a fresh interpreter")
-            self._start_failed(w, fr[1])
-
-    def _start_failed(self, w: _Worker, why: str) -> None:
-        self._start_failures += 1
-        if self._start_failures >= MAX_START_FAILURES:
-            self._broken = f"reward workers cannot start ({why})"
-            print(f"rollyard: {self._broken}; every further reward call scores 0 with an error flag",
-                  file=sys.stderr)
-        self._replace(w)
-
-    def _replace(self, w: _Worker) -> None:
-        """Kill ``w`` and start a fresh worker in its place (unless shutting down or broken)."""
-        _kill(w.proc)
-        self._procs.discard(w.proc)
-        idx = self._workers.index(w)
-        if self._stop or self._broken:
-            self._workers.pop(idx)
-            if self._broken:
-                with self._cond:
-                    jobs = list(self._pending)
-                    self._pending.clear()
-                for job in jobs:
-                    self._finish(job, 0.0, f"error: {self._broken}", "error")
-            return
-        self._workers[idx] = self._spawn()
-        with self._cond:
-            self.stats["worker_restarts"] += 1
-
-    def _shutdown_workers(self) -> None:
-        """Close every worker's stdin (it exits on EOF), give them a moment, then kill what is left."""
-        for w in self._workers:
-            try:
-                w.proc.stdin.close()
-            except OSError:
-                pass
-        deadline = time.monotonic() + 1.0
-        for w in self._workers:
-            try:
-                w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _kill(w.proc)
-            self._procs.discard(w.proc)
-        self._workers = []
 
     # ---------------------------------------------------------------------------- feeder loop
     def _loop(self) -> None:
@@ -563,21 +369,11 @@ class RewardDispatcher:
                     if self._stop:
                         return
                 self._assign()
-                now = time.monotonic()
                 deadlines = [w.deadline for w in self._workers if w.job is not None]
-                deadlines += [w.start_deadline for w in self._workers if w.state == "starting"]
-                timeout = max(0.0, min(deadlines) - now) if deadlines else None
-                fds = [self._wake_r] + [w.fd for w in self._workers]
-                ready, _, _ = select.select(fds, [], [], timeout)
-                if self._wake_r in ready:
-                    try:
-                        while os.read(self._wake_r, 4096):
-                            pass
-                    except BlockingIOError:
-                        pass
-                for w in list(self._workers):
-                    if w in self._workers and w.fd in ready:
-                        self._on_readable(w)
+                for w, frames in self._pool.wait(min(deadlines) if deadlines else None):
+                    if w in self._workers:
+                        self._on_frames(w, frames)
+                self._flush_if_broken()
                 now = time.monotonic()
                 for w in list(self._workers):
                     if w.job is not None and now >= w.deadline:
@@ -588,12 +384,25 @@ class RewardDispatcher:
                             self._hung.append(getattr(job.samples[0], "request_id", job.seqs[0]) if job.samples else None)
                         if self._hung and len(self._hung) >= max(self.num_workers, 2) and len(set(self._hung)) >= 2:
                             self._give_up_batch()
-                    elif w.state == "starting" and now >= w.start_deadline:
-                        self._start_failed(w, f"no worker finished importing the hook within {self.start_timeout_s:.0f}s")
         except BaseException as e:  # noqa: BLE001 - surfaced to every waiter instead of a silent hang
             with self._cond:
                 self._crash = e
                 self._cond.notify_all()
+
+    def _replace(self, w: Worker) -> None:
+        """A fresh worker in ``w``'s place (the pool's job); the queue is flagged if the pool is broken."""
+        self._pool.replace(w)
+        self._flush_if_broken()
+
+    def _flush_if_broken(self) -> None:
+        """No worker can start: flag the queued calls instead of leaving them waiting."""
+        if not self._pool.broken:
+            return
+        with self._cond:
+            jobs = list(self._pending)
+            self._pending.clear()
+        for job in jobs:
+            self._finish(job, 0.0, f"error: {self._pool.broken}", "error")
 
     def _give_up_batch(self) -> None:
         """Every worker timed out in a row: flag this batch's queued samples ``timeout`` without running them."""
@@ -609,7 +418,7 @@ class RewardDispatcher:
 
     def _assign(self) -> None:
         while True:
-            idle = [w for w in self._workers if w.state == "idle"]
+            idle = self._pool.idle()
             if not idle:
                 return
             with self._cond:
@@ -624,7 +433,7 @@ class RewardDispatcher:
                 self._finish(job, 0.0, f"error: meta is not picklable: {type(e).__name__}: {e}", "error")
                 continue
             w.sent_at = time.monotonic()
-            if self._send(w, frame):
+            if self._pool.send(w, frame):
                 limit = self.timeout_s if self.timeout_policy is None else self.timeout_policy.timeout(job.samples[0].meta)
                 w.job, w.state, w.deadline = job, "busy", w.sent_at + limit
             else:  # the worker died while idle: not this job's fault, requeue it
@@ -632,26 +441,17 @@ class RewardDispatcher:
                     self._pending.appendleft(job)
                 self._replace(w)
 
-    def _on_readable(self, w: _Worker) -> None:
-        frames = self._read(w)
+    def _on_frames(self, w: Worker, frames: list | None) -> None:
+        """A started worker's replies, or its death (``frames`` None)."""
         if frames is None:
-            rc = w.proc.wait()
             job, w.job = w.job, None
-            if w.state == "starting":
-                self._start_failed(w, f"worker exited while importing the hook ({_describe_exit(rc)})")
-            else:
-                self._replace(w)
+            self._replace(w)
             if job is not None:
-                self._finish(job, 0.0, f"error: worker died ({_describe_exit(rc)})", "error",
+                self._finish(job, 0.0, f"error: worker died ({describe_exit(w.proc.returncode)})", "error",
                              latency=time.monotonic() - w.sent_at)
             return
         now = time.monotonic()
         for fr in frames:
-            if w.state == "starting":
-                self._on_start_frame(w, fr, initial=False)
-                if w not in self._workers:
-                    return
-                continue
             seq, status, value, verify_s = fr
             job = w.job
             if job is None or seq != job.seq:
