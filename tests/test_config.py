@@ -27,7 +27,7 @@ def test_yaml_file(tmp_path):
     ("trainr.lr=1", "trainr", "trainer"),
     ("stpes=3", "stpes", "steps"),
     ("lr=1", "lr", "trainer.lr"),  # a nested leaf's own name, not the closest top-level key (eval_every)
-    ("temperature=1", "temperature", "rollout.temperature"),
+    ("temprature=1", "temprature", "rollout.temperature"),  # (`temperature` alone is TRL's name for it)
     ("rollout.lr=1", "rollout.lr", "trainer.lr"),
 ])
 def test_unknown_key_names_key_and_closest(override, named, suggested):

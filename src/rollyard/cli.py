@@ -22,7 +22,7 @@ commands:
   plan    [FILE] [--json] [--out DIR] ...                           price a configuration (bytes, steps/hour)
   review  RUN_DIR [--plan FILE] ...                                 hold a measured run against its plan
   report  RUN_DIR                                                   PNG plots of a run (RUN_DIR/plots/)
-  config                                                            list every config key with its default
+  config  [--trl | --verl | --markdown]                              every config key with its default; TRL / verl names
 """
 
 
@@ -91,8 +91,21 @@ def cmd_sft(argv: list[str]) -> int:
 
 
 def cmd_config(argv: list[str]) -> int:
+    from rollyard import aliases
     from rollyard.config import describe
-    print("\n".join(describe()))
+
+    p = argparse.ArgumentParser(prog="rollyard config")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--trl", action="store_true", help="TRL GRPOConfig names and the rollyard keys they set")
+    g.add_argument("--verl", action="store_true", help="verl names and the rollyard keys they set")
+    g.add_argument("--markdown", action="store_true", help="both mappings as docs/config-mapping.md")
+    args = p.parse_args(argv)
+    if args.trl or args.verl:
+        print(aliases.text(aliases.TRL if args.trl else aliases.VERL))
+    elif args.markdown:
+        print(aliases.markdown(), end="")
+    else:
+        print("\n".join(describe()))
     return 0
 
 

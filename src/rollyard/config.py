@@ -1,8 +1,11 @@
 """Typed run configuration: one pydantic model per role, loaded from TOML/YAML plus overrides.
 
-Every field has a description (shown by ``rollyard train --help-config``) and bounds. An unknown
-key anywhere is an error naming the key and the closest valid one; a resolved copy (every default
-filled in) is written to the run directory as ``config.yaml``.
+Every field has a description (``rollyard config`` lists them with their defaults) and bounds. TRL's
+GRPOConfig names and common verl names are accepted as aliases, their units converted
+(``rollyard.aliases``; ``rollyard config --trl`` / ``--verl`` prints the mapping). An unknown key
+anywhere is an error naming the key and the closest valid one (a rollyard key or an alias); a
+resolved copy (rollyard's names, every default filled in) is written to the run directory as
+``config.yaml``.
 """
 
 from __future__ import annotations
@@ -10,12 +13,15 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rollyard import aliases
 
 
 class ConfigError(ValueError):
@@ -235,30 +241,122 @@ def leaf_paths(model: type[BaseModel] = RunConfig, prefix: str = "") -> list[str
 
 
 def suggest(key: str, model: type[BaseModel], prefix: str) -> str:
-    """The closest valid dotted key to ``prefix + key``: a field here, or one nested deeper whose own
-    name matches (``lr`` -> ``trainer.lr``, not ``eval_every``)."""
+    """The closest valid dotted key to ``prefix + key``: a field here, one nested deeper whose own name
+    matches (``lr`` -> ``trainer.lr``, not ``eval_every``), or a TRL / verl alias (``num_generation`` ->
+    ``num_generations``, shown with the rollyard key it sets)."""
     here = [prefix + n for n in model.model_fields]
     deeper = [prefix + p for p in leaf_paths(model) if "." in p]
     exact = [p for p in deeper + leaf_paths() if p.rsplit(".", 1)[-1] == key]
     if exact:
         return exact[0]
-    scored = [(difflib.SequenceMatcher(None, key, p.rsplit(".", 1)[-1]).ratio(), -len(p), p) for p in here + deeper]
-    return max(scored)[2] if scored else "?"
+    names = [a for a in aliases.ALIASES if a.startswith(prefix)] if prefix else list(aliases.ALIASES)
+    # on a tie, rollyard's own key before an alias that sets it
+    scored = [(difflib.SequenceMatcher(None, key, p.rsplit(".", 1)[-1]).ratio(), 1, -len(p), p) for p in here + deeper]
+    scored += [(max(difflib.SequenceMatcher(None, prefix + key, a).ratio(),
+                    difflib.SequenceMatcher(None, key, a.rsplit(".", 1)[-1]).ratio()), 0, -len(a), a) for a in names]
+    return max(scored)[-1] if scored else "?"
+
+
+def _did_you_mean(key: str, model: type[BaseModel], prefix: str) -> str:
+    best = suggest(key, model, prefix)
+    alias = aliases.ALIASES.get(best)
+    if alias is None:
+        return f"did you mean {best!r}?"
+    return f"did you mean {best!r} ({alias.source}'s name for {', '.join(alias.to) or 'no rollyard key'})?"
 
 
 def check_keys(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "") -> None:
     """Reject unknown keys anywhere in ``data``, naming the key and the closest valid one."""
     fields = model.model_fields
     for key, value in data.items():
+        if key not in fields and isinstance(value, dict) and aliases.is_prefix(prefix + key):
+            leaf = _first_leaf(value, prefix + key)  # what is left under a verl section is not an alias
+            best = max(aliases.ALIASES, key=lambda a: difflib.SequenceMatcher(None, leaf, a).ratio())
+            raise ConfigError(f"unknown config key {leaf!r}: not a rollyard key nor a known verl name; "
+                              f"{_did_you_mean(best, RunConfig, '')} (rollyard config --verl lists them)")
         if key not in fields:
             valid = sorted(fields)
             raise ConfigError(
-                f"unknown config key {prefix + key!r}: did you mean {suggest(key, model, prefix)!r}? "
+                f"unknown config key {prefix + key!r}: {_did_you_mean(key, model, prefix)} "
                 f"Valid keys here: {', '.join(valid)}"
             )
         sub = fields[key].annotation
         if isinstance(value, dict) and isinstance(sub, type) and issubclass(sub, BaseModel):
             check_keys(value, sub, prefix + key + ".")
+
+
+def _take_aliases(data: dict, model: type[BaseModel] = RunConfig, prefix: str = "") -> dict[str, Any]:
+    """Remove the TRL / verl alias keys from ``data`` (nested, as in a file) and return them dotted."""
+    found: dict[str, Any] = {}
+    for key in list(data):
+        dotted, value = prefix + key, data[key]
+        sub = model.model_fields[key].annotation if key in model.model_fields else None
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            if isinstance(value, dict):
+                found.update(_take_aliases(value, sub, dotted + "."))
+        elif sub is None and dotted in aliases.ALIASES:
+            found[dotted] = data.pop(key)
+        elif sub is None and isinstance(value, dict) and aliases.is_prefix(dotted):
+            found.update(_take_aliases_below(value, dotted))
+            if not value:
+                del data[key]
+    return found
+
+
+def _take_aliases_below(node: dict, prefix: str) -> dict[str, Any]:
+    """Aliases under a section rollyard does not have (``actor_rollout_ref``, ``algorithm``); what is
+    left in ``node`` is reported as unknown by ``check_keys``."""
+    found: dict[str, Any] = {}
+    for key in list(node):
+        dotted = f"{prefix}.{key}"
+        if dotted in aliases.ALIASES:
+            found[dotted] = node.pop(key)
+        elif isinstance(node[key], dict) and aliases.is_prefix(dotted):
+            found.update(_take_aliases_below(node[key], dotted))
+            if not node[key]:
+                del node[key]
+    return found
+
+
+def _get_dotted(data: dict, dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _apply_aliases(found: dict[str, Any], own: dict, context: dict, target: dict) -> None:
+    """Set in ``target`` the rollyard values of the aliases ``found``; a conversion reads ``own`` (the
+    same file, or the same command line) first, then ``context``. ConfigError (one line) for an alias
+    with no equivalent, or one that disagrees with the rollyard key set beside it."""
+    if not found:
+        return
+    def keys(dotted: str) -> Any:
+        mine = _get_dotted(own, dotted)
+        return mine if mine is not None else _get_dotted(context, dotted)
+    try:
+        values, notes = aliases.convert(found, keys)
+    except aliases.NoEquivalent as e:
+        raise ConfigError(f"{e}; rollyard config --{_source_of(found).lower()} lists the mapping") from None
+    for key, value in values.items():
+        mine = _get_dotted(own, key)
+        if mine is not None and mine != value:
+            name = next(n for n in found if key in aliases.ALIASES[n].to)
+            raise ConfigError(f"{name} sets {key}={value!r} but {key}={mine!r} is set too; keep one of them")
+        _set_dotted(target, key, value)
+    for note in notes:
+        print(f"rollyard: config: {note}", file=sys.stderr)
+
+
+def _source_of(found: dict[str, Any]) -> str:
+    return aliases.ALIASES[next(iter(found))].source
+
+
+def _first_leaf(node: dict, prefix: str) -> str:
+    key, value = next(iter(node.items()))
+    return _first_leaf(value, f"{prefix}.{key}") if isinstance(value, dict) and value else f"{prefix}.{key}"
 
 
 def _set_dotted(data: dict, dotted: str, value: Any) -> None:
@@ -280,6 +378,11 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, str):  # YAML 1.1 reads 1e-6 as a string (it wants 1.0e-6)
+        try:
+            value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
+        except ValueError:
+            pass
     return key.strip(), value
 
 
@@ -315,11 +418,17 @@ def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | No
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections (or a RunConfig, or a file), got {type(data).__name__}")
     data = copy.deepcopy(data)
-    for text in overrides:
-        key, value = parse_override(text)
-        _set_dotted(data, key, value)
-    for key, value in (values or {}).items():
-        _set_dotted(data, key, value)
+    _apply_aliases(_take_aliases(data), data, {}, data)  # the file's TRL / verl names
+    plain: dict = {}
+    cli: dict[str, Any] = {}  # the command line's aliases
+    given = [parse_override(text) for text in overrides] + list((values or {}).items())
+    for key, value in given:
+        if key in aliases.ALIASES:
+            cli[key] = value
+        else:
+            _set_dotted(plain, key, value)
+            _set_dotted(data, key, value)
+    _apply_aliases(cli, plain, data, data)
     check_keys(data)
     try:
         return RunConfig.model_validate(data)

@@ -1,0 +1,345 @@
+"""TRL's GRPOConfig names and common verl names, accepted as aliases of rollyard's config keys.
+
+One table (:data:`ALIASES`) is the source of the aliases accepted in config files and overrides, of
+``rollyard config --trl`` / ``--verl`` and of ``docs/config-mapping.md`` (:func:`markdown`; a test
+checks the doc is current). Each alias names the rollyard keys it sets and the rule: the same value,
+a unit conversion, or why rollyard has no equivalent (then using it is one line and exit 2, never a
+silent drop). Memory-only knobs that do not change what is computed are accepted with a note.
+
+The one unit that differs: TRL counts a batch in completions, rollyard in prompts.
+``rollout.prompts_per_step = per_device_train_batch_size x gradient_accumulation_steps x trainer.dp
+/ num_generations`` (TRL's defaults 8, 1 and 8 where a name is not given); it must divide evenly.
+verl's ``data.train_batch_size`` already counts prompts.
+
+Standard library only (the config layer imports it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+TRL, VERL = "TRL", "verl"
+TRL_DEFAULTS = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "num_generations": 8}
+BATCH_RULE = ("rollout.prompts_per_step = per_device_train_batch_size x gradient_accumulation_steps x trainer.dp "
+              "/ num_generations (TRL counts completions, rollyard prompts)")
+
+
+class NoEquivalent(ValueError):
+    """This alias (or this value of it) has no rollyard equivalent; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Ctx:
+    """What a conversion may read: the other aliases of the same source, and rollyard keys (dotted)."""
+
+    aliases: dict[str, Any]
+    keys: Callable[[str], Any]  # dotted rollyard key -> value or None (the source's own, else the earlier config)
+
+    def alias(self, name: str, default: Any = None) -> Any:
+        return self.aliases.get(name, default)
+
+
+@dataclass(frozen=True)
+class Alias:
+    name: str
+    source: str
+    to: tuple[str, ...]  # the rollyard keys it sets; () when it sets none (no equivalent, checked, ignored)
+    rule: str  # "same value", the conversion, or why there is no equivalent
+    convert: Callable[[Any, Ctx], dict[str, Any]] | None = None  # None: the value, unchanged, to to[0]
+    ignored: bool = False  # memory / speed only: accepted with a note, nothing set
+
+    def apply(self, value: Any, ctx: Ctx) -> dict[str, Any]:
+        if self.ignored:
+            return {}
+        if self.convert is None and not self.to:
+            raise NoEquivalent(f"no rollyard equivalent: {self.rule}")
+        return self.convert(value, ctx) if self.convert else {self.to[0]: value}
+
+
+# ------------------------------------------------------------------------------------ conversions
+def _int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise NoEquivalent(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _trl_batch(_value: Any, ctx: Ctx) -> dict[str, Any]:
+    per = _int("per_device_train_batch_size", ctx.alias("per_device_train_batch_size",
+                                                        TRL_DEFAULTS["per_device_train_batch_size"]))
+    ga = _int("gradient_accumulation_steps", ctx.alias("gradient_accumulation_steps",
+                                                       TRL_DEFAULTS["gradient_accumulation_steps"]))
+    n = _int("num_generations", ctx.alias("num_generations", ctx.keys("rollout.samples_per_prompt")
+                                          or TRL_DEFAULTS["num_generations"]))
+    dp = ctx.keys("trainer.dp") or 1
+    completions = per * ga * dp
+    if completions % n:
+        raise NoEquivalent(f"per_device_train_batch_size x gradient_accumulation_steps x trainer.dp = {per} x {ga} "
+                           f"x {dp} = {completions} completions is not a multiple of num_generations={n}; rollyard "
+                           f"counts a step in whole prompts ({BATCH_RULE}): make it a multiple of {n}")
+    return {"rollout.prompts_per_step": completions // n}
+
+
+def _epsilon(value: Any, ctx: Ctx) -> dict[str, Any]:
+    # TRL: epsilon_high defaults to epsilon; verl: clip_ratio is both bounds unless low/high are given.
+    high = "epsilon_high" if "epsilon_high" in ctx.aliases else "actor_rollout_ref.actor.clip_ratio_high"
+    out = {"algo.clip_low": value}
+    if high not in ctx.aliases and ctx.keys("algo.clip_high") is None:
+        out["algo.clip_high"] = value
+    return out
+
+
+def _verl_clip(value: Any, ctx: Ctx) -> dict[str, Any]:
+    out = {}
+    if "actor_rollout_ref.actor.clip_ratio_low" not in ctx.aliases and ctx.keys("algo.clip_low") is None:
+        out["algo.clip_low"] = value
+    if "actor_rollout_ref.actor.clip_ratio_high" not in ctx.aliases and ctx.keys("algo.clip_high") is None:
+        out["algo.clip_high"] = value
+    return out
+
+
+def _choice(key: str, table: dict[Any, Any], what: str) -> Callable[[Any, Ctx], dict[str, Any]]:
+    def convert(value: Any, _ctx: Ctx) -> dict[str, Any]:
+        v = value.lower() if isinstance(value, str) else value
+        if v not in table:
+            raise NoEquivalent(f"no rollyard equivalent for {what} {value!r}; rollyard supports "
+                               f"{', '.join(repr(k) for k in table)}")
+        return {key: table[v]} if key else {}
+    return convert
+
+
+def _trackers(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    names = [value] if isinstance(value, str) else list(value or [])
+    names = [str(n).lower() for n in names]
+    if "all" in names:
+        names = ["wandb", "tensorboard"]
+    bad = [n for n in names if n not in ("wandb", "tensorboard", "none", "console")]
+    if bad:
+        raise NoEquivalent(f"no rollyard equivalent for tracker {bad[0]!r}; rollyard logs to wandb, tensorboard "
+                           f"and metrics.jsonl (always)")
+    return {"log.wandb": "wandb" in names, "log.tensorboard": "tensorboard" in names}
+
+
+def _verl_kl(value: Any, ctx: Ctx) -> dict[str, Any]:
+    on = ctx.alias("actor_rollout_ref.actor.use_kl_loss", False)
+    coef = ctx.alias("actor_rollout_ref.actor.kl_loss_coef", 0.001)  # verl's default coefficient
+    return {"algo.kl_coef": float(coef) if on else 0.0}
+
+
+def _verl_hook(_value: Any, ctx: Ctx) -> dict[str, Any]:
+    path = ctx.alias("custom_reward_function.path")
+    if not path:
+        raise NoEquivalent("custom_reward_function.name without custom_reward_function.path: give the file too")
+    return {"reward.hook": f"{path}:{ctx.alias('custom_reward_function.name', 'compute_score')}"}
+
+
+def _one_file(value: Any, key: str) -> dict[str, Any]:
+    files = [value] if isinstance(value, str) else list(value or [])
+    if len(files) != 1:
+        raise NoEquivalent(f"{len(files)} files given; rollyard reads one {key} file: concatenate them")
+    return {key: files[0]}
+
+
+def _same_as_batch(name: str) -> Callable[[Any, Ctx], dict[str, Any]]:
+    def convert(value: Any, ctx: Ctx) -> dict[str, Any]:
+        batch = ctx.alias("data.train_batch_size", ctx.keys("rollout.prompts_per_step"))
+        if value != batch:
+            raise NoEquivalent(f"{name}={value} is smaller than the batch ({batch} prompts): rollyard takes one "
+                               f"optimizer step per batch; set {name} = data.train_batch_size, or lower the batch")
+        return {}
+    return convert
+
+
+def _no(name: str, source: str, why: str) -> Alias:
+    return Alias(name, source, (), why)
+
+
+def _ignored(name: str, source: str, why: str) -> Alias:
+    return Alias(name, source, (), why, ignored=True)
+
+
+def _same(name: str, source: str, key: str) -> Alias:
+    return Alias(name, source, (key,), "same value")
+
+
+_BATCH = "completions -> prompts: x gradient_accumulation_steps x trainer.dp / num_generations (the batch rule)"
+_ONE_UPDATE = "rollyard takes one optimizer step per batch of rollouts (on-policy); remove it"
+_MEMORY = "memory only, the math is the same: rollyard sizes micro-batches by trainer.micro_batch_tokens"
+
+ALIASES_LIST: list[Alias] = [
+    # ---- TRL GRPOConfig (and the TRL script's model / dataset arguments)
+    _same("learning_rate", TRL, "trainer.lr"),
+    _same("num_generations", TRL, "rollout.samples_per_prompt"),
+    _same("max_completion_length", TRL, "rollout.max_new_tokens"),
+    _same("beta", TRL, "algo.kl_coef"),
+    Alias("epsilon", TRL, ("algo.clip_low", "algo.clip_high"), "clip_low; clip_high too unless epsilon_high is given",
+          _epsilon),
+    _same("epsilon_high", TRL, "algo.clip_high"),
+    Alias("per_device_train_batch_size", TRL, ("rollout.prompts_per_step",), _BATCH, _trl_batch),
+    Alias("gradient_accumulation_steps", TRL, ("rollout.prompts_per_step",), _BATCH, _trl_batch),
+    _same("temperature", TRL, "rollout.temperature"),
+    _same("top_p", TRL, "rollout.top_p"),
+    _same("max_steps", TRL, "steps"),
+    _same("seed", TRL, "seed"),
+    _same("output_dir", TRL, "out_dir"),
+    _same("weight_decay", TRL, "trainer.weight_decay"),
+    _same("max_grad_norm", TRL, "trainer.max_grad_norm"),
+    Alias("logging_steps", TRL, ("log.progress_every",), "progress line every N steps (metrics.jsonl has every step)"),
+    _same("save_steps", TRL, "checkpoint_every"),
+    _same("save_total_limit", TRL, "keep_checkpoints"),
+    _same("eval_steps", TRL, "eval_every"),
+    Alias("report_to", TRL, ("log.wandb", "log.tensorboard"), "wandb / tensorboard / all / none -> log.wandb, "
+          "log.tensorboard", _trackers),
+    _same("reward_weights", TRL, "reward.weights"),
+    Alias("scale_rewards", TRL, ("algo.normalize_std",), "true / 'group' -> true; false / 'none' -> false",
+          _choice("algo.normalize_std", {True: True, False: False, "group": True, "none": False}, "scale_rewards")),
+    Alias("loss_type", TRL, ("algo.loss_agg",), "'grpo' -> seq-mean; 'bnpo' / 'dapo' -> token-mean",
+          _choice("algo.loss_agg", {"grpo": "seq-mean", "bnpo": "token-mean", "dapo": "token-mean"}, "loss_type")),
+    Alias("bf16", TRL, ("trainer.precision",), "true -> bf16, false -> fp32",
+          _choice("trainer.precision", {True: "bf16", False: "fp32"}, "bf16")),
+    Alias("use_vllm", TRL, ("rollout.backend",), "true -> vllm, false -> native",
+          _choice("rollout.backend", {True: "vllm", False: "native"}, "use_vllm")),
+    _same("model_name_or_path", TRL, "model.name"),
+    Alias("dataset_name", TRL, ("data.path",), "a local .jsonl or .parquet file (no Hub download)"),
+    _no("num_iterations", TRL, _ONE_UPDATE),
+    _no("steps_per_generation", TRL, _ONE_UPDATE),
+    _no("num_train_epochs", TRL, "rollyard counts optimizer steps: set max_steps (steps)"),
+    _no("lr_scheduler_type", TRL, "rollyard keeps the learning rate constant; remove it"),
+    _no("warmup_ratio", TRL, "rollyard has no learning-rate warm-up; remove it"),
+    _no("warmup_steps", TRL, "rollyard has no learning-rate warm-up; remove it"),
+    _no("max_prompt_length", TRL, "rollyard does not truncate prompts (one longer than the context is an error); "
+                                  "remove it"),
+    _no("top_k", TRL, "rollyard samples with temperature and top_p only; remove it"),
+    _no("repetition_penalty", TRL, "rollyard samples with temperature and top_p only; remove it"),
+    _ignored("gradient_checkpointing", TRL, "memory only, the math is the same"),
+    _ignored("per_device_eval_batch_size", TRL, "held-out eval is greedy, one sample per prompt"),
+    _ignored("logging_first_step", TRL, "metrics.jsonl has every step"),
+    # ---- verl (dotted, as in its YAML / Hydra overrides)
+    _same("data.train_batch_size", VERL, "rollout.prompts_per_step"),
+    _same("data.max_response_length", VERL, "rollout.max_new_tokens"),
+    Alias("data.train_files", VERL, ("data.path",), "one file", lambda v, _c: _one_file(v, "data.path")),
+    Alias("data.val_files", VERL, ("data.eval_path",), "one file", lambda v, _c: _one_file(v, "data.eval_path")),
+    Alias("data.prompt_key", VERL, ("data.fields",), "data.fields = {prompt: <key>}",
+          lambda v, c: {"data.fields": {**(c.keys("data.fields") or {}), "prompt": v}}),
+    _no("data.max_prompt_length", VERL, "rollyard does not truncate prompts (one longer than the context is an "
+                                        "error); remove it"),
+    _same("actor_rollout_ref.model.path", VERL, "model.name"),
+    _same("actor_rollout_ref.actor.optim.lr", VERL, "trainer.lr"),
+    _same("actor_rollout_ref.actor.optim.weight_decay", VERL, "trainer.weight_decay"),
+    _same("actor_rollout_ref.actor.grad_clip", VERL, "trainer.max_grad_norm"),
+    Alias("actor_rollout_ref.actor.clip_ratio", VERL, ("algo.clip_low", "algo.clip_high"),
+          "both bounds unless clip_ratio_low / clip_ratio_high are given", _verl_clip),
+    _same("actor_rollout_ref.actor.clip_ratio_low", VERL, "algo.clip_low"),
+    _same("actor_rollout_ref.actor.clip_ratio_high", VERL, "algo.clip_high"),
+    Alias("actor_rollout_ref.actor.use_kl_loss", VERL, ("algo.kl_coef",), "kl_coef = kl_loss_coef if true, else 0",
+          _verl_kl),
+    Alias("actor_rollout_ref.actor.kl_loss_coef", VERL, ("algo.kl_coef",), "kl_coef = kl_loss_coef if use_kl_loss, "
+          "else 0", _verl_kl),
+    Alias("actor_rollout_ref.actor.kl_loss_type", VERL, (), "'low_var_kl' (k3) only",
+          _choice("", {"low_var_kl": None, "k3": None}, "kl_loss_type")),
+    Alias("actor_rollout_ref.actor.loss_agg_mode", VERL, ("algo.loss_agg",),
+          "'token-mean' -> token-mean; 'seq-mean-token-mean' -> seq-mean",
+          _choice("algo.loss_agg", {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean"}, "loss_agg_mode")),
+    Alias("actor_rollout_ref.actor.entropy_coeff", VERL, (), "0 only (rollyard has no entropy bonus)",
+          _choice("", {0: None}, "entropy_coeff")),
+    Alias("actor_rollout_ref.actor.ppo_mini_batch_size", VERL, (),
+          "must equal data.train_batch_size (one optimizer step per batch)",
+          _same_as_batch("actor_rollout_ref.actor.ppo_mini_batch_size")),
+    _no("actor_rollout_ref.actor.ppo_epochs", VERL, _ONE_UPDATE),
+    _ignored("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", VERL, _MEMORY),
+    _ignored("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", VERL, _MEMORY),
+    _ignored("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", VERL, _MEMORY),
+    _ignored("actor_rollout_ref.rollout.gpu_memory_utilization", VERL, "memory only: see rollout.max_cache_tokens"),
+    _ignored("actor_rollout_ref.model.enable_gradient_checkpointing", VERL, "memory only, the math is the same"),
+    _ignored("actor_rollout_ref.model.use_remove_padding", VERL, "rollyard packs sequences on its own"),
+    _same("actor_rollout_ref.rollout.n", VERL, "rollout.samples_per_prompt"),
+    _same("actor_rollout_ref.rollout.temperature", VERL, "rollout.temperature"),
+    _same("actor_rollout_ref.rollout.top_p", VERL, "rollout.top_p"),
+    Alias("actor_rollout_ref.rollout.name", VERL, ("rollout.backend",), "'vllm' -> vllm; 'hf' -> native",
+          _choice("rollout.backend", {"vllm": "vllm", "hf": "native"}, "rollout.name")),
+    Alias("algorithm.adv_estimator", VERL, (), "'grpo' only (rollyard's advantages are GRPO's)",
+          _choice("", {"grpo": None}, "adv_estimator")),
+    _same("algorithm.norm_adv_by_std_in_grpo", VERL, "algo.normalize_std"),
+    Alias("algorithm.use_kl_in_reward", VERL, (), "false only (rollyard's KL is a loss term: "
+          "actor.use_kl_loss)", _choice("", {False: None}, "use_kl_in_reward")),
+    _same("trainer.total_training_steps", VERL, "steps"),
+    _no("trainer.total_epochs", VERL, "rollyard counts optimizer steps: set trainer.total_training_steps (steps)"),
+    _same("trainer.save_freq", VERL, "checkpoint_every"),
+    _same("trainer.test_freq", VERL, "eval_every"),
+    _same("trainer.default_local_dir", VERL, "out_dir"),
+    _same("trainer.project_name", VERL, "log.wandb_project"),
+    _ignored("trainer.experiment_name", VERL, "the run directory (out_dir) names the run"),
+    Alias("trainer.logger", VERL, ("log.wandb", "log.tensorboard"), "['console', 'wandb', 'tensorboard'] -> "
+          "log.wandb, log.tensorboard", _trackers),
+    _ignored("trainer.n_gpus_per_node", VERL, "rollyard places roles by `placement` and trainer.dp"),
+    _ignored("trainer.nnodes", VERL, "rollyard places roles by `placement` and trainer.dp"),
+    Alias("custom_reward_function.path", VERL, ("reward.hook",), "reward.hook = <path>:<name> (name default "
+          "compute_score)", _verl_hook),
+    Alias("custom_reward_function.name", VERL, ("reward.hook",), "reward.hook = <path>:<name>", _verl_hook),
+]
+ALIASES: dict[str, Alias] = {a.name: a for a in ALIASES_LIST}
+
+
+def is_prefix(dotted: str) -> bool:
+    """Some alias lies under ``dotted`` (a verl section such as ``actor_rollout_ref.rollout``)."""
+    return any(name.startswith(dotted + ".") for name in ALIASES)
+
+
+def convert(found: dict[str, Any], keys: Callable[[str], Any]) -> tuple[dict[str, Any], list[str]]:
+    """The rollyard values (dotted key -> value) the aliases ``found`` (name -> value) set, and the notes
+    for accepted-and-ignored ones. NoEquivalent (naming the alias) for one rollyard cannot honour, or for
+    two aliases that set one key to different values."""
+    ctx = Ctx(found, keys)
+    out: dict[str, Any] = {}
+    by: dict[str, str] = {}
+    notes = []
+    for name, value in found.items():
+        a = ALIASES[name]
+        try:
+            values = a.apply(value, ctx)
+        except NoEquivalent as e:
+            raise NoEquivalent(f"{name} ({a.source}) = {value!r}: {e}") from None
+        if a.ignored:
+            notes.append(f"{name} ({a.source}) is accepted and ignored: {a.rule}")
+        for key, v in values.items():
+            if key in out and out[key] != v:
+                raise NoEquivalent(f"{by[key]} and {name} both set {key}, to {out[key]!r} and {v!r}; keep one")
+            out[key], by[key] = v, name
+    return out, notes
+
+
+def table(source: str) -> list[tuple[str, str, str]]:
+    """``(alias, rollyard keys, rule)`` rows of ``source`` (TRL or verl)."""
+    rows = []
+    for a in ALIASES_LIST:
+        if a.source == source:
+            to = ", ".join(a.to) or ("(accepted, ignored)" if a.ignored else "(value checked)" if a.convert
+                                     else "(no equivalent)")
+            rows.append((a.name, to, a.rule))
+    return rows
+
+
+def text(source: str) -> str:
+    """The mapping as aligned plain text (``rollyard config --trl`` / ``--verl``)."""
+    rows = table(source)
+    w0, w1 = max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    head = f"{source} name -> rollyard key (rule); {BATCH_RULE}" if source == TRL else f"{source} name -> rollyard key (rule)"
+    return "\n".join([head] + [f"{a:<{w0}}  {b:<{w1}}  {c}" for a, b, c in rows])
+
+
+def markdown() -> str:
+    """``docs/config-mapping.md``: both tables, generated from :data:`ALIASES_LIST`."""
+    out = ["# TRL and verl names in rollyard configs", "",
+           "Generated from `src/rollyard/aliases.py` by `rollyard config --markdown`; do not edit by hand.", "",
+           "Every name below is accepted in a config file (nested sections for verl's dotted names) and as an",
+           "override (`learning_rate=1e-6`, `actor_rollout_ref.rollout.n=8`). A name with no rollyard equivalent",
+           "stops the run with one line (exit 2); a memory-only knob is accepted with a note. The resolved",
+           "config (`RUN_DIR/config.yaml`) holds rollyard's names.", "",
+           f"Batch unit: {BATCH_RULE}; the product must be a multiple of num_generations. verl's",
+           "`data.train_batch_size` counts prompts already.", ""]
+    for source in (TRL, VERL):
+        out += [f"## {source}", "", f"| {source} | rollyard | rule |", "|---|---|---|"]
+        out += [f"| `{a}` | {b if b.startswith('(') else '`' + b + '`'} | {c.replace('|', '/')} |"
+                for a, b, c in table(source)]
+        out.append("")
+    return "\n".join(out)
