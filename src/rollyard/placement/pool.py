@@ -269,6 +269,8 @@ class RolloutPool:
             try:
                 nbytes = p.publish(self.r.model, version, self.workers)
                 span.update(bytes=nbytes, values=sum(t.numel() for t in p.last.tensors.values()))
+                for name in p.missed:
+                    self._catch_up(name)
             except weights.SyncBroken as e:  # a member died mid-broadcast: replace it, rebuild, catch the rest up
                 self.run.log(f"[yellow]{escape(str(e))}; rebuilding the sync group[/yellow]")
                 nbytes = 0

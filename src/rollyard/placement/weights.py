@@ -51,6 +51,7 @@ class Publisher:
         self.base = lora.base_weights(model, plan.dtype) if plan.mode == "lora" else None
         self.last: WeightUpdate | None = None
         self.group: SyncGroup | None = None
+        self.missed: list[str] = []  # workers that failed to receive the last broadcast
         self.generation = 0
 
     @property
@@ -86,12 +87,20 @@ class Publisher:
             for h in workers.values():
                 h.update.remote([self.store.ref])
             return nbytes
-        for h in workers.values():
-            h.recv_dist.remote(self.generation, self.bucket_bytes)
+        refs = {h.recv_dist.remote(self.generation, self.bucket_bytes): name for name, h in workers.items()}
         try:
-            return DistTransport(self.bucket_bytes, group=self.group).send(update)
+            nbytes = DistTransport(self.bucket_bytes, group=self.group).send(update)
         except RuntimeError as e:  # gloo: a peer closed its connection or timed out
             raise SyncBroken(f"weight broadcast v{version} failed: {str(e).splitlines()[0]}") from e
+        self.missed = []  # workers whose receive failed (not dead): the caller sends them the snapshot
+        for ref, name in refs.items():
+            try:
+                ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError:
+                pass  # dead: the pool replaces it from the snapshot
+            except (ray.exceptions.RayError, RuntimeError):
+                self.missed.append(name)
+        return nbytes
 
     def snapshot(self) -> WeightUpdate:
         """A full update at the last published version (the receiver needs no base version)."""
