@@ -47,3 +47,13 @@ def fails_on_b(prompts, completions, **kwargs):
     if "b" in completions:
         raise ValueError("saw b")
     return [1.0] * len(completions)
+
+
+def step_seen(completions, trainer_state, **kwargs):
+    """TRL form that takes ``trainer_state`` (as TRL passes it): the step it was called at."""
+    return [float(trainer_state.global_step)] * len(completions)
+
+
+def needs_solution(prompts, completions, solution, **kwargs):
+    """TRL form that needs a ``solution`` column the test datasets do not have."""
+    return [1.0] * len(completions)

@@ -204,6 +204,45 @@ def test_verl_user_path(chat_model, tmp_path):
         assert r["reward"] == pytest.approx(float(truth in r["completion"]) + 0.1 * (len(r["completion"]) % 3))
 
 
+def test_one_dataset_serves_trl_and_verl_functions_together(chat_model, tmp_path):
+    """``data.fields={ground_truth: answer}`` gives compute_score its ground truth and TRL functions still
+    get ``answer``; compute_score's dict extras are logged as reward/<fn>/<key>; trainer_state is passed."""
+    _, _, path = chat_model
+    rows = [{**r, "data_source": "toy/arith", "extra_info": {"split": "train"}} for r in trl_rows()[:4]]
+    data = tmp_path / "both.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    run_dir = tmp_path / "both"
+    hooks = "[ecosystem_rewards:says_answer, ecosystem_rewards:compute_score, ecosystem_rewards:step_seen]"
+    assert main(["train", f"model.name={path}", f"data.path={data}", "data.fields={ground_truth: answer}",
+                 f"reward.hooks={hooks}", "steps=2", "sft.auto=false", "progress=false", "log.plots=false",
+                 "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4",
+                 "reward.num_workers=1", f"out_dir={run_dir}"]) == 0
+    metrics = list(rundir.read_jsonl(run_dir / rundir.METRICS))
+    assert [m["reward/errors"] for m in metrics] == [0, 0]
+    assert all({"reward/says_answer/mean", "reward/compute_score/mean", "reward/compute_score/acc"} <= set(m)
+               for m in metrics)
+    assert [m["reward/compute_score/acc"] for m in metrics] == [0.0, 0.0]
+    assert [m["reward/step_seen/mean"] for m in metrics] == [0.0, 1.0]  # trainer_state.global_step
+
+
+@pytest.mark.parametrize("hook, fields, says", [
+    ("ecosystem_rewards:needs_solution", "{}", "needs_solution(prompts, completions, solution, **kwargs) cannot be "
+     "called as TRL does"),
+    ("ecosystem_rewards:compute_score", "{}", "no ground truth for compute_score"),
+])
+def test_a_reward_function_that_cannot_work_fails_before_training(chat_model, tmp_path, capsys, hook, fields, says):
+    _, _, path = chat_model
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in trl_rows()[:3]) + "\n")
+    run_dir = tmp_path / "bad"
+    assert main(["train", f"model.name={path}", f"data.path={data}", f"data.fields={fields}", f"reward.hook={hook}",
+                 "steps=2", "sft.auto=false", "progress=false", "rollout.prompts_per_step=2",
+                 "rollout.samples_per_prompt=2", "reward.num_workers=1", f"out_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "before training" in err and len(err.strip().splitlines()) == 1
+    assert not (run_dir / rundir.METRICS).exists()
+
+
 # ------------------------------------------------------------------------------ the pieces
 def test_chat_template_override_and_missing_template(chat_model):
     _, tokenizer, _ = chat_model
@@ -291,7 +330,7 @@ def test_import_rollyard_is_light_and_exports_train():
     assert out.split() == ["rollyard.api", "Run"]
 
 
-def test_trl_hooks_are_called_once_per_group_and_combined_by_weight():
+def test_trl_hooks_get_the_whole_batch_in_one_call_and_combine_by_weight():
     from rollyard.reward.dispatcher import RewardDispatcher
     from rollyard.types import Sample
 
@@ -302,18 +341,20 @@ def test_trl_hooks_are_called_once_per_group_and_combined_by_weight():
     decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
     samples = [sample(0, "g1", "aa"), sample(1, "g1", "a"), sample(2, "g1", ""), sample(0, "g2", "b"),
                sample(1, "g2", "abc")]
-    hooks = ["ecosystem_rewards:group_size", "ecosystem_rewards:length", "ecosystem_rewards:fails_on_b"]
-    with RewardDispatcher(hooks, weights=[1.0, 0.5, 2.0], num_workers=2, decode=decode, eos_token_id=[0]) as d:
-        assert d.forms == ["trl", "sample", "trl"] and d.names == ["group_size", "length", "fails_on_b"]
+    hooks = ["ecosystem_rewards:group_size", "ecosystem_rewards:length"]
+    with RewardDispatcher(hooks, weights=[1.0, 0.5], num_workers=2, decode=decode, eos_token_id=[0]) as d:
+        assert d.forms == ["trl", "sample"] and d.names == ["group_size", "length"]
         d.score(samples)
-    g1, g2 = samples[:3], samples[3:]
-    for s, n in [(s, 3.0) for s in g1] + [(s, 2.0) for s in g2]:
-        assert s.reward_parts[0] == n  # each group was one call
-        assert s.reward_parts[1] == len(decode(s.completion_ids[:-1]))
-    assert all(s.reward_flag is None and s.reward == pytest.approx(3.0 + 0.5 * s.reward_parts[1] + 2.0) for s in g1)
-    # fails_on_b raised for group g2: both its samples are flagged, that hook counts 0, the others still score.
-    assert all(s.reward_flag.startswith("error: hook 2: ValueError: saw b") for s in g2)
-    assert [s.reward for s in g2] == pytest.approx([2.0 + 0.5, 2.0 + 1.5])
+        for s in samples:
+            assert s.reward_parts[0] == 5.0  # the step's whole batch was one call, as TRL calls it
+            assert s.reward_parts[1] == len(decode(s.completion_ids[:-1]))
+            assert s.reward_flag is None and s.reward == pytest.approx(5.0 + 0.5 * s.reward_parts[1])
+    # A raise flags the whole batch; that hook counts 0, the others still score.
+    with RewardDispatcher(["ecosystem_rewards:length", "ecosystem_rewards:fails_on_b"], weights=[1.0, 2.0],
+                          num_workers=1, decode=decode, eos_token_id=[0]) as d:
+        d.score(samples)
+    assert all(s.reward_flag.startswith("error: hook 1: ValueError: saw b") for s in samples)
+    assert [s.reward for s in samples] == pytest.approx([2.0, 1.0, 0.0, 1.0, 3.0])
 
 
 def test_summary_json_is_strict_json():

@@ -110,7 +110,7 @@ def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
                             timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
                             memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s,
-                            timeout_policy=policy)
+                            timeout_policy=policy, columns=cfg.data.fields)
 
 
 def with_lora(cfg: RunConfig, model):

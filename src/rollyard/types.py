@@ -58,6 +58,7 @@ class Sample:
     ref_logprobs: list[float] | None = None
     advantage: float = 0.0
     reward_parts: list[float | None] = field(default_factory=list)  # per reward hook, before weighting
+    reward_extras: dict[str, float] = field(default_factory=dict)  # "<hook>/<key>": a verl dict result's extras
 
     @property
     def version(self) -> int:

@@ -29,6 +29,7 @@ from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.failures import RewardFailures
+from rollyard.reward.hooks import MESSAGES_KEY
 from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.sft import warm_start
 from rollyard.sync.factory import sync_facts
@@ -148,6 +149,7 @@ class RunRecord:
         reward-hacking alarm compares it), write the row, checkpoint when due or stopping, and stop
         on a signal. ``extra_rng``: a callable returning the driver's extra RNG state to checkpoint."""
         self.state.step = step + 1
+        r.rewards.trainer_state = {"global_step": self.state.step, "max_steps": self.cfg.steps}  # TRL's trainer_state
         if self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0 and self.state.step < self.cfg.steps:
             t0 = time.time()
             self.eval_during(r, step)
@@ -195,6 +197,8 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}",
                   preset=cfg.model.name in PRESETS)
     rewards = roles.rewards(cfg, tokenizer, model)
+    rewards.dry_run(train_prompts[0].text, {**train_prompts[0].meta, **(  # a bad reward function: one line, now
+        {MESSAGES_KEY: train_prompts[0].messages} if train_prompts[0].messages else {})})
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
@@ -215,6 +219,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
                       + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
     rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None), state)
+    rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
     handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out)
     rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
     rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too

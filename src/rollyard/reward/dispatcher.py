@@ -50,11 +50,12 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from rollyard.reward import hooks
 from rollyard.reward.pool import Worker, WorkerPool, describe_exit
+from rollyard.tasks.base import HookError
 
 if TYPE_CHECKING:
     from rollyard.types import Sample
@@ -66,14 +67,6 @@ def load_hook(path: str) -> Callable:
 
 
 UNSCORED = "no reward hook scored it (every hook returned None)"
-
-
-def _groups(samples: list["Sample"]) -> list[list["Sample"]]:
-    """``samples`` split by ``request_id`` (one GRPO group per batch), in first-seen order."""
-    groups: dict[str, list] = {}
-    for s in samples:
-        groups.setdefault(s.request_id, []).append(s)
-    return list(groups.values())
 
 
 def split_unscored(samples: list["Sample"]) -> tuple[list["Sample"], list["Sample"]]:
@@ -89,6 +82,7 @@ class _Job:
     seqs: list[int]
     samples: list[Any]
     items: list[hooks.Item]  # (completion, prompt, meta, completion_ids) per sample: what the worker gets
+    state: dict = field(default_factory=dict)  # the trainer state TRL functions get (global_step, max_steps)
 
     @property
     def seq(self) -> int:
@@ -133,13 +127,19 @@ class RewardDispatcher:
     into the completion text, in the parent; the prompt text is ``meta["prompt"]`` when present,
     else ``decode(prompt_ids)``. ``submit`` queues a sample, ``results`` yields finished samples as
     they complete, ``score`` does both for a list and returns it in input order. Samples are
-    updated in place (``reward``, ``reward_flag``). Use as a context manager or call ``close``.
+    updated in place (``reward``, ``reward_flag``, ``reward_parts``, ``reward_extras``). Use as a
+    context manager or call ``close``.
+
+    ``columns`` (``data.fields``: rollyard name -> dataset column) puts a renamed column back under
+    its own name too, so one dataset serves both forms: ``{ground_truth: answer}`` gives
+    ``compute_score`` its ground truth and TRL functions still get ``answer``. ``trainer_state``
+    (``global_step``, ``max_steps``) is what TRL functions get as ``trainer_state``; the run sets it.
     """
 
     def __init__(self, hook: str | list[str], *, num_workers: int = 2, timeout_s: float = 5.0,
                  decode: Callable[[list[int]], str], eos_token_id: int | list[int] | None = None,
                  start_timeout_s: float = 60.0, weights: list[float] | None = None, memory_mb: int = 0,
-                 cpu_s: float = 0.0, timeout_policy: Any = None):
+                 cpu_s: float = 0.0, timeout_policy: Any = None, columns: dict[str, str] | None = None):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if not timeout_s > 0:
@@ -161,6 +161,9 @@ class RewardDispatcher:
         self._workdir = tempfile.mkdtemp(prefix="rollyard-reward-")  # each worker gets a subdirectory
         self._hung: list | None = []  # request ids of this batch's timeouts while no call answered; None: one did
         self._decode = decode
+        self._restore = {name: col for name, col in (columns or {}).items()
+                         if name not in ("prompt", "id", "demo") and "." not in col and col != name}
+        self.trainer_state: dict[str, int] = {"global_step": 0, "max_steps": 0}
         self._eos = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id or ())
         self._stats: dict[str, float] = {
             "scored": 0, "timeouts": 0, "errors": 0, "latency_p50_s": 0.0, "latency_p99_s": 0.0, "verify_p50_s": 0.0,
@@ -227,11 +230,12 @@ class RewardDispatcher:
     def score(self, samples: list["Sample"]) -> list["Sample"]:
         """Score ``samples`` and return them (the same objects, rewards set) in input order.
 
-        With a TRL-form (batched) hook, each GRPO group (same ``request_id``) is one call, as TRL
-        calls its reward functions; otherwise each sample is its own call (its own timeout), the
-        prompts' samples interleaved so that the first calls in flight are of different prompts.
+        With a TRL-form (batched) hook, the whole list is one call, as TRL calls its reward functions
+        once per step (its timeout is ``timeout_s`` per GRPO group it holds); otherwise each sample is
+        its own call (its own timeout), the prompts' samples interleaved so that the first calls in
+        flight are of different prompts.
         """
-        batches = _groups(samples) if "trl" in self.forms else [[s] for s in _interleave(samples)]
+        batches = ([samples] if samples else []) if "trl" in self.forms else [[s] for s in _interleave(samples)]
         seqs = [seq for batch in batches for seq in self._submit(batch)]
         with self._cond:
             for seq in seqs:
@@ -242,6 +246,27 @@ class RewardDispatcher:
             self._outstanding -= len(seqs)
             self._batch_stats()
         return samples
+
+    def dry_run(self, prompt: str, meta: dict, prompt_ids: list[int] | None = None) -> None:
+        """Call every hook once on a sample of this prompt with an empty completion, before training.
+
+        :class:`HookError` (one line) when a call cannot work on any sample: the signature does not
+        take the keywords its form passes (TRL: prompts, completions, completion_ids, trainer_state
+        and the dataset's columns), ``compute_score`` gets no ground truth, or a TRL function does not
+        return one value per completion. Anything else (a raise, a value that is not a number) may
+        depend on the input: it is flagged per call during the run, as always.
+        """
+        from rollyard.types import Sample
+
+        probe = Sample(id="dry-run#0", request_id="dry-run", prompt_ids=list(prompt_ids or []), completion_ids=[],
+                       logprobs=[], versions=[0], finish_reason="stop", meta={**meta, "prompt": prompt})
+        [s] = self.score([probe])
+        flag = s.reward_flag or ""
+        fatal = ("SignatureError: ", "MissingGroundTruth: ", "TypeError: a TRL-style reward function must return ")
+        if any(f in flag for f in fatal):
+            self.close()
+            raise HookError(f"reward function {self.hook!r} fails on the first dataset sample before training: "
+                            f"{flag.removeprefix('error: ')}")
 
     def close(self) -> None:
         """Stop the feeder thread and the workers (idempotent). Unfinished submissions are flagged."""
@@ -282,7 +307,7 @@ class RewardDispatcher:
             seqs = list(range(self._seq, self._seq + len(samples)))
             self._seq += len(samples)
             self._outstanding += len(samples)
-        job = _Job([], [], [])
+        job = _Job([], [], [], dict(self.trainer_state))
         for seq, sample in zip(seqs, samples):
             try:
                 item = self._item(sample)
@@ -313,7 +338,11 @@ class RewardDispatcher:
         prompt = sample.meta.get("prompt") if isinstance(sample.meta, dict) else None
         if not isinstance(prompt, str):
             prompt = self._decode(list(sample.prompt_ids))
-        return completion, prompt, dict(sample.meta or {}), ids
+        meta = dict(sample.meta or {})
+        for name, col in self._restore.items():
+            if name in meta and col not in meta:
+                meta[col] = meta[name]
+        return completion, prompt, meta, ids
 
     def _wait(self) -> None:
         """Wait on the condition (caller holds it), surfacing a crashed feeder thread instead of hanging."""
@@ -340,14 +369,17 @@ class RewardDispatcher:
 
     def _finish(self, job: _Job, reward: float | None, flag: str | None, kind: str | None,
                 latency: float | None = None, verify_s: float | None = None,
-                outcomes: list[tuple[float | None, str | None, list]] | None = None) -> None:
+                outcomes: list[tuple[float | None, str | None, list]] | None = None,
+                extras: list[dict[str, float]] | None = None) -> None:
         """Settle every sample of ``job``: each with its own ``(reward, flag, parts)`` from ``outcomes``
         (a worker's reply), or all with ``reward`` and ``flag`` (a timeout, a dead worker, ...)."""
         outcomes = outcomes or [(reward, flag, [])] * len(job.samples)
         outcomes = [_within_f32(o) for o in outcomes]
+        extras_of = extras or [{}] * len(job.samples)
         with self._cond:
-            for seq, sample, (r, f, parts) in zip(job.seqs, job.samples, outcomes):
+            for seq, sample, (r, f, parts), extras in zip(job.seqs, job.samples, outcomes, extras_of):
                 sample.reward, sample.reward_flag, sample.reward_parts = None if r is None else float(r), f, parts
+                sample.reward_extras = extras
                 self._stats["scored"] += 1
                 k = kind or ("error" if f else None)
                 if k == "timeout":
@@ -427,7 +459,7 @@ class RewardDispatcher:
                 job = self._pending.popleft()
             w = idle[0]
             try:
-                frame = (job.seq, job.items)
+                frame = (job.seq, job.items, job.state)
                 pickle.dumps(frame, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as e:  # noqa: BLE001
                 self._finish(job, 0.0, f"error: meta is not picklable: {type(e).__name__}: {e}", "error")
@@ -435,11 +467,17 @@ class RewardDispatcher:
             w.sent_at = time.monotonic()
             if self._pool.send(w, frame):
                 limit = self.timeout_s if self.timeout_policy is None else self.timeout_policy.timeout(job.samples[0].meta)
+                limit *= len({getattr(s, "request_id", None) for s in job.samples}) or 1  # a batched call: per group
                 w.job, w.state, w.deadline = job, "busy", w.sent_at + limit
             else:  # the worker died while idle: not this job's fault, requeue it
                 with self._cond:
                     self._pending.appendleft(job)
                 self._replace(w)
+
+    def _extras(self, parts: list[tuple]) -> dict[str, float]:
+        """``{"<hook name>/<key>": value}`` from the verl dict results among one sample's parts."""
+        return {f"{self.names[i]}/{k}": v for i, p in enumerate(parts) if len(p) > 2 and p[0] == "ok"
+                for k, v in p[2].items()}
 
     def _on_frames(self, w: Worker, frames: list | None) -> None:
         """A started worker's replies, or its death (``frames`` None)."""
@@ -461,6 +499,7 @@ class RewardDispatcher:
                 self.timeout_policy.observe(job.samples[0].meta, now - w.sent_at)
             if status == "ok":  # value: per sample, one part per hook
                 self._finish(job, 0.0, None, None, latency=now - w.sent_at, verify_s=verify_s,
-                             outcomes=[hooks.combine(parts, self.weights) for parts in value])
+                             outcomes=[hooks.combine(parts, self.weights) for parts in value],
+                             extras=[self._extras(parts) for parts in value])
             else:
                 self._finish(job, 0.0, f"error: {value}"[:500], "error", latency=now - w.sent_at, verify_s=verify_s)

@@ -8,12 +8,17 @@ signature (parameter names), so a function written for TRL or verl works unchang
   - ``trl``: ``fn(prompts, completions, **columns) -> list[float | None]`` (TRL's batched reward
     function; recognised by a parameter named ``completions``). It gets the dataset's other columns
     as keyword lists; chat prompts come as message lists and completions as
-    ``[{"role": "assistant", "content": ...}]``, as TRL passes them, and ``completion_ids``. It is
-    called once per GRPO group. ``None`` means "not scored";
+    ``[{"role": "assistant", "content": ...}]``, as TRL passes them, ``completion_ids`` and
+    ``trainer_state`` (``global_step``, ``max_steps``). It is called once per step with the whole
+    batch, as TRL calls it (the streaming tail scheduler: once per sample). ``None`` means "not scored";
   - ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` (recognised
     by a parameter named ``solution_str``); the ground truth is ``meta["ground_truth"]`` (map it with
     ``data.fields``) or a verl dataset's ``reward_model.ground_truth``. A dict result's ``"score"`` is
-    the reward.
+    the reward; its other numeric keys are kept (logged as ``reward/<fn>/<key>``).
+
+A call whose arguments do not fit the function's signature raises :class:`SignatureError`, and a
+dataset without a ground truth for ``compute_score`` :class:`MissingGroundTruth`: the start-up dry
+call (``RewardDispatcher.dry_run``) turns either into one line before training.
 
 Several hooks combine by weight: the reward is the weighted sum of the hooks that scored the sample;
 a sample no hook scored is left out of the loss (``combine`` returns ``None``).
@@ -42,6 +47,27 @@ FORMS = {
 ACCEPTED = "the three accepted reward forms are " + "; ".join(FORMS.values())
 RULE = "a reward hook is 'module:function' (an importable module) or 'path/to/file.py:function'"
 PROMPT_KEY, MESSAGES_KEY = "prompt", "prompt_messages"  # meta keys the scheduler sets (not dataset columns)
+
+
+class SignatureError(TypeError):
+    """The reward function cannot be called with the arguments its form passes (every sample would fail)."""
+
+
+class MissingGroundTruth(KeyError):
+    """``compute_score`` needs a ground truth the dataset does not provide (every sample would fail)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TrainerState:
+    """What TRL's ``trainer_state`` offers a reward function here: ``global_step`` and ``max_steps``."""
+
+    def __init__(self, global_step: int = 0, max_steps: int = 0):
+        self.global_step, self.max_steps = global_step, max_steps
+
+    def __repr__(self) -> str:
+        return f"TrainerState(global_step={self.global_step}, max_steps={self.max_steps})"
 
 
 # ------------------------------------------------------------------------------- names and imports
@@ -147,7 +173,7 @@ def _ground_truth(meta: dict):
     rm = meta.get("reward_model")
     if isinstance(rm, dict) and "ground_truth" in rm:
         return rm["ground_truth"]
-    raise KeyError(f"no ground truth for compute_score: meta has neither 'ground_truth' nor "
+    raise MissingGroundTruth(f"no ground truth for compute_score: meta has neither 'ground_truth' nor "
                    f"'reward_model.ground_truth' (keys: {sorted(_columns(meta))}); map the column with "
                    f"data.fields={{ground_truth: <column>}}")
 
@@ -155,16 +181,17 @@ def _ground_truth(meta: dict):
 Item = tuple[str, str, dict, list[int]]  # (completion, prompt, meta, completion token ids without EOS)
 
 
-def call_batch(form: str, fn: Callable, items: list[Item]) -> list[tuple[str, Any]]:
+def call_batch(form: str, fn: Callable, items: list[Item], state: dict | None = None) -> list[tuple]:
     """Score ``items`` (``(completion, prompt, meta, completion_ids)`` each) with ``fn`` called in its ``form``.
 
-    Returns one part per item: ``("ok", float)``, ``("none", None)`` (not scored) or ``("error",
-    "ExcType: message")``. A TRL-form function is called once for the whole batch (a raise flags
-    every item); the other forms once per item.
+    Returns one part per item: ``("ok", float)`` (a verl dict result: ``("ok", float, {key: float})``),
+    ``("none", None)`` (not scored) or ``("error", "ExcType: message")``. A TRL-form function is
+    called once for the whole batch (a raise flags every item), with ``trainer_state`` built from
+    ``state``; the other forms once per item.
     """
     if form == "trl":
         try:
-            values = _call_trl(fn, items)
+            values = _call_trl(fn, items, TrainerState(**(state or {})))
         except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from a hook are its errors too
             return [("error", f"{type(e).__name__}: {e}")] * len(items)
         return [_part(lambda v=v: None if v is None else check_reward(v)) for v in values]
@@ -172,32 +199,53 @@ def call_batch(form: str, fn: Callable, items: list[Item]) -> list[tuple[str, An
     return [_part(lambda it=it: one(fn, *it[:3])) for it in items]
 
 
-def _part(thunk: Callable[[], float | None]) -> tuple[str, Any]:
+def _part(thunk: Callable[[], Any]) -> tuple:
     try:
         value = thunk()
     except BaseException as e:  # noqa: BLE001 - SystemExit/KeyboardInterrupt from a hook are its errors too
         return "error", f"{type(e).__name__}: {e}"
+    if isinstance(value, tuple):  # (score, extras) from a verl dict
+        return ("ok", *value)
     return ("none", None) if value is None else ("ok", value)
 
 
+def _bind(fn: Callable, args: tuple, kwargs: dict, how: str) -> None:
+    """SignatureError when ``fn`` cannot take ``args`` / ``kwargs`` (checked before the call)."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise SignatureError(f"{getattr(fn, '__name__', fn)}{sig} cannot be called as {how}: {e}") from None
+
+
 def _call_sample(fn: Callable, completion: str, prompt: str, meta: dict) -> float:
+    _bind(fn, (completion, prompt, meta), {}, "fn(completion, prompt, meta)")
     return check_reward(fn(completion, prompt, meta))
 
 
-def _call_verl(fn: Callable, completion: str, prompt: str, meta: dict) -> float:
-    value = fn(data_source=meta.get("data_source"), solution_str=completion,
-               ground_truth=_ground_truth(meta), extra_info=meta.get("extra_info"))
+def _call_verl(fn: Callable, completion: str, prompt: str, meta: dict) -> float | tuple[float, dict]:
+    kwargs = {"data_source": meta.get("data_source"), "solution_str": completion,
+              "ground_truth": _ground_truth(meta), "extra_info": meta.get("extra_info")}
+    _bind(fn, (), kwargs, "compute_score(data_source=, solution_str=, ground_truth=, extra_info=)")
+    value = fn(**kwargs)
     if isinstance(value, dict):  # verl's compute_score may return {"score": ..., <extra metrics>}
         if "score" not in value:
             raise KeyError(f"compute_score returned a dict without 'score' (keys: {sorted(value)})")
-        value = value["score"]
+        extras = {str(k): float(v) for k, v in value.items() if k != "score" and isinstance(v, (int, float))
+                  and math.isfinite(float(v))}
+        score = check_reward(value["score"])
+        return (score, extras) if extras else score
     return check_reward(value)
 
 
-def _call_trl(fn: Callable, items: list[Item]) -> list:
-    """TRL's call: ``fn(prompts=[...], completions=[...], completion_ids=[...], **{column: [...]})``;
-    chat prompts as message lists and completions as ``[{"role": "assistant", "content": ...}]``, as
-    TRL passes them. Only the keywords ``fn`` accepts are passed (all of them with ``**kwargs``)."""
+def _call_trl(fn: Callable, items: list[Item], state: TrainerState | None = None) -> list:
+    """TRL's call: ``fn(prompts=[...], completions=[...], completion_ids=[...], trainer_state=...,
+    **{column: [...]})``; chat prompts as message lists and completions as ``[{"role": "assistant",
+    "content": ...}]``, as TRL passes them. Only the keywords ``fn`` accepts are passed (all of them
+    with ``**kwargs``)."""
     ok = _accepts(fn)
     chat = all(it[2].get(MESSAGES_KEY) for it in items)
     names = dict.fromkeys(k for it in items for k in _columns(it[2]))
@@ -206,7 +254,11 @@ def _call_trl(fn: Callable, items: list[Item]) -> list:
         kwargs["prompts"] = [it[2][MESSAGES_KEY] if chat else it[1] for it in items]
     if ok("completion_ids"):
         kwargs["completion_ids"] = [list(it[3]) for it in items]
+    if ok("trainer_state"):
+        kwargs["trainer_state"] = state if state is not None else TrainerState()
     kwargs["completions"] = [[{"role": "assistant", "content": it[0]}] if chat else it[0] for it in items]
+    _bind(fn, (), kwargs, f"TRL does, with the keywords {', '.join(sorted(kwargs))} (the dataset's columns "
+                          f"and prompts, completions, completion_ids, trainer_state)")
     values = fn(**kwargs)
     if callable(getattr(values, "tolist", None)):  # a numpy array or a tensor, as TRL also accepts
         values = values.tolist()
@@ -243,7 +295,7 @@ def combine(parts: list[tuple[str, Any]], weights: list[float]) -> tuple[float |
     value (None where it did not score).
     """
     values, errors = [], []
-    for i, (status, value) in enumerate(parts):
+    for i, (status, value, *_extras) in enumerate(parts):
         if status == "error":
             errors.append(f"hook {i}: {value}" if len(parts) > 1 else str(value))
             values.append(0.0)

@@ -10,8 +10,14 @@ if TYPE_CHECKING:
 
 
 def per_hook(samples: list[Sample], names: list[str]) -> dict[str, float]:
-    """``reward/<name>/mean`` and ``/std`` of each hook over the samples it scored (with several hooks)."""
+    """``reward/<name>/mean`` and ``/std`` of each hook over the samples it scored (with several hooks),
+    and ``reward/<name>/<key>``: the mean of a verl ``compute_score`` dict's extra key (``acc``, ...)."""
     out: dict[str, float] = {}
+    extras: dict[str, list[float]] = {}
+    for s in samples:
+        for key, v in getattr(s, "reward_extras", {}).items():
+            extras.setdefault(key, []).append(v)
+    out.update({f"reward/{key}": mean(vs) for key, vs in extras.items()})
     if len(names) < 2:
         return out
     for i, name in enumerate(names):

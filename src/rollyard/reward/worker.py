@@ -7,10 +7,12 @@ is ``hooks.py``, loaded by file path.
 
 Protocol on stdin/stdout, frames of a 4-byte big-endian length and a pickle:
   parent -> worker: first ``{"hooks": [((kind, target, attr), form), ...], "sys_path": [...]}``,
-                    then ``(job_id, [(completion, prompt, meta, completion_ids), ...])`` (one call: a
-                    sample, or a GRPO group when a hook is batched)
+                    then ``(job_id, [(completion, prompt, meta, completion_ids), ...], state)`` (one
+                    call: a sample, or the step's batch when a hook is batched; ``state``: the
+                    trainer state TRL functions get, ``{"global_step": .., "max_steps": ..}``)
   worker -> parent: ``("ready", pid)`` or ``("init_error", message)``, then
-                    ``(job_id, "ok", parts, seconds)``: per sample, one part per hook: ``("ok", float)``,
+                    ``(job_id, "ok", parts, seconds)``: per sample, one part per hook: ``("ok", float)``
+                    (``("ok", float, {key: float})`` with a verl dict's extras),
                     ``("none", None)`` (not scored) or ``("error", "ExcType: message")``
 EOF on stdin means exit. Anything the hook prints goes to stderr, never into the protocol.
 The worker exits quietly (no traceback) when its parent goes away: a watcher thread notices within
@@ -119,10 +121,10 @@ def _serve() -> None:
         job = _read_frame(stdin)
         if job is None:
             return
-        job_id, items = job
+        job_id, items, state = job
         limit_cpu(float(init.get("cpu_s") or 0.0))
         t0 = time.perf_counter()
-        per_hook = [hooks.call_batch(form, fn, items) for form, fn in fns]
+        per_hook = [hooks.call_batch(form, fn, items, state) for form, fn in fns]
         parts = [list(p) for p in zip(*per_hook)] if per_hook else [[] for _ in items]
         _write_frame(proto_out, (job_id, "ok", parts, time.perf_counter() - t0))
 
