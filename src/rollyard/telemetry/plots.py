@@ -6,7 +6,9 @@ Four figures in ``RUN_DIR/plots/``:
   - ``time.png``: seconds per role per step, stacked (where each step's time went);
   - ``lengths.png``: response length per step (mean, band: min..max);
   - ``staleness.png``: the largest weight-version lag of a trained sample, per step.
-Needs matplotlib (``rollyard[plots]``); drawn with the Agg canvas, no display needed.
+Legends sit below the axes, never over the data; without a held-out set ``reward.png`` has no
+accuracy axis (its title says so). Needs matplotlib (``rollyard[plots]``); drawn with the Agg
+canvas, no display needed.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 def _figure(title: str, ylabel: str):
     figure = require_package("matplotlib.figure", "plots", "rollyard report (plots)")
     ticker = require_package("matplotlib.ticker", "plots", "rollyard report (plots)")
-    fig = figure.Figure(figsize=(7, 4), dpi=100)
+    fig = figure.Figure(figsize=(7, 4), dpi=100, layout="constrained")  # makes room for the legend outside
     ax = fig.add_subplot()
     ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.set_title(title)
@@ -37,14 +39,23 @@ def _figure(title: str, ylabel: str):
     return fig, ax
 
 
+def _legend(fig, handles: list, labels: list) -> None:
+    """The legend below the axes (outside the plotting area: it never covers a line)."""
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 4), fontsize="small")
+
+
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
     fig.savefig(path, format="png")
     return path
 
 
 def _reward(rows: list[dict], evals: list[dict], path: Path) -> Path:
-    fig, ax = _figure("reward and held-out accuracy", "reward")
+    return _save(reward_figure(rows, evals), path)
+
+
+def reward_figure(rows: list[dict], evals: list[dict]):
+    fig, ax = _figure("reward and held-out accuracy" if evals else "reward (no held-out eval)", "reward")
     x, mean = _series(rows, "reward/mean")
     _, std = _series(rows, "reward/std")
     ax.plot(x, mean, label="reward (mean)", color="C0")
@@ -53,17 +64,16 @@ def _reward(rows: list[dict], evals: list[dict], path: Path) -> Path:
     hooks = sorted({k for r in rows for k in r if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2})
     for i, key in enumerate(hooks, 1):
         ax.plot(*_series(rows, key), label=key.split("/")[1], color=f"C{i}", linestyle="--")
-    acc = ax.twinx()
-    acc.set_ylabel("held-out greedy accuracy")
-    acc.set_ylim(0, 1)
-    if evals:
+    handles, labels = ax.get_legend_handles_labels()
+    if evals:  # a second axis only when there is something to put on it
+        acc = ax.twinx()
+        acc.set_ylabel("held-out greedy accuracy")
+        acc.set_ylim(0, 1)
         acc.plot([e["step"] for e in evals], [e["accuracy"] for e in evals], "o-", color="k", label="held-out accuracy")
-    else:
-        acc.text(0.5, 0.5, "no held-out eval", transform=acc.transAxes, ha="center", color="gray")
-    lines = ax.get_legend_handles_labels()
-    more = acc.get_legend_handles_labels()
-    ax.legend(lines[0] + more[0], lines[1] + more[1], loc="best", fontsize="small")
-    return _save(fig, path)
+        more = acc.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    _legend(fig, handles, labels)
+    return fig
 
 
 def _time(rows: list[dict], path: Path) -> Path:
@@ -76,7 +86,7 @@ def _time(rows: list[dict], path: Path) -> Path:
         if any(secs):
             ax.bar(steps, secs, bottom=bottom, label=role, color=f"C{i}", width=0.9)
             bottom = [b + s for b, s in zip(bottom, secs)]
-    ax.legend(loc="best", fontsize="small")
+    _legend(fig, *ax.get_legend_handles_labels())
     return _save(fig, path)
 
 
@@ -88,7 +98,7 @@ def _lengths(rows: list[dict], path: Path) -> Path:
     ax.plot(x, mean, label="mean", color="C0")
     if len(lo) == len(hi) == len(mean):
         ax.fill_between(x, lo, hi, color="C0", alpha=0.2, label="min..max")
-    ax.legend(loc="best", fontsize="small")
+    _legend(fig, *ax.get_legend_handles_labels())
     return _save(fig, path)
 
 
