@@ -83,7 +83,7 @@ class DataConfig(Section):
 class RolloutConfig(Section):
     prompts_per_step: int = Field(8, ge=1, le=4096, description="prompts (GRPO groups) per step")
     samples_per_prompt: int = Field(8, ge=1, le=256, description="samples per prompt (group size n)")
-    max_new_tokens: int = Field(16, ge=1, le=32768, description="response token cap")
+    max_new_tokens: int = Field(256, ge=1, le=32768, description="response token cap (TRL's max_completion_length default; the demo uses 8)")
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="sampling temperature; 0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
     max_concurrent: int = Field(256, ge=1, description="engine: sequences decoded at once (KV slots)")
@@ -127,7 +127,7 @@ class AlgoConfig(Section):
 
 
 class TrainerConfig(Section):
-    lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate")
+    lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate (TRL's GRPO default, for real models; the tiny demo presets use 5e-4)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_tokens: int = Field(4096, ge=16, description="tokens per micro-batch, packed or padded, whichever the layout picks (gradient accumulation beyond)")
