@@ -223,6 +223,7 @@ def test_one_dataset_serves_trl_and_verl_functions_together(chat_model, tmp_path
                for m in metrics)
     assert [m["reward/compute_score/acc"] for m in metrics] == [0.0, 0.0]
     assert [m["reward/step_seen/mean"] for m in metrics] == [0.0, 1.0]  # trainer_state.global_step
+    assert not any("reward/accuracy" in m for m in metrics)  # user functions: no correctness signal declared
 
 
 @pytest.mark.parametrize("hook, fields, says", [

@@ -106,6 +106,7 @@ class RewardConfig(Section):
     cpu_s: float = Field(30.0, ge=0.0, description="CPU seconds one verifier call may use (past it the worker is killed and the call flagged); 0: no limit")
     hooks: list[str] = Field(default_factory=list, description="several reward functions (module:function or file.py:function), in any accepted form; the reward is their weighted sum")
     weights: list[float] = Field(default_factory=list, description="one weight per entry of `hooks`; empty: all 1.0")
+    correctness: bool = Field(False, description="the reward is a correctness signal (1 correct, 0 not): metrics and the console show reward/accuracy (share of rewards > 0.5); always on with a built-in task's verifier")
 
 
 class LogConfig(Section):

@@ -73,6 +73,12 @@ class RunRecord:
     def log(self, msg: str) -> None:
         console.print(msg)
 
+    @property
+    def correctness(self) -> bool:
+        """The reward says correct / not: a built-in task's verifier, or ``reward.correctness``."""
+        rw = self.cfg.reward
+        return rw.correctness or not (rw.hook or rw.hooks)
+
     def settle_rewards(self, step: int, samples: list[Sample]) -> list[Sample]:
         """The samples to train on (failed verifier calls counted, recorded, left out by default)."""
         trained, values = self.reward_failures.settle(step, samples)
@@ -115,7 +121,8 @@ class RunRecord:
         values: dict[str, Any] = {
             "version": self.state.version,
             "reward/mean": mean(rewards), "reward/std": pstdev(rewards),
-            "reward/accuracy": sum(r > 0.5 for r in rewards) / len(rewards),
+            # a share of "correct" samples only where the reward is a correctness signal
+            **({"reward/accuracy": sum(r > 0.5 for r in rewards) / len(rewards)} if self.correctness else {}),
             "reward/timeouts": sum(f == "timeout" for f in flags),
             "reward/errors": sum(f.startswith("error") for f in flags),
             "length/mean": mean(lengths), "length/min": min(lengths), "length/max": max(lengths),

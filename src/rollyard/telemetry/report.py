@@ -34,7 +34,8 @@ def step_line(row: dict) -> str:
     parts = [f"{r} {row[rundir.TIME_KEY.format(role=r)]:.3f}s" for r in roles if rundir.TIME_KEY.format(role=r) in row]
     if isinstance(row.get(rundir.STEP_TIME), (int, float)):
         parts.append(f"step {row[rundir.STEP_TIME]:.2f}s")
-    return " | ".join(parts) + f" | mean reward {row.get('reward/mean', 0):.2f}, accuracy {row.get('reward/accuracy', 0):.0%}"
+    acc = f", accuracy {row['reward/accuracy']:.0%}" if "reward/accuracy" in row else ""  # a correctness signal only
+    return " | ".join(parts) + f" | mean reward {row.get('reward/mean', 0):.2f}{acc}"
 
 
 class StepProgress:
