@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from ecosystem_rewards import brevity, says_answer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
@@ -242,6 +243,51 @@ def test_a_reward_function_that_cannot_work_fails_before_training(chat_model, tm
     err = capsys.readouterr().err
     assert says in err and "before training" in err and len(err.strip().splitlines()) == 1
     assert not (run_dir / rundir.METRICS).exists()
+
+
+def test_a_trl_grpo_script_config_and_a_verl_config_port_end_to_end(chat_model, tmp_path):
+    """A TRL GRPOConfig (as a script passes it) and a verl config, in their own names, train as written."""
+    _, _, path = chat_model
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(json.dumps({**r, "data_source": "toy/arith", "extra_info": {"split": "train"}})
+                              for r in trl_rows()[:4]) + "\n")
+    trl = tmp_path / "grpo.yaml"
+    trl.write_text(yaml.safe_dump({
+        "model_name_or_path": str(path), "dataset_name": str(data), "output_dir": str(tmp_path / "trl"),
+        "learning_rate": 1e-5, "num_generations": 2, "max_completion_length": 4, "beta": 0.04, "epsilon": 0.2,
+        "per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "report_to": "none",
+        "logging_steps": 1, "save_steps": 2, "max_steps": 2, "bf16": False, "gradient_checkpointing": True,
+    }))
+    assert main(["train", "--config", str(trl), "reward.hook=ecosystem_rewards:says_answer", "sft.auto=false",
+                 "progress=false", "log.plots=false", "reward.num_workers=1"]) == 0
+    cfg = load_config(tmp_path / "trl" / rundir.CONFIG)  # the resolved copy, in rollyard's names
+    assert (cfg.trainer.lr, cfg.rollout.samples_per_prompt, cfg.rollout.max_new_tokens) == (1e-5, 2, 4)
+    assert (cfg.rollout.prompts_per_step, cfg.algo.kl_coef, cfg.algo.clip_high, cfg.trainer.precision) == (2, 0.04, 0.2,
+                                                                                                          "fp32")
+    rows = list(rundir.read_jsonl(tmp_path / "trl" / rundir.METRICS))
+    assert len(rows) == 2 and all(r["reward/errors"] == 0 and r["train/lr"] == pytest.approx(1e-5) for r in rows)
+    assert (tmp_path / "trl" / rundir.CHECKPOINTS / "step_000002").is_dir()  # save_steps
+
+    verl = tmp_path / "verl.yaml"
+    verl.write_text(yaml.safe_dump({
+        "data": {"train_files": [str(data)], "train_batch_size": 2, "max_response_length": 4,
+                 "fields": {"ground_truth": "answer"}},
+        "actor_rollout_ref": {"model": {"path": str(path)},
+                              "actor": {"optim": {"lr": 1e-5}, "ppo_mini_batch_size": 2, "use_kl_loss": False,
+                                        "ppo_micro_batch_size_per_gpu": 2, "clip_ratio": 0.2},
+                              "rollout": {"n": 2, "name": "hf", "temperature": 1.0}},
+        "algorithm": {"adv_estimator": "grpo", "norm_adv_by_std_in_grpo": True},
+        "trainer": {"total_training_steps": 2, "save_freq": 2, "default_local_dir": str(tmp_path / "verl"),
+                    "logger": ["console"], "n_gpus_per_node": 1},
+        "custom_reward_function": {"path": str(Path(__file__).with_name("ecosystem_rewards.py")),
+                                   "name": "compute_score"},
+    }))
+    assert main(["train", "--config", str(verl), "sft.auto=false", "progress=false", "log.plots=false",
+                 "reward.num_workers=1"]) == 0
+    cfg = load_config(tmp_path / "verl" / rundir.CONFIG)
+    assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.trainer.lr, cfg.steps) == (2, 2, 1e-5, 2)
+    rows = list(rundir.read_jsonl(tmp_path / "verl" / rundir.METRICS))
+    assert len(rows) == 2 and all(r["reward/errors"] == 0 and "reward/compute_score/acc" in r for r in rows)
 
 
 # ------------------------------------------------------------------------------ the pieces
