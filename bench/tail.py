@@ -76,8 +76,8 @@ def summarize(arm: str, run: Path, cfg, curve: list[tuple[int, int, float]]) -> 
         bubbles = [r["tail/bubble"] for r in rows]
         steps = [r["tail/decode_steps"] for r in rows]
     else:  # every sample of a plain round holds a slot from its first step (P x n <= max_concurrent)
-        bubbles = [1 - r["length/mean"] / r["length/max"] for r in rows]
-        steps = [r["length/max"] for r in rows]
+        bubbles = [1 - r["completions/mean_length"] / r["completions/max_length"] for r in rows]
+        steps = [r["completions/max_length"] for r in rows]
     out = {
         "steps": len(rows), "trained_samples": trained_samples(run, cfg),
         "rollout_s_per_step": mean(r["time/rollout"] for r in rows),

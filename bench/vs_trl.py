@@ -227,8 +227,8 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
             "step_seconds": [ends[s] - ends[s - 1] for s in timed],
             "generate_seconds": [rows[s].get("time/rollout", float("nan")) for s in timed],
             "generated_tokens": [int(rows[s]["tokens/generated"]) for s in timed],
-            "rewards": [rows[s]["reward/mean"] for s in range(steps)],
-            "lengths": [rows[s]["length/mean"] for s in range(steps)],
+            "rewards": [rows[s]["reward"] for s in range(steps)],
+            "lengths": [rows[s]["completions/mean_length"] for s in range(steps)],
             "role_seconds": {k.removeprefix("time/"): statistics.mean(rows[s][k] for s in timed)
                              for k in rows[a.warmup] if k.startswith("time/") and k != "time/step"}}
 

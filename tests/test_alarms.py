@@ -44,7 +44,7 @@ def test_reward_hacking_is_one_alarm_per_episode():
     alarms = Alarms(log=seen.append)
     values = []
     for step in range(16):
-        row = {"step": step, "reward/mean": 0.1 * step}
+        row = {"step": step, "reward": 0.1 * step}
         if step % 4 == 3:
             row["eval/accuracy"] = 0.3 if step < 12 else 0.9
         values.append(alarms.check(row).get("alarm/reward_hacking"))

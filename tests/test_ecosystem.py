@@ -114,9 +114,9 @@ def test_trl_user_path(chat_model, tmp_path, capsys):
 
     # Metrics: each function's own, the learning rate, the share of flat groups; no reward errors.
     for row in run.metrics:
-        assert row["reward/errors"] == 0 and row["train/lr"] == pytest.approx(run.config.trainer.lr)
+        assert row["reward/errors"] == 0 and row["learning_rate"] == pytest.approx(run.config.trainer.lr)
         assert 0.0 <= row["frac_reward_zero_std"] <= 1.0
-        assert {"reward/says_answer/mean", "reward/brevity/mean", "reward/brevity/std"} <= set(row)
+        assert {"rewards/says_answer/mean", "rewards/brevity/mean", "rewards/brevity/std"} <= set(row)
 
     # No held-out set: said so, and summary.json is valid JSON (null, not NaN).
     assert "no held-out eval" in out
@@ -130,17 +130,17 @@ def test_trl_user_path(chat_model, tmp_path, capsys):
     acc = EventAccumulator(str(run_dir / "tensorboard"))
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
-    assert {"train/reward", "train/reward_std", "train/learning_rate", "train/frac_reward_zero_std",
-            "train/rewards/says_answer/mean", "train/rewards/brevity/mean", "train/completions/mean_length",
+    assert {"reward", "reward_std", "learning_rate", "frac_reward_zero_std",
+            "rewards/says_answer/mean", "rewards/brevity/mean", "completions/mean_length",
             "time/rollout", "staleness/max"} <= tags
     assert "completions/text_summary" in acc.Tags()["tensors"]  # the completions table, as text
-    tb = [(e.step, e.value) for e in acc.Scalars("train/reward")]
+    tb = [(e.step, e.value) for e in acc.Scalars("reward")]
     assert [s for s, _ in tb] == [0, 1]
-    assert [v for _, v in tb] == pytest.approx([r["reward/mean"] for r in run.metrics], abs=1e-6)
+    assert [v for _, v in tb] == pytest.approx([r["reward"] for r in run.metrics], abs=1e-6)
 
     # W&B, offline, no login: the run file holds the same metric names.
     wandb_files = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert len(wandb_files) == 1 and b"train/reward" in wandb_files[0].read_bytes()
+    assert len(wandb_files) == 1 and b"rewards/says_answer/mean" in wandb_files[0].read_bytes()
     tables = list((run_dir / "wandb").glob("offline-run-*/files/media/table/completions_*.table.json"))
     assert len(tables) == 2 and all(json.loads(t.read_text())["columns"] == ["step", "prompt", "completion", "reward"]
                                     for t in tables)
@@ -207,7 +207,7 @@ def test_verl_user_path(chat_model, tmp_path):
 
 def test_one_dataset_serves_trl_and_verl_functions_together(chat_model, tmp_path):
     """``data.fields={ground_truth: answer}`` gives compute_score its ground truth and TRL functions still
-    get ``answer``; compute_score's dict extras are logged as reward/<fn>/<key>; trainer_state is passed."""
+    get ``answer``; compute_score's dict extras are logged as rewards/<fn>/<key>; trainer_state is passed."""
     _, _, path = chat_model
     rows = [{**r, "data_source": "toy/arith", "extra_info": {"split": "train"}} for r in trl_rows()[:4]]
     data = tmp_path / "both.jsonl"
@@ -220,10 +220,10 @@ def test_one_dataset_serves_trl_and_verl_functions_together(chat_model, tmp_path
                  "reward.num_workers=1", f"out_dir={run_dir}"]) == 0
     metrics = list(rundir.read_jsonl(run_dir / rundir.METRICS))
     assert [m["reward/errors"] for m in metrics] == [0, 0]
-    assert all({"reward/says_answer/mean", "reward/compute_score/mean", "reward/compute_score/acc"} <= set(m)
+    assert all({"rewards/says_answer/mean", "rewards/compute_score/mean", "rewards/compute_score/acc"} <= set(m)
                for m in metrics)
-    assert [m["reward/compute_score/acc"] for m in metrics] == [0.0, 0.0]
-    assert [m["reward/step_seen/mean"] for m in metrics] == [0.0, 1.0]  # trainer_state.global_step
+    assert [m["rewards/compute_score/acc"] for m in metrics] == [0.0, 0.0]
+    assert [m["rewards/step_seen/mean"] for m in metrics] == [0.0, 1.0]  # trainer_state.global_step
     assert not any("reward/accuracy" in m for m in metrics)  # user functions: no correctness signal declared
 
 
@@ -265,7 +265,7 @@ def test_a_trl_grpo_script_config_and_a_verl_config_port_end_to_end(chat_model, 
     assert (cfg.rollout.prompts_per_step, cfg.algo.kl_coef, cfg.algo.clip_high, cfg.trainer.precision) == (2, 0.04, 0.2,
                                                                                                           "fp32")
     rows = list(rundir.read_jsonl(tmp_path / "trl" / rundir.METRICS))
-    assert len(rows) == 2 and all(r["reward/errors"] == 0 and r["train/lr"] == pytest.approx(1e-5) for r in rows)
+    assert len(rows) == 2 and all(r["reward/errors"] == 0 and r["learning_rate"] == pytest.approx(1e-5) for r in rows)
     assert (tmp_path / "trl" / rundir.CHECKPOINTS / "step_000002").is_dir()  # save_steps
 
     verl = tmp_path / "verl.yaml"
@@ -287,7 +287,7 @@ def test_a_trl_grpo_script_config_and_a_verl_config_port_end_to_end(chat_model, 
     cfg = load_config(tmp_path / "verl" / rundir.CONFIG)
     assert (cfg.rollout.prompts_per_step, cfg.rollout.samples_per_prompt, cfg.trainer.lr, cfg.steps) == (2, 2, 1e-5, 2)
     rows = list(rundir.read_jsonl(tmp_path / "verl" / rundir.METRICS))
-    assert len(rows) == 2 and all(r["reward/errors"] == 0 and "reward/compute_score/acc" in r for r in rows)
+    assert len(rows) == 2 and all(r["reward/errors"] == 0 and "rewards/compute_score/acc" in r for r in rows)
 
 
 # ------------------------------------------------------------------------------ the pieces
@@ -364,7 +364,7 @@ def test_missing_optional_packages_name_their_extra(tmp_path, monkeypatch, capsy
         load_prompts(tmp_path / "d.parquet")
     run = tmp_path / "run"
     run.mkdir()
-    (run / rundir.METRICS).write_text(json.dumps({"step": 0, "reward/mean": 0.5}) + "\n")
+    (run / rundir.METRICS).write_text(json.dumps({"step": 0, "reward": 0.5}) + "\n")
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     assert main(["report", str(run)]) == 2
     err = capsys.readouterr().err.strip()

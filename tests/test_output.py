@@ -21,7 +21,7 @@ ANSI = re.compile(r"\x1b\[")
 
 def test_step_line_names_every_role_in_full():
     row = {"step": 3, "time/rollout": 0.4, "time/reward": 0.05, "time/train": 0.2, "time/sync": 0.0,
-           "time/fsdp_gather": 0.01, "time/step": 0.7, "reward/mean": 0.41, "reward/accuracy": 0.38}
+           "time/fsdp_gather": 0.01, "time/step": 0.7, "reward": 0.41, "reward/accuracy": 0.38}
     assert step_line(row) == ("rollout 0.400s | reward 0.050s | train 0.200s | sync 0.000s | fsdp_gather 0.010s | "
                               "step 0.70s | mean reward 0.41, accuracy 38%")
 

@@ -7,7 +7,7 @@ pytest.importorskip("matplotlib")
 
 def test_reward_plot_has_no_empty_axis_and_its_legend_covers_no_data():
     from rollyard.telemetry.plots import reward_figure
-    rows = [{"step": i, "reward/mean": 0.1 * i, "reward/std": 0.05, "reward/a/mean": 0.2, "reward/b/mean": 0.3}
+    rows = [{"step": i, "reward": 0.1 * i, "reward_std": 0.05, "rewards/a/mean": 0.2, "rewards/b/mean": 0.3}
             for i in range(5)]
     for evals, axes in [([], 1), ([{"step": 0, "accuracy": 0.2}, {"step": 5, "accuracy": 0.6}], 2)]:
         fig = reward_figure(rows, evals)

@@ -82,8 +82,8 @@ def straight(tmp_path_factory) -> Path:
 
 def _same_losses(a: Path, b: Path) -> None:
     for ra, rb in zip(_rows(a), _rows(b), strict=True):
-        assert ra["reward/mean"] == rb["reward/mean"], ra["step"]
-        assert ra["train/loss"] == pytest.approx(rb["train/loss"], abs=1e-6), ra["step"]
+        assert ra["reward"] == rb["reward"], ra["step"]
+        assert ra["loss"] == pytest.approx(rb["loss"], abs=1e-6), ra["step"]
 
 
 # ------------------------------------------------------------------------ the main process killed
@@ -415,7 +415,7 @@ def test_reward_hacking_alarm_when_reward_rises_and_held_out_does_not():
     def run(accuracies):
         alarms, fired = Alarms(log=lambda m: None), []
         for step in range(8):
-            row = {"step": step, "reward/mean": 0.1 * step}
+            row = {"step": step, "reward": 0.1 * step}
             if step % 4 == 3:
                 row["eval/accuracy"] = accuracies[step // 4]
             fired.append(alarms.check(row).get("alarm/reward_hacking"))

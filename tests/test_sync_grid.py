@@ -57,7 +57,7 @@ def test_every_mode_over_every_transport(tmp_path, placement, mode, transport):
     assert [s["version"] for s in syncs] == [1, 2, 3] and [c["version"] for c in checks] == [1, 2, 3]
     assert [r["sync/checked"] for r in rows] == [1, 1, 1]
     assert len({c["checksum"] for c in checks}) == 3, "the weights did not change between syncs"
-    assert any(r["reward/std"] > 0 for r in rows)
+    assert any(r["reward_std"] > 0 for r in rows)
     P, bpp = info["policy_params"], info["bytes_per_param"]
     for s in syncs:
         if mode == "delta":

@@ -19,7 +19,7 @@ def test_ledger_spans_metrics_and_trace(tmp_path):
             time.sleep(0.01)
         tel.traffic(step, "samples", 800)
         tel.traffic(step, "samples", 200)
-        row = tel.end_step(step, {"reward/mean": 0.5})
+        row = tel.end_step(step, {"reward": 0.5})
         assert row[rundir.TIME_KEY.format(role="rollout")] >= 0.02
         assert row["bytes/samples"] == 1000
     tel.close()

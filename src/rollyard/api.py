@@ -8,7 +8,7 @@
     run = rollyard.train({"model": {"name": "path/to/hf_model"}, "steps": 50},
                          dataset=[{"prompt": [{"role": "user", "content": "2+2?"}], "answer": "4"}],
                          reward_funcs=[correct])
-    run.summary["eval_after"], run.metrics[-1]["reward/mean"], run.run_dir
+    run.summary["eval_after"], run.metrics[-1]["reward"], run.run_dir
 
 What is given as Python objects is written into ``RUN_DIR/inputs/`` and named in the config: the
 model and tokenizer (``inputs/model``, in their own dtype), the dataset (``inputs/train.jsonl``);

@@ -38,7 +38,7 @@ from rollyard.tasks.dataset import check_context
 from rollyard.telemetry import rundir, sessions
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
-from rollyard.telemetry.tracking import Tracking, completion_records
+from rollyard.telemetry.tracking import Tracking, completion_records, trainer_names
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 
@@ -120,13 +120,14 @@ class RunRecord:
         lag = staleness.lags(trained_at, [s.version for s in samples])
         values: dict[str, Any] = {
             "version": self.state.version,
-            "reward/mean": mean(rewards), "reward/std": pstdev(rewards),
+            "reward": mean(rewards), "reward_std": pstdev(rewards),  # TRL's names where TRL has one
             # a share of "correct" samples only where the reward is a correctness signal
             **({"reward/accuracy": sum(r > 0.5 for r in rewards) / len(rewards)} if self.correctness else {}),
             "reward/timeouts": sum(f == "timeout" for f in flags),
             "reward/errors": sum(f.startswith("error") for f in flags),
-            "length/mean": mean(lengths), "length/min": min(lengths), "length/max": max(lengths),
-            "length/clipped_frac": sum(s.finish_reason == "length" for s in samples) / max(len(samples), 1),
+            "completions/mean_length": mean(lengths), "completions/min_length": min(lengths),
+            "completions/max_length": max(lengths),
+            "completions/clipped_ratio": sum(s.finish_reason == "length" for s in samples) / max(len(samples), 1),
             "tokens/generated": sum(lengths),
             # Rollout seconds of this step (async: worker spans may reach the driver after it).
             **({"tokens/per_s_rollout": sum(lengths) / times["rollout"]} if times.get("rollout") else {}),
@@ -139,8 +140,8 @@ class RunRecord:
             **(extra or {}),
         }
         self._clock = now
-        values.update({f"train/{k}": v for k, v in train_metrics.items()})
-        values.update({"train/lr": r.trainer.optimizer.param_groups[0]["lr"],
+        values.update(trainer_names(train_metrics))
+        values.update({"learning_rate": r.trainer.optimizer.param_groups[0]["lr"],
                        "frac_reward_zero_std": reward_metrics.frac_zero_std(samples),
                        **reward_metrics.per_hook(samples, r.rewards.names)})
         every = self.cfg.log.completions_every

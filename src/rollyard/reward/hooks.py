@@ -14,7 +14,7 @@ signature (parameter names), so a function written for TRL or verl works unchang
   - ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` (recognised
     by a parameter named ``solution_str``); the ground truth is ``meta["ground_truth"]`` (map it with
     ``data.fields``) or a verl dataset's ``reward_model.ground_truth``. A dict result's ``"score"`` is
-    the reward; its other numeric keys are kept (logged as ``reward/<fn>/<key>``).
+    the reward; its other numeric keys are kept (logged as ``rewards/<fn>/<key>``).
 
 A call whose arguments do not fit the function's signature raises :class:`SignatureError`, and a
 dataset without a ground truth for ``compute_score`` :class:`MissingGroundTruth`: the start-up dry
@@ -309,7 +309,7 @@ def combine(parts: list[tuple[str, Any]], weights: list[float]) -> tuple[float |
 
 # -------------------------------------------------------------------------------- parent side
 def names_of(paths: list[str]) -> list[str]:
-    """Each hook's short name for its metrics (``reward/<name>/mean``): the function name, with its
+    """Each hook's short name for its metrics (``rewards/<name>/mean``): the function name, with its
     position appended where two hooks share one (``score_0``, ``score_1``)."""
     names = [p.rsplit(":", 1)[-1].rsplit(".", 1)[-1] for p in paths]
     return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]

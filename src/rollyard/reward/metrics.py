@@ -10,20 +10,20 @@ if TYPE_CHECKING:
 
 
 def per_hook(samples: list[Sample], names: list[str]) -> dict[str, float]:
-    """``reward/<name>/mean`` and ``/std`` of each hook over the samples it scored (with several hooks),
-    and ``reward/<name>/<key>``: the mean of a verl ``compute_score`` dict's extra key (``acc``, ...)."""
+    """``rewards/<name>/mean`` and ``/std`` of each hook over the samples it scored (with several hooks;
+    TRL's names), and ``rewards/<name>/<key>``: the mean of a verl ``compute_score`` dict's extra key."""
     out: dict[str, float] = {}
     extras: dict[str, list[float]] = {}
     for s in samples:
         for key, v in getattr(s, "reward_extras", {}).items():
             extras.setdefault(key, []).append(v)
-    out.update({f"reward/{key}": mean(vs) for key, vs in extras.items()})
+    out.update({f"rewards/{key}": mean(vs) for key, vs in extras.items()})
     if len(names) < 2:
         return out
     for i, name in enumerate(names):
         values = [s.reward_parts[i] for s in samples if len(s.reward_parts) > i and s.reward_parts[i] is not None]
         if values:
-            out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = mean(values), pstdev(values)
+            out[f"rewards/{name}/mean"], out[f"rewards/{name}/std"] = mean(values), pstdev(values)
     return out
 
 

@@ -39,7 +39,7 @@ class Alarms:
         self.reward_rise, self.accuracy_flat = reward_rise, accuracy_flat
         self.log = log or (lambda m: print(m, flush=True))
         self.times: list[float] = []              # the step-time baseline
-        self.rewards: list[float] = []            # reward/mean per row, in step order
+        self.rewards: list[float] = []            # the reward per row, in step order
         self.evals: list[tuple[int, float]] = []  # (index into rewards after which it ran, accuracy)
         self.slow = False                         # a step-time alarm is active
         self.hacking = False                      # a reward-hacking alarm is active
@@ -96,7 +96,7 @@ class Alarms:
         return float(hacking)
 
     def _record(self, row: dict[str, Any]) -> None:
-        r = row.get("reward/mean")
+        r = row.get("reward")
         if isinstance(r, (int, float)):
             self.rewards.append(float(r))
         if isinstance(row.get(EVAL_KEY), (int, float)):

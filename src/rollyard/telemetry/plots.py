@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rollyard.config import require_package
 from rollyard.telemetry import rundir
+from rollyard.telemetry.tracking import current_names
 
 FILES = ("reward.png", "time.png", "lengths.png", "staleness.png")
 
@@ -56,12 +57,12 @@ def _reward(rows: list[dict], evals: list[dict], path: Path) -> Path:
 
 def reward_figure(rows: list[dict], evals: list[dict]):
     fig, ax = _figure("reward and held-out accuracy" if evals else "reward (no held-out eval)", "reward")
-    x, mean = _series(rows, "reward/mean")
-    _, std = _series(rows, "reward/std")
+    x, mean = _series(rows, "reward")
+    _, std = _series(rows, "reward_std")
     ax.plot(x, mean, label="reward (mean)", color="C0")
     if len(std) == len(mean):
         ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color="C0", alpha=0.2)
-    hooks = sorted({k for r in rows for k in r if k.startswith("reward/") and k.endswith("/mean") and k.count("/") == 2})
+    hooks = sorted({k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean") and k.count("/") == 2})
     for i, key in enumerate(hooks, 1):
         ax.plot(*_series(rows, key), label=key.split("/")[1], color=f"C{i}", linestyle="--")
     handles, labels = ax.get_legend_handles_labels()
@@ -92,9 +93,9 @@ def _time(rows: list[dict], path: Path) -> Path:
 
 def _lengths(rows: list[dict], path: Path) -> Path:
     fig, ax = _figure("response length", "tokens")
-    x, mean = _series(rows, "length/mean")
-    _, lo = _series(rows, "length/min")
-    _, hi = _series(rows, "length/max")
+    x, mean = _series(rows, "completions/mean_length")
+    _, lo = _series(rows, "completions/min_length")
+    _, hi = _series(rows, "completions/max_length")
     ax.plot(x, mean, label="mean", color="C0")
     if len(lo) == len(hi) == len(mean):
         ax.fill_between(x, lo, hi, color="C0", alpha=0.2, label="min..max")
@@ -113,7 +114,7 @@ def write_plots(run_dir: str | Path) -> list[Path]:
     """Draw the run's plots into ``RUN_DIR/plots/``; RunDirError if it is not a run, MissingPackage
     without matplotlib."""
     run = rundir.require(run_dir, rundir.METRICS)
-    rows = list(rundir.read_jsonl(run / rundir.METRICS))
+    rows = [current_names(r) for r in rundir.read_jsonl(run / rundir.METRICS)]  # a run from before the rename too
     if not rows:
         raise rundir.RunDirError(f"{run / rundir.METRICS} is empty: the run has not finished a step yet, nothing to plot")
     evals = list(rundir.read_jsonl(run / rundir.EVAL)) if (run / rundir.EVAL).exists() else []

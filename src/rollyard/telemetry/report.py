@@ -35,7 +35,7 @@ def step_line(row: dict) -> str:
     if isinstance(row.get(rundir.STEP_TIME), (int, float)):
         parts.append(f"step {row[rundir.STEP_TIME]:.2f}s")
     acc = f", accuracy {row['reward/accuracy']:.0%}" if "reward/accuracy" in row else ""  # a correctness signal only
-    return " | ".join(parts) + f" | mean reward {row.get('reward/mean', 0):.2f}{acc}"
+    return " | ".join(parts) + f" | mean reward {row.get('reward', 0):.2f}{acc}"
 
 
 class StepProgress:

@@ -1,10 +1,11 @@
 """Experiment trackers: TensorBoard event files and Weights & Biases, fed from the step metrics.
 
 ``Tracking.log(step, row)`` is called once per step by :class:`Telemetry` with the same row that
-goes to ``metrics.jsonl``. Names a TRL user knows are used where rollyard has the same quantity
-(``train/reward``, ``train/reward_std``, ``train/rewards/<fn>/mean``, ``train/completions/mean_length``,
-``train/learning_rate``, ``train/frac_reward_zero_std``, ...; HF Trainer's ``train/`` prefix); every
-other metric keeps its rollyard name (``time/rollout``, ``staleness/max``, ...).
+goes to ``metrics.jsonl``, under the same names: one set everywhere (metrics.jsonl, the console,
+TensorBoard, W&B). Where TRL's GRPOTrainer logs the same quantity the name is TRL's (``reward``,
+``reward_std``, ``rewards/<fn>/mean``, ``completions/mean_length``, ``learning_rate``, ``kl``, ...);
+every other metric has rollyard's (``time/rollout``, ``staleness/max``, ``train/logprob_diff``, ...).
+:data:`RENAMED` maps the names rollyard used before to these (``rollyard report`` reads old runs).
 
 TensorBoard writes ``RUN_DIR/tensorboard/events.out.tfevents.*``. W&B runs offline unless
 ``WANDB_MODE`` says otherwise (no login, no network); its files go to ``RUN_DIR/wandb/`` and
@@ -24,38 +25,43 @@ from rollyard.config import LogConfig, require_package
 
 TENSORBOARD_DIR = "tensorboard"
 
-# rollyard metric -> TRL GRPOTrainer name (logged under HF Trainer's "train/" prefix).
-TRL_NAMES = {
-    "reward/mean": "reward",
-    "reward/std": "reward_std",
-    "frac_reward_zero_std": "frac_reward_zero_std",
-    "length/mean": "completions/mean_length",
-    "length/min": "completions/min_length",
-    "length/max": "completions/max_length",
-    "length/clipped_frac": "completions/clipped_ratio",
-    "train/kl": "kl",
-    "train/entropy": "entropy",
-    "train/grad_norm": "grad_norm",
-    "train/loss": "loss",
-    "train/lr": "learning_rate",
-    "train/clip_frac": "clip_ratio/region_mean",
+# The trainer's own metrics under TRL's names; the rest of them are logged as train/<name>.
+TRAINER_TRL = {"loss": "loss", "kl": "kl", "entropy": "entropy", "grad_norm": "grad_norm",
+               "clip_frac": "clip_ratio/region_mean"}
+
+# Compatibility: the names metrics.jsonl used before they became TRL's (per-hook: reward/<fn>/... ->
+# rewards/<fn>/...). TensorBoard / W&B logged the new names with HF Trainer's "train/" prefix.
+RENAMED = {
+    "reward/mean": "reward", "reward/std": "reward_std",
+    "length/mean": "completions/mean_length", "length/min": "completions/min_length",
+    "length/max": "completions/max_length", "length/clipped_frac": "completions/clipped_ratio",
+    "train/lr": "learning_rate", **{f"train/{k}": v for k, v in TRAINER_TRL.items()},
 }
+KEPT = ("reward/accuracy", "reward/timeouts", "reward/errors", "reward/failed_frac")  # rollyard's, not per hook
 
 
-def tracked_name(key: str) -> str:
-    """The name ``key`` is logged under: TRL's where one exists (per-hook rewards included), else its own."""
-    if key in TRL_NAMES:
-        return "train/" + TRL_NAMES[key]
-    if key.startswith("reward/") and key.count("/") == 2 and key.rsplit("/", 1)[1] in ("mean", "std"):
-        return "train/rewards/" + key.split("/", 1)[1]  # reward/<fn>/mean -> train/rewards/<fn>/mean
-    return key
+def trainer_names(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's step metrics under their logged names (TRL's where it has one, else ``train/<k>``)."""
+    return {TRAINER_TRL.get(k, f"train/{k}"): v for k, v in metrics.items()}
+
+
+def current_names(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row written before the rename, under today's names (a new row is unchanged)."""
+    out = {}
+    for key, value in row.items():
+        if key in RENAMED:
+            key = RENAMED[key]
+        elif key.startswith("reward/") and key not in KEPT and key.count("/") == 2:
+            key = "rewards/" + key.split("/", 1)[1]
+        out.setdefault(key, value)
+    return out
 
 
 def _numbers(row: dict[str, Any]) -> dict[str, float]:
     out = {}
     for key, value in row.items():
         if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out[tracked_name(key)] = float(value)
+            out[key] = float(value)
     return out
 
 
