@@ -22,6 +22,7 @@ TIMED = ("time/", "tokens/per_s", "eval/seconds", "checkpoint/seconds", "alarm/s
 
 def _run(out: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLYARD_")}  # the defaults (auto)
+    env["OMP_NUM_THREADS"] = "1"  # as the suite; OpenMP threads spinning against the busy core cost minutes
     subprocess.run([sys.executable, "-m", "rollyard.cli", "train", *ARGS, f"out_dir={out}"], env=env, check=True,
                    capture_output=True, timeout=600)
 
