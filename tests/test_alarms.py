@@ -26,7 +26,8 @@ def test_a_load_spike_is_one_alarm_then_it_re_arms_after_recovery():
     assert len(seen) == 2 and seen[1].startswith("alarm cleared at step 16")
     assert _steps(alarms, [1.5], start=18) == [1.0]  # re-armed: the next episode fires again
     assert len([m for m in seen if m.startswith("ALARM")]) == 2
-    assert alarms.times == [1.0] * 12  # the slow steps never joined the baseline
+    assert _steps(alarms, [1.0], start=19) == [0.0] and len(seen) == 3  # a one-step blip: no "cleared" line
+    assert alarms.times == [1.0] * 13  # the slow steps never joined the baseline
 
 
 def test_eval_and_checkpoint_steps_are_not_in_the_step_time_baseline():

@@ -9,8 +9,9 @@
   ``accuracy_flat`` (flat or falling): the policy is learning the verifier, not the task.
 
 Both have hysteresis: an alarm is printed once when it fires, the row value stays 1 while the
-condition holds, and it re-arms (one "cleared" line) only after a recovery: a step back under
-``recover_ratio`` x the median, an eval that is not hacking. A load spike is one alarm, not one per
+condition holds, and it re-arms only after a recovery: a step back under ``recover_ratio`` x the
+median, an eval that is not hacking (one "cleared" line, for a slow episode only when it lasted
+more than one step). A load spike is one alarm, not one per
 step. Steps whose wall time includes a held-out eval or a checkpoint write (rows with
 ``eval/seconds`` or ``checkpoint/seconds``) are neither alarmed on nor part of the baseline, nor
 are the steps of an active step-time alarm. History is seeded from the run's existing rows, so a
@@ -42,6 +43,7 @@ class Alarms:
         self.rewards: list[float] = []            # the reward per row, in step order
         self.evals: list[tuple[int, float]] = []  # (index into rewards after which it ran, accuracy)
         self.slow = False                         # a step-time alarm is active
+        self._slow_since = 0                      # the step it fired at
         self.hacking = False                      # a reward-hacking alarm is active
 
     def seed(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -72,13 +74,14 @@ class Alarms:
             return 0.0
         base = median(trail)
         if not self.slow and t > self.slow_ratio * base:
-            self.slow = True
+            self.slow, self._slow_since = True, row.get("step", 0)
             self.log(f"ALARM step {row.get('step')}: step time {t:.3f}s is {t / base - 1:.0%} above the median "
                      f"{base:.3f}s of the last {len(trail)} steps (printed once; cleared when a step is back "
                      f"under {self.recover_ratio:.2f}x the median)")
         elif self.slow and t <= self.recover_ratio * base:
             self.slow = False
-            self.log(f"alarm cleared at step {row.get('step')}: step time {t:.3f}s, median {base:.3f}s")
+            if row.get("step", 0) - self._slow_since > 1:  # an episode, not a one-step blip: say it ended
+                self.log(f"alarm cleared at step {row.get('step')}: step time {t:.3f}s, median {base:.3f}s")
         if not self.slow:
             self.times.append(float(t))  # a slow episode does not move the baseline
         return float(self.slow)
