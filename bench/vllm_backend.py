@@ -1,7 +1,7 @@
 """rollout.backend: native vs vLLM tokens/s on the same HF Llama, and the vLLM backend's overhead over bare
 ``LLM.generate`` on the same work (same engine instance, same prompts, same lengths).
 
-    PYTHONPATH=src python bench/vllm_backend.py [--prompts 32] [--samples 8] [--tokens 32] [--sizes 3M,19M] [--repeat 3]
+    PYTHONPATH=src python bench/vllm_backend.py [--prompts 32] [--samples 8] [--tokens 32] [--sizes 3M,19M] [--repeat 3] [--grpo-steps 8]
 
 Needs vllm (``make setup VLLM=1``). EOS is off (the model has none), so every sample runs to its length cap:
 ``uniform`` caps every sample at --tokens, ``long-tailed`` draws each request's cap from a Pareto tail
@@ -66,6 +66,25 @@ def bare(llm, reqs: list[Request]) -> tuple[float, int]:
     return time.perf_counter() - t, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
+def grpo_steps(backend: str, steps: int, out: str) -> tuple[float, float]:
+    """(steps/s, rollout share of the step) of a colocated GRPO run on tiny64 (full sync, the digits reward),
+    step 0 (engine warm-up) left out."""
+    import json
+    from pathlib import Path
+
+    from rollyard.cli import main as cli
+
+    hook = Path(__file__).parent.parent / "tests" / "dense_reward.py"
+    args = ["train", "model.name=tiny64", "model.context=64", "data.train_size=256", "data.eval_size=4",
+            "rollout.prompts_per_step=8", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=16", "sft.auto=false",
+            "progress=false", "reward.num_workers=1", "eval_every=0", f"reward.hook={hook}:digits", "sync.mode=full",
+            f"steps={steps}", f"rollout.backend={backend}", f"out_dir={out}/{backend}", "log.plots=false"]
+    assert cli(args) == 0
+    rows = [json.loads(x) for x in open(f"{out}/{backend}/metrics.jsonl")][1:]
+    total = sum(r["time/step"] for r in rows)
+    return len(rows) / total, sum(r["time/rollout"] for r in rows) / total
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompts", type=int, default=32)
@@ -73,6 +92,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--sizes", default="3M,19M")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--grpo-steps", type=int, default=8, help="end-to-end colocated GRPO steps per backend; 0: skip")
     a = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     print(f"{a.prompts} prompts x {a.samples} samples, <= {a.tokens} new tokens, fp32, torch threads {torch.get_num_threads()}")
@@ -99,6 +119,13 @@ def main() -> None:
             print(f"{size:>5} {'long-tailed' if tail else 'uniform':>11} {nn / tn:>13.0f} {nv / tv:>11.0f} "
                   f"{(nn / tn) / (nv / tv):>11.2f}x {nb / tb:>24.0f} {tv / tb - 1:>16.1%}")
         v.close()
+    if a.grpo_steps:
+        import tempfile
+        with tempfile.TemporaryDirectory() as out:
+            res = {b: grpo_steps(b, a.grpo_steps + 1, out) for b in ("native", "vllm")}
+        print("colocated GRPO step (tiny64, 8x8 samples, <= 16 tokens, full sync): " + ", ".join(
+            f"{b} {sps:.2f} steps/s (rollout {share:.0%})" for b, (sps, share) in res.items())
+            + f"; native/vllm {res['native'][0] / res['vllm'][0]:.2f}x")
 
 
 if __name__ == "__main__":
