@@ -28,6 +28,7 @@ from rollyard.telemetry import rundir  # noqa: E402
 from rollyard.types import Request  # noqa: E402
 
 GAP = 1e-4  # nats per token, fp32 (see the module docstring)
+CPU_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="a rule of vLLM's CPU build")
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +158,23 @@ def test_dead_vllm_engine_is_replaced(setup):
     compare_weights(named(engine.mirror), engine.model, v)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the GPU build of vllm")
+def test_sleep_wake_up_on_gpu_keeps_the_weights():
+    """Colocated time-sharing: sleep frees vLLM's GPU memory, wake_up restores it; the weights read inside the
+    worker still equal the rollout copy and sampling still matches the trainer's forward."""
+    model, tok = load_policy("tiny64", max_position_embeddings=48)
+    engine = VllmEngine(copy.deepcopy(model), eos_token_id=tok.eos_token_id, max_concurrent=8, max_cache_tokens=2048)
+    free = torch.cuda.mem_get_info()[0]
+    engine.sleep()
+    assert torch.cuda.mem_get_info()[0] > free  # memory went back to the device
+    engine.wake_up()
+    compare_weights(named(model), engine.model, 0)
+    out, _ = engine.generate([Request("g", tok("12+3=")["input_ids"], n=4, max_new_tokens=8)])
+    assert gap(model, out) < 1e-3  # GPU kernels in fp32 (TF32 off by default in vLLM)
+    engine.close()
+
+
 def named(model) -> dict:
     return {n: p.detach() for n, p in model.named_parameters()}
 
@@ -169,11 +187,11 @@ ARGS = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.p
 
 
 @pytest.mark.parametrize("override,words", [
-    ("model.name=tiny", "head_dim 24 is not supported by vLLM's CPU attention"),
+    pytest.param("model.name=tiny", "head_dim 24 is not supported by vLLM's CPU attention", marks=CPU_ONLY),
     ("rollout.top_p=0.9", "set rollout.top_p=1.0"),
     ("rollout.vllm.seed=3", "rollout.vllm.seed conflicts"),
     ("rollout.vllm.max_num_seq=3", "did you mean max_num_seqs"),
-    ("rollout.vllm.block_size=16", "multiple of 32"),
+    pytest.param("rollout.vllm.block_size=16", "multiple of 32", marks=CPU_ONLY),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, capsys, override, words):
     base = [a for a in ARGS if not a.startswith(override.split("=")[0] + "=")]
