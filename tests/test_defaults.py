@@ -30,4 +30,4 @@ def test_the_demo_resolves_to_the_same_values_as_before():
     with defaults(TOY):
         before = load_config(DEMO).model_dump()
     assert now == before
-    assert (now["trainer"]["lr"], now["rollout"]["max_new_tokens"]) == (5e-4, 8)
+    assert (now["trainer"]["lr"], now["rollout"]["max_new_tokens"]) == (2.5e-4, 8)
