@@ -1,0 +1,168 @@
+"""`rollyard review` on real short runs: no FAIL on a clean run of every placement x sync mode the
+runtime offers, `--check` usable as a gate with a calibrated plan, and a FAIL for each tamper class
+(colocated phases overlapping, span versions shifted, time/* against the spans, tokens/generated
+against lengths and traffic). One run per configuration, shared by the module's tests."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rollyard.cli import main
+from rollyard.plan.calibrate import spread
+from rollyard.plan.command import plan_main, review_main
+from rollyard.plan.review import FAIL, NOT_CHECKED, PASS, pipelined_steps, review
+from rollyard.telemetry import rundir
+
+TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=4",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "reward.num_workers=1", "steps=3"]
+
+CONFIGS = {
+    "colocated": [],
+    "colocated_full": ["sync.mode=full"],
+    "colocated_lora": ["model.lora.r=4"],
+    "colocated_delta_ray": ["sync.mode=delta", "sync.transport=ray"],
+    "disaggregated": ["placement=disaggregated"],
+    "async_bound1": ["placement=async", "max_staleness=1"],
+}
+RAY = {"colocated_delta_ray", "disaggregated", "async_bound1"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, request):
+    """name -> run directory, trained on first use (each configuration once per module)."""
+    root, done = tmp_path_factory.mktemp("review_runs"), {}
+
+    def get(name: str) -> Path:
+        if name not in done:
+            if name in RAY:
+                request.getfixturevalue("ray_session")  # one Ray session for the test run
+            out = root / name
+            assert main(["train", *TINY, *CONFIGS[name], f"out_dir={out}"]) == 0
+            done[name] = out
+        return done[name]
+    return get
+
+
+def _param(name):
+    marks = [pytest.mark.ray, pytest.mark.slow] if name in RAY else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+def items(rv):
+    return {v["item"]: v for v in rv.verification}
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in CONFIGS])
+def test_clean_short_run_has_no_fail_and_passes_its_calibrated_gate(name, runs, tmp_path, capsys):
+    run = runs(name)
+    rv = review(run)
+    bad = {k: v["evidence"] for k, v in items(rv).items() if v["result"] == FAIL}
+    assert not bad, json.dumps(bad)
+    # Without a plan the gate holds (no budget), and says how to get one.
+    assert review_main([str(run), "--check", "--json"]) == 1
+    assert "--calibrate-from" in capsys.readouterr().out
+    # A plan priced on this machine from the run: every item passes or says why it cannot be judged.
+    assert plan_main(["--calibrate-from", str(run), "--out", str(tmp_path / "plan"), "--json"]) == 0
+    capsys.readouterr()
+    assert review_main([str(run), "--plan", str(tmp_path / "plan" / "plan.yaml"), "--check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    res = {v["item"]: v["result"] for v in doc["verification"]}
+    assert res["Measured step breakdown matches the budget"] == PASS
+    assert res["The plan describes this run's shape"] == PASS
+    assert all(v["result"] == PASS or "not" in v["evidence"].lower() for v in doc["verification"]), res
+
+
+def test_calibrated_gate_fails_a_run_slower_than_its_budget(runs, tmp_path, capsys):
+    run = runs("colocated")
+    assert plan_main(["--calibrate-from", str(run), "--out", str(tmp_path / "plan"), "--json"]) == 0
+    capsys.readouterr()
+    plan = yaml.safe_load((tmp_path / "plan" / "plan.yaml").read_text())
+    # A trainer priced 3 tolerances faster than measured: the measured train phase is over budget.
+    tol = plan["budget"]["tolerance"]
+    plan["trainer"]["flops_per_gpu"] *= 1 + 3 * tol
+    (tmp_path / "fast.yaml").write_text(yaml.safe_dump(plan))
+    assert review_main([str(run), "--plan", str(tmp_path / "fast.yaml"), "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "Measured step breakdown matches the budget: FAIL" in err
+
+
+def _copy(run: Path, dst: Path) -> Path:
+    shutil.copytree(run, dst, ignore=shutil.ignore_patterns(rundir.LOCK, rundir.CHECKPOINTS, rundir.MODEL))
+    return dst
+
+
+def _rewrite(path: Path, fn) -> None:
+    rows = [fn(json.loads(x)) for x in path.read_text().splitlines() if x.strip()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_tamper_colocated_rollout_overlapping_train_fails(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    spans = [json.loads(x) for x in (run / rundir.SPANS).read_text().splitlines()]
+    train0 = next(s for s in spans if s["role"] == "train" and s["step"] == 0)
+    roll1 = next(s for s in spans if s["role"] == "rollout" and s["step"] == 1)
+    shift = roll1["start"] - (train0["start"] + train0["end"]) / 2  # rollout 1 starts mid-train 0
+    _rewrite(run / rundir.SPANS, lambda s: {**s, "start": s["start"] - shift, "end": s["end"] - shift}
+             if s is not None and s["role"] == "rollout" and s["step"] == 1 else s)
+    it = items(review(run))["Serial phases stay serial"]
+    assert it["result"] == FAIL and "rollout/train overlap" in it["evidence"]
+
+
+@pytest.mark.parametrize("shift", [1, -1])
+def test_tamper_span_versions_shifted_fails(runs, tmp_path, shift):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    _rewrite(run / rundir.SPANS, lambda s: {**s, "version": s["version"] + shift} if "version" in s else s)
+    it = items(review(run))["The run's records agree with each other"]
+    assert it["result"] == FAIL and "versions: FAIL" in it["evidence"]
+
+
+@pytest.mark.parametrize("key, value", [("time/train", -5.0), ("time/train", 1e9), ("time/rollout", 1e9),
+                                        (rundir.STEP_TIME, -5.0), (rundir.STEP_TIME, 1e9)])
+def test_tamper_time_metrics_against_spans_fails(runs, tmp_path, key, value):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    _rewrite(run / rundir.METRICS, lambda m: {**m, key: value} if m["step"] == 1 else m)
+    it = items(review(run))["The run's records agree with each other"]
+    assert it["result"] == FAIL and "time: FAIL" in it["evidence"] and key in it["evidence"]
+
+
+def test_tamper_tokens_generated_tripled_fails(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    _rewrite(run / rundir.METRICS, lambda m: {**m, "tokens/generated": 3 * m["tokens/generated"]})
+    it = items(review(run))["The run's records agree with each other"]
+    assert it["result"] == FAIL and "tokens: FAIL" in it["evidence"] and "B per token" in it["evidence"]
+
+
+def test_clean_colocated_records_pass_each_cross_check(runs):
+    ev = items(review(runs("colocated")))["The run's records agree with each other"]
+    assert ev["result"] == PASS
+    assert "time: PASS" in ev["evidence"] and "tokens: PASS" in ev["evidence"] and "versions: PASS" in ev["evidence"]
+
+
+# ---- pure parts --------------------------------------------------------------------------------------
+
+def _span(role, step, start, end):
+    return {"role": role, "step": step, "worker": "driver", "start": start, "end": end}
+
+
+def test_pipelining_is_judged_by_the_next_rounds_start():
+    # Round 2 decodes in 0.1 s and finishes before step 1's training starts, but it started before
+    # that training ended: the pools ran concurrently (the short-run false FAIL of issue 26).
+    short = [_span("rollout", 1, 0.0, 1.0), _span("train", 1, 1.5, 3.0), _span("rollout", 2, 1.1, 1.2),
+             _span("train", 2, 3.1, 4.0), _span("rollout", 3, 3.2, 3.3)]
+    assert pipelined_steps(short, bound=10) == (2, 2, [])
+    serial = [_span("rollout", 1, 0.0, 1.0), _span("train", 1, 1.0, 2.0), _span("rollout", 2, 2.0, 3.0),
+              _span("train", 2, 3.0, 4.0), _span("rollout", 3, 4.0, 5.0)]
+    assert pipelined_steps(serial, bound=10) == (0, 2, [1, 2])
+    assert pipelined_steps([_span("rollout", 0, 0, 1), _span("train", 0, 1, 2)]) == (0, 0, [])  # too short
+
+
+def test_calibration_tolerance_is_three_standard_errors():
+    # train: mean 2, sample std 1 over 4 steps -> 3 * sqrt(2) * 0.5 / 2 = 1.06; reward (< 5%) ignored.
+    per = {"train": [1.0, 3.0, 1.0, 3.0], "reward": [0.0, 0.1, 0.0, 0.0]}
+    assert spread(per) == pytest.approx(3 * 2 ** 0.5 * ((4 / 3) ** 0.5 / 2) / 2)
+    assert spread({"train": [2.0]}) == 0.0  # one step: no spread to measure
+    assert NOT_CHECKED != PASS
