@@ -55,3 +55,25 @@ class Backend(Protocol):
     def restore(self, stash, slots: list) -> None: ...
     def decode(self, seqs: list[Seq]): ...
     def refresh(self) -> None: ...
+
+
+def reject_reason(r: Request, context: int, max_cache_tokens: int, ids: set[str]) -> str | None:
+    """Why an engine must refuse request ``r`` at submission (``None``: accept it): one rule for every
+    engine (native, HF, vLLM), so a request is refused or admitted the same whatever the backend."""
+    P = len(r.prompt_ids)
+    need = P + r.max_new_tokens
+    if P == 0:
+        return "prompt is empty: a request needs at least one prompt token"
+    if r.n < 1:
+        return f"n must be >= 1 samples per request, got {r.n}"
+    if r.max_new_tokens < 1:
+        return f"max_new_tokens must be >= 1, got {r.max_new_tokens}"
+    if need > context:
+        return (f"prompt ({P} tokens) + max_new_tokens ({r.max_new_tokens}) = {need} exceeds the model "
+                f"context of {context}; shorten the prompt or lower max_new_tokens to {context - P}")
+    if need > max_cache_tokens:
+        return (f"one sample needs {need} KV-cache positions (prompt + max_new_tokens), more than "
+                f"max_cache_tokens={max_cache_tokens}; raise rollout.max_cache_tokens or lower max_new_tokens")
+    if r.id in ids:
+        return f"request id {r.id!r} is already queued or in flight; ids must be unique"
+    return None

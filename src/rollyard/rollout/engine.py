@@ -49,6 +49,7 @@ from rollyard.model import kernels as cpu_kernels
 from rollyard.rollout import hf as hf_backend
 from rollyard.rollout import native
 from rollyard.rollout.backend import Seq as _Seq
+from rollyard.rollout.backend import reject_reason
 from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
@@ -150,23 +151,7 @@ class RolloutEngine:
     # -- submission --------------------------------------------------------------------------
 
     def _reject_reason(self, r: Request) -> str | None:
-        P = len(r.prompt_ids)
-        need = P + r.max_new_tokens
-        if P == 0:
-            return "prompt is empty: a request needs at least one prompt token"
-        if r.n < 1:
-            return f"n must be >= 1 samples per request, got {r.n}"
-        if r.max_new_tokens < 1:
-            return f"max_new_tokens must be >= 1, got {r.max_new_tokens}"
-        if need > self.context:
-            return (f"prompt ({P} tokens) + max_new_tokens ({r.max_new_tokens}) = {need} exceeds the model "
-                    f"context of {self.context}; shorten the prompt or lower max_new_tokens to {self.context - P}")
-        if need > self.max_cache_tokens:
-            return (f"one sample needs {need} KV-cache positions (prompt + max_new_tokens), more than "
-                    f"max_cache_tokens={self.max_cache_tokens}; raise rollout.max_cache_tokens or lower max_new_tokens")
-        if r.id in self._ids:
-            return f"request id {r.id!r} is already queued or in flight; ids must be unique"
-        return None
+        return reject_reason(r, self.context, self.max_cache_tokens, self._ids)
 
     def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
         """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
