@@ -84,6 +84,7 @@ class TrainerSection(Section):
 
 
 class RolloutSection(Section):
+    backend: Literal["native", "vllm"] = Field("native", description="rollout engine that receives weight syncs (the run's rollout.backend): native (rollyard's own engine: weights copied into its tensors) or vllm (a vLLM engine: weights go through its load_weights / reload_weights); picks the engine-load defaults of sync.load_s_per_byte and sync.load_s_per_tensor")
     prompts: int = Field(256, ge=1, le=MAX_PROMPTS, description="prompts per step [count]; runbook: 256")
     samples: int = Field(8, ge=1, le=MAX_SAMPLES, description="samples per prompt (GRPO group size) [count]; runbook: 8")
     avg_tokens: float = Field(4096, gt=0, le=1e7, description="mean generated tokens per sample [tokens]; runbook: 4096")
