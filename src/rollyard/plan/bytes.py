@@ -13,10 +13,11 @@ All byte counts are decimal (1 GB = 1e9 bytes), as in the runbook.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from rollyard.plan import mechanisms as M
-from rollyard.plan.inputs import PlanInputs
+from rollyard.plan.inputs import CPU_SYNC, PlanInputs
 from rollyard.telemetry import rundir
 
 GB = 1e9
@@ -56,9 +57,11 @@ class StepBytes:
 
 def step_bytes(p: PlanInputs) -> StepBytes:
     pol, ro = p.policy, p.rollout
-    full = pol.params * pol.bytes_per_param
-    delta = full * pol.delta_fraction + pol.params * pol.delta_fraction * pol.delta_index_bytes
-    lora = pol.params * pol.lora_fraction * pol.bytes_per_param
+    kw = {"delta_fraction": pol.delta_fraction, "delta_index_bytes": pol.delta_index_bytes,
+          "lora_fraction": pol.lora_fraction}
+    full = predicted_sync_bytes(pol.params, pol.bytes_per_param, "full", tensors=pol.weight_tensors, **kw)
+    delta = predicted_sync_bytes(pol.params, pol.bytes_per_param, "delta", tensors=pol.weight_tensors, **kw)
+    lora = predicted_sync_bytes(pol.params, pol.bytes_per_param, "lora", tensors=pol.lora_tensors, **kw)
     samples = ro.prompts * ro.samples
     tokens = samples * ro.avg_tokens
     grad_bpp = p.trainer.grad_bytes_per_param or pol.bytes_per_param
@@ -93,22 +96,68 @@ def per_hour(p: PlanInputs, b: StepBytes) -> dict[str, float]:
     }
 
 
-def sync_breakdown(p: PlanInputs, b: StepBytes, mode: str, tier: str | None = None) -> M.SyncTime:
-    """One sync of ``mode`` over ``tier`` (default: the sync link), stage by stage.
+@dataclass(frozen=True)
+class SyncCosts:
+    """The software terms and rates one sync pays, resolved: the plan's figure where it gives one, else
+    the default of ``rollout.device`` and ``rollout.backend`` (``inputs.CPU_SYNC`` on a CPU; on a GPU
+    the software terms are not priced and the rates are the HBM bandwidth)."""
 
-    Parallel links: ``network.senders`` (default ``rollout.tp``: each GPU of the receiving replica
-    takes its 1/tp share on its own NIC). A delta also costs its export/compare on the trainer at
-    HBM bandwidth; fixed and per-tensor software costs are the plan's stated figures.
+    pause_s: float
+    send_per_tensor_s: float
+    load_per_tensor_s: float
+    per_bucket_s: float
+    cast_bw: float
+    load_bw: float
+    reload_whole_model: bool
+    source: str  # where the defaults came from
+
+
+def sync_costs(p: PlanInputs) -> SyncCosts:
+    s, ro = p.sync, p.rollout
+    measured = CPU_SYNC[ro.backend] if ro.device == "cpu" else {}
+    gpu = {"pause_s": 0.0, "send_per_tensor_s": 0.0, "load_per_tensor_s": 0.0, "per_bucket_s": 0.0,
+           "cast_bw": ro.mem_bandwidth, "load_bw": ro.mem_bandwidth}
+    pick = {k: getattr(s, k) if getattr(s, k) is not None else measured.get(k, v) for k, v in gpu.items()}
+    whole = s.reload_whole_model if s.reload_whole_model is not None else ro.backend == "vllm"
+    src = (f"measured on a CPU for backend {ro.backend} (inputs.CPU_SYNC)" if measured else
+           "GPU: software terms not priced unless given, rates = rollout.mem_bandwidth")
+    return SyncCosts(**pick, reload_whole_model=whole, source=src)
+
+
+def sync_tensors(p: PlanInputs, mode: str) -> int:
+    """Tensors one sync of ``mode`` carries: every weight (full; delta: every tensor that changed, at
+    most all), or the adapter's (LoRA)."""
+    return p.policy.lora_tensors if mode == "lora" else p.policy.weight_tensors
+
+
+def sync_breakdown(p: PlanInputs, b: StepBytes, mode: str, tier: str | None = None) -> M.SyncTime:
+    """One sync of ``mode`` over ``tier`` (default: the sync link), term by term (``mechanisms.sync_time``).
+
+    Parallel sending streams: ``network.senders`` (default ``rollout.tp``: each GPU of the receiving
+    replica takes its 1/tp share on its own NIC). Gather: the trainer's FSDP shards (``trainer.dp``
+    under fsdp). A delta also costs its export/compare on the trainer at HBM bandwidth. An engine that
+    reloads its whole model (``sync.reload_whole_model``) loads every tensor and byte of a full sync.
     """
     tiers = p.tiers()
     link = tiers[tier or p.network.sync_link]
+    return _sync(p, b, mode, link, p.network.senders or p.rollout.tp)
+
+
+def _sync(p: PlanInputs, b: StepBytes, mode: str, link_bw: float, links: int) -> M.SyncTime:
+    c, pol = sync_costs(p), p.policy
     gpus_t = p.trainer.gpus or p.trainer.dp
     compare = M.delta_compare_s(b.full_sync, gpus_t, p.rollout.mem_bandwidth) if mode == "delta" else 0.0
-    return M.sync_time(b.sync(mode), link_bw=link, links=p.network.senders or p.rollout.tp,
-                       gather_bw=tiers[p.network.gather_link], load_bw=p.rollout.mem_bandwidth,
-                       receivers=p.rollout.tp, fixed_s=p.sync.fixed_s,
-                       per_tensor_s=p.sync.per_tensor_s * p.policy.weight_tensors, compare_s=compare,
-                       overlap=p.sync.bucket_overlap)
+    synced_params = {"full": pol.params, "delta": pol.params * pol.delta_fraction,
+                     "lora": pol.params * pol.lora_fraction}[mode]
+    return M.sync_time(
+        b.sync(mode), link_bw=link_bw, links=links, gather_bw=p.tiers()[p.network.gather_link], load_bw=c.load_bw,
+        receivers=p.rollout.tp, fixed_s=p.sync.fixed_s, pause_s=c.pause_s, compare_s=compare,
+        tensors=sync_tensors(p, mode), load_tensors=pol.weight_tensors if c.reload_whole_model else None,
+        load_bytes=b.full_sync if c.reload_whole_model else None, send_per_tensor_s=c.send_per_tensor_s,
+        load_per_tensor_s=c.load_per_tensor_s, per_bucket_s=c.per_bucket_s, bucket_bytes=p.sync.bucket_bytes,
+        shards=p.trainer.dp if p.trainer.sharding == "fsdp" else 1, params=synced_params,
+        source_bpp=p.sync.source_bytes_per_param or pol.bytes_per_param, dest_bpp=pol.bytes_per_param,
+        cast_bw=c.cast_bw, overlap=p.sync.bucket_overlap)
 
 
 def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
@@ -116,29 +165,72 @@ def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
     return {mode: {t: sync_breakdown(p, b, mode, t).total for t in p.tiers()} for mode in ("full", "delta", "lora")}
 
 
+def colocated_breakdown(p: PlanInputs, b: StepBytes | None = None) -> M.SyncTime:
+    """Colocated sync, term by term: no wire (the engine gets the trainer's tensors through handles
+    on the same GPUs), every other term of a full sync: gather, cast/copy into buffers, the software
+    per tensor and bucket, the engine's load and copy of its 1/tp shard, pause/resume, the fixed cost."""
+    return _sync(p, b or step_bytes(p), "full", math.inf, p.rollout.tp)
+
+
 def colocated_reload_seconds(p: PlanInputs) -> float:
-    """Colocated sync: each engine GPU copies its 1/tp shard of the weights at HBM bandwidth, plus the
-    software cost a sync pays whatever the transport (``sync.fixed_s``: pause/resume, bookkeeping)."""
-    return M.colocated_reload_s(p.policy.params * p.policy.bytes_per_param, p.rollout.tp,
-                                p.rollout.mem_bandwidth) + p.sync.fixed_s
+    """One colocated sync's seconds (``colocated_breakdown``)."""
+    return colocated_breakdown(p).total
+
+
+# A typical tensor name in the wire header (rollout names: "model.layers.12.self_attn.q_proj.weight" is
+# 39 characters, "model.layers.0.self_attn.k_proj.lora_A" 38).
+NAME_CHARS = 40
+
+
+def framing_bytes(mode: str, values: float, tensors: float, bytes_per_param: float,
+                  name_chars: float = NAME_CHARS) -> float:
+    """Bytes the wire form (sync/wire.py) adds to one sync's values, counted from the format: the
+    16-byte prefix, the JSON header and one entry per tensor (``mechanisms.tensor_framing_bytes``).
+
+    Full: ``tensors`` entries of the mean tensor (``values / tensors`` bytes, a square 2-D shape).
+    Delta: every changed tensor has a value and an index entry (1-D). LoRA: ``tensors`` is 3 per
+    adapted module: lora_A and lora_B (2-D) and an fp32 scaling scalar (4 bytes, padded to 8, which
+    ``lora_fraction`` does not count). 0 tensors: no framing priced.
+    """
+    if tensors <= 0:
+        return 0.0
+    dtype = {1: "float8_e4m3fn", 2: "bfloat16", 4: "float32"}.get(bytes_per_param, "float32")
+    base = M.WIRE_PREFIX_BYTES + M.WIRE_HEADER_BYTES
+    if mode == "lora":
+        modules = tensors / 3
+        mean = values / max(2 * modules, 1)
+        side = max(1, round(math.sqrt(mean / bytes_per_param)))
+        ab = 2 * modules * M.tensor_framing_bytes(name_chars, dtype, (side, side), round(mean))
+        scaling = modules * (M.tensor_framing_bytes(name_chars + 1, "float32", (), 4) + 4)
+        return base + ab + scaling
+    mean = values / tensors
+    if mode == "delta":  # a values entry and an index entry, each 1-D, about half the bytes each
+        half = round(mean / 2)
+        return base + tensors * 2 * M.tensor_framing_bytes(name_chars, dtype, (half,), half)
+    side = max(1, round(math.sqrt(mean / bytes_per_param)))
+    return base + tensors * M.tensor_framing_bytes(name_chars, dtype, (side, side), round(mean))
 
 
 def predicted_sync_bytes(params: float, bytes_per_param: float, mode: str, *, delta_fraction: float = 0.02,
-                         delta_index_bytes: float = 0.0, lora_fraction: float = 0.005) -> float:
-    """Stable entry point (bench/sync.py): bytes one sync of ``mode`` moves, predicted by the plan.
+                         delta_index_bytes: float = 0.0, lora_fraction: float = 0.005, tensors: float = 0,
+                         name_chars: float = NAME_CHARS) -> float:
+    """Stable entry point (bench/sync.py, review): bytes one sync of ``mode`` puts on the wire, predicted.
 
-    full = P x bytes; delta = P x fraction x (bytes + index bytes); lora = P x lora_fraction x bytes;
-    inprocess = 0. Values only: transport framing is the runtime's to measure.
+    Values: full = P x bytes; delta = P x fraction x (bytes + index bytes); lora = P x lora_fraction x
+    bytes; inprocess = 0. Plus the wire framing of ``tensors`` tensors (``framing_bytes``; 0 tensors:
+    values only). The object store's own serialization overhead (ray) is not counted.
     """
     if mode == "inprocess":
         return 0.0
     if mode == "full":
-        return params * bytes_per_param
-    if mode == "delta":
-        return params * delta_fraction * (bytes_per_param + delta_index_bytes)
-    if mode == "lora":
-        return params * lora_fraction * bytes_per_param
-    raise ValueError(f"unknown sync mode {mode!r}; expected full, delta, lora or inprocess")
+        values = params * bytes_per_param
+    elif mode == "delta":
+        values = params * delta_fraction * (bytes_per_param + delta_index_bytes)
+    elif mode == "lora":
+        values = params * lora_fraction * bytes_per_param
+    else:
+        raise ValueError(f"unknown sync mode {mode!r}; expected full, delta, lora or inprocess")
+    return values + framing_bytes(mode, values, tensors, bytes_per_param, name_chars)
 
 
 @dataclass(frozen=True)

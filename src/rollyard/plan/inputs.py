@@ -34,6 +34,10 @@ from rollyard.telemetry import rundir
 # 10 Gb/s cross-site / Ethernet link. Add others under [network.custom].
 TIER_PRESETS: dict[str, float] = {"nvlink": 600e9, "rdma": 50e9, "commodity": 1.25e9}
 
+# The software cost of a weight update on a CPU, per rollout backend (rollout.device = "cpu"), measured
+# by bench/sync.py (see there and bench/README.md for what each term times). Keys are SyncSection fields.
+CPU_SYNC: dict[str, dict[str, float]] = {"native": {}, "vllm": {}}
+
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
 SYNC_MODES: tuple[str, ...] = ("full", "delta", "lora")
@@ -71,7 +75,8 @@ class PolicySection(Section):
     lora_fraction: float = Field(0.005, ge=0, le=1, description="adapter parameters / base parameters [fraction]; runbook: 0.005")
     delta_fraction: float = Field(0.02, gt=0, le=1, description="share of weights that change per sync [fraction]; 1-3% per the delta weight sync page; runbook: 0.02")
     delta_index_bytes: float = Field(0, ge=0, le=8, description="index bytes sent per changed element in delta sync [bytes]; the runbook ignores indexes (0); rollyard's delta sync sends int64 (8)")
-    weight_tensors: int = Field(0, ge=0, description="number of weight tensors a sync moves [count]; with sync.per_tensor_s it prices per-tensor software cost (0 = not priced)")
+    weight_tensors: int = Field(0, ge=0, le=10**8, description="weight tensors of the model, as a full sync sends them (Hugging Face names; MoE: one per expert matrix) [count]; prices the per-tensor sync terms and the wire framing (0 = not priced)")
+    lora_tensors: int = Field(0, ge=0, le=10**8, description="tensors a LoRA sync sends: lora_A, lora_B and a scaling scalar per adapted module [count] (3 per module); 0 = not priced")
 
 
 class TrainerSection(Section):
@@ -84,7 +89,8 @@ class TrainerSection(Section):
 
 
 class RolloutSection(Section):
-    backend: Literal["native", "vllm"] = Field("native", description="rollout engine that receives weight syncs (the run's rollout.backend): native (rollyard's own engine: weights copied into its tensors) or vllm (a vLLM engine: weights go through its load_weights / reload_weights); picks the engine-load defaults of sync.load_s_per_byte and sync.load_s_per_tensor")
+    backend: Literal["native", "vllm"] = Field("native", description="rollout engine that receives weight syncs (the run's rollout.backend): native (rollyard's own engine: weights copied into its tensors) or vllm (a vLLM engine: weights go through reload_weights); picks the engine-side sync defaults")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="where trainer and rollout engine run: gpu (software sync terms not priced unless given; rates from rollout.mem_bandwidth) or cpu (sync terms measured on this project's machines by bench/sync.py, per backend)")
     prompts: int = Field(256, ge=1, le=MAX_PROMPTS, description="prompts per step [count]; runbook: 256")
     samples: int = Field(8, ge=1, le=MAX_SAMPLES, description="samples per prompt (GRPO group size) [count]; runbook: 8")
     avg_tokens: float = Field(4096, gt=0, le=1e7, description="mean generated tokens per sample [tokens]; runbook: 4096")
@@ -103,9 +109,17 @@ class SyncSection(Section):
     per_hour: float = Field(60, gt=0, le=1e6, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
     every_steps: int = Field(1, ge=1, description="optimizer steps between weight syncs [steps]")
     staleness_bound: int = Field(1, ge=0, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
-    fixed_s: float = Field(0.0, ge=0, description="fixed cost per sync [s]: metadata gather, process-group setup, engine pause/resume (a published or measured figure; 0 = not priced)")
-    per_tensor_s: float = Field(0.0, ge=0, description="software cost per weight tensor loaded by the engine [s] (with policy.weight_tensors); 0 = not priced")
-    bucket_overlap: bool = Field(True, description="the sync is bucketed and pipelined: gather, wire and engine load of successive buckets overlap, so the slowest stage sets the time; false = the stages add up")
+    fixed_s: float = Field(0.0, ge=0, le=1e6, description="once per sync [s]: metadata gather, process-group setup (a published or measured figure; 0 = not priced)")
+    pause_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: the engine's pause before the load and resume after it; null = the backend's default (rollout.backend, rollout.device; 0 on a GPU: not priced)")
+    send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part; null = the backend's default (0 on a GPU)")
+    load_per_tensor_s: float | None = Field(None, ge=0, le=10, description="engine side, per tensor each receiving GPU loads [s]: load_weights' name resolution, the weight loader slicing its shard, a copy launch; null = the backend's default (0 on a GPU)")
+    per_bucket_s: float | None = Field(None, ge=0, le=1e3, description="trainer side, per bucket [s]: a collective launch, a synchronize, the bucket's metadata message; null = the backend's default (0 on a GPU)")
+    bucket_bytes: float = Field(1e9, gt=0, le=1e15, description="bytes per bucket a sending stream cuts the update into [bytes]; 1e9: vLLM's packed weight transfer (1 GiB), slime/miles --update-weight-buffer-size 0.5-1 GB")
+    source_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per parameter of the trainer's weights a sync reads [bytes] (4 = fp32 master weights cast to the rollout dtype); null = policy.bytes_per_param (a plain copy)")
+    cast_bw: float | None = Field(None, gt=0, le=1e15, description="trainer side: bytes read + written per second copying (and casting) weights into the send buffer [bytes/s]; null = rollout.mem_bandwidth on a GPU (HBM-bound), the backend's measured rate on a CPU")
+    load_bw: float | None = Field(None, gt=0, le=1e15, description="engine side: bytes per second of the copy into the engine's weights (one read + one write per byte) [bytes/s]; null = rollout.mem_bandwidth on a GPU, the backend's measured rate on a CPU")
+    reload_whole_model: bool | None = Field(None, description="the engine reloads its whole model on every update (all tensors and bytes, whatever the mode carries); null = the backend's behaviour (rollyard's vllm backend: true, every mode ends as one in-place reload_weights; native: false)")
+    bucket_overlap: bool = Field(True, description="the sync is bucketed and pipelined: trainer side, wire and engine load of successive buckets overlap, so the slowest side plus one bucket's fill/drain sets the time; false = the sides add up")
 
 
 class NetworkSection(Section):

@@ -183,49 +183,137 @@ def splits(total: int, tp: int) -> list[tuple[int, int]]:
 
 
 # ---- weight sync ----
+#
+# One weight update, term by term. Three sides work on successive buckets of the update at once:
+#
+# - the trainer (per sending stream): gather the shards into whole tensors (FSDP -> whole, bytes over
+#   the gather link), cast/copy them into the send buffer (bytes read + written), its software per
+#   tensor (name, metadata, serialization, a handle) and per bucket (a collective launch, a
+#   synchronize, the bucket's metadata message);
+# - the link: the bytes over the sync link, one stream per sender, each on its own NIC;
+# - the engine (per receiving GPU): its load per tensor (``load_weights``: name resolution, the
+#   weight loader slicing its shard, a copy launch) and the bytes it copies into its weights.
+#
+# Bucketing rule: with ``overlap`` the three sides pipeline over ``buckets`` buckets, so one update
+# takes the slowest side plus the other sides' share of one bucket (fill and drain):
+# ``max(s) + (sum(s) - max(s)) / buckets``; with one bucket, or without overlap, the sides add.
+# Once per sync, whatever the bytes: a fixed cost (metadata gather, group setup), the engine's
+# pause + resume, and a delta's compare on the trainer.
 
 @dataclass(frozen=True)
 class SyncTime:
-    """One weight sync's seconds by stage; ``total`` follows the bucketing rule."""
+    """One weight sync's seconds, term by term; ``total`` follows the bucketing rule."""
 
-    fixed_s: float
-    gather_s: float
-    wire_s: float
-    load_s: float
-    compare_s: float
-    per_tensor_s: float
+    fixed_s: float  # once per sync: metadata gather, process-group setup
+    pause_s: float  # once per sync: engine pause + resume
+    compare_s: float  # once per sync: a delta's export/compare on the trainer
+    gather_s: float  # trainer: shards -> whole tensors over the gather link
+    cast_s: float  # trainer: weights copied (and cast) into the send buffer
+    send_tensor_s: float  # trainer: software per tensor x tensors per stream
+    bucket_s: float  # trainer: software per bucket x buckets per stream
+    wire_s: float  # link: bytes per stream / link bandwidth
+    load_tensor_s: float  # engine: load per tensor x tensors each receiving GPU loads
+    copy_s: float  # engine: bytes copied into the engine's weights (HBM read + write)
+    buckets: int  # buckets per stream
+    tensors: float  # tensors the update carries
     overlap: bool
 
     @property
+    def trainer_s(self) -> float:
+        return self.gather_s + self.cast_s + self.send_tensor_s + self.bucket_s
+
+    @property
+    def engine_s(self) -> float:
+        return self.load_tensor_s + self.copy_s
+
+    @property
+    def moving_s(self) -> float:
+        """The three sides over the buckets: pipelined (slowest side + fill/drain) or added."""
+        sides = (self.trainer_s, self.wire_s, self.engine_s)
+        return pipelined_s(sides, self.buckets) if self.overlap else sum(sides)
+
+    @property
     def total(self) -> float:
-        stages = (self.gather_s, self.wire_s, self.load_s)
-        moving = max(stages) if self.overlap else sum(stages)
-        return self.fixed_s + self.per_tensor_s + self.compare_s + moving
+        return self.fixed_s + self.pause_s + self.compare_s + self.moving_s
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "total": self.total}
+        return {**asdict(self), "trainer_s": self.trainer_s, "engine_s": self.engine_s,
+                "moving_s": self.moving_s, "total": self.total}
+
+
+def pipelined_s(stages: tuple[float, ...], buckets: int) -> float:
+    """Stages that work on successive buckets at once: each bucket spends ``stage / buckets`` in each
+    stage, so the update takes the slowest stage plus the others' share of one bucket (the pipeline's
+    fill and drain): ``max + (sum - max) / buckets`` (the plain sum at one bucket)."""
+    if buckets < 1:
+        raise ValueError(f"a sync has >= 1 bucket, got {buckets}")
+    slowest = max(stages)
+    return slowest + (sum(stages) - slowest) / buckets
+
+
+def buckets_of(nbytes: float, bucket_bytes: float, streams: int = 1) -> int:
+    """Buckets one sending stream cuts its ``nbytes / streams`` into (at least one)."""
+    if not bucket_bytes > 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    return max(1, math.ceil(nbytes / streams / bucket_bytes))
+
+
+def gather_s(nbytes: float, shards: int, streams: int, gather_bw: float) -> float:
+    """FSDP -> whole tensors: each stream all-gathers its share of the update; it holds 1/shards of
+    each tensor and receives the other (shards-1)/shards over the gather link (0 when unsharded)."""
+    if shards < 1:
+        raise ValueError(f"gather needs >= 1 shards, got {shards}")
+    return nbytes / streams * (shards - 1) / shards / gather_bw
+
+
+def cast_s(params: float, source_bpp: float, dest_bpp: float, streams: int, cast_bw: float) -> float:
+    """The trainer's weights copied into the send buffer in the rollout dtype (a cast when the dtypes
+    differ, fp32 -> bf16: 4 + 2 bytes per element): ``params / streams x (source + dest) / cast_bw``,
+    ``cast_bw`` in bytes read + written per second (HBM-bound on a GPU)."""
+    return params / streams * (source_bpp + dest_bpp) / cast_bw
+
+
+def copy_s(nbytes: float, receivers: int, load_bw: float) -> float:
+    """The engine copies what arrived into its weights: one read + one write per byte, each of the
+    replica's ``receivers`` GPUs its 1/receivers share."""
+    return 2 * nbytes / (receivers * load_bw)
 
 
 def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, load_bw: float, receivers: int,
-              fixed_s: float = 0.0, per_tensor_s: float = 0.0, compare_s: float = 0.0,
-              overlap: bool = True) -> SyncTime:
-    """Seconds to move one sync of ``nbytes`` from the trainer into a rollout replica.
+              fixed_s: float = 0.0, pause_s: float = 0.0, compare_s: float = 0.0, tensors: float = 0.0,
+              load_tensors: float | None = None, load_bytes: float | None = None, send_per_tensor_s: float = 0.0,
+              load_per_tensor_s: float = 0.0, per_bucket_s: float = 0.0, bucket_bytes: float = math.inf,
+              shards: int = 1, params: float = 0.0, source_bpp: float = 0.0, dest_bpp: float = 0.0,
+              cast_bw: float = math.inf, overlap: bool = True) -> SyncTime:
+    """Seconds to move one sync of ``nbytes`` (``tensors`` tensors) from the trainer into a rollout
+    replica, term by term (the rule above):
 
-    - gather: each sender assembles its share of whole tensors over the intra-node link
-      (``nbytes / (links * gather_bw)``);
-    - wire: ``links`` parallel senders, each on its own NIC at ``link_bw`` (``nbytes / (links * link_bw)``);
-    - load: the receiving replica's ``receivers`` GPUs copy what arrived into the engine's weights,
-      one HBM read + one write per byte (``2 * nbytes / (receivers * load_bw)``);
-    - bucketing: with ``overlap`` successive buckets pipeline, so the slowest stage sets the time;
-      otherwise the stages add. Fixed and per-tensor software costs and a delta compare come on top.
+    - ``links`` parallel sending streams, each its own NIC at ``link_bw`` and its own share of the
+      tensors and buckets (``ceil(nbytes / links / bucket_bytes)`` buckets each);
+    - trainer side per stream: ``gather_s`` (``shards``-way FSDP), ``cast_s`` (``params`` from
+      ``source_bpp`` to ``dest_bpp`` at ``cast_bw``; 0 bytes per element = not priced), tensors x
+      ``send_per_tensor_s``, buckets x ``per_bucket_s``;
+    - engine side per receiving GPU: ``load_tensors`` (default: the update's tensors) x
+      ``load_per_tensor_s`` and ``copy_s`` of ``load_bytes`` (default: ``nbytes``); an engine that
+      reloads its whole model on every update loads more than the update carries;
+    - once: ``fixed_s``, ``pause_s``, ``compare_s``.
     """
-    for name, v in (("link_bw", link_bw), ("gather_bw", gather_bw), ("load_bw", load_bw)):
+    for name, v in (("link_bw", link_bw), ("gather_bw", gather_bw), ("load_bw", load_bw), ("cast_bw", cast_bw)):
         if not v > 0:
             raise ValueError(f"sync_time: {name} must be > 0 bytes/s, got {v}")
     if links < 1 or receivers < 1:
         raise ValueError(f"sync_time: links and receivers must be >= 1, got {links}, {receivers}")
-    return SyncTime(fixed_s, nbytes / (links * gather_bw), nbytes / (links * link_bw),
-                    2 * nbytes / (receivers * load_bw), compare_s, per_tensor_s, overlap)
+    buckets = buckets_of(nbytes, bucket_bytes, links)
+    load_tensors = tensors if load_tensors is None else load_tensors
+    load_bytes = nbytes if load_bytes is None else load_bytes
+    return SyncTime(
+        fixed_s=fixed_s, pause_s=pause_s, compare_s=compare_s,
+        gather_s=gather_s(nbytes, shards, links, gather_bw),
+        cast_s=cast_s(params, source_bpp, dest_bpp, links, cast_bw),
+        send_tensor_s=tensors / links * send_per_tensor_s, bucket_s=buckets * per_bucket_s,
+        wire_s=nbytes / (links * link_bw),
+        load_tensor_s=load_tensors * load_per_tensor_s, copy_s=copy_s(load_bytes, receivers, load_bw),
+        buckets=buckets, tensors=tensors, overlap=overlap)
 
 
 def delta_compare_s(full_bytes: float, trainer_gpus: int, mem_bw: float) -> float:
@@ -236,8 +324,34 @@ def delta_compare_s(full_bytes: float, trainer_gpus: int, mem_bw: float) -> floa
 
 def colocated_reload_s(weight_bytes: float, gpus: int, mem_bw: float) -> float:
     """Colocated sync is not free: every GPU copies its shard of the new weights into the engine's
-    buffers (one HBM read + one write per byte)."""
-    return 2 * weight_bytes / (gpus * mem_bw)
+    buffers (one HBM read + one write per byte): ``copy_s`` with no wire."""
+    return copy_s(weight_bytes, gpus, mem_bw)
+
+
+# ---- the bytes a sync puts on the wire ----
+
+# The wire form (sync/wire.py): per sync a 16-byte length prefix (the dist transport) and a JSON header
+#   {"version":V,"mode":"M","checksum":"<64 hex>","base_version":B,"tensors":[E,E,...]}
+# and per tensor one header entry E = ["<name>","v","<dtype>",[d0,d1],<nbytes>] plus zero padding
+# that starts the next tensor at a multiple of 8 bytes.
+WIRE_PREFIX_BYTES = 16
+WIRE_ALIGN = 8
+# {"version":,"mode":"","checksum":"","base_version":,"tensors":[]} is 65 characters; the values: a
+# 64-hex sha256, a mode of 4 letters (full, lora; delta 5), a version of 2 digits and a base version of
+# 4 characters (null, or digits); the last entry has no comma after it (-1).
+WIRE_HEADER_BYTES = 65 + 64 + 4 + 2 + 4 - 1
+# The characters around one entry's fields, [ "name" , "v" , "dtype" , shape , nbytes ] and the comma
+# between entries: 1 + 2 + 1 + 2 + 1 + 2 + 1 + 1 + 1 + 1 = 13 (the role letter and the shape are counted apart).
+WIRE_ENTRY_PUNCT = 13
+
+
+def tensor_framing_bytes(name_chars: float, dtype: str, shape: tuple[int, ...], nbytes: int) -> float:
+    """Header bytes of one tensor's entry in the wire form, counted from the format: the punctuation,
+    its name, role ``v``, ``torch.<dtype>``, the shape as ``[d0,d1]``, the byte length; plus the
+    padding that aligns the next tensor to 8 bytes."""
+    shape_chars = 2 + sum(len(str(d)) for d in shape) + max(len(shape) - 1, 0)
+    entry = WIRE_ENTRY_PUNCT + name_chars + 1 + len(f"torch.{dtype}") + shape_chars + len(str(nbytes))
+    return entry + (-nbytes) % WIRE_ALIGN
 
 
 # ---- trainer traffic and memory ----

@@ -91,6 +91,7 @@ class Plan:
             "tiers": p.tiers(),
             "sync_times": self.sync_times,
             "sync_breakdown": self.sync_detail.as_dict() if self.sync_detail else None,
+            "sync_costs": B.sync_costs(p).__dict__,
             "gradient_seconds": self.bytes.gradient_per_rank / p.tiers()[p.network.trainer_link],
             "edges": [e.__dict__ for e in self.edges],
             "phases": {**self.phases.seconds(), "source": self.phases.source},
@@ -201,7 +202,7 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
         with_tail = replace(placed, rollout=placed.rollout * tail.tail_rollout_s / tail.plain_rollout_s)
         tail = replace(tail, step_speedup=sims[dec.placement].period_s / run_sim(p, with_tail, dec.placement, sync_s).period_s)
     mem, findings = memory_findings(p, dec.placement)
-    detail = None if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
+    detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
     return Plan(p, b, hourly, times, ph, dec, B.edges(p, b, dec.placement, dec.sync_mode), sims,
                 rate_match(p, ph, equal), budget, tail, equal, detail, mem, findings)
 

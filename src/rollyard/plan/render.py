@@ -108,11 +108,8 @@ def print_plan(plan: Plan, c: Console) -> None:
             "disaggregated: synchronous rounds, pools one step apart; async: continuous batching with partial "
             "rollout (bubble-free), pools decoupled by the staleness bound")
     if plan.sync_detail:
-        s = plan.sync_detail
-        text(c, f"Sync ({plan.decision.sync_mode} over {p.network.sync_link}): fixed {s.fixed_s:.3g} s + per-tensor "
-                f"{s.per_tensor_s:.3g} s + compare {s.compare_s:.3g} s + "
-                f"{'max' if s.overlap else 'sum'}(gather {s.gather_s:.3g} s, wire {s.wire_s:.3g} s, "
-                f"load {s.load_s:.3g} s) = {s.total:.3g} s")
+        for line in sync_lines(plan):
+            text(c, line)
     for f in plan.findings:
         text(c, f"Finding: {f}")
     text(c, "Timelines (digits: step index; r: reference forward; '.': idle):")
@@ -162,3 +159,27 @@ def print_plan(plan: Plan, c: Console) -> None:
             + (f" (bounded by the bubble-free floor {tw.floor_rollout_s:.1f} s)" if tw.bounded else
                f"; bubble-free floor {tw.floor_rollout_s:.1f} s" if tw.floor_rollout_s is not None else "")
             + (f"; the {plan.placement} step {tw.step_speedup:.2f}x faster" if tw.step_speedup else ""))
+
+
+def sync_lines(plan: Plan) -> list[str]:
+    """One weight sync, every term (``mechanisms.sync_time``): what is paid once, each side's terms,
+    and how the bucketing rule combines the sides."""
+    p, s = plan.inputs, plan.sync_detail
+    costs = B.sync_costs(p)
+    f = B.fmt_seconds
+    where = ("colocated: no wire, handles on the same GPUs" if plan.placement == "colocated"
+             else f"{plan.decision.sync_mode} over {p.network.sync_link}")
+    rule = (f"pipelined over {s.buckets} bucket(s) of {B.fmt_bytes(p.sync.bucket_bytes)}: slowest side + the "
+            f"others' share of one bucket" if s.overlap else "not bucketed: the sides add")
+    return [
+        f"Sync ({where}; backend {p.rollout.backend} on {p.rollout.device}; {s.tensors:,.0f} tensors): "
+        f"{f(s.total)} = once [fixed {f(s.fixed_s)} + pause/resume {f(s.pause_s)} + compare {f(s.compare_s)}] + "
+        f"moving {f(s.moving_s)} ({rule})",
+        f"  trainer {f(s.trainer_s)} = gather {f(s.gather_s)} + cast/copy {f(s.cast_s)} + per tensor "
+        f"{f(s.send_tensor_s)} ({f(costs.send_per_tensor_s)} each) + per bucket {f(s.bucket_s)} "
+        f"({f(costs.per_bucket_s)} each)",
+        f"  wire {f(s.wire_s)}",
+        f"  engine {f(s.engine_s)} = load per tensor {f(s.load_tensor_s)} ({f(costs.load_per_tensor_s)} each"
+        + (", whole model reloaded" if costs.reload_whole_model else "") + f") + copy {f(s.copy_s)}",
+        f"  defaults: {costs.source}",
+    ]
