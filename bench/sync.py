@@ -3,6 +3,7 @@
     .venv/bin/python bench/sync.py                 # small preset + a ~250M-parameter synthetic Llama
     .venv/bin/python bench/sync.py --quick         # small preset + a ~90M synthetic config (2 layers), 1 steady sync
     .venv/bin/python bench/sync.py --json bench/out/sync.json
+    .venv/bin/python bench/sync.py --terms [--quick]  # the software cost of one update, term by term (sync_terms.py)
 
 Per model: a trainer copy (fp32, random init) and, for ``lora``, a PEFT adapter (r=8 on
 q/k/v/o) on another copy. Between syncs one AdamW step on random gradients at lr 1e-6 (the
@@ -301,11 +302,23 @@ def main() -> None:
     ap.add_argument("--no-ray", action="store_true", help="skip the Ray object-store transport")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="write every row here")
+    ap.add_argument("--terms", action="store_true", help="measure the software cost of one update term by term "
+                    "(trainer side, per bucket, engine load native and vLLM; bench/sync_terms.py) instead of bytes")
+    ap.add_argument("--backends", default="native,vllm", help="--terms: engines to measure (native,vllm)")
     args = ap.parse_args()
     from rollyard.config import env_error
 
     if why := env_error():  # a bad ROLLYARD_* setting: one line, exit 2
         ap.exit(2, f"{ap.prog}: error: {why}\n")
+    if args.terms:
+        backends = tuple(b for b in args.backends.split(",") if b)
+        if not backends or set(backends) - {"native", "vllm"}:
+            ap.exit(2, f"{ap.prog}: error: --backends takes native and/or vllm, got {args.backends!r}; "
+                       f"fix: e.g. --backends native,vllm\n")
+        from sync_terms import main as terms_main
+
+        terms_main(args.quick, args.json, args.threads, backends)
+        return
     args.layers = args.layers or (2 if args.quick else 16)
     args.repeats = args.repeats or (1 if args.quick else 2)
     torch.set_num_threads(args.threads)

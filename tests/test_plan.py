@@ -602,3 +602,57 @@ def test_the_overflow_guard_names_the_figure():
     from rollyard.plan.command import _non_finite
     assert _non_finite({"a": [1.0, {"b": float("inf")}]}) == "a.1.b"
     assert _non_finite({"a": [1.0, 2]}) is None
+
+
+def test_cpu_defaults_come_from_the_backend_and_every_term_is_printed(capsys):
+    # rollout.device = cpu: the software terms measured by bench/sync.py --terms, per backend; a GPU plan
+    # prices none of them unless given; a plan's own figure beats the default.
+    from rollyard.plan.bytes import sync_costs
+    from rollyard.plan.inputs import CPU_SYNC
+    for backend in ("native", "vllm"):
+        c = sync_costs(load_plan(None, ["rollout.device=cpu", f"rollout.backend={backend}"]))
+        assert (c.load_per_tensor_s, c.load_bw, c.pause_s) == tuple(CPU_SYNC[backend][k] for k in
+                                                                    ("load_per_tensor_s", "load_bw", "pause_s"))
+        assert c.reload_whole_model == (backend == "vllm")
+    gpu = sync_costs(load_plan(None, ["rollout.backend=vllm"]))
+    assert (gpu.load_per_tensor_s, gpu.pause_s, gpu.load_bw) == (0.0, 0.0, 3.35e12)
+    assert sync_costs(load_plan(None, ["rollout.device=cpu", "sync.load_per_tensor_s=1e-3"])).load_per_tensor_s == 1e-3
+    # vLLM reloads the whole model on every update: a LoRA sync's engine side loads all 100 tensors.
+    argv = ["placement=disaggregated", "policy.lora=true", "policy.weight_tensors=100", "policy.lora_tensors=12",
+            "rollout.device=cpu"]
+    native = make_plan(load_plan(None, argv)).sync_detail
+    vllm = make_plan(load_plan(None, [*argv, "rollout.backend=vllm"])).sync_detail
+    assert native.load_tensor_s == pytest.approx(12 * CPU_SYNC["native"]["load_per_tensor_s"])
+    assert vllm.load_tensor_s == pytest.approx(100 * CPU_SYNC["vllm"]["load_per_tensor_s"])
+    code, out, _ = run_plan(capsys, *argv, "rollout.backend=vllm")
+    assert code == 0
+    line = out[out.index("Sync (lora"):]
+    for term in ("fixed", "pause/resume", "compare", "gather", "cast/copy", "per tensor", "per bucket", "wire",
+                 "load per tensor", "whole model reloaded", "copy", "pipelined over"):
+        assert term in line, term
+    code, out, _ = run_plan(capsys, *argv, "--json")
+    assert set(json.loads(out)["sync_breakdown"]) >= {"pause_s", "send_tensor_s", "bucket_s", "load_tensor_s",
+                                                      "cast_s", "copy_s", "buckets", "total"}
+
+
+@pytest.mark.parametrize("r,dtype", [(4, "float32"), (4, "bfloat16"), (1, "bfloat16")])
+def test_predicted_sync_bytes_counts_the_wire_framing(r, dtype):
+    # The LoRA sync of a tiny model, packed by sync/wire.py, against the plan's count from the format:
+    # values + the 16 B prefix + the JSON header + one entry per tensor (and the fp32 scaling scalars).
+    # Without the framing the plan is 9-70% short here; with it, within 1%.
+    import torch
+
+    from rollyard.model.loading import attach_lora, build_preset, char_tokenizer
+    from rollyard.plan.bytes import predicted_sync_bytes
+    from rollyard.sync.lora import LoraPublisher
+    from rollyard.sync.wire import pack_pieces
+    m = attach_lora(build_preset("tiny", char_tokenizer(), seed=0), r=r, alpha=16.0, targets=["q_proj", "v_proj"])
+    header, pieces = pack_pieces(LoraPublisher(getattr(torch, dtype)).publish(m, 1))
+    moved = 16 + len(header) + sum(p.numel() for p in pieces)
+    base = sum(p.numel() for n, p in m.named_parameters() if "lora_" not in n)
+    adapter = sum(p.numel() for n, p in m.named_parameters() if "lora_" in n)
+    tensors = 3 * sum(1 for n, _ in m.named_parameters() if n.endswith("lora_A.default.weight"))
+    bpp = getattr(torch, dtype).itemsize
+    values = predicted_sync_bytes(base, bpp, "lora", lora_fraction=adapter / base)
+    framed = predicted_sync_bytes(base, bpp, "lora", lora_fraction=adapter / base, tensors=tensors)
+    assert moved / values - 1 > 0.05 and abs(moved / framed - 1) < 0.01

@@ -34,9 +34,22 @@ from rollyard.telemetry import rundir
 # 10 Gb/s cross-site / Ethernet link. Add others under [network.custom].
 TIER_PRESETS: dict[str, float] = {"nvlink": 600e9, "rdma": 50e9, "commodity": 1.25e9}
 
-# The software cost of a weight update on a CPU, per rollout backend (rollout.device = "cpu"), measured
-# by bench/sync.py (see there and bench/README.md for what each term times). Keys are SyncSection fields.
-CPU_SYNC: dict[str, dict[str, float]] = {"native": {}, "vllm": {}}
+# The software cost of a weight update on a CPU, per rollout backend (rollout.device = "cpu"): measured
+# 2026-11-25 06:39 UTC on this project's 2-core machine (1 torch thread, load average ~4 from other work,
+# fastest of 15 per figure) by
+#   .venv/bin/python bench/sync.py --terms
+# (bench/sync_terms.py: rollyard's own publish + pack, gloo DistTransport, and the engines' load_weights
+# on Llama-shaped models of 867 vs 12 tensors at equal bytes, and 12 tensors at 4x the bytes; results
+# in bench/README.md). pause_s is what an update pays once beyond its tensors and bytes (trainer side
+# 5.7 ms + engine side; the engines pause at a step boundary, no call). Keys are SyncSection fields.
+CPU_SYNC: dict[str, dict[str, float]] = {
+    "native": {"pause_s": 5.8e-3, "send_per_tensor_s": 12e-6, "load_per_tensor_s": 34e-6, "per_bucket_s": 4.3e-4,
+               "cast_bw": 3.0e9, "load_bw": 1.7e9},
+    "vllm": {"pause_s": 8.9e-3, "send_per_tensor_s": 12e-6, "load_per_tensor_s": 211e-6, "per_bucket_s": 4.3e-4,
+             "cast_bw": 3.0e9, "load_bw": 2.2e9},
+}
+# The dist transport (gloo over loopback) on the same machine and run: 3.0 GB/s (network.custom for a CPU plan).
+CPU_LOOPBACK_BW = 3.0e9
 
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")

@@ -105,4 +105,8 @@ def sync_facts(cfg: RunConfig, model, device: str) -> dict:
             "delta_index_bytes": 4,  # int32 indices while a tensor's changed fraction < 1/32 (see delta.py)
             "bytes_per_param": torch.empty(0, dtype=plan.dtype).element_size() if plan.mode != "inprocess"
             else next(model.parameters()).element_size(),
-            "lora_fraction": adapter / base if adapter else None}
+            "lora_fraction": adapter / base if adapter else None,
+            # tensors on the wire (each adds a header entry, plan/bytes.py framing_bytes): a full sync's,
+            # and a LoRA sync's (lora_A, lora_B, scaling per adapted module)
+            "weight_tensors": sum(1 for n, _ in model.named_parameters() if "lora_" not in n),
+            "lora_tensors": 3 * sum(1 for n, _ in model.named_parameters() if n.endswith("lora_A.default.weight")) or None}

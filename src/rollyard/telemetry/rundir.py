@@ -92,6 +92,8 @@ RUN_INFO_KEYS = {
 RUN_INFO_EXTRA = {
     "sync_transport": "inprocess | ray (how weights reach the rollout side)",
     "sync_every": "optimizer steps between weight publishes",
+    "weight_tensors": "tensors a full sync carries (each adds a wire header entry)",
+    "lora_tensors": "tensors a LoRA sync carries: lora_A, lora_B, scaling per adapted module (null when not LoRA)",
     "rollout_workers": "rollout worker processes (0 when colocated)",
     "inflight": "what in-flight sequences do when weights arrive: finish | abort | continue",
     "kernels": "numerics-relevant kernel/GEMM choices (rollyard.model.kernels.choices; by shape and CPU features)",
@@ -101,6 +103,7 @@ RUN_INFO_EXTRA = {
 RUN_INFO_OPTIONAL_KEYS = {
     "sharding": "none | fsdp (trainer parameters sharded over the dp ranks); absent = none",
     "dp_backend": "gloo | nccl: the trainer ranks' collectives (null at dp=1)",
+    "device": "cpu | gpu: where the trainer and the rollout engines ran (review prices the sync's software terms for it)",
 }
 
 # Metric keys that review and the progress display rely on.
