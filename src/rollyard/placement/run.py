@@ -290,6 +290,7 @@ def run_info(cfg: RunConfig, model) -> dict:
         "rollout_workers": 0 if colocated else cfg.rollout.workers,
         "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
         "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
+        "device": "gpu" if roles.device_of(cfg).startswith("cuda") else "cpu",
     }
 
 

@@ -146,7 +146,8 @@ def sync_breakdown(p: PlanInputs, b: StepBytes, mode: str, tier: str | None = No
 def _sync(p: PlanInputs, b: StepBytes, mode: str, link_bw: float, links: int) -> M.SyncTime:
     c, pol = sync_costs(p), p.policy
     gpus_t = p.trainer.gpus or p.trainer.dp
-    compare = M.delta_compare_s(b.full_sync, gpus_t, p.rollout.mem_bandwidth) if mode == "delta" else 0.0
+    # the delta's compare is a memory pass on the trainer: the copy rate (rollout.mem_bandwidth on a GPU)
+    compare = M.delta_compare_s(b.full_sync, gpus_t, c.cast_bw) if mode == "delta" else 0.0
     synced_params = {"full": pol.params, "delta": pol.params * pol.delta_fraction,
                      "lora": pol.params * pol.lora_fraction}[mode]
     return M.sync_time(

@@ -2,7 +2,9 @@
 
 A budget to hold runs to needs rates of *this* machine; the defaults are H100-class and mean nothing
 for a CPU run. Calibration reads a baseline run (run.json, spans, lengths) and sets the plan's
-rates so that the plan, on the baseline's own shape, prices every phase at the baseline's mean:
+rates so that the plan, on the baseline's own shape, prices every phase at the baseline's mean over
+the steps after the first (``review.steady``: the first step carries the engine's start-up, ~5-10 s for
+a vLLM engine here, which no per-step budget prices; review holds runs to the same steady state):
 
 - rollout: the decode model's bandwidth, ``rollout.mem_bandwidth``, solved so the model's
   synchronous round equals the measured mean (both terms of the round are 1 / bandwidth, so the
@@ -10,8 +12,10 @@ rates so that the plan, on the baseline's own shape, prices every phase at the b
 - train: ``trainer.flops_per_gpu`` solved from 6 x P x tokens / (train seconds x GPUs), so the train
   estimate scales with tokens;
 - reference, reward, algorithm: the measured seconds, given (the plan has no model to scale them);
-- sync: ``sync.fixed_s``, the software cost of one sync beyond what the byte model prices
-  (the measured sync seconds per sync minus the modelled moving part, at least 0);
+- sync: the term-by-term model of one sync (``bytes.sync_costs``: pause/resume, per tensor, per
+  bucket, cast and engine copy rates, for the run's ``rollout.backend`` and device) written out
+  explicitly, and ``sync.fixed_s``, what the measured sync seconds leave beyond them (terms that
+  price more than was measured are scaled down to it first; see ``sync_terms``);
 - ``budget.tolerance``: from the baseline's own step-to-step noise (``spread``: three standard
   errors of the difference of two N-step means, for the noisiest phase of at least 5% of the step;
   never below the default 0.2). On a quiet machine that is tight; on a shared one it is honest.
@@ -27,7 +31,8 @@ from pathlib import Path
 from rollyard.plan import bytes as B
 from rollyard.plan import hardware as H
 from rollyard.plan.inputs import PlanInputs
-from rollyard.plan.review import phase_seconds, plan_from_run, read_run
+from rollyard.plan.planner import make_plan
+from rollyard.plan.review import phase_seconds, plan_from_run, read_run, steady
 
 MIN_SHARE = 0.05  # phases below this share of the step do not set the tolerance (timer noise dominates)
 MIN_TOLERANCE = 0.2  # the plan's default budget.tolerance
@@ -51,12 +56,46 @@ def spread(per_step: dict[str, list[float]]) -> float:
     return out
 
 
+SYNC_TIMES = ("pause_s", "send_per_tensor_s", "load_per_tensor_s", "per_bucket_s")  # seconds per item
+SYNC_RATES = ("cast_bw", "load_bw")  # bytes per second
+
+
+def planned_sync(data: dict, lengths: list[int] | None) -> float:
+    """Seconds per sync the plan of ``data`` budgets (what review holds the run's sync spans to)."""
+    p = PlanInputs.model_validate(data)
+    return make_plan(p, lengths).step_budget().get("sync", 0.0) * p.sync.every_steps
+
+
+def sync_terms(base: PlanInputs, one_sync: float, data: dict, lengths: list[int] | None) -> dict:
+    """The sync section's terms, so the plan prices one sync at the measured ``one_sync`` seconds.
+
+    The terms start at the values the run's own plan resolves to (``bytes.sync_costs``: for a CPU
+    run, the receiving backend's rates measured by bench/sync.py; native and vLLM differ) and are
+    written out explicitly: the calibrated ``rollout.mem_bandwidth`` is a decode rate, not the rate
+    of a copy into the engine, and must not reprice them. What the terms leave of the measured sync
+    is ``fixed_s``; when they price more than was measured (this machine copied faster than the
+    bench's), every time term is scaled down and every rate up by the same factor first, keeping
+    their proportions."""
+    c = B.sync_costs(base)
+    out = {k: getattr(c, k) for k in (*SYNC_TIMES, *SYNC_RATES)}
+    out["reload_whole_model"], out["fixed_s"] = c.reload_whole_model, 0.0
+    trial = {**data, "sync": {**data["sync"], **out}}
+    moving = planned_sync(trial, lengths)
+    if moving > one_sync > 0:
+        r = one_sync / moving
+        out.update({k: out[k] * r for k in SYNC_TIMES})
+        out.update({k: out[k] / r for k in SYNC_RATES})
+        moving = planned_sync({**data, "sync": {**data["sync"], **out}}, lengths)
+    out["fixed_s"] = max(0.0, one_sync - moving)
+    return out
+
+
 def calibrate(run_dir: str | Path) -> tuple[dict, dict]:
     """Plan data (nested dicts, ready for overrides and ``validate_plan``) and what was measured."""
     run = read_run(run_dir)
     base = plan_from_run(run)
     lengths = [n for v in run.lengths.values() for n in v] or None
-    per = phase_seconds(run.spans)
+    per = steady(phase_seconds(run.spans))  # the first step's start-up is not a per-step cost
     secs = {r: sum(v) / len(v) for r, v in per.items() if v}
     data = base.model_dump(mode="json")
     ph = data["phases"]
@@ -78,16 +117,9 @@ def calibrate(run_dir: str | Path) -> tuple[dict, dict]:
         data["trainer"]["flops_per_gpu"] = 6 * H.active_params(p) * H.train_tokens(p) / (train * H.trainer_gpus(p))
         note["train_s"] = train
 
-    p = PlanInputs.model_validate(data)
-    every = p.sync.every_steps
+    every = base.sync.every_steps
     one_sync = secs.get("sync", 0.0) * every
-    if p.placement == "colocated":
-        moving = B.colocated_reload_seconds(p.model_copy(update={"sync": p.sync.model_copy(update={"fixed_s": 0.0})}))
-    else:
-        mode = p.sync.mode if p.sync.mode != "auto" else "full"
-        q = p.model_copy(update={"sync": p.sync.model_copy(update={"fixed_s": 0.0})})
-        moving = B.sync_breakdown(q, B.step_bytes(q), mode).total
-    data["sync"]["fixed_s"] = max(0.0, one_sync - moving)
+    data["sync"].update(sync_terms(base, one_sync, data, lengths))
     note["sync_s"] = one_sync
     data["budget"]["tolerance"] = round(max(MIN_TOLERANCE, min(spread(per), 10.0)), 3)
     data["name"] = f"calibrated from {run.path.name}"

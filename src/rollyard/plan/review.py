@@ -133,6 +133,14 @@ def phase_seconds(spans: list[dict]) -> dict[str, list[float]]:
     return {r: [per.get((k, r), 0.0) for k in steps] for r in roles}
 
 
+def steady(per_step: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each role's per-step seconds after the first step, which carries one-off start-up costs that no
+    per-step budget prices: the rollout engine's start (a vLLM engine: 5-10 s here against ~0.1 s
+    steps of a tiny model), first transfers, allocator and kernel warm-up. A one-step run keeps its
+    only step. Budgets are set (``calibrate``) and held (``review``) on the same steady state."""
+    return {r: (v[1:] if len(v) > 1 else v) for r, v in per_step.items()}
+
+
 def step_seconds(run: Run) -> list[float]:
     """Wall-clock per step: metrics' time/step, else the extent of the step's spans."""
     vals = [float(m[rundir.STEP_TIME]) for m in run.metrics if isinstance(m.get(rundir.STEP_TIME), (int, float))]
@@ -230,24 +238,39 @@ def pipelined_steps(spans: list[dict], bound: int = 1) -> tuple[int, int, list[i
 
 # ---- predictions ----
 
+def run_backend(run: Run) -> str:
+    """The rollout engine the run's weight syncs loaded into: config.yaml's ``rollout.backend`` (runs
+    written before the vLLM backend existed have none: native)."""
+    backend = (run.config.get("rollout") or {}).get("backend", "native")
+    if backend not in ("native", "vllm"):
+        raise RunDirError(f"{run.path / rundir.CONFIG}: rollout.backend = {backend!r}, expected native or vllm; "
+                          f"the file is damaged or from a newer rollyard")
+    return backend
+
+
 def plan_from_run(run: Run) -> PlanInputs:
     """The plan a run implies: run.json facts, measured token counts and measured phase means."""
     info = run.info
     lengths = [n for v in run.lengths.values() for n in v]
     avg = sum(lengths) / len(lengths) if lengths else float(info["max_new_tokens"])
     prompts = [n for v in run.prompt_lengths.values() for n in v]
-    secs = {r: sum(v) / len(v) for r, v in phase_seconds(run.spans).items() if v}
+    secs = {r: sum(v) / len(v) for r, v in steady(phase_seconds(run.spans)).items() if v}
     kl = float((run.config.get("algo") or {}).get("kl_coef") or 0.0)
     use_ref = kl > 0 or "reference" in secs
     mode = info.get("sync_mode")
-    step = sum(step_seconds(run)) / max(len(step_seconds(run)), 1)
+    step_s = steady({"step": step_seconds(run)})["step"]
+    step = sum(step_s) / max(len(step_s), 1)
     data = {
         "name": f"run {run.path.name}",
         "placement": info["placement"] if info.get("placement") in PLACEMENTS else "auto",
         "policy": {"params": info["policy_params"], "bytes_per_param": info["bytes_per_param"],
-                   "lora": mode == "lora", **({"lora_fraction": info["lora_fraction"]} if info.get("lora_fraction") else {})},
+                   "lora": mode == "lora", **({"lora_fraction": info["lora_fraction"]} if info.get("lora_fraction") else {}),
+                   # tensors a sync carries (the per-tensor terms of the sync's price; runs before them lack them)
+                   **{k: info[k] for k in ("weight_tensors", "lora_tensors") if isinstance(info.get(k), int)}},
         "trainer": {"dp": info["dp"]},
-        "rollout": {"gpus": info["dp"], "prompts": info["prompts_per_step"], "samples": info["samples_per_prompt"],
+        "rollout": {"backend": run_backend(run), **({"device": info["device"]} if info.get("device") in ("cpu", "gpu") else {}),
+                    "gpus": info["dp"], "prompts": info["prompts_per_step"],
+                    "samples": info["samples_per_prompt"],
                     "avg_tokens": max(avg, 1e-9), "prompt_tokens": sum(prompts) / len(prompts) if prompts else 0},
         "sync": {"staleness_bound": info["staleness_bound"],
                  "mode": mode if mode in ("full", "delta", "lora") else "auto",
@@ -376,8 +399,10 @@ def traffic_audit(run: Run, predicted: dict[str, tuple[float | None, str]], tol:
     return rows, steps
 
 
-def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01) -> list[str]:
-    """What run.json says that the plan does not: 'field: run X vs plan Y' per difference."""
+def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01, backend: str | None = None) -> list[str]:
+    """What run.json (and config.yaml's ``rollout.backend``) say that the plan does not: 'field: run X
+    vs plan Y' per difference. The backend is shape: a sync priced for one engine's load does not
+    budget the other's."""
     pairs = (("policy_params", p.policy.params, "policy.params"), ("bytes_per_param", p.policy.bytes_per_param,
              "policy.bytes_per_param"), ("prompts_per_step", p.rollout.prompts, "rollout.prompts"),
              ("samples_per_prompt", p.rollout.samples, "rollout.samples"), ("dp", p.trainer.dp, "trainer.dp"))
@@ -388,6 +413,8 @@ def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01) ->
             out.append(f"{key}: run {got:g} vs plan {field} = {planned:g}")
     if p.placement != "auto" and info.get("placement") not in (None, p.placement):
         out.append(f"placement: run {info['placement']} vs plan {p.placement}")
+    if backend is not None and backend != p.rollout.backend:
+        out.append(f"rollout.backend: run {backend} vs plan rollout.backend = {p.rollout.backend}")
     return out
 
 
@@ -449,7 +476,8 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
 
     # Phase breakdown against the budget.
     per = phase_seconds(run.spans)
-    means = {r: sum(v) / len(v) for r, v in per.items()}
+    held = steady(per)  # the first (start-up) step is reported, not budgeted
+    means = {r: sum(v) / len(v) for r, v in held.items()}
     total = sum(means.values()) or 1.0
     budget = plan.step_budget() if plan_file is not None else {}
     floor = NOISE_FLOOR * sum(budget.values())
@@ -459,10 +487,13 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
         over = b is not None and mean > b * (1 + tol) + floor  # b = 0: any measurable time is over
         # Two-sided: a phase far under its budget means the plan does not describe this run either.
         under = b is not None and mean < b * (1 - tol) - floor
-        phases.append({"role": role, "measured_s": mean, "max_s": max(per[role]), "share": mean / total,
+        phases.append({"role": role, "measured_s": mean, "max_s": max(held[role]), "first_s": per[role][0],
+                       "share": mean / total,
                        "budget_s": b, "over_by": (mean / b - 1) if b else None, "flag": over or under,
                        "direction": "over" if over else "under" if under else ""})
-    steps_s = step_seconds(run)
+    steps_s = steady({"step": step_seconds(run)})["step"]
+    startup = (f"; the first step ({sum(v[0] for v in per.values()):.3g} s of spans, start-up included) is not "
+               f"budgeted" if any(len(v) > 1 for v in per.values()) else "")
 
     overlaps = overlap_audit(run.spans, plan.decision.overlaps)
     # The bound the run was configured with (run.json) is what its samples must respect; a plan file's
@@ -496,7 +527,7 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
                                            f"{p['role']} {p['measured_s']:.3g} s vs no budget (0 s planned)"
                                            for p in flagged) if flagged else
                                  f"every phase within {tol:.0%} of its budget (step {sum(budget.values()):.3g} s planned, "
-                                 f"{sum(steps_s) / len(steps_s):.3g} s measured)")})
+                                 f"{sum(steps_s) / len(steps_s):.3g} s measured)") + startup})
     else:
         ver.append({"item": BUDGET_ITEM, "result": NOT_CHECKED,
                     "evidence": f"no budget ({CALIBRATE_FIX}); measured shares: "
@@ -526,12 +557,12 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
                 "result": FAIL if FAIL in res else (PASS if PASS in res else NOT_CHECKED),
                 "evidence": "; ".join(f"{name}: {r} ({e})" for name, (r, e) in zip(("time", "tokens", "versions"), checks))})
     if plan_file is not None:
-        diffs = shape_differences(run.info, inputs)
+        diffs = shape_differences(run.info, inputs, backend=run_backend(run) if run.config else None)
         ver.insert(0, {"item": "The plan describes this run's shape", "result": FAIL if diffs else
                        (PASS if run.info else NOT_CHECKED),
                        "evidence": ("the plan does not describe this run, so its budget and traffic do not apply: "
                                     + "; ".join(diffs)) if diffs else
-                       ("parameters, dtype, batch shape and placement agree with run.json" if run.info else
+                       ("parameters, dtype, batch shape, placement and rollout backend agree with the run" if run.info else
                         f"no {rundir.RUN_INFO}: the run's shape is unknown")})
     return Review(run, plan, source, tol, phases, sum(steps_s) / len(steps_s) if steps_s else 0.0, bool(budget),
                   overlaps, stale, traffic, n_steps, ver)
@@ -596,14 +627,15 @@ def print_review(rv: Review, c) -> None:
     from rollyard.plan.render import text
 
     text(c, f"rollyard review: {rv.run.path} ({rv.steps} steps) against {rv.plan_source}")
-    t = Table(title=f"Per-phase step breakdown (mean per step; tolerance {rv.tolerance:.0%})", title_justify="left")
-    for col in ("phase", "measured s", "max s", "share", "budget s", "vs budget", "flag"):
+    t = Table(title=f"Per-phase step breakdown (mean per step after the first; tolerance {rv.tolerance:.0%})",
+              title_justify="left")
+    for col in ("phase", "measured s", "max s", "first step s", "share", "budget s", "vs budget", "flag"):
         t.add_column(col, justify="left" if col in ("phase", "flag") else "right")
     for p in rv.phases:
-        t.add_row(p["role"], f"{p['measured_s']:.4g}", f"{p['max_s']:.4g}", f"{p['share']:.1%}",
+        t.add_row(p["role"], f"{p['measured_s']:.4g}", f"{p['max_s']:.4g}", f"{p['first_s']:.4g}", f"{p['share']:.1%}",
                   "-" if p["budget_s"] is None else f"{p['budget_s']:.4g}",
                   "-" if p["over_by"] is None else f"{p['over_by']:+.0%}", "OVER" if p["flag"] else "")
-    t.add_row("step (wall)", f"{rv.step_mean_s:.4g}", "", "", "", "", "")
+    t.add_row("step (wall)", f"{rv.step_mean_s:.4g}", "", "", "", "", "", "")
     c.print(t)
     if not rv.has_budget:
         text(c, "  no budget: the plan was built from run.json; pass --plan FILE to hold phases to a budget")
