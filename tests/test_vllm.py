@@ -9,16 +9,20 @@ as >= 1e-2).
 
 import copy
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 vllm = pytest.importorskip("vllm")
 
 from rollyard.cli import main  # noqa: E402
 from rollyard.model.loading import attach_lora, load_policy  # noqa: E402
+from rollyard.plan.command import plan_main, review_main  # noqa: E402
+from rollyard.plan.review import FAIL, NOISE_FLOOR, PASS  # noqa: E402
 from rollyard.rollout.vllm import VllmEngine  # noqa: E402
 from rollyard.sync.check import WeightsDiffer, compare_weights  # noqa: E402
 from rollyard.sync.delta import DeltaPublisher  # noqa: E402
@@ -219,20 +223,103 @@ def test_unsupported_architecture(tmp_path, capsys, monkeypatch):
 
 DIGITS = f"reward.hook={Path(__file__).parent / 'dense_reward.py'}:digits"  # a reward a random tiny model earns some of
 
+# Reward rises on a built-in task (arithmetic) from a warm start: 30 SFT steps on the task's demonstrations
+# (sft.auto, cached under .cache/warmstart like the demo's: ~5 s once, then loaded) teach the answer format,
+# held-out accuracy still 0; the 16 training prompts are the same every step (data.train_size=16), so the
+# sampled reward moves with the policy, not with the draw of prompts. Measured over seeds 0-3 (20 steps):
+# mean reward of steps 0-4 0.44-0.49, of steps 15-19 0.66-0.80, a rise of 0.22-0.34. MARGIN is under half the
+# smallest rise and ~3.5 standard errors of the difference of two five-step means (one step's mean over 128
+# samples near 0.5: ~0.045; five steps: ~0.02; their difference: ~0.028).
+WARM_STEPS, WINDOW, MARGIN = 20, 5, 0.1
+WARM = [*[a for a in ARGS if not a.startswith(("sft.auto=", "steps=", "data.train_size=", "data.eval_size=",
+                                               "rollout.prompts_per_step=", "rollout.samples_per_prompt=",
+                                               "rollout.max_new_tokens="))],
+        "model.name=tiny64", "sft.auto=true", "sft.steps=30", "data.task=arithmetic", "data.train_size=16",
+        "data.eval_size=8", "rollout.prompts_per_step=16", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=8",
+        "trainer.lr=1e-3", "sync.mode=full", "sync.check_every=1", "eval_every=0", f"steps={WARM_STEPS}"]
+
+
+@pytest.fixture(scope="module")
+def warm_run(tmp_path_factory):
+    """One warm-started colocated GRPO run with backend=vllm, shared by the tests that read it."""
+    run = tmp_path_factory.mktemp("vllm") / "warm"
+    assert main(["train", *WARM, f"out_dir={run}"]) == 0
+    return run
+
 
 @pytest.mark.slow
-def test_grpo_colocated_full_sync(tmp_path):
-    """GRPO with backend=vllm, full sync: the checksum read inside the vLLM worker is compared with the trainer's
-    after every sync (the run stops on a mismatch), the logprob gap stays within float rounding, reward rises."""
-    run = tmp_path / "r"
-    assert main(["train", *ARGS, "model.name=tiny64", "sync.mode=full", "sync.check_every=1", "steps=8", DIGITS,
-                 "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "eval_every=0",
-                 f"out_dir={run}"]) == 0
-    rows = list(rundir.read_jsonl(run / rundir.METRICS))
-    assert len(rows) == 8 and max(r["train/logprob_diff_max"] for r in rows) < GAP
-    assert json.loads((run / rundir.RUN_INFO).read_text())["sync_mode"] == "full"
+def test_grpo_reward_rises_on_a_built_in_task(warm_run):
+    """GRPO with backend=vllm and full sync on arithmetic: the checksum read inside the vLLM worker equals the
+    trainer's after every sync (the run stops on a mismatch), the logprob gap stays within float rounding, and
+    the mean reward of the last steps beats the first steps' by more than MARGIN."""
+    rows = list(rundir.read_jsonl(warm_run / rundir.METRICS))
+    assert len(rows) == WARM_STEPS and all(r["sync/checked"] == 1 for r in rows)
+    assert max(r["train/logprob_diff_max"] for r in rows) < GAP
+    assert json.loads((warm_run / rundir.RUN_INFO).read_text())["sync_mode"] == "full"
     reward = [r["reward"] for r in rows]
-    assert sum(reward[-3:]) / 3 > sum(reward[:3]) / 3 + 0.05, reward
+    first, last = sum(reward[:WINDOW]) / WINDOW, sum(reward[-WINDOW:]) / WINDOW
+    assert last > first + MARGIN, reward
+
+
+# -- plan and review of a vLLM run ------------------------------------------------------------------
+
+
+def slow_syncs(run: Path, factor: float) -> None:
+    """Tamper: every sync after the first step took ``factor`` times as long, written consistently (later
+    spans shifted by the added time, time/sync and time/step in metrics.jsonl to match), so the records
+    still agree with each other and only the budget can tell."""
+    spans = [json.loads(x) for x in (run / rundir.SPANS).read_text().splitlines() if x.strip()]
+    added = [(s["end"], (factor - 1) * (s["end"] - s["start"]), s["step"]) for s in spans
+             if s["role"] == "sync" and s["step"] > 0]
+    shift = lambda t: t + sum(extra for end, extra, _ in added if t >= end)  # noqa: E731
+    for s in spans:
+        s["start"], s["end"] = shift(s["start"]), shift(s["end"])
+    (run / rundir.SPANS).write_text("".join(json.dumps(s) + "\n" for s in spans))
+    per_step = {}
+    for _, extra, step in added:
+        per_step[step] = per_step.get(step, 0.0) + extra
+    rows = [json.loads(x) for x in (run / rundir.METRICS).read_text().splitlines() if x.strip()]
+    for r in rows:
+        extra = per_step.get(r["step"], 0.0)
+        r["time/sync"] += extra
+        r[rundir.STEP_TIME] += extra
+    (run / rundir.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.mark.slow
+def test_review_holds_a_vllm_run_to_its_calibrated_plan(warm_run, tmp_path, capsys):
+    """plan --calibrate-from a vLLM run prices the vLLM receive path (backend vllm); review --check of the run
+    against it has no FAIL; the same run with its syncs made slower (consistently) FAILS on the budget."""
+    assert plan_main(["--calibrate-from", str(warm_run), "--out", str(tmp_path / "plan"), "--json"]) == 0
+    capsys.readouterr()
+    plan = yaml.safe_load((tmp_path / "plan" / "plan.yaml").read_text())
+    assert plan["rollout"]["backend"] == "vllm" and plan["rollout"]["device"] == "cpu"
+    plan_file = str(tmp_path / "plan" / "plan.yaml")
+    assert review_main([str(warm_run), "--plan", plan_file, "--check", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    res = {v["item"]: v for v in doc["verification"]}
+    assert not [k for k, v in res.items() if v["result"] == FAIL], res
+    assert res["The plan describes this run's shape"]["result"] == PASS
+    assert res["Measured step breakdown matches the budget"]["result"] == PASS
+    sync = next(p for p in doc["phases"] if p["role"] == "sync")
+    assert sync["measured_s"] > 0 and sync["budget_s"] > 0
+    # A native plan does not describe a vLLM run (the sync is priced for another engine).
+    assert review_main([str(warm_run), "--plan", plan_file, "--check", "--json", "--set", "rollout.backend=native"]) == 1
+    res = {v["item"]: v for v in json.loads(capsys.readouterr().out)["verification"]}
+    assert "rollout.backend: run vllm vs plan rollout.backend = native" in res["The plan describes this run's shape"]["evidence"]
+
+    # Tamper: syncs slower by twice what the tolerance and the noise floor allow.
+    floor = NOISE_FLOOR * sum(p["budget_s"] or 0.0 for p in doc["phases"])
+    factor = 2 * (1 + plan["budget"]["tolerance"] + floor / sync["budget_s"])
+    slow = tmp_path / "slow"
+    shutil.copytree(warm_run, slow, ignore=shutil.ignore_patterns(rundir.LOCK, rundir.CHECKPOINTS, rundir.MODEL))
+    slow_syncs(slow, factor)
+    assert review_main([str(slow), "--plan", plan_file, "--check", "--json"]) == 1
+    res = {v["item"]: v for v in json.loads(capsys.readouterr().out)["verification"]}
+    assert res["Measured step breakdown matches the budget"]["result"] == FAIL
+    assert "sync" in res["Measured step breakdown matches the budget"]["evidence"]
+    assert res["The run's records agree with each other"]["result"] == PASS  # consistent: only the budget saw it
+    assert res["Serial phases stay serial"]["result"] == PASS
 
 
 @pytest.mark.slow
