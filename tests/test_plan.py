@@ -341,21 +341,22 @@ def test_decode_round_floor_and_bubble_hand_worked():
 def test_sync_time_terms_and_the_bucketing_rule():
     # 100 GB in 1000 tensors over 4 streams of 50 GB/s: wire 0.5 s; each stream cuts 25 GB into 25 buckets.
     # Trainer side per stream: gather 25 GB x 7/8 (8 FSDP shards) / 200 GB/s = 0.109 s; cast of 50e9
-    # params / 4 from fp32 to bf16, 6 B each at 1 TB/s = 0.075 s; 250 tensors x 0.1 ms = 0.025 s;
-    # 25 buckets x 2 ms = 0.05 s. Engine: 1000 tensors x 0.2 ms = 0.2 s; copy 2 x 100 GB / (4 x 1 TB/s) = 0.05 s.
+    # params / 4 from fp32 to bf16, 6 B each at 1 TB/s = 0.075 s; 250 tensors x 0.1 ms = 0.025 s.
+    # Engine: 1000 tensors x 0.2 ms = 0.2 s; copy 2 x 100 GB / (4 x 1 TB/s) = 0.05 s. Handshakes: 25 x 2 ms.
     kw = {"link_bw": 50e9, "links": 4, "gather_bw": 200e9, "load_bw": 1e12, "receivers": 4, "fixed_s": 0.5,
           "pause_s": 0.1, "tensors": 1000, "send_per_tensor_s": 1e-4, "load_per_tensor_s": 2e-4,
           "per_bucket_s": 2e-3, "bucket_bytes": 1e9, "shards": 8, "params": 50e9, "source_bpp": 4, "dest_bpp": 2,
           "cast_bw": 1e12}
     s = M.sync_time(100e9, **kw)
-    trainer = 25e9 * 7 / 8 / 200e9 + 0.075 + 0.025 + 0.05
+    trainer = 25e9 * 7 / 8 / 200e9 + 0.075 + 0.025
     assert (s.buckets, s.trainer_s, s.wire_s, s.engine_s) == (25, pytest.approx(trainer), 0.5, pytest.approx(0.25))
-    # Pipelined: the slowest side (the wire) + the other sides' share of one bucket; once: fixed + pause.
-    assert s.total == pytest.approx(0.6 + 0.5 + (trainer + 0.25) / 25)
-    assert M.sync_time(100e9, **kw, overlap=False).total == pytest.approx(0.6 + trainer + 0.5 + 0.25)
+    # Pipelined: the slowest side (the wire) + the other sides' share of one bucket, + the handshakes;
+    # once: fixed + pause.
+    assert s.total == pytest.approx(0.6 + 0.5 + (trainer + 0.25) / 25 + 0.05)
+    assert M.sync_time(100e9, **kw, overlap=False).total == pytest.approx(0.6 + trainer + 0.5 + 0.25 + 0.05)
     # One bucket: nothing to pipeline, the sides add.
     one = M.sync_time(100e9, **{**kw, "bucket_bytes": 1e12})
-    assert one.buckets == 1 and one.total == pytest.approx(0.6 + 0.5 + 0.25 + 25e9 * 7 / 8 / 200e9 + 0.075 + 0.025 + 2e-3)
+    assert one.buckets == 1 and one.total == pytest.approx(0.6 + 0.5 + 0.25 + trainer + 2e-3)
     # An engine that reloads its whole model loads every tensor and byte, not just the update's.
     whole = M.sync_time(1e9, **{**kw, "load_tensors": 1000, "load_bytes": 100e9, "tensors": 10})
     assert whole.load_tensor_s == pytest.approx(0.2) and whole.copy_s == pytest.approx(0.05)

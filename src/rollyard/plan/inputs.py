@@ -126,13 +126,13 @@ class SyncSection(Section):
     pause_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: the engine's pause before the load and resume after it; null = the backend's default (rollout.backend, rollout.device; 0 on a GPU: not priced)")
     send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part; null = the backend's default (0 on a GPU)")
     load_per_tensor_s: float | None = Field(None, ge=0, le=10, description="engine side, per tensor each receiving GPU loads [s]: load_weights' name resolution, the weight loader slicing its shard, a copy launch; null = the backend's default (0 on a GPU)")
-    per_bucket_s: float | None = Field(None, ge=0, le=1e3, description="trainer side, per bucket [s]: a collective launch, a synchronize, the bucket's metadata message; null = the backend's default (0 on a GPU)")
+    per_bucket_s: float | None = Field(None, ge=0, le=1e3, description="per bucket, a handshake every side waits for [s]: a collective launch and synchronize, the bucket's metadata message or IPC handle, the receiver's reply; null = the backend's default (0 on a GPU)")
     bucket_bytes: float = Field(1e9, gt=0, le=1e15, description="bytes per bucket a sending stream cuts the update into [bytes]; 1e9: vLLM's packed weight transfer (1 GiB), slime/miles --update-weight-buffer-size 0.5-1 GB")
     source_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per parameter of the trainer's weights a sync reads [bytes] (4 = fp32 master weights cast to the rollout dtype); null = policy.bytes_per_param (a plain copy)")
     cast_bw: float | None = Field(None, gt=0, le=1e15, description="trainer side: bytes read + written per second copying (and casting) weights into the send buffer [bytes/s]; null = rollout.mem_bandwidth on a GPU (HBM-bound), the backend's measured rate on a CPU")
     load_bw: float | None = Field(None, gt=0, le=1e15, description="engine side: bytes per second of the copy into the engine's weights (one read + one write per byte) [bytes/s]; null = rollout.mem_bandwidth on a GPU, the backend's measured rate on a CPU")
     reload_whole_model: bool | None = Field(None, description="the engine reloads its whole model on every update (all tensors and bytes, whatever the mode carries); null = the backend's behaviour (rollyard's vllm backend: true, every mode ends as one in-place reload_weights; native: false)")
-    bucket_overlap: bool = Field(True, description="the sync is bucketed and pipelined: trainer side, wire and engine load of successive buckets overlap, so the slowest side plus one bucket's fill/drain sets the time; false = the sides add up")
+    bucket_overlap: bool = Field(True, description="the sync is bucketed and pipelined: trainer side, wire and engine load of successive buckets overlap, so the slowest side plus one bucket's fill/drain sets the time (plus the per-bucket handshakes); false = the sides add up")
 
 
 class NetworkSection(Section):

@@ -188,8 +188,7 @@ def splits(total: int, tp: int) -> list[tuple[int, int]]:
 #
 # - the trainer (per sending stream): gather the shards into whole tensors (FSDP -> whole, bytes over
 #   the gather link), cast/copy them into the send buffer (bytes read + written), its software per
-#   tensor (name, metadata, serialization, a handle) and per bucket (a collective launch, a
-#   synchronize, the bucket's metadata message);
+#   tensor (name, metadata, serialization, a handle);
 # - the link: the bytes over the sync link, one stream per sender, each on its own NIC;
 # - the engine (per receiving GPU): its load per tensor (``load_weights``: name resolution, the
 #   weight loader slicing its shard, a copy launch) and the bytes it copies into its weights.
@@ -197,6 +196,8 @@ def splits(total: int, tp: int) -> list[tuple[int, int]]:
 # Bucketing rule: with ``overlap`` the three sides pipeline over ``buckets`` buckets, so one update
 # takes the slowest side plus the other sides' share of one bucket (fill and drain):
 # ``max(s) + (sum(s) - max(s)) / buckets``; with one bucket, or without overlap, the sides add.
+# Each bucket also ends in a handshake every side waits for (a collective launch and synchronize, the
+# bucket's metadata message or handle, the receiver's reply): ``per_bucket_s`` x buckets, serial.
 # Once per sync, whatever the bytes: a fixed cost (metadata gather, group setup), the engine's
 # pause + resume, and a delta's compare on the trainer.
 
@@ -210,7 +211,7 @@ class SyncTime:
     gather_s: float  # trainer: shards -> whole tensors over the gather link
     cast_s: float  # trainer: weights copied (and cast) into the send buffer
     send_tensor_s: float  # trainer: software per tensor x tensors per stream
-    bucket_s: float  # trainer: software per bucket x buckets per stream
+    bucket_s: float  # every side waits: handshake per bucket x buckets per stream
     wire_s: float  # link: bytes per stream / link bandwidth
     load_tensor_s: float  # engine: load per tensor x tensors each receiving GPU loads
     copy_s: float  # engine: bytes copied into the engine's weights (HBM read + write)
@@ -220,7 +221,7 @@ class SyncTime:
 
     @property
     def trainer_s(self) -> float:
-        return self.gather_s + self.cast_s + self.send_tensor_s + self.bucket_s
+        return self.gather_s + self.cast_s + self.send_tensor_s
 
     @property
     def engine_s(self) -> float:
@@ -228,9 +229,10 @@ class SyncTime:
 
     @property
     def moving_s(self) -> float:
-        """The three sides over the buckets: pipelined (slowest side + fill/drain) or added."""
+        """The three sides over the buckets, pipelined (slowest side + fill/drain) or added, plus the
+        per-bucket handshakes."""
         sides = (self.trainer_s, self.wire_s, self.engine_s)
-        return pipelined_s(sides, self.buckets) if self.overlap else sum(sides)
+        return (pipelined_s(sides, self.buckets) if self.overlap else sum(sides)) + self.bucket_s
 
     @property
     def total(self) -> float:
@@ -292,7 +294,8 @@ def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, lo
       tensors and buckets (``ceil(nbytes / links / bucket_bytes)`` buckets each);
     - trainer side per stream: ``gather_s`` (``shards``-way FSDP), ``cast_s`` (``params`` from
       ``source_bpp`` to ``dest_bpp`` at ``cast_bw``; 0 bytes per element = not priced), tensors x
-      ``send_per_tensor_s``, buckets x ``per_bucket_s``;
+      ``send_per_tensor_s``;
+    - per bucket, serial: buckets x ``per_bucket_s``;
     - engine side per receiving GPU: ``load_tensors`` (default: the update's tensors) x
       ``load_per_tensor_s`` and ``copy_s`` of ``load_bytes`` (default: ``nbytes``); an engine that
       reloads its whole model on every update loads more than the update carries;

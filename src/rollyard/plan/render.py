@@ -174,12 +174,12 @@ def sync_lines(plan: Plan) -> list[str]:
     return [
         f"Sync ({where}; backend {p.rollout.backend} on {p.rollout.device}; {s.tensors:,.0f} tensors): "
         f"{f(s.total)} = once [fixed {f(s.fixed_s)} + pause/resume {f(s.pause_s)} + compare {f(s.compare_s)}] + "
-        f"moving {f(s.moving_s)} ({rule})",
+        f"moving {f(s.moving_s)} ({rule}; + per-bucket handshakes)",
         f"  trainer {f(s.trainer_s)} = gather {f(s.gather_s)} + cast/copy {f(s.cast_s)} + per tensor "
-        f"{f(s.send_tensor_s)} ({f(costs.send_per_tensor_s)} each) + per bucket {f(s.bucket_s)} "
-        f"({f(costs.per_bucket_s)} each)",
+        f"{f(s.send_tensor_s)} ({f(costs.send_per_tensor_s)} each)",
         f"  wire {f(s.wire_s)}",
         f"  engine {f(s.engine_s)} = load per tensor {f(s.load_tensor_s)} ({f(costs.load_per_tensor_s)} each"
         + (", whole model reloaded" if costs.reload_whole_model else "") + f") + copy {f(s.copy_s)}",
+        f"  per bucket {f(s.bucket_s)} ({f(costs.per_bucket_s)} each, serial: every side waits)",
         f"  defaults: {costs.source}",
     ]
