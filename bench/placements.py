@@ -115,6 +115,9 @@ def run_one(where: str, args, out: Path, sync: tuple[str, str] | None = None) ->
     bound = int(json.loads((run / rundir.RUN_INFO).read_text())["staleness_bound"])
     pred = predicted_steps_per_hour(where, ph, bound, cfg.sync.every)
     wire, plan = sync_bytes_vs_plan(run) if where != "colocated" else (0.0, 0.0)
+    per_step = {k: sum(r.get(k, 0.0) for r in timed) / len(timed)
+                for k in ("tokens/generated", "rollout/engine_s", "rollout/engine_cpu_s", "rollout/ship_s",
+                          "wait/samples_s")}
     return {"placement": where if not sync else f"{where} {sync[0]}/{sync[1]}", "steps": args.steps,
             "sync_bytes": wire, "sync_bytes_plan": plan,
             "samples": args.steps * cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt,
@@ -122,31 +125,54 @@ def run_one(where: str, args, out: Path, sync: tuple[str, str] | None = None) ->
             "error": (3600 / step_s - pred) / pred, "eval_before": summary["eval_before"],
             "eval_after": summary["eval_after"], "wall_s": wall, "phases": ph, "staleness_bound": bound,
             "max_staleness_seen": max(r[rundir.STALENESS_MAX] for r in rows),
-            "dropped": sum(r.get("staleness/dropped", 0) for r in rows)}
+            "dropped": sum(r.get("staleness/dropped", 0) for r in rows), "per_step": per_step}
 
 
-def actor_speed(reps: int = 8) -> int:
+def rollout_breakdown(results: list[dict]) -> str:
+    """Where a step's rollout time goes, per placement: the rollout spans (R: the worker busy),
+    inside them the engine's wall clock and its thread's CPU time (Ray placements: the worker's
+    timers; the difference is time waiting for a core), the time the loop spent handing finished
+    groups to the queue, the tokens generated, R and the engine's CPU per token, and how long the
+    driver waited for samples. Colocated runs the engine in the driver: R is all of it."""
+    lines = [f"\nrollout per step  {'R s':>7} {'engine s':>8} {'eng cpu s':>9} {'ship s':>7} {'tokens':>6} "
+             f"{'R ms/tok':>8} {'cpu ms/tok':>10} {'driver wait s':>13}"]
+    for r in results:
+        ps, R = r["per_step"], r["phases"]["rollout"]
+        n = max(ps["tokens/generated"], 1.0)
+        colocated = r["placement"].startswith("colocated")
+        engine, cpu = (R, R) if colocated else (ps["rollout/engine_s"], ps["rollout/engine_cpu_s"])
+        lines.append(f"{r['placement']:17} {R:7.4f} {engine:8.4f} {cpu:9.4f} {ps['rollout/ship_s']:7.4f} {n:6.0f} "
+                     f"{R / n * 1e3:8.4f} {cpu / n * 1e3:10.4f} {ps['wait/samples_s']:13.4f}")
+    return "\n".join(lines)
+
+
+def actor_speed(reps: int = 15, prompts: int = 32, new_tokens: int = 8) -> int:
     """The rollout actor's own loop (``RolloutWorker.poll``: admit, ``engine.step()``, ship finished
-    groups) on 32 prompts x 8 samples x 8 tokens, in this process and in a Ray actor (its output
-    through the placements' Ray queue), one intra-op thread each, alternated; ms per generated token."""
+    groups) on ``prompts`` x 8 samples x ``new_tokens`` tokens (the demo's round by default), in this
+    process and in a Ray actor (its output through the placements' Ray queue), one intra-op thread
+    each, the two sides alternated (and which goes first too) ``reps`` times.
+
+    Per token, two times for each side: *engine* (the worker's own timer around ``engine.step()``:
+    the per-token speed of the engine where it runs) and *round* (submit to the last group back
+    through the queue: what the driver sees). Min and median of each; min / min is the ratio least
+    sensitive to other load on the machine. Both sides print what sets the engine's speed
+    (``rollout_actor.runtime``) from the thread that runs the loop."""
     import ray
     from ray.util.queue import Queue
 
     from rollyard import roles
     from rollyard.placement import cluster
-    from rollyard.placement.rollout_actor import RolloutWorker
+    from rollyard.placement.rollout_actor import RolloutWorker, runtime
     from rollyard.sync.full import FullPublisher
     from rollyard.types import Request
 
-    cfg = load_config(None, ["model.context=64", "rollout.max_new_tokens=8", "rollout.max_concurrent=256"])
+    cfg = load_config(None, ["model.context=64", f"rollout.max_new_tokens={new_tokens}", "rollout.max_concurrent=256"])
     model, tok, _ = roles.policy(cfg, "cpu")
     update = FullPublisher(torch.float32).publish(model, 0)
 
     def work(k: int) -> list:
-        return [(Request(f"p{k}-{i}", tok(f"{i}+{i}=")["input_ids"], n=8, max_new_tokens=8), 0) for i in range(32)]
-
-    def tokens(item: dict) -> int:
-        return sum(len(s.completion_ids) for _, g in item["groups"] for s in g)
+        return [(Request(f"p{k}-{i}", tok(f"{i}+{i}=")["input_ids"], n=8, max_new_tokens=new_tokens), 0)
+                for i in range(prompts)]
 
     class Out(list):
         def put(self, item):
@@ -154,35 +180,60 @@ def actor_speed(reps: int = 8) -> int:
 
     out = Out()
     local = RolloutWorker(cfg.model_dump(mode="json"), "local", 0, update, out, 1, "finish")
+    load0 = os.getloadavg()[0]
     cluster.connect()
     queue = Queue(maxsize=64, actor_options={"num_cpus": 0})
     actor = ray.remote(num_cpus=1, max_concurrency=8)(RolloutWorker).remote(
         cfg.model_dump(mode="json"), "actor", 0, update, queue, 1, "finish")
     ray.get(actor.info.remote())
     loop = actor.run.remote()
-    times: dict[str, list[float]] = {"in-process": [], "ray actor": []}
-    for k in range(reps):
-        t0, got, n = time.perf_counter(), 0, 0
+
+    def in_process(k: int) -> tuple[float, float, float]:
+        t0, got, engine, n = time.perf_counter(), 0, 0.0, 0
         local.submit(work(k))
-        while got < 32:
+        while got < prompts:
             local.poll()
             while out:
                 item = out.pop()
-                got, n = got + len(item["groups"]), n + tokens(item)
-        times["in-process"].append((time.perf_counter() - t0) / n)
-        t0, got, n = time.perf_counter(), 0, 0
+                got, engine, n = got + len(item["groups"]), engine + item["stats"]["engine_s"], n + item["stats"]["tokens"]
+        return engine / n, (time.perf_counter() - t0) / n, 0.0
+
+    def in_actor(k: int) -> tuple[float, float, float]:
+        t0, got, engine, n, ship = time.perf_counter(), 0, 0.0, 0, 0.0
         actor.submit.remote(work(k))
-        while got < 32:
+        while got < prompts:
             item = queue.get()
-            got, n = got + len(item["groups"]), n + tokens(item)
-        times["ray actor"].append((time.perf_counter() - t0) / n)
+            got, engine, n = got + len(item["groups"]), engine + item["stats"]["engine_s"], n + item["stats"]["tokens"]
+            ship += item["stats"]["ship_s"]
+        return engine / n, (time.perf_counter() - t0) / n, ship
+
+    local.runtime = runtime(local.engine)
+    sides = {"in-process": in_process, "ray actor": in_actor}
+    times: dict[str, list[tuple[float, float, float]]] = {k: [] for k in sides}
+    for k in range(reps + 1):  # round 0 warms both up and is left out
+        for name in (list(sides) if k % 2 else list(sides)[::-1]):
+            t = sides[name](k)
+            if k:
+                times[name].append(t)
+    info = ray.get(actor.info.remote())
     actor.stop.remote()
     ray.get(loop)
-    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
-    for k, v in times.items():
-        print(f"{k:11} ms/token: best {min(v) * 1e3:.4f}, median {med[k] * 1e3:.4f}  (first round is warm-up)")
-    print(f"ray actor / in-process (median): {med['ray actor'] / med['in-process']:.2f}x; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{reps} alternated rounds of {prompts} prompts x 8 samples x {new_tokens} tokens; "
+          f"load average {load0:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
+    for name, rt in (("in-process", local.runtime), ("ray actor", info["runtime"])):
+        print(f"  {name:10} loop thread: {json.dumps(rt)}")
+    stats = {}
+    for name, v in times.items():
+        for i, what in enumerate(("engine", "round")):
+            xs = sorted(t[i] for t in v)
+            stats[name, what] = (xs[0], xs[len(xs) // 2])
+    print(f"{'ms per token':14} {'in-process min':>14} {'median':>8} {'ray actor min':>14} {'median':>8} "
+          f"{'ratio of mins':>13} {'of medians':>10}")
+    for what in ("engine", "round"):
+        (a, am), (b, bm) = stats["in-process", what], stats["ray actor", what]
+        print(f"{what:14} {a * 1e3:14.4f} {am * 1e3:8.4f} {b * 1e3:14.4f} {bm * 1e3:8.4f} {b / a:12.2f}x {bm / am:9.2f}x")
+    print(f"queue put in the actor: {sum(t[2] for t in times['ray actor']) / reps * 1e3:.1f} ms per round (median "
+          f"of the puts' total, round {prompts * 8 * new_tokens} tokens)")
     return 0
 
 
@@ -251,6 +302,7 @@ def main() -> int:
               f"{r['predicted_steps_per_hour']:8.0f} {r['error']:+7.1%} {r['eval_before']:10.1%} {r['eval_after']:9.1%} "
               f"{ph['rollout']:6.3f} {ph['trainer']:6.3f} {ph['sync']:7.3f} {limit:5.2f}x "
               f"{r['max_staleness_seen']:>4}")
+    print(rollout_breakdown(results))
     print(f"runs: {out}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -65,6 +65,7 @@ class RolloutPool:
         self.workers: dict[str, object] = {}
         self.runs: dict[str, object] = {}
         self.offsets: dict[str, float] = {}
+        self.pids: dict[str, int] = {}  # each worker's current process: items from a replaced one are late
         self.restarts: Counter = Counter()
         self.restart_times: deque[float] = deque()  # when workers were replaced (the crash-loop window)
         self.syncs = 0
@@ -94,7 +95,7 @@ class RolloutPool:
         if info["rollyard"] != rollyard.__file__:
             raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
                               f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
-        self.workers[name], self.runs[name] = h, h.run.remote()
+        self.workers[name], self.runs[name], self.pids[name] = h, h.run.remote(), info["pid"]
         here = ray.get_runtime_context().get_node_id()
         where = "the driver's node" if info["node"] == here else "another node than the driver"
         self.run.log(f"{name}: pid {info['pid']} on node {info['node'][:12]} ({where})")
@@ -198,8 +199,9 @@ class RolloutPool:
             self.ledger.dead([rid])
             self.run.dead_letter([{"source": rid, "reason": why}], step)
             self._issue(self.meta[rid][0], 1, step)
+        late = item.get("pid", self.pids.get(name)) != self.pids.get(name)  # sent by a worker since replaced
         for rid, samples in item["groups"]:
-            if self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
+            if late or self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
                 self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
                 continue
             self.ledger.finished([rid])
@@ -318,7 +320,9 @@ class RolloutPool:
             self.run.count(f"rollout/{key}", s[key])
         counts = self.ledger.counts()
         return {"staleness/dropped": s["dropped"], "sync/checked": s["checked"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
-                "rollout/held_s": s["held_s"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
+                "rollout/held_s": s["held_s"], "rollout/engine_s": s["engine_s"], "rollout/engine_cpu_s": s["engine_cpu_s"],
+                "rollout/ship_s": s["ship_s"],
+                "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
                 **{f"prompts/{k}": v for k, v in counts.items()}}
 
     def stop(self) -> None:

@@ -42,6 +42,8 @@ from rollyard.sync.wire import SyncRejected
 from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
+PUTS_IN_FLIGHT = 4  # queue puts the loop does not wait for; past that it waits (a full queue: backpressure)
+IDLE_WAIT_S = 0.05  # with nothing to decode the loop sleeps until a control call wakes it, at most this long
 
 
 class RolloutWorker:
@@ -58,29 +60,35 @@ class RolloutWorker:
         self._inbox: list[tuple[Request, int]] = []
         self._updates: deque[list] = deque()  # weight handles, applied by the loop thread
         self._stop = False
+        self._wake = threading.Event()  # set by every control call: the idle loop wakes at once
+        self._puts: deque = deque()  # Ray queue puts not yet acknowledged, oldest first
         self.held: list[tuple[Request, int]] = []  # handed to this worker, not yet admitted
         self.requests: dict[str, tuple[Request, int]] = {}  # admitted, unfinished: id -> (request, target)
         self.groups: dict[str, list[Sample]] = {}
         self.spans: list[dict] = []
-        self.stats = {"aborted": 0, "held_s": 0.0}
+        self.stats = _fresh_stats()
         self._busy: dict | None = None  # the open rollout span
         self._idle_since: float | None = None  # holding work the bound does not admit yet
         self._ready: list[tuple[str, list[Sample]]] = []  # finished groups not yet shipped
         self._group: tuple[int, SyncGroup] | None = None  # sync.transport=dist: (generation, group)
         self._needs_full = False  # an update was rejected: the driver sends the last full version
+        self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
 
     # -- control (any thread) --------------------------------------------------------------------
 
     def submit(self, items: list[tuple[Request, int]]) -> None:
         with self._lock:
             self._inbox.extend(items)
+        self._wake.set()
 
     def update(self, handle: list) -> None:
         with self._lock:
             self._updates.append(handle)
+        self._wake.set()
 
     def stop(self) -> None:
         self._stop = True
+        self._wake.set()
 
     def join_dist(self, address: tuple[str, int], rank: int, world: int, generation: int, timeout_s: float) -> None:
         """Join the trainer's sync group ``generation`` (a newer one replaces it; see sync/group.py)."""
@@ -106,20 +114,27 @@ class RolloutWorker:
         import rollyard
         return {"pid": os.getpid(), "node": _node_id(), "time": time.time(), "version": self.engine.version,
                 "checksum": weights_checksum(self.engine.model),
-                "active": self.engine.num_active, "held": len(self.held), "rollyard": rollyard.__file__}
+                "active": self.engine.num_active, "held": len(self.held), "rollyard": rollyard.__file__,
+                "runtime": self.runtime}
 
     # -- the loop (one thread) -------------------------------------------------------------------
 
     def run(self) -> list[dict]:
         """Loop until ``stop``; returns the spans not yet shipped."""
+        self.runtime = runtime(self.engine)  # threads are per OS thread: the loop's own
         while not self._stop:
             self.poll()
         self._close_span()
+        if self._puts:  # what was shipped reaches the queue before the driver collects the rest
+            import ray
+
+            ray.wait(list(self._puts), num_returns=len(self._puts), timeout=10)
         return self.spans
 
     def poll(self) -> None:
         """One loop iteration: apply queued updates, admit what the bound allows, one engine step
-        (or, with nothing admitted, a short wait)."""
+        (or, with nothing admitted, a wait for the next control call)."""
+        self._wake.clear()  # before the inbox is read: a call that lands after it wakes the wait below
         with self._lock:
             updates, self._updates = list(self._updates), deque()
             self.held += self._inbox
@@ -131,15 +146,24 @@ class RolloutWorker:
             self._close_span()
             if self.held and self._idle_since is None:
                 self._idle_since = time.time()
-            time.sleep(0.002)
+            self._wake.wait(IDLE_WAIT_S)
             return
         if self._idle_since is not None:
             self.stats["held_s"] += time.time() - self._idle_since
             self._idle_since = None
         self._open_span()
-        for s in self.engine.step():
-            self._collect(s)
+        self._step()
         self._ship()
+
+    def _step(self) -> None:
+        """One ``engine.step()``, timed: ``engine_s`` wall clock, ``engine_cpu_s`` this thread's CPU
+        time (their difference: waiting for a core, or for the GIL)."""
+        t0, c0 = time.perf_counter(), time.thread_time()
+        done = self.engine.step()
+        self.stats["engine_s"] += time.perf_counter() - t0
+        self.stats["engine_cpu_s"] += time.thread_time() - c0
+        for s in done:
+            self._collect(s)
 
     def _ship(self, rejected: list | None = None) -> None:
         """One queue item per loop iteration with every group finished in it (a round's short
@@ -147,11 +171,33 @@ class RolloutWorker:
         if not (self._ready or rejected or self._needs_full):
             return
         spans, self.spans = self.spans, []
-        stats, self.stats = self.stats, {"aborted": 0, "held_s": 0.0}
-        self.out.put({"worker": self.name, "groups": self._ready, "rejected": rejected or [], "spans": spans,
-                      "stats": stats, "needs_full": self._needs_full, "version": self.engine.version})
+        stats, self.stats = self.stats, _fresh_stats()
+        t0 = time.perf_counter()
+        self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
+                   "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version})
+        self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False
         self._ready = []
+
+    def _put(self, item: dict) -> None:
+        """Put ``item`` on the output queue without waiting for it, up to ``PUTS_IN_FLIGHT``.
+
+        A Ray queue's ``put`` is a round trip to the queue's actor: 2-5 ms on an idle machine, tens
+        of ms when the trainer and this loop fill the cores, and the loop decoded nothing meanwhile
+        (measured: 0.03-0.06 s of a demo step's ~0.1 s rollout). So the put is sent and the loop
+        goes on; the oldest acknowledgement is collected once more are outstanding (a full queue
+        holds them: backpressure as before) and each one as it comes (an error, such as the queue
+        gone, is raised here). Puts from this caller start in order, and the queue's actor appends
+        in that order. Anything else with a ``put`` (a list in a test, the bench) is called as is."""
+        actor = getattr(self.out, "actor", None)
+        if actor is None:
+            self.out.put(item)
+            return
+        import ray
+
+        self._puts.append(actor.put.remote(item, None))
+        while self._puts and (len(self._puts) > PUTS_IN_FLIGHT or ray.wait([self._puts[0]], timeout=0)[0]):
+            ray.get(self._puts.popleft())
 
     def _target_now(self) -> int:
         return min((t for _, t in self.requests.values()), default=0)
@@ -187,6 +233,7 @@ class RolloutWorker:
         if s.request_id not in self.requests:  # a leftover of a group that was aborted and restarted
             return
         req, _ = self.requests[s.request_id]
+        self.stats["tokens"] += len(s.completion_ids)
         group = self.groups.setdefault(s.request_id, [])
         group.append(s)
         if len(group) == req.n:
@@ -200,8 +247,7 @@ class RolloutWorker:
         if self.inflight == "finish":  # in-flight sequences complete on the weights they started with
             while self.engine.num_active:
                 self._open_span()
-                for s in self.engine.step():
-                    self._collect(s)
+                self._step()
             self._ship()
         self._close_span()
         start = time.time()
@@ -221,6 +267,30 @@ class RolloutWorker:
         self.spans.append({"role": "sync", "step": u.version - 1, "worker": self.name, "pid": os.getpid(),
                            "start": start, "end": time.time(), "version": u.version, "inflight": self.inflight,
                            "aborted": len(aborted)})
+
+
+def runtime(engine) -> dict:
+    """What sets the engine's speed in the calling thread: torch's intra- and inter-op threads,
+    the CPUs it may run on, the thread settings in the environment, the compiled-kernel and oneDNN
+    choices (``model/kernels.py``) and the weights' dtype. A Ray actor and the driver compare
+    equal on these when the actor runs the engine as the driver would (``bench/placements.py
+    --actor-speed`` prints both)."""
+    from rollyard.model import kernels
+
+    affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(("OMP_", "MKL_", "KMP_", "GOMP_", "ROLLYARD_")) or k in ("LD_PRELOAD", "MALLOC_CONF")}
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "affinity": affinity, "env": env, "kernels": kernels.choices(),
+            "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch.")}
+
+
+def _fresh_stats() -> dict:
+    """Counters shipped with each queue item and summed by the driver: groups restarted by an
+    abort, seconds holding work the bound did not admit yet, seconds inside ``engine.step()`` (wall
+    clock and this thread's CPU time), the tokens it generated, and seconds the loop spent handing
+    the previous item to the queue."""
+    return {"aborted": 0, "held_s": 0.0, "engine_s": 0.0, "engine_cpu_s": 0.0, "tokens": 0, "ship_s": 0.0}
 
 
 def _node_id() -> str | None:
