@@ -342,9 +342,10 @@ def test_tail_batching(tmp_path):
     ("async", ["sync.mode=delta", "sync.transport=dist", "rollout.dtype=bf16", "trainer.lr=2e-5",
                "rollout.inflight=continue"]),
 ])
-def test_ray_placements_build_vllm_in_the_actor(tmp_path, placement, sync):
+def test_ray_placements_build_vllm_in_the_actor(tmp_path, capsys, placement, sync):
     """Each rollout actor owns a vLLM engine (roles.engine inside the actor); after every sync the driver compares
-    the checksum read inside each actor's vLLM worker with the trainer's (sync/checked)."""
+    the checksum read inside each actor's vLLM worker with the trainer's (sync/checked). Disaggregated: review
+    --check against the plan calibrated from the run (backend vllm, the sync over Ray) passes."""
     run = tmp_path / "r"
     assert main(["train", *ARGS, "model.name=tiny64", "steps=3", DIGITS, "sync.check_every=1", "eval_every=0",
                  f"placement={placement}", *sync, f"out_dir={run}"]) == 0
@@ -352,6 +353,12 @@ def test_ray_placements_build_vllm_in_the_actor(tmp_path, placement, sync):
     assert [r["sync/checked"] for r in rows] == [1, 1, 1]
     checks = [s for s in rundir.read_jsonl(run / rundir.SPANS) if s["role"] == "sync_check"]
     assert len({c["checksum"] for c in checks}) == 3, "the weights did not change between syncs"
+    if placement == "disaggregated":  # (the async clean-run gate is left out as in tests/test_review_runs.py)
+        assert plan_main(["--calibrate-from", str(run), "--out", str(tmp_path / "plan"), "--json"]) == 0
+        capsys.readouterr()
+        assert yaml.safe_load((tmp_path / "plan" / "plan.yaml").read_text())["rollout"]["backend"] == "vllm"
+        assert review_main([str(run), "--plan", str(tmp_path / "plan" / "plan.yaml"), "--check", "--json"]) == 0, \
+            capsys.readouterr().out
 
 
 @pytest.mark.ray
