@@ -20,7 +20,7 @@ each published once and moved by every transport:
 
 Columns: ``bytes`` = steady-state bytes per sync as the transport reported them (values + indices +
 framing); ``plan`` = ``rollyard.plan.bytes.predicted_sync_bytes`` for the same inputs (params, rollout
-bytes per param, the measured changed fraction for delta with index bytes per changed element of
+bytes per param, the tensors the update carries (the wire framing: a header entry each), the measured changed fraction for delta with index bytes per changed element of
 the encoding used: 4 for int32 indices, ``1 / (8 f)`` for a bitmask, 0 when tensors go dense; and the adapter / base
 parameter ratio for LoRA) -- the plan's formula, not the runtime's code; ``ratio`` = bytes / plan;
 ``frac`` = fraction of elements a delta carries; ``s/sync`` = publish + wire + staged apply
@@ -92,12 +92,13 @@ def adamw_step(model, opt, seed: int) -> None:
 # ---- the plan's prediction (one wrapper; plan/ is reworked elsewhere) -------------------------
 
 def plan_bytes(mode: str, params: int, bpp: float, delta_fraction: float = 0.02, index_bytes: float = 0.0,
-               lora_fraction: float = 0.005) -> float:
-    """``rollyard.plan.bytes.predicted_sync_bytes``: the plan's stable entry point for this bench."""
+               lora_fraction: float = 0.005, tensors: float = 0) -> float:
+    """``rollyard.plan.bytes.predicted_sync_bytes``: the plan's stable entry point for this bench (values +
+    the wire framing of ``tensors`` tensors)."""
     from rollyard.plan.bytes import predicted_sync_bytes
 
     return predicted_sync_bytes(params, bpp, mode, delta_fraction=delta_fraction, delta_index_bytes=index_bytes,
-                                lora_fraction=lora_fraction)
+                                lora_fraction=lora_fraction, tensors=tensors)
 
 
 # ---- the rollout process (dist receiver) ------------------------------------------------------
@@ -200,7 +201,7 @@ def session(policy, mode: str, dtype: torch.dtype, wire: Wire, repeats: int, see
     opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-6)
     acc = {t: {"bytes": 0, "wire": 0.0, "apply": 0.0, "best": float("inf")} for t in ("dist", "ray", "inprocess")}
     best_flat = float("inf")
-    publish_s, carried = 0.0, 0
+    publish_s, carried, tensors = 0.0, 0, 0
     params = sum(p.numel() for n, p in policy.named_parameters() if "lora_" not in n)
     adapter = sum(p.numel() for n, p in policy.named_parameters() if "lora_" in n)
     for rep in range(repeats + 1):
@@ -216,6 +217,7 @@ def session(policy, mode: str, dtype: torch.dtype, wire: Wire, repeats: int, see
         if rep:  # steady state only
             publish_s += t_pub
             carried += sum(t.numel() for n, t in upd.tensors.items() if not n.endswith(".scaling"))
+            tensors += len(upd.tensors)
             for t, (b, w, a) in results.items():
                 acc[t]["bytes"] += b
                 acc[t]["wire"] += w
@@ -232,7 +234,7 @@ def session(policy, mode: str, dtype: torch.dtype, wire: Wire, repeats: int, see
     # index bytes per changed element of the encoding delta.py picks: int32, bitmask, or dense (none)
     index_bytes = 4.0 if frac < 1 / 32 else (1 / (8 * frac) if bpp * (1 - frac) > 1 / 8 else 0.0)
     predicted = plan_bytes(mode, params, bpp, delta_fraction=frac, index_bytes=index_bytes,
-                           lora_fraction=adapter / params if adapter else 0.005)
+                           lora_fraction=adapter / params if adapter else 0.005, tensors=tensors / repeats)
     rows = []
     for t, a in acc.items():
         if t == "ray" and wire.ray is None:
