@@ -133,14 +133,15 @@ def rollout_breakdown(results: list[dict]) -> str:
     inside them the engine's wall clock and its thread's CPU time (Ray placements: the worker's
     timers; the difference is time waiting for a core), the time the loop spent handing finished
     groups to the queue, the tokens generated, R and the engine's CPU per token, and how long the
-    driver waited for samples. Colocated runs the engine in the driver: R is all of it."""
+    driver waited for samples. Colocated runs the engine in the driver: R is its wall clock, the
+    CPU time is the process's over the rollout (``time.process_time``)."""
     lines = [f"\nrollout per step  {'R s':>7} {'engine s':>8} {'eng cpu s':>9} {'ship s':>7} {'tokens':>6} "
              f"{'R ms/tok':>8} {'cpu ms/tok':>10} {'driver wait s':>13}"]
     for r in results:
         ps, R = r["per_step"], r["phases"]["rollout"]
         n = max(ps["tokens/generated"], 1.0)
         colocated = r["placement"].startswith("colocated")
-        engine, cpu = (R, R) if colocated else (ps["rollout/engine_s"], ps["rollout/engine_cpu_s"])
+        engine, cpu = (R if colocated else ps["rollout/engine_s"]), ps["rollout/engine_cpu_s"]
         lines.append(f"{r['placement']:17} {R:7.4f} {engine:8.4f} {cpu:9.4f} {ps['rollout/ship_s']:7.4f} {n:6.0f} "
                      f"{R / n * 1e3:8.4f} {cpu / n * 1e3:10.4f} {ps['wait/samples_s']:13.4f}")
     return "\n".join(lines)

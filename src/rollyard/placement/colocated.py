@@ -9,6 +9,7 @@ the engine holds; it lags the trainer's by up to ``sync.every - 1``.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from rollyard import roles
@@ -50,8 +51,10 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
                 ledger.hand_out([q.id for q in requests], "local")
                 tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
 
+                cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
                 with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
                     samples, rejected = engine.generate(requests)
+                round_metrics["rollout/engine_cpu_s"] = time.process_time() - cpu
                 run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
                 ledger.dead([q.id for q, _ in rejected])
                 tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))

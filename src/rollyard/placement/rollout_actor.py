@@ -43,6 +43,7 @@ from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
 PUTS_IN_FLIGHT = 4  # queue puts the loop does not wait for; past that it waits (a full queue: backpressure)
+SHIP_HOLD_S = 0.02  # a finished group waits up to this long for the rest of its round while the engine decodes
 IDLE_WAIT_S = 0.05  # with nothing to decode the loop sleeps until a control call wakes it, at most this long
 
 
@@ -70,6 +71,7 @@ class RolloutWorker:
         self._busy: dict | None = None  # the open rollout span
         self._idle_since: float | None = None  # holding work the bound does not admit yet
         self._ready: list[tuple[str, list[Sample]]] = []  # finished groups not yet shipped
+        self._ready_since = 0.0  # when the oldest of them finished
         self._group: tuple[int, SyncGroup] | None = None  # sync.transport=dist: (generation, group)
         self._needs_full = False  # an update was rejected: the driver sends the last full version
         self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
@@ -166,9 +168,15 @@ class RolloutWorker:
             self._collect(s)
 
     def _ship(self, rejected: list | None = None) -> None:
-        """One queue item per loop iteration with every group finished in it (a round's short
-        answers finish together: one round trip instead of one per group)."""
+        """One queue item with every group finished since the last one: sent once the engine has
+        nothing left in flight, or the oldest group has waited ``SHIP_HOLD_S`` (the groups of a
+        round finish within a few decode steps of each other: one item per round instead of one per
+        decode step, each a serialization and a round trip), at once with a rejection or a request
+        for full weights."""
         if not (self._ready or rejected or self._needs_full):
+            return
+        if (not rejected and not self._needs_full and self.engine.num_active
+                and time.perf_counter() - self._ready_since < SHIP_HOLD_S):
             return
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, _fresh_stats()
@@ -239,6 +247,8 @@ class RolloutWorker:
         if len(group) == req.n:
             del self.requests[s.request_id], self.groups[s.request_id]
             group.sort(key=lambda x: int(x.id.rsplit("#", 1)[1]))
+            if not self._ready:
+                self._ready_since = time.perf_counter()
             self._ready.append((s.request_id, group))
 
     def _apply(self, u: WeightUpdate) -> None:
