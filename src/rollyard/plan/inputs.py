@@ -48,8 +48,8 @@ CPU_SYNC: dict[str, dict[str, float]] = {
     "vllm": {"pause_s": 8.9e-3, "send_per_tensor_s": 12e-6, "load_per_tensor_s": 211e-6, "per_bucket_s": 4.3e-4,
              "cast_bw": 3.0e9, "load_bw": 2.2e9},
 }
-# The dist transport (gloo over loopback) on the same machine and run: 3.0 GB/s (network.custom for a CPU plan).
-CPU_LOOPBACK_BW = 3.0e9
+# The same run measured the dist transport (gloo over loopback) at 3.0 GB/s: a CPU plan's sync link is
+# then e.g. network.custom = {loopback = 3e9}, network.sync_link = "loopback".
 
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
