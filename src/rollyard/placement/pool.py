@@ -205,8 +205,7 @@ class RolloutPool:
                 self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
                 continue
             self.ledger.finished([rid])
-            self.buffer[rid] = (name, samples)
-            tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
+            self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
 
     def _drop_stale(self, version: int) -> None:
         """Consumption: a buffered group older than the bound is not trained on; its prompt is
@@ -216,6 +215,7 @@ class RolloutPool:
             oldest = min(s.version for s in samples)
             if not staleness.is_fresh(oldest, version, self.bound):
                 del self.buffer[rid]
+                self.run.telemetry.traffic(self.run.state.step, "samples", sum(s.payload_bytes() for s in samples))
                 self.stats["dropped"] += 1
                 self.run.log(f"[yellow]dropped stale group {rid}: sampled at v{oldest}, trainer at v{version} "
                              f"accepts v{floor}+ (max staleness {self.bound}); prompt requeued[/yellow]")
@@ -243,6 +243,9 @@ class RolloutPool:
         self.stats["wait_s"] += time.time() - t0
         chosen.sort(key=lambda i: self.meta[i][1])
         groups = [self.buffer.pop(i)[1] for i in chosen]
+        # The samples edge counts a group's bytes in the step that consumes it, so the per-step ledger
+        # matches the tokens trained; groups that arrive ahead of the last step are reported at stop.
+        self.run.telemetry.traffic(self.run.state.step, "samples", sum(s.payload_bytes() for g in groups for s in g))
         return [self.ledger.requests[i] for i in chosen], [s for g in groups for s in g]
 
     # -- weights -------------------------------------------------------------------------------------
@@ -326,6 +329,11 @@ class RolloutPool:
                 **{f"prompts/{k}": v for k, v in counts.items()}}
 
     def stop(self) -> None:
+        if self.buffer:  # generated ahead of the last trained step (the pipeline's lead): crossed, never trained
+            left = [s for _, g in self.buffer.values() for s in g]
+            self.run.log(f"{len(self.buffer)} group(s) ({sum(len(s.completion_ids) for s in left)} tokens, "
+                         f"{sum(s.payload_bytes() for s in left)} B) arrived ahead of the last trained step and "
+                         "were not trained (not on the samples edge: it counts what steps consumed)")
         for h in self.workers.values():
             h.stop.remote()
         self._drain()  # unblock a worker waiting on a full queue
