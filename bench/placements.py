@@ -78,7 +78,8 @@ def predicted_steps_per_hour(where: str, ph: dict[str, float], bound: int, sync_
 def sync_bytes_vs_plan(run: Path) -> tuple[float, float]:
     """Mean bytes per steady sync as the transport reported them (driver sync spans after the
     first) and the plan's prediction for the same syncs (``predicted_sync_bytes``: a delta's
-    carried fraction with the index bytes of its encoding, LoRA's adapter / base ratio)."""
+    carried fraction with the index bytes of its encoding, LoRA's adapter / base ratio, the wire
+    framing of the tensors it carries)."""
     from rollyard.plan.bytes import predicted_sync_bytes
 
     info = json.loads((run / rundir.RUN_INFO).read_text())
@@ -93,7 +94,8 @@ def sync_bytes_vs_plan(run: Path) -> tuple[float, float]:
         f = s["values"] / P
         index = 4.0 if f < 1 / 32 else (1 / (8 * f) if bpp * (1 - f) > 1 / 8 else 0.0)
         predicted += predicted_sync_bytes(P, bpp, mode, delta_fraction=f, delta_index_bytes=index,
-                                          lora_fraction=info["lora_fraction"] or 0.0)
+                                          lora_fraction=info["lora_fraction"] or 0.0,
+                                          tensors=info.get("lora_tensors" if mode == "lora" else "weight_tensors") or 0)
     return measured / len(syncs), predicted / len(syncs)
 
 
