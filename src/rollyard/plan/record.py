@@ -95,8 +95,10 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
     L.append(f"- trainer: gradient {collective} {fmt_bytes(b.gradient_per_rank)}/rank over {tlink}: "
              f"{fmt_seconds(grad_s)} per step; trainer ranks are gang-scheduled (all {p.trainer.dp} or none)")
     if d.placement == "colocated":
-        L.append(f"- weights: CUDA-IPC handle inside the node, no bytes between pools; the engine's reload of its "
-                 f"shard costs {fmt_seconds(plan.sync_seconds())} per sync at HBM bandwidth")
+        how = ("CUDA-IPC handle inside the node" if p.rollout.device == "gpu"
+               else "the trainer's tensors in the same process")
+        L.append(f"- weights: {how}, no bytes between pools; the {p.rollout.backend} engine's reload of its "
+                 f"shard costs {fmt_seconds(plan.sync_seconds())} per sync (`rollyard plan` Sync lines: its terms)")
     else:
         L.append(f"- weights: {d.sync_mode} sync {fmt_bytes(b.sync(d.sync_mode))} trainer -> rollout over {link}: "
                  f"{fmt_seconds(plan.sync_seconds())} per sync; rollout replicas restart individually")
