@@ -26,11 +26,12 @@ CONFIGS = {
     "colocated_lora": ["model.lora.r=4"],
     "colocated_delta_ray": ["sync.mode=delta", "sync.transport=ray"],
     "disaggregated": ["placement=disaggregated"],
+    "async": ["placement=async"],
 }
-# The async (bound 1) clean run is left out: its calibrated gate failed once in four runs under load
-# (cause not found), and a test whose verdict depends on machine load does not belong in the suite.
-# The async review items are still exercised by tests/test_review.py's synthetic runs.
-RAY = {"colocated_delta_ray", "disaggregated"}
+# The async (bound 1) run is held to "no FAIL" only: its calibrated gate failed once in four runs under
+# load (cause not found), and a test whose verdict depends on machine load does not belong in the suite.
+GATED = [n for n in CONFIGS if n != "async"]
+RAY = {"colocated_delta_ray", "disaggregated", "async"}
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,14 @@ def items(rv):
     return {v["item"]: v for v in rv.verification}
 
 
-@pytest.mark.parametrize("name", [_param(n) for n in CONFIGS])
+@pytest.mark.ray
+@pytest.mark.slow
+def test_clean_short_async_run_has_no_fail(runs):
+    bad = {k: v["evidence"] for k, v in items(review(runs("async"))).items() if v["result"] == FAIL}
+    assert not bad, json.dumps(bad)
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in GATED])
 def test_clean_short_run_has_no_fail_and_passes_its_calibrated_gate(name, runs, tmp_path, capsys):
     run = runs(name)
     rv = review(run)
