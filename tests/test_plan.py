@@ -365,7 +365,7 @@ def test_sync_time_terms_and_the_bucketing_rule():
     # Delta export/compare on 8 trainer GPUs: 3 HBM passes over 28 GB at 3.35 TB/s each.
     assert M.delta_compare_s(28e9, 8, 3.35e12) == pytest.approx(84e9 / 26.8e12)
     # Colocated reload: one read + one write of 28 GB on one GPU = 16.7 ms, not free.
-    assert M.colocated_reload_s(28e9, 1, 3.35e12) == pytest.approx(0.0167164, rel=1e-4)
+    assert M.copy_s(28e9, 1, 3.35e12) == pytest.approx(0.0167164, rel=1e-4)
 
 
 def test_fsdp_traffic_and_memory_findings():

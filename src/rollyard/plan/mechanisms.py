@@ -325,12 +325,6 @@ def delta_compare_s(full_bytes: float, trainer_gpus: int, mem_bw: float) -> floa
     return 3 * full_bytes / (trainer_gpus * mem_bw)
 
 
-def colocated_reload_s(weight_bytes: float, gpus: int, mem_bw: float) -> float:
-    """Colocated sync is not free: every GPU copies its shard of the new weights into the engine's
-    buffers (one HBM read + one write per byte): ``copy_s`` with no wire."""
-    return copy_s(weight_bytes, gpus, mem_bw)
-
-
 # ---- the bytes a sync puts on the wire ----
 
 # The wire form (sync/wire.py): per sync a 16-byte length prefix (the dist transport) and a JSON header

@@ -351,10 +351,12 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
         nbytes = B.predicted_sync_bytes(float(info["policy_params"]), float(info["bytes_per_param"]), mode,
                                         delta_fraction=float(info.get("delta_fraction") or 0.0),
                                         delta_index_bytes=float(info.get("delta_index_bytes", 8)),
-                                        lora_fraction=float(info.get("lora_fraction") or 0.0))
+                                        lora_fraction=float(info.get("lora_fraction") or 0.0),
+                                        tensors=float(info.get("lora_tensors" if mode == "lora" else "weight_tensors") or 0))
         # The rollout engine starts equal to the trainer (DESIGN: equality check at start-up), so a
         # run opens with one full sync unless run.json says it does not.
-        first = (B.predicted_sync_bytes(float(info["policy_params"]), float(info["bytes_per_param"]), "full")
+        first = (B.predicted_sync_bytes(float(info["policy_params"]), float(info["bytes_per_param"]), "full",
+                                        tensors=float(info.get("weight_tensors") or 0))
                  if info.get("initial_full_sync", True) else 0.0)
         out["weights"] = (first + nbytes * syncs,
                           f"{mode} sync: {B.fmt_bytes(nbytes)} x {syncs} syncs (values + indices)"
