@@ -1,0 +1,121 @@
+"""Tools and environments as TRL names them, checked at start-up.
+
+A tool is a plain module-level function with type hints and a Google-style docstring (``Args:``
+describing every parameter); its JSON schema is what ``transformers.utils.get_json_schema`` builds
+from them, the schema TRL puts in the chat template's ``tools``. An environment is a class
+(TRL's ``environment_factory``): one instance per sample, ``reset(**row)`` before the first turn,
+every other public method a tool, an optional ``get_reward()`` read when the sample ends.
+
+Tools are named by import path (``module:function``, ``path/file.py:function``, as reward hooks are)
+because they run in worker processes that import them by name (``env/worker.py``). Every check
+here raises :class:`~rollyard.config.ConfigError`: one line naming the tool, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from dataclasses import dataclass
+
+from rollyard.config import ConfigError
+from rollyard.reward.hooks import get_attr, import_target, parse_hook, path_of
+
+RESERVED = ("reset", "get_reward")  # environment methods that are not tools
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool: its name (what the model calls), its JSON schema, and how a worker finds it.
+
+    ``target`` is ``(kind, module-or-file, attr)`` as ``reward.hooks.parse_hook`` returns it; for an
+    environment's method ``attr`` is the method name (called on the sample's instance).
+    """
+
+    name: str
+    schema: dict
+    target: tuple[str, str, str]
+
+
+def path_or_name(obj) -> str:
+    """A function or class as the import path the workers use; strings pass through."""
+    if isinstance(obj, str):
+        return obj
+    try:
+        return path_of(obj)
+    except ValueError as e:
+        raise ConfigError(f"tools: {e}") from None
+
+
+def load(path: str, what: str):
+    """Import ``path`` (``module:attr`` or ``file.py:attr``) in this process; ConfigError on failure."""
+    try:
+        kind, target, attr = parse_hook(path)
+    except ValueError:
+        raise ConfigError(f"{what} {path!r} is malformed: expected 'module:function' or 'path/to/file.py:function' "
+                          f"(e.g. tools.functions=['my_tools:add'])") from None
+    try:
+        return get_attr(import_target(kind, target), attr), (kind, target, attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001 - user code failing to import is bad input
+        raise ConfigError(f"{what} {path!r} cannot be imported ({type(e).__name__}: {e}); make it a module-level "
+                          f"name of an importable module or file") from None
+
+
+def schema_of(fn, what: str) -> dict:
+    """The JSON schema TRL would build for ``fn``; ConfigError when its hints or docstring are missing."""
+    from transformers.utils import get_json_schema
+
+    try:
+        schema = get_json_schema(fn)
+    except Exception as e:  # noqa: BLE001 - TypeHintParsingException / DocstringParsingException and kin
+        raise ConfigError(f"{what}: {e}; a tool needs a type hint on every parameter and a docstring with a "
+                          f"description and an 'Args:' line per parameter (as TRL requires)") from None
+    ret = inspect.signature(fn).return_annotation
+    if ret is not inspect.Signature.empty and ret not in (str, "str"):
+        raise ConfigError(f"{what}: returns {getattr(ret, '__name__', ret)!s}, but a tool's output goes back to "
+                          f"the model as text: annotate it '-> str' and return a string")
+    return schema
+
+
+def tool_specs(functions: list[str]) -> list[ToolSpec]:
+    """Specs of the plain tool functions at ``functions`` (import paths)."""
+    out = []
+    for path in functions:
+        fn, target = load(path, "tool")
+        if not callable(fn) or inspect.isclass(fn):
+            raise ConfigError(f"tool {path!r} is a {type(fn).__name__}, not a function; pass a function (an "
+                              f"environment class goes in environment_factory= / tools.environment)")
+        schema = schema_of(fn, f"tool {path!r}")
+        out.append(ToolSpec(schema["function"]["name"], schema, target))
+    return out
+
+
+def environment_specs(path: str) -> tuple[tuple[str, str, str], list[ToolSpec], bool]:
+    """``(target, tool specs, has get_reward)`` of the environment class at ``path``."""
+    cls, target = load(path, "environment_factory")
+    what = f"environment_factory {path!r}"
+    if not inspect.isclass(cls):
+        raise ConfigError(f"{what} is a {type(cls).__name__}, expected a class whose instances have reset() and "
+                          f"tool methods (TRL's environment_factory)")
+    if not callable(getattr(cls, "reset", None)):
+        raise ConfigError(f"{what}: {cls.__name__} has no reset() method; add reset(self, **kwargs) (called with "
+                          f"the dataset row before each sample's first turn, as in TRL)")
+    specs = []
+    for name, fn in inspect.getmembers(cls, inspect.isfunction):
+        if name.startswith("_") or name in RESERVED:
+            continue
+        # The schema of the method as called on an instance: bind it to the class so `self` drops out.
+        schema = schema_of(types.MethodType(fn, cls), f"{what} method {name!r}")
+        specs.append(ToolSpec(name, schema, (target[0], target[1], f"{target[2]}.{name}")))
+    if not specs:
+        raise ConfigError(f"{what}: {cls.__name__} has no public method besides reset/get_reward, so the model "
+                          f"has no tool to call; add a type-hinted, documented method")
+    return target, specs, callable(getattr(cls, "get_reward", None))
+
+
+def check_unique(specs: list[ToolSpec]) -> None:
+    names = [s.name for s in specs]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"tools: the name(s) {dup} are given twice (the model calls a tool by name); rename one")

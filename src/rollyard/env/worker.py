@@ -1,0 +1,128 @@
+"""Tool worker process: imports the run's tools (and environment class), then runs calls forever.
+
+Started by :class:`rollyard.env.executor.ToolExecutor` as ``python .../env/worker.py`` through the
+reward pool (``reward/pool.py``), so it speaks the reward worker's framing and start protocol and
+applies the same isolation: it loads ``reward/worker.py`` by file path and reuses its frame I/O,
+``isolate`` (private working directory, address-space limit) and ``limit_cpu`` (CPU seconds per
+call). Standard library only: starting one imports neither torch nor rollyard.
+
+Protocol (4-byte big-endian length + pickle frames):
+  parent -> worker: ``{"tools": [(kind, target, attr), ...], "env": (kind, target, attr) | None,
+                    "sys_path": [...], "workdir", "memory_mb", "cpu_s"}``, then jobs
+                    ``(job_id, op, sid, name, args)`` with ``op``:
+                    ``"call"``  run tool ``name(**args)`` (on sample ``sid``'s environment, if any);
+                    ``"reset"`` a fresh environment for ``sid``, ``reset(**args)``;
+                    ``"reward"`` ``get_reward()`` of ``sid``'s environment, which is then dropped;
+                    ``"drop"``  forget ``sid``'s environment.
+  worker -> parent: ``("ready", pid)`` or ``("init_error", message)``, then
+                    ``(job_id, "ok" | "error", value, seconds)``: a call's value is its string
+                    output, a reset's the string it returned (or None), a reward's a float;
+                    ``"error"``'s value is ``"ExcType: message"`` (a tool's exception, a non-string
+                    output, an unknown tool or bad arguments: all the model's or the tool's, never
+                    the run's).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+import threading
+import time
+
+
+def _load(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+rw = _load("_rollyard_reward_worker", os.path.join(_HERE, "..", "reward", "worker.py"))
+
+
+def _run(op: str, sid: str, name: str, args: dict, tools: dict, env_cls, envs: dict):
+    if op == "reset":
+        env = envs[sid] = env_cls()
+        out = env.reset(**args)
+        return None if out is None else str(out)
+    if op == "drop":
+        envs.pop(sid, None)
+        return None
+    if op == "reward":
+        env = envs.pop(sid, None)
+        if env is None:
+            raise LookupError(f"no environment for sample {sid} (lost with a replaced worker)")
+        value = float(env.get_reward())
+        if not math.isfinite(value):
+            raise ValueError(f"get_reward() returned {value}, expected a finite number")
+        return value
+    if env_cls is not None:
+        env = envs.get(sid)
+        if env is None:
+            raise LookupError(f"no environment for sample {sid} (lost with a replaced worker)")
+        if name.startswith("_") or name in ("reset", "get_reward") or name not in tools:
+            raise LookupError(f"unknown tool {name!r}; the tools are {sorted(tools)}")
+        fn = getattr(env, name)
+    else:
+        fn = tools.get(name)
+        if fn is None:
+            raise LookupError(f"unknown tool {name!r}; the tools are {sorted(tools)}")
+    out = fn(**args)
+    if not isinstance(out, str):
+        raise TypeError(f"tool {name!r} returned a {type(out).__name__}, expected str")
+    return out
+
+
+def _serve() -> None:
+    proto_out = os.dup(1)
+    os.dup2(2, 1)  # a tool's print() goes to stderr, not into the protocol
+    stdin = sys.stdin.buffer
+    threading.Thread(target=rw._watch_parent, args=(os.getppid(),), daemon=True).start()
+    init = rw._read_frame(stdin)
+    if init is None:
+        return
+    sys.path[:] = init["sys_path"]
+    try:
+        rw.isolate(init)
+        hooks = rw._load_hooks_module()
+        env_cls = None
+        if init.get("env"):
+            kind, target, attr = init["env"]
+            env_cls = hooks.get_attr(hooks.import_target(kind, target), attr)
+            tools = {t[2].rsplit(".", 1)[-1]: None for t in init["tools"]}
+        else:
+            tools = {t[2].rsplit(".", 1)[-1]: hooks.get_attr(hooks.import_target(t[0], t[1]), t[2])
+                     for t in init["tools"]}
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        rw._write_frame(proto_out, ("init_error", f"{type(e).__name__}: {e}"))
+        return
+    rw._write_frame(proto_out, ("ready", os.getpid()))
+    envs: dict = {}
+    while True:
+        job = rw._read_frame(stdin)
+        if job is None:
+            return
+        job_id, op, sid, name, args = job
+        rw.limit_cpu(float(init.get("cpu_s") or 0.0))
+        t0 = time.perf_counter()
+        try:
+            status, value = "ok", _run(op, sid, name, args, tools, env_cls, envs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a tool's failure (sys.exit too) is the model's feedback
+            status, value = "error", f"{type(e).__name__}: {e}"[:1000]
+        rw._write_frame(proto_out, (job_id, status, value, time.perf_counter() - t0))
+
+
+def main() -> None:
+    try:
+        _serve()
+    except (BrokenPipeError, KeyboardInterrupt):  # the parent went away or is stopping: leave quietly
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Tools and environments for tests/test_tools.py (module-level: the tool workers import them by name)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def add(a: int, b: int) -> str:
+    """Add two integers.
+
+    Args:
+        a: the first addend
+        b: the second addend
+    """
+    return str(a + b)
+
+
+def divide(a: int, b: int) -> str:
+    """Divide a by b.
+
+    Args:
+        a: the dividend
+        b: the divisor
+    """
+    return str(a // b)
+
+
+def nap(seconds: float) -> str:
+    """Sleep, then say so.
+
+    Args:
+        seconds: how long to sleep
+    """
+    time.sleep(seconds)
+    return "awake"
+
+
+def die() -> str:
+    """End the worker process abruptly."""
+    os._exit(3)
+
+
+def number() -> str:
+    """Claim a string, return an int."""
+    return 7  # type: ignore[return-value]
+
+
+def no_hints(a):
+    """Missing hints.
+
+    Args:
+        a: something
+    """
+    return str(a)
+
+
+def no_docstring(a: int) -> str:
+    return str(a)
+
+
+def returns_int(a: int) -> int:
+    """Declares a non-string output.
+
+    Args:
+        a: something
+    """
+    return a
+
+
+class Counter:
+    """An environment: a counter the model moves toward a target."""
+
+    def reset(self, target: int = 3, **kwargs) -> str:
+        self.value, self.target = 0, int(target)
+        return f"reach {self.target}"
+
+    def increment(self, by: int) -> str:
+        """Increase the counter.
+
+        Args:
+            by: how much to add
+        """
+        self.value += by
+        return str(self.value)
+
+    def get_reward(self) -> float:
+        return float(self.value == self.target)
+
+
+class NoReset:
+    def poke(self, x: int) -> str:
+        """Poke.
+
+        Args:
+            x: how hard
+        """
+        return "ok"
