@@ -166,8 +166,8 @@ def test_report_command_rewrites_plots(chat_model, tmp_path, capsys):
     data.write_text("\n".join(json.dumps(r) for r in trl_rows()[:3]) + "\n")
     run_dir = tmp_path / "r"
     assert main(["train", f"model.name={path}", f"data.path={data}", f"data.eval_path={data}",
-                 "reward.hook=ecosystem_rewards:says_answer", "log.plots=false", "steps=2", "sft.auto=false",
-                 "progress=false", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
+                 "reward.hook=ecosystem_rewards:says_answer", "reward.correctness=true", "log.plots=false", "steps=2",
+                 "sft.auto=false", "progress=false", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
                  "rollout.max_new_tokens=4", "reward.num_workers=1", f"out_dir={run_dir}"]) == 0
     assert not (run_dir / rundir.PLOTS).exists()
     evals = list(rundir.read_jsonl(run_dir / rundir.EVAL))

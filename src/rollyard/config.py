@@ -106,7 +106,14 @@ class RewardConfig(Section):
     cpu_s: float = Field(30.0, ge=0.0, description="CPU seconds one verifier call may use (past it the worker is killed and the call flagged); 0: no limit")
     hooks: list[str] = Field(default_factory=list, description="several reward functions (module:function or file.py:function), in any accepted form; the reward is their weighted sum")
     weights: list[float] = Field(default_factory=list, description="one weight per entry of `hooks`; empty: all 1.0")
-    correctness: bool = Field(False, description="the reward is a correctness signal (1 correct, 0 not): metrics and the console show reward/accuracy (share of rewards > 0.5); always on with a built-in task's verifier")
+    correctness: bool = Field(False, description="the reward is a correctness signal (1 correct, 0 not): metrics and the console show reward/accuracy (share of rewards > 0.5) and the held-out eval scores with it; always on with a built-in task's verifier")
+
+
+class EvalConfig(Section):
+    """The held-out greedy eval (evaluate.py) and its alarms (telemetry/alarms.py)."""
+
+    reward: str | None = Field(None, description="correctness function scoring the held-out eval (module:function or path/file.py:function, any accepted form; > 0.5 counts as correct), separate from the training reward; none: the built-in task's verifier, or the training reward when reward.correctness=true, else no held-out eval")
+    regression_z: float = Field(2.0, gt=0.0, description="held-out regression alarm: fires when held-out accuracy falls below the run's best eval by more than this many standard errors of the difference (binomial noise of two evals over the held-out prompts)")
 
 
 class LogConfig(Section):
@@ -183,6 +190,7 @@ class RunConfig(Section):
     data: DataConfig = Field(default_factory=DataConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     sync: SyncConfig = Field(default_factory=SyncConfig)

@@ -1,6 +1,16 @@
-"""Held-out greedy accuracy: one greedy sample per prompt, scored by the run's verifier."""
+"""Held-out greedy accuracy: one greedy sample per prompt, scored by a correctness signal.
+
+Accuracy means "share correct" only when the score says correct / not. The signal is, in order:
+``eval.reward`` (a verifier the user names for the eval, separate from the training reward), the
+built-in task's verifier (no ``reward.hook``), or the training reward when the user declares it a
+correctness signal (``reward.correctness=true``). A custom training reward alone is no correctness
+signal: there is then no held-out eval (a random model would otherwise read as 100% accurate under
+a reward that is high for anything), and the start-up line says how to get one.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from rollyard.model.loading import eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -8,11 +18,43 @@ from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.scheduler import to_requests
 from rollyard.tasks.base import Prompt
 
+if TYPE_CHECKING:
+    from rollyard.config import RunConfig
 
-def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDispatcher,
+
+def train_reward_is_correctness(cfg: RunConfig) -> bool:
+    """The training reward says correct / not: a built-in task's verifier, or ``reward.correctness``
+    (then ``reward/accuracy`` is the share of rewards > 0.5)."""
+    rw = cfg.reward
+    return rw.correctness or not (rw.hook or rw.hooks)
+
+
+def accuracy_signal(cfg: RunConfig) -> str | None:
+    """What scores the held-out eval, in words for the console and run.json; None: no correctness signal."""
+    rw = cfg.reward
+    if cfg.eval.reward:
+        return f"eval.reward={cfg.eval.reward}"
+    if not (rw.hook or rw.hooks):
+        return f"the {cfg.data.task} task's verifier" if cfg.data.task else None
+    if rw.correctness:
+        return f"the training reward {rw.hook or rw.hooks} (reward.correctness=true)"
+    return None
+
+
+def no_signal_reason(cfg: RunConfig) -> str:
+    """Why a run has no held-out accuracy, and the fix (one line)."""
+    rw = cfg.reward
+    named = f"reward.hook={rw.hook}" if rw.hook else f"reward.hooks={rw.hooks}"
+    return (f"no held-out accuracy: {named} is not declared a correctness signal (a reward that is high for any "
+            f"text would read as accuracy); name a verifier with eval.reward=module:function (1 correct, 0 not), "
+            f"or set reward.correctness=true if the training reward is one")
+
+
+def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDispatcher | None,
                     max_new_tokens: int, context: int, max_concurrent: int = 256) -> float | None:
-    """Fraction of ``prompts`` whose greedy completion the verifier scores > 0.5; None with no prompts."""
-    if not prompts:
+    """Fraction of ``prompts`` whose greedy completion ``rewards`` scores > 0.5; None with no prompts or
+    no correctness signal (``rewards`` None)."""
+    if not prompts or rewards is None:
         return None
     engine = RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                            temperature=0.0, max_concurrent=max_concurrent)

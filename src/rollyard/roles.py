@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from rollyard.config import ConfigError, RunConfig
+from rollyard.evaluate import accuracy_signal
 from rollyard.model import loading
 from rollyard.model.loading import attach_lora, eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -111,6 +112,17 @@ def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
                             timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
                             memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s,
                             timeout_policy=policy, columns=cfg.data.fields)
+
+
+def eval_rewards(cfg: RunConfig, tokenizer, model, train: RewardDispatcher) -> RewardDispatcher | None:
+    """The held-out eval's scorer (``evaluate.accuracy_signal``): ``eval.reward``'s own verifier pool,
+    the training reward's pool when it is a correctness signal, else None (no held-out accuracy)."""
+    if cfg.eval.reward:
+        decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+        return RewardDispatcher([cfg.eval.reward], num_workers=min(cfg.reward.num_workers, 2),
+                                timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
+                                memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s, columns=cfg.data.fields)
+    return train if accuracy_signal(cfg) else None
 
 
 def with_lora(cfg: RunConfig, model):

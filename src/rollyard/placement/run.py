@@ -23,7 +23,7 @@ import torch
 from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
-from rollyard.evaluate import greedy_accuracy
+from rollyard.evaluate import accuracy_signal, greedy_accuracy, no_signal_reason, train_reward_is_correctness
 from rollyard.model import kernels
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.reward import metrics as reward_metrics
@@ -36,6 +36,7 @@ from rollyard.sync.factory import sync_facts
 from rollyard.tasks.base import DataError, Prompt
 from rollyard.tasks.dataset import check_context
 from rollyard.telemetry import rundir, sessions
+from rollyard.telemetry.alarms import Alarms
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records, trainer_names
@@ -55,6 +56,7 @@ class Roles:
     reference: Any  # frozen copy of the initial policy, or None when kl_coef == 0
     feed: PromptFeed
     held_out: list[Prompt]
+    held_out_rewards: Any = None  # the held-out eval's correctness signal (roles.eval_rewards); None: no eval
 
 
 @dataclass
@@ -76,8 +78,7 @@ class RunRecord:
     @property
     def correctness(self) -> bool:
         """The reward says correct / not: a built-in task's verifier, or ``reward.correctness``."""
-        rw = self.cfg.reward
-        return rw.correctness or not (rw.hook or rw.hooks)
+        return train_reward_is_correctness(self.cfg)
 
     def settle_rewards(self, step: int, samples: list[Sample]) -> list[Sample]:
         """The samples to train on (failed verifier calls counted, recorded, left out by default)."""
@@ -88,7 +89,8 @@ class RunRecord:
     def eval_during(self, r: Roles, step: int) -> None:
         """Held-out eval after ``step`` (of the policy step ``step + 1`` starts from: see ``evaluate``)."""
         acc = evaluate(self, r)
-        self.log(f"after step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
+        if acc is not None:  # none: no held-out set or no correctness signal (said once at start-up)
+            self.log(f"after step {step}: held-out greedy accuracy {fmt_accuracy(acc)}")
 
     def dead_letter(self, records: list[dict], step: int | None = None) -> None:
         if not records:
@@ -209,8 +211,12 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         {MESSAGES_KEY: train_prompts[0].messages} if train_prompts[0].messages else {})})
     console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
     sft_info: dict = {}
+    scorer = roles.eval_rewards(cfg, tokenizer, model, rewards)  # held-out correctness (evaluate.accuracy_signal)
+    if scorer is not None and scorer is not rewards and held_out:
+        scorer.dry_run(held_out[0].text, {**held_out[0].meta, **(  # a bad eval.reward: one line, now
+            {MESSAGES_KEY: held_out[0].messages} if held_out[0].messages else {})})
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
-        model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, rewards, cfg, context, device, console.print)
+        model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, scorer or rewards, cfg, context, device, console.print)
     model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
     reference = None
     if cfg.algo.kl_coef > 0:
@@ -226,9 +232,10 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         feed.restore(state.cursor)
         console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
                       + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
-    rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None), state)
+    rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
+                                        alarms=Alarms(regression_z=cfg.eval.regression_z)), state)
     rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
-    handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out)
+    handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer)
     rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
     rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     rec.dead_letter(deadletter)
@@ -237,7 +244,8 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     if state.eval_before is None:
         state.eval_before = evaluate(rec, handles)
         state.extra.update(sft_info)
-        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)})")
+        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)}"
+                      f", scored by {accuracy_signal(cfg)})" if scorer else no_signal_reason(cfg))
     dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
     return rec, handles, extra_rng
 
@@ -256,11 +264,11 @@ def evaluate(run: RunRecord, r: Roles) -> float | None:
     Labelled ``run.state.step``, the optimizer steps done so far, i.e. the step that starts from
     this policy: eval.jsonl's ``step`` and the metrics row that holds ``eval/accuracy`` are the same
     (0: before RL; the eval after the last step has no row)."""
-    acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.rewards, run.cfg.rollout.max_new_tokens, r.context)
+    acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.held_out_rewards, run.cfg.rollout.max_new_tokens, r.context)
     if acc is not None:
         run.telemetry.evaluation(run.state.step, acc)
-        if run.state.step < run.cfg.steps:
-            run.telemetry.note(run.state.step, {"eval/accuracy": acc})
+        if run.state.step < run.cfg.steps:  # eval/prompts: the held-out regression alarm's noise
+            run.telemetry.note(run.state.step, {"eval/accuracy": acc, "eval/prompts": len(r.held_out)})
     return acc
 
 
@@ -291,6 +299,7 @@ def run_info(cfg: RunConfig, model) -> dict:
         "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
         "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
         "device": "gpu" if roles.device_of(cfg).startswith("cuda") else "cpu",
+        "backend": cfg.rollout.backend, "accuracy_signal": accuracy_signal(cfg),  # what scores the held-out eval (None: no held-out accuracy)
     }
 
 
@@ -300,6 +309,8 @@ def finish(run: RunRecord, r: Roles) -> dict:
     export(r.model, r.tokenizer, run.run_dir / rundir.MODEL, dtype=source_dtype(run.cfg.model.name))
     run.telemetry.close()
     r.rewards.close()
+    if r.held_out_rewards is not None and r.held_out_rewards is not r.rewards:  # eval.reward's own pool
+        r.held_out_rewards.close()
     if hasattr(r.trainer, "close"):  # dp ranks (trainer/dp.py)
         r.trainer.close()
     summary = {

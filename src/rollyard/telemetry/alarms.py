@@ -1,4 +1,4 @@
-"""Seed 002's alarms, checked on every metrics row: a slow step, and reward hacking.
+"""Seed 002's alarms, checked on every metrics row: a slow step, reward hacking, a held-out regression.
 
 - ``alarm/step_time``: the step's wall time (``time/step``) is more than ``slow_ratio`` (1.2: 20%)
   above the median of the trailing ``window`` baseline steps (after ``min_history`` of them, so
@@ -6,12 +6,19 @@
 - ``alarm/reward_hacking``: at a held-out eval (a row with ``eval/accuracy``, every ``eval_every``
   steps), the mean train reward since the previous eval rose by more than ``reward_rise`` over the
   mean of the interval before it, while held-out accuracy did not rise by more than
-  ``accuracy_flat`` (flat or falling): the policy is learning the verifier, not the task.
+  ``accuracy_flat`` (flat or falling): the policy is learning the verifier, not the task. Held-out
+  accuracy exists only for a correctness signal (``evaluate.accuracy_signal``), so a reward that is
+  not one (a length bonus) is held against real correctness, never against itself.
+- ``alarm/held_out_regression``: at a held-out eval, accuracy fell below the best earlier eval of
+  the run by more than ``regression_z`` standard errors of the difference of two binomial
+  proportions over the ``eval/prompts`` held-out prompts, ``sqrt(p_best (1 - p_best) / n + p (1 - p) / n)``
+  (at least ``1/n``: two evals at 0% or 100% are not noise-free). Not checked on rows without
+  ``eval/prompts`` (runs written before it).
 
 Both have hysteresis: an alarm is printed once when it fires, the row value stays 1 while the
 condition holds, and it re-arms only after a recovery: a step back under ``recover_ratio`` x the
-median, an eval that is not hacking (one "cleared" line, for a slow episode only when it lasted
-more than one step). A load spike is one alarm, not one per
+median, an eval that is not hacking or is back within noise of the best (one "cleared" line; for a slow
+episode only when it lasted more than one step). A load spike is one alarm, not one per
 step. Steps whose wall time includes a held-out eval or a checkpoint write (rows with
 ``eval/seconds`` or ``checkpoint/seconds``) are neither alarmed on nor part of the baseline, nor
 are the steps of an active step-time alarm. History is seeded from the run's existing rows, so a
@@ -28,16 +35,18 @@ from typing import Any
 from rollyard.telemetry import rundir
 
 EVAL_KEY = "eval/accuracy"
+EVAL_N_KEY = "eval/prompts"  # held-out prompts behind EVAL_KEY (its noise)
 # Row values: seconds of this step's wall time spent outside the step's own work (see RunRecord)
 OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds")
 
 
 class Alarms:
     def __init__(self, window: int = 20, min_history: int = 5, slow_ratio: float = 1.2, recover_ratio: float = 1.1,
-                 reward_rise: float = 0.05, accuracy_flat: float = 0.01, log: Callable[[str], None] | None = None):
+                 reward_rise: float = 0.05, accuracy_flat: float = 0.01, regression_z: float = 2.0,
+                 log: Callable[[str], None] | None = None):
         self.window, self.min_history = window, min_history
         self.slow_ratio, self.recover_ratio = slow_ratio, min(recover_ratio, slow_ratio)
-        self.reward_rise, self.accuracy_flat = reward_rise, accuracy_flat
+        self.reward_rise, self.accuracy_flat, self.regression_z = reward_rise, accuracy_flat, regression_z
         self.log = log or (lambda m: print(m, flush=True))
         self.times: list[float] = []              # the step-time baseline
         self.rewards: list[float] = []            # the reward per row, in step order
@@ -45,6 +54,7 @@ class Alarms:
         self.slow = False                         # a step-time alarm is active
         self._slow_since = 0                      # the step it fired at
         self.hacking = False                      # a reward-hacking alarm is active
+        self.regressed = False                    # a held-out regression alarm is active
 
     def seed(self, rows: Iterable[dict[str, Any]]) -> None:
         """Take the history of earlier rows (a resumed run's metrics.jsonl) without printing."""
@@ -62,6 +72,8 @@ class Alarms:
         self._record(row)
         if EVAL_KEY in row:
             out["alarm/reward_hacking"] = self._reward_hacking(row, prev)
+            if isinstance(row.get(EVAL_N_KEY), int) and row[EVAL_N_KEY] > 0:
+                out["alarm/held_out_regression"] = self._regression(row)
         return out
 
     def _step_time(self, row: dict[str, Any]) -> float:
@@ -97,6 +109,23 @@ class Alarms:
                      f"with the train reward again")
         self.hacking = hacking
         return float(hacking)
+
+    def _regression(self, row: dict[str, Any]) -> float:
+        acc, n = float(row[EVAL_KEY]), row[EVAL_N_KEY]
+        earlier = [a for _, a in self.evals[:-1]]  # _record already appended this eval
+        best = max(earlier, default=acc)
+        noise = max(math.sqrt(best * (1 - best) / n + acc * (1 - acc) / n), 1 / n)
+        regressed = best - acc > self.regression_z * noise
+        if regressed and not self.regressed:
+            self.log(f"ALARM step {row.get('step')}: held-out accuracy fell to {acc:.1%} from the run's best "
+                     f"{best:.1%}, {(best - acc) / noise:.1f} standard errors over {n} prompts (alarm past "
+                     f"{self.regression_z:g}); the policy is getting worse at the task: compare the checkpoints "
+                     f"around the best eval (eval.jsonl), lower trainer.lr or resume from an earlier checkpoint")
+        elif self.regressed and not regressed:
+            self.log(f"alarm cleared at step {row.get('step')}: held-out accuracy {acc:.1%} is back within "
+                     f"noise of the best {best:.1%}")
+        self.regressed = regressed
+        return float(regressed)
 
     def _record(self, row: dict[str, Any]) -> None:
         r = row.get("reward")

@@ -97,4 +97,5 @@ def print_summary(step_seconds: dict[int, dict[str, float]], before: float | Non
         console.print(f"held-out greedy accuracy: before RL {before:.1%} -> after RL {after:.1%} "
                       f"({(after - before) * 100:+.1f} points)")
     else:
-        console.print("held-out greedy accuracy: no held-out eval (set data.eval_path, or name data.task)")
+        console.print("held-out greedy accuracy: no held-out eval (it needs held-out prompts, data.eval_path or a "
+                      "data.task, and a correctness signal: the task's verifier, eval.reward or reward.correctness=true)")

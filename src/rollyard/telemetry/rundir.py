@@ -104,6 +104,8 @@ RUN_INFO_OPTIONAL_KEYS = {
     "sharding": "none | fsdp (trainer parameters sharded over the dp ranks); absent = none",
     "dp_backend": "gloo | nccl: the trainer ranks' collectives (null at dp=1)",
     "device": "cpu | gpu: where the trainer and the rollout engines ran (review prices the sync's software terms for it)",
+    "backend": "native | vllm: the rollout engine (rollout.backend)",
+    "accuracy_signal": "what scores the held-out eval (evaluate.accuracy_signal); null: no correctness signal, no held-out accuracy",
 }
 
 # Metric keys that review and the progress display rely on.
