@@ -59,6 +59,14 @@ class Sample:
     advantage: float = 0.0
     reward_parts: list[float | None] = field(default_factory=list)  # per reward hook, before weighting
     reward_extras: dict[str, float] = field(default_factory=dict)  # "<hook>/<key>": a verl dict result's extras
+    # Multi-turn (env/loop.py): 1 where completion_ids[i] is the model's, 0 for a tool/environment token
+    # (in the context, out of the loss; its logprob is a 0.0 placeholder). None: every token is the model's.
+    completion_mask: list[int] | None = None
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """Per completion token: 1 trained on (the model sampled it), 0 not (a tool's or environment's)."""
+        return [1] * len(self.completion_ids) if self.completion_mask is None else self.completion_mask
 
     @property
     def version(self) -> int:
