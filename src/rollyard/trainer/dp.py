@@ -130,7 +130,7 @@ class RankTrainer(Trainer):
     def accumulate_gradients(self, samples, old_logprobs=None, denominators=None) -> dict:
         """This rank's share, with the whole step's denominators (``denominators`` is ignored: they
         are all-reduced here); gradients summed over ranks; accumulators reduced (``_reduce_metrics``)."""
-        counts = torch.tensor([sum(len(s.completion_ids) for s in samples), sum(1 for s in samples if s.completion_ids)],
+        counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), sum(1 for s in samples if s.completion_ids)],
                               dtype=torch.float64, device=self.device)
         dist.all_reduce(counts)
         n_micro = len(self._pack([(s.prompt_ids, s.completion_ids) for s in samples]))

@@ -339,7 +339,7 @@ class Trainer:
                 raise ValueError(f"sample {s.id!r}: old_logprobs has {len(old_logprobs[i])} entries for "
                                  f"{len(s.completion_ids)} completion tokens")
 
-        num_tokens = sum(len(s.completion_ids) for s in samples)
+        num_tokens = sum(sum(s.loss_mask) for s in samples)  # tool tokens (env/loop.py) carry no loss
         num_seqs = sum(1 for s in samples if s.completion_ids)
         den_tokens, den_seqs = denominators if denominators is not None else (num_tokens, num_seqs)
         want_kl = self.kl_coef > 0 or (num_seqs > 0 and all(s.ref_logprobs is not None for s in samples if s.completion_ids))
@@ -361,22 +361,23 @@ class Trainer:
             adv = torch.tensor([s.advantage for s in members], dtype=torch.float32).repeat_interleave(
                 torch.tensor(mb.lengths)).to(dev, non_blocking=True)
             seq_index = mb.seq_index.to(dev, non_blocking=True)
-            tis = tis_weights(old, mu, self.tis_cap)
+            keep = cat(s.loss_mask for s in members)  # 1: the model's token; 0: a tool's (context only)
+            tis = tis_weights(old, mu, self.tis_cap) * keep
             pg, st = ppo_clip_loss(logp, old, adv, seq_index, clip_low=self.clip_low, clip_high=self.clip_high,
                                    agg=self.loss_agg, tis_weight=tis, num_tokens=den_tokens, num_seqs=den_seqs)
             loss = pg
             if want_kl:
-                k3 = kl_k3(logp, cat(s.ref_logprobs for s in members))
+                k3 = kl_k3(logp, cat(s.ref_logprobs for s in members)) * keep
                 if self.kl_coef > 0:
                     loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, den_tokens, den_seqs)
                 acc["kl_sum"] += k3.detach().sum()
             loss.backward()
 
             with torch.no_grad():
-                log_ratio = old - mu
+                log_ratio = (old - mu)[keep > 0]
                 acc["loss"] += loss.detach()
                 acc["pg_loss"] += pg.detach()
-                acc["entropy_sum"] += ent.sum()
+                acc["entropy_sum"] += (ent * keep).sum()
                 acc["clipped"] += st["clipped_tokens"]
                 acc["capped"] += (log_ratio > math.log(self.tis_cap)).sum()
                 acc["diff_sum"] += log_ratio.abs().sum()
