@@ -176,6 +176,18 @@ class SFTConfig(Section):
     cache_dir: str = Field(".cache/warmstart", description="where warm-started models are cached, keyed by model+task+sft config")
 
 
+class ToolsConfig(Section):
+    """Multi-turn rollouts with tools (TRL's ``tools=`` / ``environment_factory=``; see ``rollyard.env``)."""
+
+    functions: list[str] = Field(default_factory=list, description="tool functions (TRL's tools=) as module:function or path/file.py:function, each with type hints, a docstring with Args, and -> str; the model calls them in <tool_call> blocks of its chat template")
+    environment: str | None = Field(None, description="environment class (TRL's environment_factory) as module:Class: one instance per sample, reset(**row) before its first turn, its public methods are the tools, get_reward() (optional) a reward logged as rewards/<Class>/mean")
+    max_tool_calling_iterations: int = Field(5, ge=0, le=1000, description="tool turns per sample at most (TRL's name); a tool call after the last one ends the sample (tools/truncated)")
+    num_workers: int = Field(2, ge=1, le=256, description="tool worker processes (isolated like verifiers)")
+    timeout_s: float = Field(10.0, gt=0.0, description="per-call tool timeout; past it the worker is killed and the call returns an error to the model (tools/timeouts)")
+    memory_mb: int = Field(4096, ge=0, description="address-space limit of each tool worker in MB (exceeding it fails the call); 0: no limit")
+    cpu_s: float = Field(30.0, ge=0.0, description="CPU seconds one tool call may use (past it the worker is killed and the call fails); 0: no limit")
+
+
 class RunConfig(Section):
     out_dir: str = Field("runs/demo", description="run directory")
     steps: int = Field(40, ge=1, description="RL optimizer steps")
@@ -197,6 +209,7 @@ class RunConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> "RunConfig":
