@@ -56,6 +56,11 @@ def test_verl_names_nested_in_a_file_and_dotted_overrides(tmp_path):
     (["algorithm.adv_estimator=gae"], "no rollyard equivalent for adv_estimator 'gae'; rollyard supports 'grpo'"),
     (["report_to=mlflow"], "no rollyard equivalent for tracker 'mlflow'"),
     (["actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=16"], "one optimizer step per batch"),
+    # a wrongly typed value is reported under the name typed, not the rollyard key it sets
+    (["learning_rate=abc"], "invalid config: learning_rate: Input should be a valid number"),
+    (["max_completion_length=-3"], "max_completion_length: Input should be greater than or equal to 1 (got -3; "
+                                   "TRL's name for rollyard's rollout.max_new_tokens)"),
+    (["actor_rollout_ref.rollout.n=two"], "actor_rollout_ref.rollout.n: Input should be a valid integer"),
 ])
 def test_an_alias_rollyard_cannot_honour_is_one_line_exit_2(args, says, capsys):
     with pytest.raises(ConfigError, match=None) as e:
@@ -64,6 +69,15 @@ def test_an_alias_rollyard_cannot_honour_is_one_line_exit_2(args, says, capsys):
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_wrongly_typed_alias_in_a_file_is_named_as_typed(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("learning_rate: abc\nrollout:\n  temperature: hot\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "learning_rate: Input should be a valid number" in str(e.value) and "trainer.lr:" not in str(e.value)
+    assert "rollout.temperature: Input should be a valid number" in str(e.value)  # a rollyard key: its own name
 
 
 @pytest.mark.parametrize("key, suggested", [

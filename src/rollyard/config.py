@@ -349,12 +349,13 @@ def _get_dotted(data: dict, dotted: str) -> Any:
     return node
 
 
-def _apply_aliases(found: dict[str, Any], own: dict, context: dict, target: dict) -> None:
+def _apply_aliases(found: dict[str, Any], own: dict, context: dict, target: dict) -> dict[str, str]:
     """Set in ``target`` the rollyard values of the aliases ``found``; a conversion reads ``own`` (the
     same file, or the same command line) first, then ``context``. ConfigError (one line) for an alias
-    with no equivalent, or one that disagrees with the rollyard key set beside it."""
+    with no equivalent, or one that disagrees with the rollyard key set beside it. Returns rollyard key
+    -> the alias that set it (a bad value is then reported under the name the user typed)."""
     if not found:
-        return
+        return {}
     def keys(dotted: str) -> Any:
         mine = _get_dotted(own, dotted)
         return mine if mine is not None else _get_dotted(context, dotted)
@@ -370,6 +371,7 @@ def _apply_aliases(found: dict[str, Any], own: dict, context: dict, target: dict
         _set_dotted(target, key, value)
     for note in notes:
         print(f"rollyard: config: {note}", file=sys.stderr)
+    return {key: next((n for n in found if key in aliases.ALIASES[n].to), next(iter(found))) for key in values}
 
 
 def _source_of(found: dict[str, Any]) -> str:
@@ -440,7 +442,7 @@ def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | No
     if not isinstance(data, dict):
         raise ConfigError(f"a config must be a mapping of sections (or a RunConfig, or a file), got {type(data).__name__}")
     data = copy.deepcopy(data)
-    _apply_aliases(_take_aliases(data), data, {}, data)  # the file's TRL / verl names
+    typed = _apply_aliases(_take_aliases(data), data, {}, data)  # the file's TRL / verl names
     plain: dict = {}
     cli: dict[str, Any] = {}  # the command line's aliases
     given = [parse_override(text) for text in overrides] + list((values or {}).items())
@@ -450,22 +452,25 @@ def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | No
         else:
             _set_dotted(plain, key, value)
             _set_dotted(data, key, value)
-    _apply_aliases(cli, plain, data, data)
+    typed.update(_apply_aliases(cli, plain, data, data))
     check_keys(data)
     try:
         return RunConfig.model_validate(data)
     except ValidationError as e:
         # One line (the CLI's bad-input contract): every broken field, each with its value.
-        raise ConfigError("invalid config: " + "; ".join(x.strip() for x in describe_errors(e).splitlines())) from None
+        raise ConfigError("invalid config: " + "; ".join(x.strip() for x in describe_errors(e, typed).splitlines())) from None
 
 
-def describe_errors(e: ValidationError) -> str:
-    """One line per error: the dotted field, what is wrong and the value given."""
+def describe_errors(e: ValidationError, typed: dict[str, str] | None = None) -> str:
+    """One line per error: the dotted field, what is wrong and the value given. ``typed``: rollyard key
+    -> the TRL / verl alias that set it; such a field is named as the user typed it."""
     lines = []
     for err in e.errors():
         if err["loc"]:
             loc = ".".join(str(x) for x in err["loc"])
-            lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+            name = (typed or {}).get(loc)
+            via = f"; {aliases.ALIASES[name].source}'s name for rollyard's {loc}" if name else ""
+            lines.append(f"  {name or loc}: {err['msg']} (got {err.get('input')!r}{via})")
         else:  # a cross-field check: its message already names the fields and values
             lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)
