@@ -124,3 +124,16 @@ def test_eval_labels_match_the_metrics_rows_and_the_count_is_explained(tmp_path,
     assert [e["step"] for e in evals] == [0, 2, 4]  # the last one, after step 3, has no row
     rows = {r["step"]: r for r in _rows(run / rundir.METRICS)}
     assert all(rows[e["step"]]["eval/accuracy"] == e["accuracy"] for e in evals[:2])
+
+
+@pytest.mark.parametrize("message, says", [
+    ({"role": "wizard", "content": "1+1="}, "message 0 has role 'wizard'"),
+    ({"role": "User", "content": "1+1="}, "message 0 has role 'User'"),  # roles are lower case in every template
+])
+def test_a_chat_message_with_an_unknown_role_is_one_line(tmp_path, capsys, message, says):
+    data = tmp_path / "chat.jsonl"
+    data.write_text(json.dumps({"prompt": [message], "answer": "2"}) + "\n"
+                    + json.dumps({"prompt": [{"role": "user", "content": "1+2="}], "answer": "3"}) + "\n")
+    line = _one_line_exit_2(capsys, ["train", *TINY, "steps=1", f"data.path={data}",
+                                     "reward.hook=rollyard.reward.verifiers:exact_match", f"out_dir={tmp_path / 'r'}"])
+    assert f"prompt chat:1: {says}" in line and "role one of system, developer, user, assistant, tool" in line

@@ -11,6 +11,22 @@ from pathlib import Path
 
 from rollyard.tasks.base import DataError, Prompt
 
+# The roles chat templates know (OpenAI's and Hugging Face's message format; "developer" is OpenAI's newer
+# "system"). Anything else is a typo or a foreign schema, and most templates would render it silently.
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def check_messages(p: Prompt) -> None:
+    """DataError naming the prompt, the message and the rule when a message is not ``{"role": <one of
+    ROLES>, "content": ...}``."""
+    for i, m in enumerate(p.messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ROLES:
+            got = f"role {role!r}" if isinstance(m, dict) else f"a {type(m).__name__}, not a mapping"
+            raise DataError(f"prompt {p.id}: message {i} has {got}; a chat message is {{role, content}} with role "
+                            f"one of {', '.join(ROLES)}: fix the dataset's messages (or map another column with "
+                            f"data.fields)")
+
 
 def template_of(override: str | None, tokenizer) -> str | None:
     """The Jinja template to use: ``override`` (inline, or a file holding it), else the tokenizer's."""
@@ -30,6 +46,8 @@ def render(prompts: list[Prompt], tokenizer, override: str | None = None) -> Non
     chats = [p for p in prompts if p.messages is not None]
     if not chats:
         return
+    for p in chats:
+        check_messages(p)
     template = template_of(override, tokenizer)
     if not template:
         raise DataError(f"prompt {chats[0].id} is a message list but the tokenizer has no chat template; set "
