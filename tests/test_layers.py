@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"config", "tasks", "staleness", "accounting"},
     {"model", "telemetry", "algo", "sync"},
     {"reward", "checkpoint", "plan"},
-    {"rollout", "trainer", "runguard"},
+    {"rollout", "trainer", "runguard", "env"},  # env: tools / multi-turn, rollout-side
     {"evaluate"},
     {"sft", "roles"},
     {"placement"},

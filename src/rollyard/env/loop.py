@@ -31,10 +31,9 @@ from dataclasses import dataclass, field
 
 from rollyard.env import template
 from rollyard.env.executor import Job, ToolExecutor
+from rollyard.env.rewards import ENV_REWARD_KEY
 from rollyard.reward.hooks import MESSAGES_KEY, PROMPT_KEY
 from rollyard.types import Request, Sample
-
-ENV_REWARD_KEY = "env_reward"  # sample.meta key holding get_reward()'s value (or an "error: ..." string)
 
 
 @dataclass

@@ -82,10 +82,11 @@ def check_template(tokenizer, schemas: list[dict]) -> None:
     except Exception as e:  # noqa: BLE001 - a template error is the user's input
         raise ConfigError(f"the chat template fails on a tool conversation ({type(e).__name__}: {e}); use a "
                           f"template with tool support (e.g. Qwen2's)") from None
-    missing = [what for what, ok in (("the tools' schemas", name in prompt), ("a tool message", _PROBE_OUT in suffix),
+    missing = [what for what, ok in (("the tools' schemas in the prompt", name in prompt),
+                                     ("tool messages", _PROBE_OUT in suffix),
                                      ("the <tool_call> format", OPEN in template)) if not ok]
     if missing:
-        raise ConfigError(f"the chat template has no tool support: it renders no {' and no '.join(missing)}; use a "
+        raise ConfigError(f"the chat template has no tool support: it lacks {', '.join(missing)}; use a "
                           f"template with tool support (Qwen2/Hermes style: tools in the system turn, "
                           f"<tool_call>{{json}}</tool_call>, 'tool' role messages)")
 

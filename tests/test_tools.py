@@ -1,0 +1,188 @@
+"""Tools and multi-turn rollouts (issue 37): schemas, parsing, the chat template's tool turn, isolated
+tool workers, the multi-turn loop over the real engine, and the trainer keeping tool tokens out of the loss."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import tool_chat
+import torch
+
+from rollyard.config import ConfigError, RunConfig
+from rollyard.env import setup, template, tools
+from rollyard.env.executor import Job, ToolExecutor
+from rollyard.env.loop import Toolbox, generate
+from rollyard.reward.hooks import MESSAGES_KEY
+from rollyard.rollout.engine import RolloutEngine
+from rollyard.trainer.trainer import Trainer
+from rollyard.types import Request
+
+ADD_SCHEMA = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer", "description": "the first addend"},
+                                                     "b": {"type": "integer", "description": "the second addend"}},
+                   "required": ["a", "b"]},
+    "return": {"type": "string"}}}
+
+
+# ------------------------------------------------------------------------------------ start-up checks
+def test_a_tool_schema_is_what_trl_builds_from_hints_and_docstring():
+    (spec,) = tools.tool_specs(["tool_fns:add"])
+    assert spec.name == "add" and spec.schema == ADD_SCHEMA
+    target, specs, has_reward = tools.environment_specs("tool_fns:Counter")
+    assert target == ("module", "tool_fns", "Counter") and has_reward
+    assert [s.name for s in specs] == ["increment"]  # reset / get_reward are not tools
+    assert "self" not in specs[0].schema["function"]["parameters"]["properties"]
+
+
+@pytest.mark.parametrize("cfg, says", [
+    ({"functions": ["tool_fns:no_hints"]}, "missing a type hint"),
+    ({"functions": ["tool_fns:no_docstring"]}, "no docstring"),
+    ({"functions": ["tool_fns:returns_int"]}, "annotate it '-> str'"),
+    ({"functions": ["tool_fns:nothing_here"]}, "cannot be imported"),
+    ({"functions": ["no_colon"]}, "malformed"),
+    ({"functions": ["tool_fns:Counter"]}, "not a function"),
+    ({"functions": ["tool_fns:add", "tool_fns:add"]}, "given twice"),
+    ({"environment": "tool_fns:NoReset"}, "has no reset() method"),
+    ({"environment": "tool_fns:add"}, "expected a class"),
+    ({"environment": "tool_fns:Counter", "functions": ["tool_fns:add"]}, "both set"),
+])
+def test_bad_tools_are_one_line_errors_naming_the_rule(cfg, says):
+    with pytest.raises(ConfigError) as e:
+        setup.specs(RunConfig(tools=cfg))
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_chat_template_without_tool_support_is_refused():
+    tok = tool_chat.tokenizer()
+    template.check_template(tok, [ADD_SCHEMA])  # the tool template passes
+    tok.chat_template = tool_chat.PLAIN_CHAT
+    with pytest.raises(ConfigError, match="no tool support: it lacks the tools' schemas in the prompt, the <tool_call> format;"):
+        template.check_template(tok, [ADD_SCHEMA])
+    tok.chat_template = None
+    with pytest.raises(ConfigError, match="tools need a chat template"):
+        template.check_template(tok, [ADD_SCHEMA])
+
+
+def test_tool_calls_are_parsed_and_a_malformed_one_is_an_error_for_the_model():
+    text = ('x <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> y '
+            '<tool_call>{"name": "nap", "arguments": "{\\"seconds\\": 0}"}</tool_call>'
+            '<tool_call>{"name": "add", "arguments": {"a": 1,}</tool_call>'
+            '<tool_call>["add"]</tool_call><tool_call>{"name": "add", "arguments": 3}</tool_call>'
+            '<tool_call>{"name": "cut')
+    calls = template.parse_calls(text)
+    assert [(c.name, c.arguments) for c in calls[:2]] == [("add", {"a": 1, "b": 2}), ("nap", {"seconds": 0})]
+    assert [c.error is not None for c in calls] == [False, False, True, True, True, True]
+    assert "not valid JSON" in calls[2].error and '"name": <tool>' in calls[3].error
+    assert template.parse_calls("no calls here") == []
+
+
+# ---------------------------------------------------------------------------------- isolated workers
+def test_tool_failures_are_that_calls_error_and_counted_never_the_runs():
+    specs = tools.tool_specs(["tool_fns:add", "tool_fns:nap", "tool_fns:die", "tool_fns:number", "tool_fns:divide"])
+    with ToolExecutor(specs, num_workers=2, timeout_s=1.0) as ex:
+        jobs = ex.run([Job(1, "call", "s1", "add", {"a": 2, "b": 3}), Job(2, "call", "s2", "nap", {"seconds": 30}),
+                       Job(3, "call", "s3", "die", {}), Job(4, "call", "s4", "number", {}),
+                       Job(5, "call", "s5", "divide", {"a": 1, "b": 0}), Job(6, "call", "s6", "nope", {}),
+                       Job(7, "call", "s7", "add", {"a": 1})])
+        got = {j.key: (j.status, str(j.value)) for j in jobs}
+        assert got[1] == ("ok", "5")
+        assert got[2][0] == "error" and got[2][1].startswith("TimeoutError") and jobs[1].seconds < 10
+        assert got[3] == ("error", "RuntimeError: the tool's worker died (exit code 3)")
+        assert got[4] == ("error", "TypeError: tool 'number' returned a int, expected str")
+        assert got[5][1].startswith("ZeroDivisionError") and got[6][1].startswith("LookupError: unknown tool 'nope'")
+        assert "missing 1 required positional argument" in got[7][1]
+        assert ex.stats == {"calls": 7, "errors": 6, "timeouts": 1, "crashes": 1}
+        # the replaced workers serve the next calls
+        assert [j.value for j in ex.run([Job(8, "call", "s8", "add", {"a": 4, "b": 5}),
+                                         Job(9, "call", "s9", "add", {"a": 1, "b": 1})])] == ["9", "2"]
+
+
+def test_an_environment_instance_per_sample_keeps_its_state_and_reward():
+    target, specs, _ = tools.environment_specs("tool_fns:Counter")
+    with ToolExecutor(specs, target, num_workers=2, timeout_s=5.0) as ex:
+        assert [j.value for j in ex.run([Job(0, "reset", "a", args={"target": 2}), Job(1, "reset", "b")])] \
+            == ["reach 2", "reach 3"]
+        ex.run([Job(2, "call", "a", "increment", {"by": 1}), Job(3, "call", "b", "increment", {"by": 3})])
+        assert ex.run([Job(4, "call", "a", "increment", {"by": 1})])[0].value == "2"  # a's own counter
+        assert [j.value for j in ex.run([Job(5, "reward", "a"), Job(6, "reward", "b")])] == [1.0, 1.0]
+        lost = ex.run([Job(7, "call", "a", "increment", {"by": 1})])[0]  # dropped after its reward
+        assert lost.status == "error" and "environment lost" in lost.value
+
+
+# -------------------------------------------------------------------------------- the multi-turn loop
+@pytest.fixture(scope="module")
+def taught():
+    tok = tool_chat.tokenizer()
+    specs = tools.tool_specs(["tool_fns:add"])
+    schemas = [s.schema for s in specs]
+    return tok, specs, schemas, tool_chat.taught_model(tok, schemas)
+
+
+def _rollout(taught, max_iterations=3, n=2, max_new_tokens=100):
+    tok, specs, schemas, model = taught
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, temperature=0.0)
+    prompt = tool_chat.conversation(tok, schemas)[0]
+    with ToolExecutor(specs, num_workers=1) as ex:
+        req = Request("q0", prompt, n=n, max_new_tokens=max_new_tokens, meta={MESSAGES_KEY: tool_chat.QUESTION})
+        return generate(engine, [req], Toolbox(tok, schemas, ex, max_iterations))
+
+
+def test_a_multi_turn_sample_is_token_in_token_out_with_tool_tokens_masked(taught):
+    tok, _, schemas, model = taught
+    samples, rejected, metrics = _rollout(taught)
+    prompt, turn1, tool, turn2 = tool_chat.conversation(tok, schemas)
+    assert not rejected and [s.id for s in samples] == ["q0#0", "q0#1"]
+    for s in samples:
+        # exactly the ids the model produced and read: its call, the tool's turn (add(2, 3) ran: "5"), its answer
+        assert s.prompt_ids == prompt and s.completion_ids == turn1 + tool + turn2
+        assert "<tool_response>\n5\n</tool_response>" in tok.decode(tool)
+        assert s.completion_mask == [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2)
+        assert s.finish_reason == "stop" and len(s.logprobs) == len(s.versions) == len(s.completion_ids)
+        assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.completion_mask) if m == 0)
+    assert metrics["tools/calls"] == 2 and metrics["tools/errors"] == 0 and metrics["tools/turns_mean"] == 1.0
+    # the sampling logprobs of the model's tokens are the trainer's (greedy: T = 1), recomputed over the context
+    trainer = Trainer(copy.deepcopy(model), micro_batch_tokens=4096)
+    (lp,) = trainer.logprobs(samples[:1])
+    keep = torch.tensor(samples[0].completion_mask, dtype=torch.bool)
+    assert torch.allclose(lp[keep], torch.tensor(samples[0].logprobs)[keep], atol=1e-4)
+
+
+def test_the_tool_turn_cap_ends_a_sample_without_running_its_call(taught):
+    tok, _, schemas, _ = taught
+    samples, _, metrics = _rollout(taught, max_iterations=0, n=1)
+    turn1 = tool_chat.conversation(tok, schemas)[1]
+    assert samples[0].completion_ids == turn1 and samples[0].completion_mask == [1] * len(turn1)
+    assert metrics["tools/calls"] == 0 and metrics["tools/truncated"] == 1
+
+
+def test_the_token_budget_counts_tool_tokens(taught):
+    tok, _, schemas, _ = taught
+    _, turn1, tool, _ = tool_chat.conversation(tok, schemas)
+    budget = len(turn1) + 3  # room for the call and 3 tokens of the tool's turn
+    (s,), _, _ = _rollout(taught, n=1, max_new_tokens=budget)
+    assert s.finish_reason == "length" and s.completion_ids == turn1 + tool[:3]
+
+
+def test_the_trainer_keeps_tool_tokens_out_of_the_loss(taught):
+    tok, _, schemas, model = taught
+    samples, _, _ = _rollout(taught, n=1)
+    s = samples[0]
+    s.advantage = 1.0
+    _, turn1, _, turn2 = tool_chat.conversation(tok, schemas)
+
+    def grads(sample):
+        trainer = Trainer(copy.deepcopy(model), micro_batch_tokens=4096)
+        acc = trainer.accumulate_gradients([sample])
+        return torch.cat([p.grad.flatten() for p in trainer.params]), acc
+
+    g, acc = grads(s)
+    assert acc["tokens"] == len(turn1) + len(turn2)  # the loss's denominator counts the model's tokens only
+    assert float(acc["diff_max"]) < 1e-3  # the tool tokens' 0.0 placeholders are not in the logprob canary
+    other = copy.deepcopy(s)  # a tool token's placeholder logprob is not read
+    other.logprobs = [lp if m else -5.0 for lp, m in zip(s.logprobs, s.completion_mask)]
+    assert torch.equal(grads(other)[0], g)
+    unmasked = copy.deepcopy(s)  # without the mask the tool tokens would be trained on
+    unmasked.completion_mask = None
+    assert not torch.allclose(grads(unmasked)[0], g)
