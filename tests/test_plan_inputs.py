@@ -117,3 +117,70 @@ def test_algorithm_seconds_count_at_equal_hardware(example):
         assert series == sorted(series) and series[-1] > series[0], (name, series)
     # Colocated serializes every phase: its step grows by exactly the added algorithm seconds.
     assert steps[500.0]["colocated"] - steps[0.0]["colocated"] == pytest.approx(500.0)
+
+
+# ---- bounds (issue 35 item 5): every count has an upper bound, and a count at its bound prices fast ----
+
+@pytest.mark.parametrize("argv, words", [
+    (["cluster.gpus=1e15"], ["cluster.gpus", "less than or equal to 1000000"]),
+    (["rollout.gpus=1e9"], ["rollout.gpus", "less than or equal to 1000000"]),
+    (["trainer.dp=1e7"], ["trainer.dp", "less than or equal to 1000000"]),
+    (["tail.steps=10000"], ["tail.steps", "less than or equal to 64"]),
+    (["network.senders=9"], ["network.senders = 9 exceeds rollout.gpus = 8", "network.senders <= 8"]),
+    (["rollout.avg_tokens=20000"], ["rollout.avg_tokens = 20000 exceeds tail.max_tokens = 16384", "at least 20000"]),
+    (["sync.staleness_bound=1e7"], ["sync.staleness_bound", "less than or equal"]),
+])
+def test_counts_beyond_their_bound_are_one_line(capsys, argv, words):
+    code, out, err = run_plan(capsys, "--defaults", *argv)
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert err.count("\n") == 1 and "fix" in err, err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def _int_fields(model, prefix=""):
+    from pydantic import BaseModel
+
+    for name, f in model.model_fields.items():
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+            yield from _int_fields(f.annotation, prefix + name + ".")
+        elif "int" in str(f.annotation) and "float" not in str(f.annotation):
+            yield prefix + name, f
+
+
+def test_every_count_field_has_an_upper_bound():
+    from rollyard.plan.inputs import PlanInputs
+
+    fields = dict(_int_fields(PlanInputs))
+    assert {"cluster.gpus", "rollout.gpus", "trainer.dp", "network.senders", "tail.steps"} <= set(fields)
+    unbounded = [k for k, f in fields.items()
+                 if not any(hasattr(m, a) for m in f.metadata for a in ("le", "lt", "max_length"))]
+    assert not unbounded, unbounded
+
+
+def test_split_search_is_bounded_and_finds_the_exhaustive_best(monkeypatch):
+    from rollyard.plan import hardware as H
+
+    calls = []
+
+    def price(k):  # a step that falls then rises with the rollout pool, with a flat stretch
+        calls.append(k)
+        return M.PoolSplit("async", k, 10**6 - k, 0.0, 0.0, 0.0, max(5e5 / k, k / 3e3, 20.0) + k * 1e-9)
+
+    rows = H.search_splits(price, 10**6 - 1, 8)
+    assert len(calls) == len(set(calls)) <= 6 * M.SPLIT_POINTS  # not 1e6 prices
+    best = min(rows, key=lambda r: r.step_s)
+    exhaustive = min(range(1, 10**6), key=lambda k: max(5e5 / k, k / 3e3, 20.0) + k * 1e-9)
+    assert best.rollout_gpus == exhaustive and any(r.rollout_gpus == 8 for r in rows)  # the configured split too
+    # On a real plan of 1000 GPUs (999 splits: refined), the same best split as pricing all of them.
+    p = load_plan(None, ["cluster.gpus=1000"])
+    refined = make_plan(p).equal
+    monkeypatch.setattr(M, "SPLIT_POINTS", 10**6)
+    every = make_plan(p).equal
+    assert len(every["async"]["all"]) == 999 > len(refined["async"]["all"])
+    for name in ("disaggregated", "async"):
+        assert refined[name]["best"].rollout_gpus == every[name]["best"].rollout_gpus, name
+    monkeypatch.undo()
+    # A million GPUs prices a bounded number of splits (pricing every one took 41 s).
+    big = make_plan(load_plan(None, ["cluster.gpus=1e6"])).equal
+    assert all(len(big[n]["all"]) <= 6 * M.SPLIT_POINTS for n in ("disaggregated", "async"))

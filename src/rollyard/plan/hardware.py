@@ -11,7 +11,8 @@ Phase times are functions of the GPUs a pool gets:
 - algorithm (advantages, loss bookkeeping): a given time on the trainer side, independent of the split.
 
 ``split_table`` evaluates colocated on G, and disaggregated and async at every split of G into whole
-engine replicas, and reports the best split of each.
+engine replicas (on large pools, a grid refined around its best: ``search_splits``), and reports the
+best split of each.
 """
 
 from __future__ import annotations
@@ -136,9 +137,11 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G) + algo
     colo = M.PoolSplit("colocated", G, G, ro, tr, reload_s, M.colocated_step_s(ro, 0.0, tr, reload_s))
     out = {"colocated": {"best": colo, "all": [colo]}}
+    tp = p.rollout.tp
     for placement in ("disaggregated", "async"):
-        rows = []
-        for gr, gt in M.splits(G, p.rollout.tp):
+
+        def price(replicas: int, placement=placement) -> M.PoolSplit:
+            gr, gt = replicas * tp, G - replicas * tp
             if placement == "async":
                 ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
                 tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt) + algo
@@ -147,7 +150,33 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
                 ro = rollout_s(p, gr, lengths=lengths) + reward
                 tr = reference_s(p, gt) + train_s(p, gt) + algo
                 step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
-            rows.append(M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step))
+            return M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step)
+
+        rows = search_splits(price, (G - 1) // tp, p.rollout.gpus // tp)
         best = min(rows, key=lambda r: r.step_s) if rows else None
         out[placement] = {"best": best, "all": rows}
     return out
+
+
+def search_splits(price, replicas: int, configured: int) -> list[M.PoolSplit]:
+    """The splits priced for a pool of up to ``replicas`` rollout replicas (the trainer keeps the rest):
+    every one when there are at most ``M.SPLIT_POINTS``, else an even grid refined around its best
+    split, pass after pass, until the neighbours of the best are adjacent (exact when the step time
+    falls then rises with the rollout pool's size, as max(rollout, trainer) does), plus the
+    configured split. At most ~``SPLIT_POINTS`` x log(replicas) / log(SPLIT_POINTS / 2) prices."""
+    if replicas < 1:
+        return []
+    rows: dict[int, M.PoolSplit] = {}
+    lo, hi = 1, replicas
+    while True:
+        ks = M.grid(lo, hi)
+        for k in ks:
+            if k not in rows:
+                rows[k] = price(k)
+        i = min(range(len(ks)), key=lambda j: rows[ks[j]].step_s)
+        if len(ks) == hi - lo + 1:
+            break
+        lo, hi = ks[max(i - 1, 0)], ks[min(i + 1, len(ks) - 1)]
+    if 1 <= configured <= replicas and configured not in rows:
+        rows[configured] = price(configured)
+    return [rows[k] for k in sorted(rows)]

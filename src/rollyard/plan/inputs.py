@@ -59,6 +59,12 @@ SYNC_MODES: tuple[str, ...] = ("full", "delta", "lora")
 # Bounds that keep a step physical: 1e9 prompts x 1e6 samples is already ~1e15 sequences per step,
 # beyond any cluster; larger counts are typos (1e16) and would overflow the order statistics.
 MAX_PROMPTS, MAX_SAMPLES = 10**9, 10**6
+# Every other count has a bound too, so that a typo is one line (exit 2) and a count at its bound still
+# prices in well under a second (the split search is bounded: hardware.search_splits). The largest
+# published training clusters hold ~1e5 GPUs; 1e6 leaves room without admitting 1e15.
+MAX_GPUS = 10**6
+MAX_STEPS = 10**6  # sync cadence and staleness, in optimizer steps
+MAX_TOKENS = 10**7  # a response or prompt length, in tokens
 
 
 class PlanError(ConfigError):
@@ -93,9 +99,9 @@ class PolicySection(Section):
 
 
 class TrainerSection(Section):
-    dp: int = Field(8, ge=1, le=100_000, description="trainer data-parallel width [ranks]; the gradient ring all-reduce runs over these")
+    dp: int = Field(8, ge=1, le=MAX_GPUS, description="trainer data-parallel width [ranks]; the gradient ring all-reduce runs over these")
     grad_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per gradient element on the wire [bytes]; null = policy.bytes_per_param (the runbook's model)")
-    gpus: int | None = Field(None, ge=1, description="GPUs in the trainer pool [count]; null = dp")
+    gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the trainer pool [count]; null = dp")
     flops_per_gpu: float = Field(4e14, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; 4e14 is ~40% of an H100's bf16 dense peak (seed 002 quotes ~8e14 as best case)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
     sharding: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every rank holds all training state and ring-all-reduces gradients (the runbook); fsdp: state sharded over dp ranks, gradients reduce-scattered and parameters all-gathered twice per step (forward, backward)")
@@ -106,13 +112,13 @@ class RolloutSection(Section):
     device: Literal["gpu", "cpu"] = Field("gpu", description="where trainer and rollout engine run: gpu (software sync terms not priced unless given; rates from rollout.mem_bandwidth) or cpu (sync terms measured on this project's machines by bench/sync.py, per backend)")
     prompts: int = Field(256, ge=1, le=MAX_PROMPTS, description="prompts per step [count]; runbook: 256")
     samples: int = Field(8, ge=1, le=MAX_SAMPLES, description="samples per prompt (GRPO group size) [count]; runbook: 8")
-    avg_tokens: float = Field(4096, gt=0, le=1e7, description="mean generated tokens per sample [tokens]; runbook: 4096")
+    avg_tokens: float = Field(4096, gt=0, le=MAX_TOKENS, description="mean generated tokens per sample [tokens]; runbook: 4096")
     bytes_per_token: float = Field(8, gt=0, le=1e6, description="rollout payload per generated token [bytes]; 8 = int32 id + fp32 logprob")
     prompt_tokens: float = Field(0, ge=0, le=1e7, description="mean prompt tokens per prompt [tokens]; priced at 4 bytes (int32) on the prompts edge; the runbook leaves prompts out (0)")
-    gpus: int = Field(8, ge=1, description="GPUs in the rollout pool [count] (colocated: the same GPUs as the trainer)")
-    tp: int = Field(1, ge=1, description="GPUs per inference engine replica (tensor parallel) [count]; a replica decodes its sequences in lockstep, and its GPUs each receive 1/tp of a weight sync on their own NIC")
+    gpus: int = Field(8, ge=1, le=MAX_GPUS, description="GPUs in the rollout pool [count] (colocated: the same GPUs as the trainer)")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description="GPUs per inference engine replica (tensor parallel) [count]; a replica decodes its sequences in lockstep, and its GPUs each receive 1/tp of a weight sync on their own NIC")
     mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per GPU [bytes/s]; 3.35e12 = H100 SXM (NVIDIA datasheet); 4.0e12 = H20; 4.8e12 = H200")
-    concurrency: int = Field(256, ge=1, description="most sequences decoded at once per engine replica [count] (KV-cache slots); one weight read per decode step is shared by those in flight")
+    concurrency: int = Field(256, ge=1, le=10**9, description="most sequences decoded at once per engine replica [count] (KV-cache slots); one weight read per decode step is shared by those in flight")
     kv_bytes_per_token: float = Field(196608, ge=0, le=1e9, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
     bytes_per_decoded_token: float | None = Field(None, gt=0, le=1e15, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
 
@@ -120,8 +126,8 @@ class RolloutSection(Section):
 class SyncSection(Section):
     mode: Literal["auto", "full", "delta", "lora"] = Field("auto", description="weight-sync mode; auto = lora when policy.lora, else full if a full sync costs <= 5% of the step on the sync link, else delta")
     per_hour: float = Field(60, gt=0, le=1e6, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
-    every_steps: int = Field(1, ge=1, description="optimizer steps between weight syncs [steps]")
-    staleness_bound: int = Field(1, ge=0, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
+    every_steps: int = Field(1, ge=1, le=MAX_STEPS, description="optimizer steps between weight syncs [steps]")
+    staleness_bound: int = Field(1, ge=0, le=MAX_STEPS, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
     fixed_s: float = Field(0.0, ge=0, le=1e6, description="once per sync [s]: metadata gather, process-group setup (a published or measured figure; 0 = not priced)")
     pause_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: the engine's pause before the load and resume after it; null = the backend's default (rollout.backend, rollout.device; 0 on a GPU: not priced)")
     send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part; null = the backend's default (0 on a GPU)")
@@ -139,8 +145,8 @@ class NetworkSection(Section):
     sync_link: str = Field("rdma", description="tier that carries the weight sync between pools (a preset: nvlink, rdma, commodity, or a name in custom)")
     trainer_link: str = Field("nvlink", description="tier that carries the trainer's gradient collectives")
     gather_link: str = Field("nvlink", description="tier over which trainer shards are gathered into whole tensors before a sync (inside a node)")
-    senders: int | None = Field(None, ge=1, description="parallel links a sync uses, each at the sync_link bandwidth [count] (one NIC per GPU); null = rollout.tp (each GPU of a receiving replica takes its 1/tp share on its own NIC)")
-    custom: dict[str, float] = Field(default_factory=dict, description="extra tiers: name = bandwidth [bytes/s] (> 0, finite), e.g. {roce = 25e9}")
+    senders: int | None = Field(None, ge=1, le=MAX_GPUS, description="parallel links a sync uses, each at the sync_link bandwidth [count] (one NIC per GPU; at most rollout.gpus: each link ends on a receiving GPU); null = rollout.tp (each GPU of a receiving replica takes its 1/tp share on its own NIC)")
+    custom: dict[str, float] = Field(default_factory=dict, max_length=100, description="extra tiers: name = bandwidth [bytes/s] (> 0, finite), e.g. {roce = 25e9}")
 
 
 class PhasesSection(Section):
@@ -148,7 +154,7 @@ class PhasesSection(Section):
     reward_s: float = Field(0.0, ge=0, le=1e9, description="reward / verifier scoring per step [s] (not estimated)")
     reference_s: float | None = Field(None, ge=0, le=1e9, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
     train_s: float | None = Field(None, gt=0, le=1e9, description="forward + backward + optimizer per step [s]; null = estimated as 6*P_active*tokens over trainer FLOP/s")
-    gpus: int | None = Field(None, ge=1, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = the configured pools")
+    gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = the configured pools")
     train_s_measured: dict[int, float] = Field(default_factory=dict, description="train seconds per step measured on other GPU counts, {gpus = seconds}; a trainer pool of a measured size takes the measured time, other sizes scale FLOP-bound from the nearest measured size")
     algorithm_s: float = Field(0.0, ge=0, le=1e9, description="advantages / loss bookkeeping per step [s]")
     use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
@@ -158,8 +164,8 @@ class PhasesSection(Section):
 
 
 class ClusterSection(Section):
-    gpus: int | None = Field(None, ge=2, description="accelerators in the pool every placement is priced on [count] (equal hardware); null = rollout.gpus + trainer GPUs")
-    gpus_per_node: int = Field(8, ge=1, description="GPUs per node [count]")
+    gpus: int | None = Field(None, ge=2, le=MAX_GPUS, description="accelerators in the pool every placement is priced on [count] (equal hardware); null = rollout.gpus + trainer GPUs")
+    gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node [count]")
     gpu_memory: float = Field(80e9, gt=0, description="memory per GPU [bytes]")
     train_bytes_per_param: float = Field(18, gt=0, le=100, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
     prototype: bool = Field(False, description="a low-effort prototype (decision tree step 1)")
@@ -169,17 +175,17 @@ class BudgetSection(Section):
     tolerance: float = Field(0.2, ge=0, le=10, description="a measured phase more than this fraction over its budget is flagged [fraction]; runbook: start at 0.2")
     shares: dict[str, float] = Field(default_factory=dict, description="what-if: role -> share of step time (roles: " + ", ".join(rundir.ROLES) + "); empty = from the phase times")
     step_s: float | None = Field(None, gt=0, description="what-if: the step time the shares apply to [s]; null = the sum of the phase times")
-    optimizations: list[str] = Field(default_factory=lambda: ["prefix_caching"], description="what-if: optimizations applied (names from seed 002's tables; `rollyard plan --list-optimizations`)")
+    optimizations: list[str] = Field(default_factory=lambda: ["prefix_caching"], max_length=100, description="what-if: optimizations applied (names from seed 002's tables; `rollyard plan --list-optimizations`)")
     factors: dict[str, float] = Field(default_factory=dict, description="what-if: optimization -> speed-up factor overriding the default (e.g. {prefix_caching = 5})")
 
 
 class TailSection(Section):
-    lengths: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
+    lengths: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(default_factory=list, max_length=10**6, description="response lengths to draw from [tokens]; empty = a lognormal with mean rollout.avg_tokens (or --lengths-from RUN_DIR)")
     sigma: float = Field(0.6, gt=0, le=5, description="lognormal shape of response lengths when no lengths are given")
-    max_tokens: int = Field(16384, ge=1, description="response length cap [tokens] (lengths above are clipped, as the engine does)")
+    max_tokens: int = Field(16384, ge=1, le=MAX_TOKENS, description="response length cap [tokens] (lengths above are clipped, as the engine does)")
     overprovision: float = Field(0.25, gt=0, le=4, description="tail batching: extra prompts issued per short round [fraction of prompts] (RollPacker's speculative over-provisioning)")
-    steps: int = Field(32, ge=2, le=10_000, description="steps simulated per strategy [count]")
-    seed: int = Field(0, ge=0, description="seed of the length draws (the what-if is deterministic)")
+    steps: int = Field(32, ge=2, le=64, description="steps simulated per strategy [count]; at most 64 (the what-if's time grows with it: 200 took 2 s)")
+    seed: int = Field(0, ge=0, le=2**32 - 1, description="seed of the length draws (the what-if is deterministic)")
 
 
 class SimSection(Section):
@@ -248,6 +254,20 @@ class PlanInputs(Section):
         if self.cluster.gpus is not None and self.cluster.gpus < ro.tp:
             raise ValueError(f"cluster.gpus = {self.cluster.gpus} cannot hold one rollout replica of rollout.tp = "
                              f"{ro.tp} GPUs; fix: raise cluster.gpus to at least {ro.tp} or lower rollout.tp")
+        senders = self.network.senders
+        if senders is not None and senders > ro.gpus:
+            raise ValueError(f"network.senders = {senders} exceeds rollout.gpus = {ro.gpus}: each sync stream ends on a "
+                             f"receiving GPU's own link, so a pool of {ro.gpus} GPUs takes at most {ro.gpus}; fix: set "
+                             f"network.senders <= {ro.gpus} (1 for a broadcast, rollout.tp for one stream per GPU of a "
+                             f"replica) or raise rollout.gpus")
+        if ro.avg_tokens > self.tail.max_tokens:
+            raise ValueError(f"rollout.avg_tokens = {ro.avg_tokens:g} exceeds tail.max_tokens = {self.tail.max_tokens}: "
+                             f"a mean response cannot be longer than the cap every response is clipped to; fix: lower "
+                             f"rollout.avg_tokens or raise tail.max_tokens to at least {math.ceil(ro.avg_tokens)}")
+        if len(self.phases.train_s_measured) > 1000 or any(g > MAX_GPUS for g in self.phases.train_s_measured):
+            raise ValueError(f"phases.train_s_measured has {len(self.phases.train_s_measured)} entries, GPUs up to "
+                             f"{max(self.phases.train_s_measured)}: expected at most 1000 entries of at most {MAX_GPUS} "
+                             f"GPUs; fix: give the pool sizes you measured, e.g. {{64 = 133.4}}")
         if self.sync.mode == "lora" and not self.policy.lora:
             raise ValueError("sync.mode = 'lora' needs policy.lora = true (only adapters can sync when only adapters train)")
         return self
