@@ -12,7 +12,7 @@ import torch
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup, template, tools
 from rollyard.env.executor import Job, ToolExecutor
-from rollyard.env.loop import Toolbox, generate
+from rollyard.env.loop import Toolbox, busy_intervals, generate
 from rollyard.reward.hooks import MESSAGES_KEY
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.trainer.trainer import Trainer
@@ -131,7 +131,7 @@ def _rollout(taught, max_iterations=3, n=2, max_new_tokens=100):
 
 def test_a_multi_turn_sample_is_token_in_token_out_with_tool_tokens_masked(taught):
     tok, _, schemas, model = taught
-    samples, rejected, metrics = _rollout(taught)
+    samples, rejected, metrics, busy = _rollout(taught)
     prompt, turn1, tool, turn2 = tool_chat.conversation(tok, schemas)
     assert not rejected and [s.id for s in samples] == ["q0#0", "q0#1"]
     for s in samples:
@@ -142,6 +142,7 @@ def test_a_multi_turn_sample_is_token_in_token_out_with_tool_tokens_masked(taugh
         assert s.finish_reason == "stop" and len(s.logprobs) == len(s.versions) == len(s.completion_ids)
         assert all(lp == 0.0 for lp, m in zip(s.logprobs, s.completion_mask) if m == 0)
     assert metrics["tools/calls"] == 2 and metrics["tools/errors"] == 0 and metrics["tools/turns_mean"] == 1.0
+    assert len(busy) >= 1 and all(b > a > 0 for a, b in busy)  # the tool role's wall-clock intervals
     # the sampling logprobs of the model's tokens are the trainer's (greedy: T = 1), recomputed over the context
     trainer = Trainer(copy.deepcopy(model), micro_batch_tokens=4096)
     (lp,) = trainer.logprobs(samples[:1])
@@ -151,23 +152,23 @@ def test_a_multi_turn_sample_is_token_in_token_out_with_tool_tokens_masked(taugh
 
 def test_the_tool_turn_cap_ends_a_sample_without_running_its_call(taught):
     tok, _, schemas, _ = taught
-    samples, _, metrics = _rollout(taught, max_iterations=0, n=1)
+    samples, _, metrics, busy = _rollout(taught, max_iterations=0, n=1)
     turn1 = tool_chat.conversation(tok, schemas)[1]
     assert samples[0].completion_ids == turn1 and samples[0].completion_mask == [1] * len(turn1)
-    assert metrics["tools/calls"] == 0 and metrics["tools/truncated"] == 1
+    assert metrics["tools/calls"] == 0 and metrics["tools/truncated"] == 1 and busy == []
 
 
 def test_the_token_budget_counts_tool_tokens(taught):
     tok, _, schemas, _ = taught
     _, turn1, tool, _ = tool_chat.conversation(tok, schemas)
     budget = len(turn1) + 3  # room for the call and 3 tokens of the tool's turn
-    (s,), _, _ = _rollout(taught, n=1, max_new_tokens=budget)
+    (s,), _, _, _ = _rollout(taught, n=1, max_new_tokens=budget)
     assert s.finish_reason == "length" and s.completion_ids == turn1 + tool[:3]
 
 
 def test_the_trainer_keeps_tool_tokens_out_of_the_loss(taught):
     tok, _, schemas, model = taught
-    samples, _, _ = _rollout(taught, n=1)
+    samples, _, _, _ = _rollout(taught, n=1)
     s = samples[0]
     s.advantage = 1.0
     _, turn1, _, turn2 = tool_chat.conversation(tok, schemas)
@@ -186,3 +187,9 @@ def test_the_trainer_keeps_tool_tokens_out_of_the_loss(taught):
     unmasked = copy.deepcopy(s)  # without the mask the tool tokens would be trained on
     unmasked.completion_mask = None
     assert not torch.allclose(grads(unmasked)[0], g)
+
+
+def test_the_tool_role_is_the_union_of_the_calls_intervals():
+    jobs = [Job(k, "call", "s", started=a, seconds=d) for k, (a, d) in enumerate([(10.0, 2.0), (11.0, 0.5), (11.5, 1.0),
+                                                                                  (20.0, 1.0), (0.0, 5.0)])]
+    assert busy_intervals(jobs) == [(10.0, 12.5), (20.0, 21.0)]  # the last one never ran (started 0)

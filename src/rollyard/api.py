@@ -48,22 +48,32 @@ class Run:
 def train(config: RunConfig | dict | str | Path | None = None, *, model=None, tokenizer=None,
           dataset: str | Path | Iterable[dict] | None = None,
           reward_funcs: Callable | str | list[Callable | str] | None = None,
-          overrides: list[str] = (), resume: str | Path | None = None) -> Run:
+          overrides: list[str] = (), resume: str | Path | None = None,
+          tools: list[Callable | str] | None = None, environment_factory: type | str | None = None) -> Run:
     """Train with ``config`` (a RunConfig, a mapping of sections, or a TOML/YAML file) plus
     ``key.sub=value`` ``overrides``; ``model``/``tokenizer``/``dataset``/``reward_funcs`` replace
     ``model.name``/``data.path``/``reward.hooks``. ``resume=RUN_DIR`` continues that run from its
     latest checkpoint (with its saved config). Bad input raises ConfigError, DataError or HookError.
+
+    ``tools`` (TRL's: type-hinted, documented module-level functions) and ``environment_factory`` (a
+    class: ``reset``, tool methods, optional ``get_reward``) make the rollouts multi-turn
+    (``tools.functions`` / ``tools.environment``; ``rollyard.env``). An environment's ``get_reward`` is
+    one more reward function, logged under the class's name, after ``reward_funcs`` (the only one
+    when no reward function is given).
     """
     from rollyard import placement
 
     quiet_third_party()
     if resume is not None:
-        if config is not None or any(x is not None for x in (model, tokenizer, dataset, reward_funcs)):
+        if config is not None or any(x is not None for x in (model, tokenizer, dataset, reward_funcs, tools,
+                                                            environment_factory)):
             raise ConfigError("resume=RUN_DIR continues a run with its saved config and inputs; pass only "
-                              "overrides with it (no config, model, tokenizer, dataset or reward_funcs)")
+                              "overrides with it (no config, model, tokenizer, dataset, reward_funcs, tools or "
+                              "environment_factory)")
         cfg = _resume_config(Path(resume), overrides)
     else:
         data, values = _as_dict(config), _reward_values(reward_funcs)
+        values.update(_tool_values(data, overrides, values, tools, environment_factory))
         run_dir = Path(from_dict(data, overrides, values).out_dir)
         _check_fresh(run_dir)
         cfg = from_dict(data, overrides, {**values, **_inputs(run_dir, model, tokenizer, dataset)})
@@ -124,6 +134,29 @@ def _reward_values(reward_funcs) -> dict[str, Any]:
         return {"reward.hooks": [f if isinstance(f, str) else path_of(f) for f in funcs]}
     except ValueError as e:
         raise ConfigError(f"reward_funcs: {e}") from None
+
+
+def _tool_values(data: dict, overrides, values: dict, tools, environment_factory) -> dict[str, Any]:
+    """``tools.*`` naming ``tools`` / ``environment_factory``, and the environment's reward as a hook."""
+    from rollyard.env import rewards
+    from rollyard.env import tools as env_tools
+
+    out: dict[str, Any] = {}
+    if tools is not None:
+        out["tools.functions"] = [env_tools.path_or_name(f) for f in (tools if isinstance(tools, (list, tuple))
+                                                                        else [tools])]
+    if environment_factory is None:
+        return out
+    out["tools.environment"] = path = env_tools.path_or_name(environment_factory)
+    cls, _ = env_tools.load(path, "environment_factory")
+    if callable(getattr(cls, "get_reward", None)):
+        cfg = from_dict(data, overrides, values)
+        hooks = list(cfg.reward.hooks or ([cfg.reward.hook] if cfg.reward.hook else []))
+        out["reward.hooks"] = [*hooks, rewards.hook_path(getattr(cls, "__name__", "environment"))]
+        out["reward.hook"] = None
+        if cfg.reward.weights:
+            out["reward.weights"] = [*cfg.reward.weights, 1.0]
+    return out
 
 
 def _inputs(run: Path, model, tokenizer, dataset) -> dict[str, Any]:

@@ -62,6 +62,7 @@ class Job:
     status: str = ""
     value: object = None
     seconds: float = 0.0
+    started: float = 0.0  # time.time() when a worker got it (0: it never ran)
 
 
 class ToolExecutor:
@@ -154,7 +155,7 @@ class ToolExecutor:
             except Exception as e:  # noqa: BLE001 - arguments the model cannot have produced, but say so
                 self._finish(job, "error", f"TypeError: arguments are not picklable: {e}", 0.0, done)
                 continue
-            w.sent_at = time.monotonic()
+            w.sent_at, job.started = time.monotonic(), time.time()
             if self._pool.send(w, frame):
                 w.job, w.state, w.deadline = (self._seq, job), "busy", w.sent_at + self.timeout_s
                 if job.op == "reset":

@@ -28,6 +28,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rollyard.env import template
 from rollyard.env.executor import Job, ToolExecutor
@@ -88,8 +89,29 @@ def _prompt(req: Request, box: Toolbox, observation: str | None) -> list[int]:
     return template.prompt_with_tools(box.tokenizer, messages, box.schemas)
 
 
-def generate(engine, requests: list[Request], box: Toolbox) -> tuple[list[Sample], list[tuple[Request, str]], dict]:
-    """Multi-turn ``engine.generate``: ``(samples, rejected, metrics)``; see the module docstring."""
+class Turns(NamedTuple):
+    """What :func:`generate` returns: ``engine.generate``'s pair, the ``tools/*`` metrics, and the wall-clock
+    intervals ``(start, end)`` (``time.time()``) during which at least one tool call ran (the ``tool`` role)."""
+
+    samples: list[Sample]
+    rejected: list[tuple[Request, str]]
+    metrics: dict[str, float]
+    busy: list[tuple[float, float]]
+
+
+def busy_intervals(jobs: list[Job]) -> list[tuple[float, float]]:
+    """The union of the jobs' ``[started, started + seconds]`` intervals, merged and sorted."""
+    out: list[list[float]] = []
+    for a, b in sorted((j.started, j.started + j.seconds) for j in jobs if j.started):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def generate(engine, requests: list[Request], box: Toolbox) -> Turns:
+    """Multi-turn ``engine.generate``; see the module docstring."""
     ex, tok = box.executor, box.tokenizer
     stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
     calls0 = dict(ex.stats)
@@ -97,6 +119,7 @@ def generate(engine, requests: list[Request], box: Toolbox) -> tuple[list[Sample
     trajs: dict[str, _Traj] = {}
     by_engine_request: dict[str, str] = {}  # engine request id (turns after the first) -> sid
     rejected: list[tuple[Request, str]] = []
+    finished: list[Job] = []  # every job run, for the tool role's intervals
 
     def submit(t: _Traj) -> None:
         budget = t.req.max_new_tokens - len(t.comp)
@@ -113,6 +136,7 @@ def generate(engine, requests: list[Request], box: Toolbox) -> tuple[list[Sample
         jobs = [Job(f"{r.id}#{k}", "reset", f"{r.id}#{k}", args=_row(r.meta)) for r in requests for k in range(r.n)]
         t0 = time.monotonic()
         for j in ex.run(jobs):
+            finished.append(j)
             observations[j.sid] = j.value if j.status == "ok" else None
             if j.status != "ok":
                 stats.setdefault("reset_errors", 0)
@@ -189,6 +213,7 @@ def generate(engine, requests: list[Request], box: Toolbox) -> tuple[list[Sample
             break
         t0 = time.monotonic()
         for j in ex.poll(0.0 if busy else 0.5):
+            finished.append(j)
             sid, i = j.key
             t = trajs[sid]
             t.results[i] = j.value if j.status == "ok" else f"error: {j.value}"
@@ -200,6 +225,7 @@ def generate(engine, requests: list[Request], box: Toolbox) -> tuple[list[Sample
     if box.environment:  # the environments' rewards (get_reward), then the instances are dropped
         op = "reward" if box.env_reward else "drop"
         for j in ex.run([Job(sid, op, sid) for sid in trajs]):
+            finished.append(j)
             if op == "reward":
                 trajs[j.sid].meta[ENV_REWARD_KEY] = j.value if j.status == "ok" else f"error: {j.value}"
 
@@ -215,4 +241,4 @@ def generate(engine, requests: list[Request], box: Toolbox) -> tuple[list[Sample
                     "tools/latency_max_s": lat[-1] if lat else 0.0})
     if "reset_errors" in stats:
         metrics["tools/reset_errors"] = float(stats["reset_errors"])
-    return samples, rejected, metrics
+    return Turns(samples, rejected, metrics, busy_intervals(finished))
