@@ -12,11 +12,11 @@ import torch
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup, template, tools
 from rollyard.env.executor import Job, ToolExecutor
-from rollyard.env.loop import Toolbox, busy_intervals, generate
+from rollyard.env.loop import MultiTurn, Toolbox, busy_intervals, generate
 from rollyard.reward.hooks import MESSAGES_KEY
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.trainer.trainer import Trainer
-from rollyard.types import Request
+from rollyard.types import Request, WeightUpdate
 
 ADD_SCHEMA = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
@@ -193,3 +193,31 @@ def test_the_tool_role_is_the_union_of_the_calls_intervals():
     jobs = [Job(k, "call", "s", started=a, seconds=d) for k, (a, d) in enumerate([(10.0, 2.0), (11.0, 0.5), (11.5, 1.0),
                                                                                   (20.0, 1.0), (0.0, 5.0)])]
     assert busy_intervals(jobs) == [(10.0, 12.5), (20.0, 21.0)]  # the last one never ran (started 0)
+
+
+def test_an_environment_per_sample_serves_the_calls_and_its_reward_lands_in_meta(taught):
+    tok, _, schemas, model = taught
+    target, specs, has_reward = tools.environment_specs("tool_fns:Adder")
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, temperature=0.0)
+    prompt, turn1, tool, turn2 = tool_chat.conversation(tok, schemas)
+    with ToolExecutor(specs, target, num_workers=2) as ex:
+        box = Toolbox(tok, [s.schema for s in specs], ex, 3, environment="Adder", env_reward=has_reward)
+        req = Request("q0", prompt, n=2, max_new_tokens=100, meta={MESSAGES_KEY: tool_chat.QUESTION})
+        samples, _, metrics, _ = generate(engine, [req], box)
+    assert [s.completion_ids == turn1 + tool + turn2 for s in samples] == [True, True]
+    assert [s.meta["env_reward"] for s in samples] == [1.0, 1.0] and metrics["tools/calls"] == 2
+
+
+def test_new_weights_with_inflight_abort_end_every_trajectory_in_progress(taught):
+    tok, specs, schemas, model = taught
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, temperature=0.0)
+    prompt, turn1, _, _ = tool_chat.conversation(tok, schemas)
+    with ToolExecutor(specs, num_workers=1) as ex:
+        turns = MultiTurn(engine, Toolbox(tok, schemas, ex, 3))
+        turns.submit([Request("q0", prompt, n=2, max_new_tokens=100, meta={MESSAGES_KEY: tool_chat.QUESTION})])
+        for _ in range(5):  # six tokens into the first turn (the first step samples two: prefill, decode)
+            assert turns.step() == []
+        aborted = turns.load_weights(WeightUpdate(version=1, mode="inprocess"), inflight="abort")
+        assert sorted(s.id for s in aborted) == ["q0#0", "q0#1"] and turns.idle
+        assert all(s.finish_reason == "abort" and s.completion_ids == turn1[:6] for s in aborted)
+        assert engine.version == 1

@@ -96,3 +96,23 @@ class NoReset:
             x: how hard
         """
         return "ok"
+
+
+class Adder:
+    """An environment whose tool is add(); its reward says whether the model called it with 2 and 3."""
+
+    def reset(self, **row) -> None:
+        self.calls = []
+
+    def add(self, a: int, b: int) -> str:
+        """Add two integers.
+
+        Args:
+            a: the first addend
+            b: the second addend
+        """
+        self.calls.append((a, b))
+        return str(a + b)
+
+    def get_reward(self) -> float:
+        return float(self.calls == [(2, 3)])

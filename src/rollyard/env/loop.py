@@ -1,9 +1,10 @@
 """The multi-turn rollout: model turns and tool turns over the engine's public interface.
 
-``generate(engine, requests, toolbox)`` has the contract of ``RolloutEngine.generate`` (samples in
-request order, then k; the rejected requests with their reasons), so a placement swaps one call for
-the other. It drives only ``engine.submit`` and ``engine.step`` (token ids in; token ids, logprobs and
-versions out): no engine internals, so it runs over any backend that keeps that contract.
+:class:`MultiTurn` wraps a rollout engine and keeps its contract (``submit`` / ``step`` / ``idle`` /
+``abort`` / ``load_weights`` / ``generate``), so a placement or a rollout actor drives it where it drove
+the engine. It uses only the engine's public interface (token ids in; token ids, logprobs and versions
+out; ``abort``; ``load_weights``): no engine internals, so it runs over any backend that keeps that
+contract (native, vLLM). :func:`generate` is the one-call form.
 
 One trajectory per sample, token-in/token-out:
 
@@ -110,135 +111,246 @@ def busy_intervals(jobs: list[Job]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-def generate(engine, requests: list[Request], box: Toolbox) -> Turns:
-    """Multi-turn ``engine.generate``; see the module docstring."""
-    ex, tok = box.executor, box.tokenizer
-    stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
-    calls0 = dict(ex.stats)
-    n_lat = len(ex.seconds)
-    trajs: dict[str, _Traj] = {}
-    by_engine_request: dict[str, str] = {}  # engine request id (turns after the first) -> sid
-    rejected: list[tuple[Request, str]] = []
-    finished: list[Job] = []  # every job run, for the tool role's intervals
+class MultiTurn:
+    """A rollout engine's contract (``submit`` / ``step`` / ``idle`` / ``abort`` / ``load_weights`` /
+    ``generate``) over multi-turn trajectories: what a placement drives instead of the bare engine.
 
-    def submit(t: _Traj) -> None:
-        budget = t.req.max_new_tokens - len(t.comp)
-        rid = f"{t.sid}@{t.turns}"
-        bad = engine.submit([Request(rid, t.prompt + t.comp, 1, budget, t.req.meta)])
-        if bad:  # the context no longer fits: the trajectory ends here
-            t.finish = "length"
-        else:
-            by_engine_request[rid] = t.sid
+    ``step()`` runs one engine step and collects the tool calls that finished (without blocking while
+    the engine has work; up to ``wait_s`` when only tools are running) and returns the trajectories
+    that ended. ``load_weights`` passes through; with ``inflight="abort"`` every trajectory in progress
+    (decoding or waiting on a tool) ends with reason ``"abort"`` and is returned, the engine's partial
+    turn included. Any other attribute (``version``, ``model``, ``generator``, ``sleep``...) is the engine's.
+    """
 
-    # Environments first: one instance per sample, reset with the dataset row.
-    observations: dict[str, str | None] = {}
-    if box.environment:
-        jobs = [Job(f"{r.id}#{k}", "reset", f"{r.id}#{k}", args=_row(r.meta)) for r in requests for k in range(r.n)]
+    def __init__(self, engine, box: Toolbox, wait_s: float = 0.05):
+        self.engine, self.box, self.wait_s = engine, box, wait_s
+        self._trajs: dict[str, _Traj] = {}
+        self._by_engine: dict[str, list[str]] = {}  # engine request id -> the trajectories it carries
+        self._ended: list[_Traj] = []  # finished; waiting for get_reward / the drop of their environment
+        self._out: list[Sample] = []
+        self._jobs: list[Job] = []  # finished jobs since the last metrics() (the tool role's intervals)
+        self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
+        self._calls0, self._lat0, self._turns = dict(box.executor.stats), len(box.executor.seconds), []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    # ------------------------------------------------------------------------------ the contract
+    @property
+    def idle(self) -> bool:
+        return self.engine.idle and not self._trajs and not self._out and not self.box.executor.busy
+
+    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
+        """Start a trajectory per sample of ``requests``; the rejected requests with the engine's reason.
+        With an environment, each sample's instance is reset first (a blocking call per request batch)."""
+        box, ex = self.box, self.box.executor
+        observations: dict[str, str | None] = {}
+        if box.environment:
+            jobs = [Job(f"{r.id}#{k}", "reset", f"{r.id}#{k}", args=_row(r.meta)) for r in requests for k in range(r.n)]
+            t0 = time.monotonic()
+            for j in ex.run(jobs):
+                self._jobs.append(j)
+                observations[j.sid] = j.value if j.status == "ok" else None
+                if j.status != "ok":
+                    self._stats["reset_errors"] = self._stats.get("reset_errors", 0) + 1
+            self._stats["wait_s"] += time.monotonic() - t0
+        rejected = []
+        for r in requests:
+            sids = [f"{r.id}#{k}" for k in range(r.n)]
+            if any(observations.get(s) for s in sids):  # per-sample prompts: one engine request each
+                for s in sids:
+                    t = self._trajs[s] = _Traj(s, r, _prompt(r, box, observations.get(s)))
+                    self._continue(t)
+                    if t.finish:
+                        self._end(t)
+                continue
+            base = _prompt(r, box, None)
+            bad = self.engine.submit([Request(r.id, base, r.n, r.max_new_tokens, r.meta)])
+            if bad:
+                rejected.append((r, bad[0][1]))
+                for s in sids:
+                    if box.environment:
+                        ex.submit(Job(s, "drop", s))
+                continue
+            for s in sids:
+                self._trajs[s] = _Traj(s, r, base)
+            self._by_engine[r.id] = sids
+        return rejected
+
+    def step(self) -> list[Sample]:
+        for s in self.engine.step():
+            self._model_turn(s)
+        busy = not self.engine.idle
         t0 = time.monotonic()
-        for j in ex.run(jobs):
-            finished.append(j)
-            observations[j.sid] = j.value if j.status == "ok" else None
-            if j.status != "ok":
-                stats.setdefault("reset_errors", 0)
-                stats["reset_errors"] += 1
-        stats["wait_s"] += time.monotonic() - t0
-    for r in requests:
-        sids = [f"{r.id}#{k}" for k in range(r.n)]
-        per_sample = any(observations.get(s) for s in sids)
-        base = _prompt(r, box, None)
-        if per_sample:
-            for s in sids:
-                trajs[s] = _Traj(s, r, _prompt(r, box, observations.get(s)))
-                submit(trajs[s])
-            continue
-        for s in sids:
-            trajs[s] = _Traj(s, r, base)
-        bad = engine.submit([Request(r.id, base, r.n, r.max_new_tokens, r.meta)])
-        if bad:
-            rejected.extend(bad)
-            for s in sids:
-                trajs.pop(s)
+        for j in self.box.executor.poll(0.0 if busy else self.wait_s):
+            self._on_job(j)
+        if not busy:
+            self._stats["wait_s"] += time.monotonic() - t0
+        out, self._out = self._out, []
+        return out
 
-    def model_turn(s: Sample) -> None:
-        sid = by_engine_request.pop(s.request_id, s.id)
-        t = trajs[sid]
+    def results(self):
+        while not self.idle:
+            yield from self.step()
+
+    def generate(self, requests: list[Request]) -> tuple[list[Sample], list[tuple[Request, str]]]:
+        """``RolloutEngine.generate``'s contract: samples in request order (then k), and the rejected."""
+        rejected = self.submit(list(requests))
+        order = {r.id: i for i, r in enumerate(requests)}
+        out = list(self.results())
+        out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
+        return out, rejected
+
+    def abort(self, ids) -> list[Sample]:
+        """End the trajectories of the given request / sample ids (reason ``"abort"``); return them."""
+        ids = {ids} if isinstance(ids, str) else set(ids)
+        hit = [t for t in self._trajs.values() if t.sid in ids or t.req.id in ids]
+        return self._abort(hit)
+
+    def load_weights(self, update, inflight: str = "finish") -> list[Sample]:
+        partial = self.engine.load_weights(update, inflight)
+        if inflight != "abort":
+            for s in partial:
+                self._model_turn(s)
+            out, self._out = self._out, []
+            return out
+        for s in partial:
+            self._absorb(s)
+        return self._abort(list(self._trajs.values()))
+
+    def metrics(self) -> dict[str, float]:
+        """The ``tools/*`` metrics since the last call (counts, latencies, waits, bytes, turns)."""
+        ex = self.box.executor
+        lat = sorted(ex.seconds[self._lat0:])
+        m = {f"tools/{k}": float(ex.stats[k] - self._calls0[k]) for k in ("calls", "errors", "timeouts", "crashes")}
+        m.update({f"tools/{k}": float(v) for k, v in self._stats.items()})
+        m["tools/turns_mean"] = statistics.fmean(self._turns) if self._turns else 0.0
+        m["tools/latency_p50_s"] = lat[len(lat) // 2] if lat else 0.0
+        m["tools/latency_max_s"] = lat[-1] if lat else 0.0
+        self._calls0, self._lat0, self._turns = dict(ex.stats), len(ex.seconds), []
+        self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
+        return m
+
+    def busy(self) -> list[tuple[float, float]]:
+        """The tool role's wall-clock intervals since the last call."""
+        jobs, self._jobs = self._jobs, []
+        return busy_intervals(jobs)
+
+    # ------------------------------------------------------------------------------ trajectories
+    def _absorb(self, s: Sample) -> _Traj | None:
+        """Append an engine sample (one model turn) to its trajectory."""
+        sids = self._by_engine.get(s.request_id)
+        if not sids:
+            return None
+        sid = s.id if len(sids) > 1 or s.id in sids else sids[0]
+        sids.remove(sid)
+        if not sids:
+            del self._by_engine[s.request_id]
+        t = self._trajs.get(sid)
+        if t is None:
+            return None
         t.comp += s.completion_ids
         t.mask += [1] * len(s.completion_ids)
         t.logprobs += s.logprobs
         t.versions += s.versions
-        text = tok.decode(s.completion_ids, skip_special_tokens=False)
+        return t
+
+    def _model_turn(self, s: Sample) -> None:
+        t = self._absorb(s)
+        if t is None:
+            return
+        text = self.box.tokenizer.decode(s.completion_ids, skip_special_tokens=False)
         calls = template.parse_calls(text) if s.finish_reason == "stop" else []
         if not calls or len(t.comp) >= t.req.max_new_tokens:
             t.finish = s.finish_reason
-            return
-        if t.turns >= box.max_iterations:
-            stats["truncated"] += 1
+            return self._end(t)
+        if t.turns >= self.box.max_iterations:
+            self._stats["truncated"] += 1
             t.finish = "stop"
-            return
+            return self._end(t)
         t.calls, t.results = calls, {}
         for i, c in enumerate(calls):
             if c.error:
-                stats["format_errors"] += 1
+                self._stats["format_errors"] += 1
                 t.results[i] = f"error: {c.error}"
             else:
-                stats["bytes"] += len(c.name) + len(str(c.arguments))
-                ex.submit(Job((sid, i), "call", sid, c.name, c.arguments))
+                self._stats["bytes"] += len(c.name) + len(str(c.arguments))
+                self.box.executor.submit(Job((t.sid, i), "call", t.sid, c.name, c.arguments))
         if len(t.results) == len(calls):
-            tool_turn(t, s)
+            self._tool_turn(t)
 
-    def tool_turn(t: _Traj, last: Sample | None = None) -> None:
+    def _on_job(self, j: Job) -> None:
+        self._jobs.append(j)
+        if j.op in ("reward", "drop"):
+            t = next((t for t in self._ended if t.sid == j.sid), None)
+            if t is not None:
+                self._ended.remove(t)
+                if j.op == "reward":
+                    t.meta[ENV_REWARD_KEY] = j.value if j.status == "ok" else f"error: {j.value}"
+                self._out.append(t.sample())
+            return
+        sid, i = j.key
+        t = self._trajs.get(sid)
+        if t is None or t.finish:  # aborted while its tool ran
+            return
+        t.results[i] = j.value if j.status == "ok" else f"error: {j.value}"
+        if len(t.results) == len(t.calls):
+            self._tool_turn(t)
+
+    def _tool_turn(self, t: _Traj) -> None:
+        tok = self.box.tokenizer
         outs = [(c.name or "error", t.results[i]) for i, c in enumerate(t.calls)]
-        stats["bytes"] += sum(len(o.encode()) for _, o in outs)
+        self._stats["bytes"] += sum(len(o.encode()) for _, o in outs)
         eot = tok.decode(t.comp[-1:], skip_special_tokens=False) if t.comp else ""
-        ids = template.turn_tokens(tok, outs, eot)
+        ids = template.turn_tokens(tok, outs, eot)[:t.req.max_new_tokens - len(t.comp)]
         t.turns += 1
         t.calls, t.results = [], {}
-        room = t.req.max_new_tokens - len(t.comp)
-        v = t.versions[-1] if t.versions else engine.version
-        ids = ids[:room]
+        v = t.versions[-1] if t.versions else self.engine.version
         t.comp += ids
         t.mask += [0] * len(ids)
         t.logprobs += [0.0] * len(ids)
         t.versions += [v] * len(ids)
         if len(t.comp) >= t.req.max_new_tokens:
             t.finish = "length"
+            return self._end(t)
+        self._continue(t)
+        if t.finish:
+            self._end(t)
+
+    def _continue(self, t: _Traj) -> None:
+        """The next model turn: one engine request over the whole context, with the rest of the budget."""
+        rid = f"{t.sid}@{t.turns}"
+        bad = self.engine.submit([Request(rid, t.prompt + t.comp, 1, t.req.max_new_tokens - len(t.comp), t.req.meta)])
+        if bad:  # the context no longer fits: the trajectory ends here
+            t.finish = "length"
+        else:
+            self._by_engine[rid] = [t.sid]
+
+    def _end(self, t: _Traj) -> None:
+        self._trajs.pop(t.sid, None)
+        self._turns.append(t.turns)
+        if not self.box.environment:
+            self._out.append(t.sample())
             return
-        submit(t)
+        self._ended.append(t)
+        self.box.executor.submit(Job(t.sid, "reward" if self.box.env_reward else "drop", t.sid))
 
-    while True:
-        for s in engine.step():
-            model_turn(s)
-        busy = not engine.idle
-        if not (busy or ex.busy):
-            break
-        t0 = time.monotonic()
-        for j in ex.poll(0.0 if busy else 0.5):
-            finished.append(j)
-            sid, i = j.key
-            t = trajs[sid]
-            t.results[i] = j.value if j.status == "ok" else f"error: {j.value}"
-            if len(t.results) == len(t.calls):
-                tool_turn(t)
-        if not busy:
-            stats["wait_s"] += time.monotonic() - t0
+    def _abort(self, trajs: list[_Traj]) -> list[Sample]:
+        engine_ids = [rid for rid, sids in self._by_engine.items() if any(s in {t.sid for t in trajs} for s in sids)]
+        for s in self.engine.abort(engine_ids) if engine_ids else []:
+            self._absorb(s)
+        out = []
+        for t in trajs:
+            self._trajs.pop(t.sid, None)
+            t.finish = "abort"
+            if self.box.environment:
+                self.box.executor.submit(Job(t.sid, "drop", t.sid))
+            out.append(t.sample())
+        return out
 
-    if box.environment:  # the environments' rewards (get_reward), then the instances are dropped
-        op = "reward" if box.env_reward else "drop"
-        for j in ex.run([Job(sid, op, sid) for sid in trajs]):
-            finished.append(j)
-            if op == "reward":
-                trajs[j.sid].meta[ENV_REWARD_KEY] = j.value if j.status == "ok" else f"error: {j.value}"
 
-    order = {r.id: i for i, r in enumerate(requests)}
-    samples = [t.sample() for t in trajs.values()]
-    samples.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
-    lat = sorted(ex.seconds[n_lat:])
-    metrics = {f"tools/{k}": float(ex.stats[k] - calls0[k]) for k in ("calls", "errors", "timeouts", "crashes")}
-    metrics.update({"tools/format_errors": float(stats["format_errors"]), "tools/truncated": float(stats["truncated"]),
-                    "tools/wait_s": stats["wait_s"], "tools/bytes": float(stats["bytes"]),
-                    "tools/turns_mean": statistics.fmean(t.turns for t in trajs.values()) if trajs else 0.0,
-                    "tools/latency_p50_s": lat[len(lat) // 2] if lat else 0.0,
-                    "tools/latency_max_s": lat[-1] if lat else 0.0})
-    if "reset_errors" in stats:
-        metrics["tools/reset_errors"] = float(stats["reset_errors"])
-    return Turns(samples, rejected, metrics, busy_intervals(finished))
+def generate(engine, requests: list[Request], box: Toolbox) -> Turns:
+    """Multi-turn ``engine.generate`` in one call: the samples, the rejected, metrics and the tool intervals."""
+    turns = MultiTurn(engine, box)
+    samples, rejected = turns.generate(requests)
+    return Turns(samples, rejected, turns.metrics(), turns.busy())
