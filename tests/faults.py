@@ -6,7 +6,8 @@ No core loop knows about these. Each fault enters through an interface a real fa
   user hook) that score like the built-in arithmetic verifier and, at the Nth call of the run
   (counted in a file, so it is exact with ``reward.num_workers=1``), inject a fault from outside
   the trainer: ``kill_trainer`` sends SIGKILL to the training process (the worker's parent),
-  ``term_trainer`` SIGTERM, ``int_trainer`` SIGINT. Set ``ROLLYARD_FAULT_DIR`` and
+  ``term_trainer`` SIGTERM, ``int_trainer`` SIGINT, ``kill_dp_rank`` SIGKILLs a data-parallel trainer
+  rank (the training process's spawned child). Set ``ROLLYARD_FAULT_DIR`` and
   ``ROLLYARD_FAULT_AT`` in the environment of the run; without them the hooks only score.
 - reward hooks that misbehave on every call: ``always_raise``, ``returns_none``, ``hangs``,
   ``overflow_f32`` (1e39: finite in float64, infinite in float32), ``huge`` (1e308), ``exit_on_import``
@@ -71,6 +72,27 @@ def int_trainer(completion, prompt, meta):
 
 
 # ---------------------------------------------------------------- hooks that fail on every call
+def _sibling_dp_rank(parent: int) -> int | None:
+    """A data-parallel trainer rank started by ``parent`` (a spawned multiprocessing child), from /proc."""
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and b"multiprocessing.spawn" in cmd:
+            return int(entry)
+    return None
+
+
+def kill_dp_rank(completion, prompt, meta):
+    """At the Nth call, SIGKILL a dp trainer rank of the training process (this worker's parent)."""
+    n = _nth_call()
+    if n is not None and n == int(os.environ["ROLLYARD_FAULT_AT"]):
+        os.kill(_sibling_dp_rank(os.getppid()), signal.SIGKILL)
+    return arithmetic(completion, prompt, meta)
+
+
 def always_raise(completion, prompt, meta):
     raise RuntimeError("verifier exploded")
 
@@ -211,12 +233,12 @@ def dying_worker(moment: str, marker: str | Path, from_version: int = 2) -> type
             if moment == "between_syncs" and not self.engine.num_active and not self.engine.num_queued:
                 die(self)
 
-        def recv_dist(self, generation, bucket_bytes):
+        def pull(self, *args):
             if moment == "mid_sync" and self.engine.version + 1 >= from_version and not os.path.exists(marker):
                 import torch
-                self._group[1].broadcast(torch.zeros(2, dtype=torch.int64), 0)  # the size prefix, then die
+                self.link.group.broadcast(torch.zeros(2, dtype=torch.int64), 0)  # the size prefix, then die
                 die(self)
-            return super().recv_dist(generation, bucket_bytes)
+            return super().pull(*args)
 
         def _apply(self, u):
             if moment == "mid_sync" and u.version >= from_version:

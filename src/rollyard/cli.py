@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollyard.placement import RolloutCrashLoop
     from rollyard.runguard import RunFinished
     from rollyard.signals import Stopped
+    from rollyard.trainer.dp import RankDied
     from rollyard.trainer.numerics import NumericalError
     try:
         return commands[cmd](rest)
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"rollyard {cmd}: {e}", file=sys.stderr)
         return e.exit_code
-    except (NumericalError, RolloutCrashLoop) as e:
+    except (NumericalError, RolloutCrashLoop, RankDied) as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -30,26 +30,35 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
+from rollyard import checkpoint
 from rollyard.config import ConfigError, RunConfig
 from rollyard.model.loading import policy
+from rollyard.telemetry import rundir
 from rollyard.trainer import fsdp
 from rollyard.trainer.trainer import Trainer, trainer_kwargs
 from rollyard.types import Sample
 
 BUCKET_BYTES = 64 << 20
+RANK_LOG = "dp_rank{rank}.log"  # in the run directory: a spawned rank's own error, with its traceback
 SHARDED_KEY = "rollyard_fsdp_ranks"  # optimizer.pt of an fsdp run: {SHARDED_KEY: [rank 0 state, rank 1 state, ...]}
+
+
+class RankDied(RuntimeError):
+    """A data-parallel trainer rank died mid-run; the message names the rank, the step and the resume command."""
 
 
 def sent_bytes() -> int | None:
@@ -276,8 +285,19 @@ def _join_watching(procs: list, port: int, device: str) -> None:
         raise joined[0]
 
 
+def _in_collective(e: BaseException) -> bool:
+    """``e`` was raised inside torch.distributed: a peer (rank 0 or another rank) went away mid-collective."""
+    return isinstance(e, dist.DistError) or any(
+        "torch/distributed" in f.filename.replace(os.sep, "/") for f in traceback.extract_tb(e.__traceback__))
+
+
 def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None:
-    """A spawned rank (1..k-1): join the group, build the policy, serve rank 0's commands until 'stop'."""
+    """A spawned rank (1..k-1): join the group, build the policy, serve rank 0's commands until 'stop'.
+
+    It never prints a traceback: a collective that fails because a peer died exits quietly (rank 0
+    names the dead rank, or rank 0 itself is gone: a driver kill -9 leaves nothing to tell); its own
+    error is one line on stderr, the traceback in ``RUN_DIR/dp_rank<r>.log``."""
+    parent = os.getppid()
     try:
         torch.set_num_threads(max(1, available_ranks("cpu") // k))
         cfg = RunConfig.model_validate(cfg_data)
@@ -291,8 +311,14 @@ def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None
                 break
             getattr(me, op)(payload)
         dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - any failure: say why on stderr, exit; rank 0's collective then fails
-        traceback.print_exc(file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - any failure: say why (one line), exit; rank 0's collective then fails
+        if os.getppid() == parent and not _in_collective(e):
+            log = Path(cfg_data.get("out_dir", ".")) / RANK_LOG.format(rank=rank)
+            with contextlib.suppress(OSError):
+                log.write_text(traceback.format_exc())
+            first = (str(e).strip().splitlines() or [""])[0]
+            print(f"rollyard: data-parallel trainer rank {rank}: {type(e).__name__}: {first} (traceback in {log})",
+                  file=sys.stderr, flush=True)
         os._exit(1)
 
 
@@ -350,6 +376,7 @@ class DataParallelTrainer:
     def __init__(self, cfg: RunConfig, model, device: str):
         self.k, self.sharded = cfg.trainer.dp, cfg.trainer.sharding == "fsdp"
         check_ranks(self.k, device)
+        self.run_dir = Path(cfg.out_dir)
         self.model, self.device = model, device
         port = _free_port()
         ctx = mp.get_context("spawn")
@@ -365,14 +392,34 @@ class DataParallelTrainer:
         self.wire: dict[str, float] = {}
 
     def command(self, op: str, payloads: list | None = None) -> None:
-        _receive([(op, None if payloads is None else payloads[r]) for r in range(self.k)])
+        with self.watch():
+            _receive([(op, None if payloads is None else payloads[r]) for r in range(self.k)])
+
+    @contextlib.contextmanager
+    def watch(self):
+        """A collective that fails because a rank process died raises :class:`RankDied` (one line: the rank,
+        how it died, the step, the resume command) instead of gloo's / NCCL's peer-reset traceback."""
+        try:
+            yield
+        except RankDied:
+            raise
+        except Exception as e:  # only a collective's failure with a dead rank behind it is translated
+            dead = _first_dead(self.procs, wait_s=5.0) if _in_collective(e) else None
+            if dead is None:
+                raise
+            for p in self.procs:  # the survivors' collectives fail too; they have nothing more to do
+                if p.exitcode is None:
+                    p.kill()
+            self.procs = []
+            raise RankDied(died_line(self.run_dir, dead, e)) from None
 
     def start(self) -> None:
         if self.started:
             return
         states = self.pending_optimizer or [None] * self.k
         self.command("init", states)
-        self.rank.init(states[0])
+        with self.watch():
+            self.rank.init(states[0])
         self.started, self.pending_optimizer = True, None
 
     def logprobs(self, samples: list[Sample], model=None) -> list[torch.Tensor]:
@@ -386,7 +433,8 @@ class DataParallelTrainer:
         before, t0 = sent_bytes(), time.perf_counter()
         self.command("step", shares)  # the other ranks' shares, pickled, over the group
         scatter_s, after = time.perf_counter() - t0, sent_bytes()
-        metrics = self.rank.step(shares[0])
+        with self.watch():
+            metrics = self.rank.step(shares[0])
         self.wire = dict(self.rank.trainer.wire)
         self.wire.update(scatter_s=scatter_s, scatter_bytes=float(after - before) if before is not None else 0.0)
         metrics.update({f"dp_{k}": v for k, v in self.wire.items()})
@@ -399,7 +447,8 @@ class DataParallelTrainer:
         self.start()
         self.command("gather")
         before = sent_bytes()
-        self.rank.gather()
+        with self.watch():
+            self.rank.gather()
         after = sent_bytes()
         return (after - before) if before is not None else 0
 
@@ -411,6 +460,34 @@ class DataParallelTrainer:
         self.procs = []
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _first_dead(procs: list, wait_s: float):
+    """The first rank process that has exited, waiting up to ``wait_s`` for the OS to report it (the peer's
+    socket closes before its exit status is reaped); None when every rank lives."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        dead = [p for p in procs if p.exitcode is not None]
+        if dead or time.monotonic() > deadline:
+            return dead[0] if dead else None
+        time.sleep(0.05)
+
+
+def died_line(run_dir: Path, proc, err: BaseException) -> str:
+    """One line: which rank died and how, the step in progress, the checkpoint to resume from, and how."""
+    code = proc.exitcode
+    how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            how = f"killed by {signal.Signals(-code).name}"
+    rows = list(rundir.read_jsonl(run_dir / rundir.METRICS)) if (run_dir / rundir.METRICS).exists() else []
+    step = rows[-1]["step"] + 1 if rows and isinstance(rows[-1].get("step"), int) else 0
+    ckpt = checkpoint.latest(run_dir, log=lambda m: None)
+    since = f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet (the run restarts)"
+    own = "; its own error is the line above" if code > 0 else ""
+    return (f"data-parallel trainer rank {proc.name.rsplit('rank', 1)[-1]} (pid {proc.pid}) {how} during step "
+            f"{step}{own}; rank 0 saw {type(err).__name__} in a collective; {since}: resume with "
+            f"rollyard train --resume {run_dir}")
 
 
 def after_step(tel, step: int, trainer) -> None:
