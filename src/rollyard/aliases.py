@@ -171,6 +171,7 @@ ALIASES_LIST: list[Alias] = [
     _same("learning_rate", TRL, "trainer.lr"),
     _same("num_generations", TRL, "rollout.samples_per_prompt"),
     _same("max_completion_length", TRL, "rollout.max_new_tokens"),
+    _same("max_tool_calling_iterations", TRL, "tools.max_tool_calling_iterations"),
     _same("beta", TRL, "algo.kl_coef"),
     Alias("epsilon", TRL, ("algo.clip_low", "algo.clip_high"), "clip_low; clip_high too unless epsilon_high is given",
           _epsilon),
