@@ -152,6 +152,72 @@ def test_clean_colocated_records_pass_each_cross_check(runs):
     assert "time: PASS" in ev["evidence"] and "tokens: PASS" in ev["evidence"] and "versions: PASS" in ev["evidence"]
 
 
+# ---- every record counted (issue 35 item 4): one test per tamper class ---------------------------------
+
+def _lines(path: Path) -> list[str]:
+    return [x for x in path.read_text().splitlines() if x.strip()]
+
+
+def _keep(path: Path, keep) -> None:
+    path.write_text("".join(x + "\n" for x in _lines(path) if keep(json.loads(x))))
+
+
+def _records_item(run: Path) -> str:
+    it = items(review(run))["The run's records agree with each other"]
+    assert it["result"] == FAIL, it
+    assert "records: FAIL" in it["evidence"], it["evidence"]
+    return it["evidence"]
+
+
+def test_tamper_step_deleted_from_metrics_only_fails(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    _keep(run / rundir.METRICS, lambda m: m["step"] != 1)
+    ev = _records_item(run)
+    assert "metrics.jsonl: step 1 missing" in ev and "recorded_steps = 3 vs 2 rows" in ev
+
+
+def test_tamper_step_deleted_from_traffic_only_fails(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    _keep(run / rundir.TRAFFIC, lambda r: r["step"] != 1)
+    assert "traffic.jsonl: step 1 missing" in _records_item(run)
+
+
+def test_tamper_one_steps_traffic_doubled_fails(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    path = run / rundir.TRAFFIC
+    lines = _lines(path)
+    path.write_text("".join(x + "\n" for x in lines + [x for x in lines if json.loads(x)["step"] == 1]))
+    ev = _records_item(run)
+    assert "traffic.jsonl: step 1 has 2 records of edge prompts" in ev, ev
+
+
+def test_tamper_last_step_cut_from_every_file_fails(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    for name in (rundir.METRICS, rundir.TRAFFIC, rundir.SPANS, rundir.LENGTHS):
+        _keep(run / name, lambda r: r["step"] < 2)  # the files still agree with each other
+    ev = _records_item(run)
+    for name in (rundir.METRICS, rundir.TRAFFIC, rundir.LENGTHS):
+        assert f"{name}: step 2 missing" in ev, (name, ev)
+
+
+def test_tamper_span_doubled_fails_and_an_unfinished_run_is_not_judged_on_its_tail(runs, tmp_path):
+    run = _copy(runs("colocated"), tmp_path / "t")
+    path = run / rundir.SPANS
+    lines = _lines(path)
+    path.write_text("".join(x + "\n" for x in lines + lines[:1]))
+    assert "spans.jsonl: step 0 rollout span (driver) recorded 2 times" in _records_item(run)
+    # No summary.json (a run that stopped before its finish): the files agree, the tail cannot be counted.
+    clean = _copy(runs("colocated"), tmp_path / "u")
+    (clean / rundir.SUMMARY).unlink()
+    ev = items(review(clean))["The run's records agree with each other"]["evidence"]
+    assert "records: NOT CHECKED (no summary.json" in ev, ev
+
+
+def test_clean_runs_count_every_record(runs):
+    ev = items(review(runs("colocated")))["The run's records agree with each other"]["evidence"]
+    assert "records: PASS (3 steps recorded once each" in ev, ev
+
+
 # ---- pure parts --------------------------------------------------------------------------------------
 
 def _span(role, step, start, end):

@@ -24,6 +24,7 @@ tolerances come from how the runtime writes the files (``telemetry/telemetry.py`
 
 from __future__ import annotations
 
+import json
 import math
 from itertools import combinations
 
@@ -173,3 +174,124 @@ def versions(spans: list[dict], metrics: list[dict], bound: int) -> tuple[str, s
     if bad:
         return FAIL, f"{len(bad)} span version(s) impossible: " + "; ".join(bad[:3])
     return PASS, f"{len(have)} span versions consistent with the trainer's versions and bound {bound}"
+
+
+# ---- every record counted (issue 35 item 4) ----
+#
+# How the runtime writes the files (telemetry/telemetry.py, placement/run.py, telemetry/sessions.py):
+# at the end of optimizer step s the driver writes exactly one metrics.jsonl row, one traffic.jsonl
+# row per ledger edge (zeros included) and one lengths.jsonl row for step s, and the step's driver
+# spans (train among them); a resumed run cuts every file back to its checkpoint first, so a finished
+# run holds steps 0 .. N-1 once each, where N is summary.json's ``steps`` (the optimizer steps done).
+# Rollout-worker spans may carry the step of a round handed out ahead (s >= N); driver spans may not.
+# A metrics row's ``bytes/<edge>`` is the same pending total its traffic row writes, and summary.json's
+# figures are read back from the files at finish (recorded_steps = rows, the last row's version, the
+# prompt ledger's trained prompts = the step rows' prompts, dead letters = deadletter.jsonl's lines).
+
+def _counts(steps) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for s in steps:
+        out[s] = out.get(s, 0) + 1
+    return out
+
+
+def _per_step(name: str, counts: dict[int, int], expected: range | None, what: str = "record") -> list[str]:
+    """'FILE: step s missing | recorded k times | beyond ...' for each step whose count is not one."""
+    bad = [f"{name}: step {s} has {n} {what}s (expected 1)" for s, n in sorted(counts.items()) if n > 1]
+    if expected is not None:
+        bad += [f"{name}: step {s} missing" for s in expected if s not in counts]
+        bad += [f"{name}: step {s} beyond the run's {len(expected)} steps (summary.json steps = {len(expected)})"
+                for s in sorted(counts) if s not in expected]
+    else:  # no summary.json: the steps must still run 0 .. last without a gap
+        last = max(counts, default=-1)
+        bad += [f"{name}: step {s} missing (steps 0..{last} recorded around it)" for s in range(last + 1) if s not in counts]
+    return bad
+
+
+def records(*, metrics: list[dict], traffic: list[dict], spans: list[dict], lengths: list[dict] | None,
+            summary: dict | None, info: dict, deadletters: int | None) -> tuple[str, str]:
+    """Every step's records in metrics.jsonl, traffic.jsonl, spans.jsonl and lengths.jsonl (the prompt
+    ledger's per-step rows) against each other and against summary.json and run.json (see above): a
+    missing, doubled or extra record in any one of them is a FAIL naming the file and the step.
+    ``lengths`` None: the run has no lengths.jsonl (older runs); ``summary`` None: the run did not
+    finish (then its last steps cannot be counted, and the result says so)."""
+    steps = summary.get("steps") if summary else None
+    n = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else None
+    expected = range(n) if n is not None else None
+    bad: list[str] = []
+    if summary is not None and n is None:
+        bad.append(f"summary.json steps = {steps!r}: expected a whole number of optimizer steps")
+    bad += _per_step(rundir.METRICS, _counts(int(m["step"]) for m in metrics), expected, "row")
+    edges = sorted({r["edge"] for r in traffic})
+    per_edge = _counts((int(r["step"]), r["edge"]) for r in traffic)
+    t_steps = sorted({s for s, _ in per_edge})
+    bad += _per_step(rundir.TRAFFIC, dict.fromkeys(t_steps, 1), expected)
+    for s in t_steps:
+        for e in edges:
+            k = per_edge.get((s, e), 0)
+            if k != 1:
+                bad.append(f"{rundir.TRAFFIC}: step {s} has {k} records of edge {e} (expected 1: one row per edge per step)")
+    if lengths is not None:
+        bad += _per_step(rundir.LENGTHS, _counts(int(r["step"]) for r in lengths), expected, "row")
+    train = _counts(int(s["step"]) for s in spans if s["role"] == "train" and _driver(s))
+    bad += [f"{rundir.SPANS}: step {s} has no driver train span" for s in (expected or range(max(train, default=-1) + 1))
+            if s not in train]
+    last = n if n is not None else max(train, default=-1) + 1
+    bad += sorted({f"{rundir.SPANS}: step {int(s['step'])} has a driver {s['role']} span beyond the run's {last} steps"
+                   for s in spans if _driver(s) and int(s["step"]) >= last})
+    seen: dict[str, list] = {}  # a span's every field -> [span, times recorded]
+    for s in spans:
+        seen.setdefault(json.dumps(s, sort_keys=True, default=str), [s, 0])[1] += 1
+    bad += [f"{rundir.SPANS}: step {s['step']} {s['role']} span ({s.get('worker', 'driver')}) recorded {c} times "
+            f"(identical records)" for s, c in seen.values() if c > 1]
+    # Per step, the metrics row's bytes/<edge> is the traffic row's byte count (an edge with no record that
+    # step has no key: 0). Rows without any bytes/ key (runs written before them) are not compared.
+    tb = {(int(r["step"]), r["edge"]): float(r["bytes"]) for r in traffic}
+    for m in metrics:
+        s = int(m["step"])
+        if not any(k.startswith("bytes/") for k in m):
+            continue
+        for e in edges:
+            got, want = _num(m.get(f"bytes/{e}", 0)), tb.get((s, e))
+            if want is not None and got is not None and abs(got - want) > 0.5 and per_edge.get((s, e)) == 1:
+                bad.append(f"step {s}: {rundir.METRICS} bytes/{e} = {got:.0f} vs {rundir.TRAFFIC} {want:.0f}")
+    if summary is not None:
+        bad += _summary(summary, metrics, lengths, info, deadletters)
+    if bad:
+        return FAIL, f"{len(bad)} record(s) missing, doubled or in disagreement: " + "; ".join(bad[:6]) + (
+            f"; ... {len(bad) - 6} more" if len(bad) > 6 else "")
+    files = f"{rundir.METRICS}, {rundir.TRAFFIC}, {rundir.SPANS}" + (f", {rundir.LENGTHS}" if lengths is not None else "")
+    if n is None:
+        return NOT_CHECKED, (f"no {rundir.SUMMARY}: the run did not finish, so steps cut from the end of every file "
+                             f"cannot be told apart from a run that stopped; {files} agree on steps "
+                             f"0..{max(train, default=-1)}")
+    return PASS, f"{n} steps recorded once each in {files}, as {rundir.SUMMARY} and {rundir.RUN_INFO} say"
+
+
+def _summary(summary: dict, metrics: list[dict], lengths: list[dict] | None, info: dict,
+             deadletters: int | None) -> list[str]:
+    """summary.json's whole-run figures against the step records and run.json."""
+    bad = []
+    rec = summary.get("recorded_steps")
+    if isinstance(rec, int) and rec != len(metrics):
+        bad.append(f"{rundir.SUMMARY} recorded_steps = {rec} vs {len(metrics)} rows in {rundir.METRICS}")
+    last = max(metrics, key=lambda m: int(m["step"]), default=None)
+    if last is not None and _num(summary.get("version")) is not None and _num(last.get("version")) is not None \
+            and _num(summary["version"]) != _num(last["version"]):
+        bad.append(f"{rundir.SUMMARY} version = {summary['version']} vs {last['version']} in the last row of "
+                   f"{rundir.METRICS} (step {last['step']})")
+    trained = (summary.get("prompts") or {}).get("trained") if isinstance(summary.get("prompts"), dict) else None
+    if isinstance(trained, int) and lengths is not None:
+        got = sum(len(r.get("prompt_lengths") or []) for r in lengths)
+        if all("prompt_lengths" in r for r in lengths) and got != trained:
+            bad.append(f"{rundir.SUMMARY} prompts.trained = {trained} (the prompt ledger) vs {got} prompts in "
+                       f"{rundir.LENGTHS}")
+    dl = summary.get("deadletters")
+    if isinstance(dl, int) and deadletters is not None and dl != deadletters:
+        bad.append(f"{rundir.SUMMARY} deadletters = {dl} vs {deadletters} records in {rundir.DEADLETTER}")
+    configured, steps = info.get("steps"), summary.get("steps")
+    if isinstance(configured, int) and isinstance(steps, int) and steps > configured:
+        bad.append(f"{rundir.SUMMARY} steps = {steps} beyond {rundir.RUN_INFO} steps = {configured} (configured)")
+    if info.get("placement") and summary.get("placement") and info["placement"] != summary["placement"]:
+        bad.append(f"{rundir.SUMMARY} placement {summary['placement']} vs {rundir.RUN_INFO} {info['placement']}")
+    return bad

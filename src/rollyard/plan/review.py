@@ -52,6 +52,9 @@ class Run:
     traffic: list[dict]
     lengths: dict[int, list[int]]
     prompt_lengths: dict[int, list[int]]
+    length_records: list[dict] | None = None  # lengths.jsonl as written (None: no such file)
+    summary: dict[str, Any] | None = None  # summary.json (None: the run did not finish)
+    deadletters: int | None = None  # records in deadletter.jsonl (0 when the file is absent)
 
 
 NUMERIC = {"start", "end", "bytes"}
@@ -109,6 +112,16 @@ def read_run(run_dir: str | Path, need_info: bool = True) -> Run:
         except yaml.YAMLError as e:
             raise RunDirError(f"{run / rundir.CONFIG} does not parse: {e}") from None
     recs = _records(run, rundir.LENGTHS, ("step", "response_lengths"), required=False)
+    summary = None
+    if (run / rundir.SUMMARY).exists():
+        try:
+            summary = json.loads((run / rundir.SUMMARY).read_text())
+        except json.JSONDecodeError as e:
+            raise RunDirError(f"{run / rundir.SUMMARY}: not valid JSON ({e.msg}); the run's finish was cut short "
+                              f"or the file was edited") from None
+        if not isinstance(summary, dict):
+            raise RunDirError(f"{run / rundir.SUMMARY}: expected a JSON object, got {type(summary).__name__}")
+    dead = run / rundir.DEADLETTER
     return Run(
         path=run, info=info, config=config if isinstance(config, dict) else {},
         spans=_records(run, rundir.SPANS, ("role", "step", "start", "end")),
@@ -116,6 +129,8 @@ def read_run(run_dir: str | Path, need_info: bool = True) -> Run:
         traffic=_records(run, rundir.TRAFFIC, ("step", "edge", "bytes")),
         lengths={int(r["step"]): [int(n) for n in r["response_lengths"]] for r in recs},
         prompt_lengths={int(r["step"]): [int(n) for n in r["prompt_lengths"]] for r in recs if "prompt_lengths" in r},
+        length_records=recs if (run / rundir.LENGTHS).exists() else None, summary=summary,
+        deadletters=sum(1 for _ in rundir.read_jsonl(dead)) if dead.exists() else 0,
     )
 
 
@@ -553,11 +568,14 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
     checks = [audit.time_metrics(run.spans, run.metrics),
               audit.tokens(run.metrics, run.lengths, sum(t["measured"] for t in traffic if t["edge"] == "samples"),
                            plan.inputs.rollout.bytes_per_token, tol),
-              audit.versions(run.spans, run.metrics, int(bound))]
+              audit.versions(run.spans, run.metrics, int(bound)),
+              audit.records(metrics=run.metrics, traffic=run.traffic, spans=run.spans, lengths=run.length_records,
+                            summary=run.summary, info=run.info, deadletters=run.deadletters)]
     res = [r for r, _ in checks]
     ver.append({"item": "The run's records agree with each other",
                 "result": FAIL if FAIL in res else (PASS if PASS in res else NOT_CHECKED),
-                "evidence": "; ".join(f"{name}: {r} ({e})" for name, (r, e) in zip(("time", "tokens", "versions"), checks))})
+                "evidence": "; ".join(f"{name}: {r} ({e})" for name, (r, e)
+                                      in zip(("time", "tokens", "versions", "records"), checks))})
     if plan_file is not None:
         diffs = shape_differences(run.info, inputs, backend=run_backend(run) if run.config else None)
         ver.insert(0, {"item": "The plan describes this run's shape", "result": FAIL if diffs else
