@@ -293,3 +293,36 @@ def test_missing_staleness_metric_is_not_checked(tmp_path):
     (run / rundir.METRICS).write_text("".join(json.dumps({k: v for k, v in m.items() if k != rundir.STALENESS_MAX})
                                               + "\n" for m in lines))
     assert items(review(run))["The staleness bound holds under load"] == NOT_CHECKED
+
+
+# ---- memory per role (issue 35 item 3): a measured peak against the plan's prediction ----
+
+def _with_peaks(path, peaks, device="gpu", key="summary"):
+    run = make_run(path, info_extra={"device": device})
+    if key == "summary":
+        (path / rundir.SUMMARY).write_text(json.dumps({"steps": 3, "placement": "colocated", "memory_peak_gb": peaks}))
+    else:  # per-step metrics only (a run that stopped before its summary)
+        rows = [json.loads(x) for x in (path / rundir.METRICS).read_text().splitlines()]
+        rows = [{**r, **{f"memory/{k}_peak_gb": v for k, v in peaks.items()}} for r in rows]
+        (path / rundir.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def test_memory_peaks_are_held_against_the_plan(tmp_path):
+    item = "Memory per role matches the plan"
+    # An older run dir measured no peak: the review says nothing about memory.
+    assert item not in items(review(make_run(tmp_path / "old")))
+    base = review(make_run(tmp_path / "base", info_extra={"device": "gpu"}))
+    pools = base.plan.memory.roles()  # colocated: every role's peak is held against both pools together
+    planned_gb = (pools["trainer"] + pools["rollout"]) / 1e9
+    ok = review(_with_peaks(tmp_path / "ok", {"train": 1.2 * planned_gb, "rollout": 0.8 * planned_gb}))
+    assert items(ok)[item] == PASS
+    from_metrics = review(_with_peaks(tmp_path / "m", {"train": 1.2 * planned_gb}, key="metrics"))
+    assert items(from_metrics)[item] == PASS
+    big = review(_with_peaks(tmp_path / "big", {"train": 3 * planned_gb, "rollout": planned_gb}))
+    ev = {v["item"]: v for v in big.verification}[item]
+    assert ev["result"] == FAIL and "train" in ev["evidence"] and "3.00x" in ev["evidence"], ev
+    small = review(_with_peaks(tmp_path / "small", {"rollout": planned_gb / 4}))
+    assert items(small)[item] == FAIL  # a plan 4x over the measured peak does not describe the run either
+    cpu = review(_with_peaks(tmp_path / "cpu", {"train": 3 * planned_gb}, device="cpu"))
+    assert items(cpu)[item] == NOT_CHECKED

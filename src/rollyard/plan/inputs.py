@@ -96,6 +96,9 @@ class PolicySection(Section):
     delta_index_bytes: float = Field(0, ge=0, le=8, description="index bytes sent per changed element in delta sync [bytes]; the runbook ignores indexes (0); rollyard's delta sync sends int64 (8)")
     weight_tensors: int = Field(0, ge=0, le=10**8, description="weight tensors of the model, as a full sync sends them (Hugging Face names; MoE: one per expert matrix) [count]; prices the per-tensor sync terms and the wire framing (0 = not priced)")
     lora_tensors: int = Field(0, ge=0, le=10**8, description="tensors a LoRA sync sends: lora_A, lora_B and a scaling scalar per adapted module [count] (3 per module); 0 = not priced")
+    layers: int = Field(48, ge=1, le=10_000, description="transformer layers [count]; prices the trainer's activations; 48 = the runbook's 14B class (Qwen2.5-14B's config, as rollout.kv_bytes_per_token)")
+    hidden: int = Field(5120, ge=1, le=10**6, description="hidden size [elements]; prices the trainer's activations; 5120 = Qwen2.5-14B")
+    vocab: int = Field(152064, ge=1, le=10**8, description="vocabulary size [tokens]; prices the trainer's fp32 logits per micro-batch; 152064 = Qwen2.5-14B")
 
 
 class TrainerSection(Section):
@@ -104,6 +107,9 @@ class TrainerSection(Section):
     gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the trainer pool [count]; null = dp")
     flops_per_gpu: float = Field(4e14, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; 4e14 is ~40% of an H100's bf16 dense peak (seed 002 quotes ~8e14 as best case)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
+    micro_batch_tokens: int = Field(16384, ge=1, le=10**9, description="tokens per micro-batch per trainer GPU [tokens]: the activations held at once; 16384 = verl's ppo_max_token_len_per_gpu default")
+    logits_tokens: int | None = Field(None, ge=1, le=10**9, description="tokens whose fp32 logits are held at once [tokens] (a chunked log-softmax: rollyard's trainer.logprob_chunk); null = micro_batch_tokens (whole micro-batch)")
+    activation_checkpointing: bool = Field(True, description="recompute each layer in the backward pass: a layer keeps only its input (2 x hidden bytes per token) instead of ~34 x hidden (Korthikanti et al. 2022, bf16, flash attention)")
     sharding: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every rank holds all training state and ring-all-reduces gradients (the runbook); fsdp: state sharded over dp ranks, gradients reduce-scattered and parameters all-gathered twice per step (forward, backward)")
 
 

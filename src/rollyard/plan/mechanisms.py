@@ -377,28 +377,75 @@ def fsdp_bytes_per_rank(param_bytes: float, grad_bytes: float, k: int) -> float:
     return share * grad_bytes + 2 * share * param_bytes
 
 
+# Activation bytes per token per layer in a bf16 transformer (Korthikanti et al. 2022, "Reducing
+# Activation Recomputation in Large Transformer Models", arXiv 2205.05198, sec. 4: s*b*h*(34 + 5*a*s/h)
+# per layer without parallelism; flash attention keeps no attention scores, which drops the 5*a*s/h
+# term); with full recomputation a layer keeps only its input, 2*s*b*h. Logits: fp32 per token of the
+# vocabulary for the log-softmax (a chunked or fused log-softmax holds less).
+ACT_BYTES_PER_HIDDEN, CKPT_BYTES_PER_HIDDEN, LOGIT_BYTES = 34, 2, 4
+
+
 @dataclass(frozen=True)
 class Memory:
-    """Bytes per GPU each role needs, against what a GPU holds."""
+    """Bytes per GPU each role needs, against what a GPU holds. Trainer: model (weights in the synced
+    dtype), optimizer (the rest of the training state: gradients, fp32 master, Adam moments), the
+    reference model's weights when the algorithm needs one, activations of one micro-batch. Rollout:
+    its shard of the weights and the KV cache of the sequences in flight."""
 
-    trainer_per_gpu: float
+    trainer_per_gpu: float  # training state: model + optimizer
     rollout_weights_per_gpu: float
     kv_per_gpu: float
     gpu_memory: float
+    trainer_model_per_gpu: float = 0.0
+    trainer_optimizer_per_gpu: float = 0.0
+    reference_per_gpu: float = 0.0
+    activations_per_gpu: float = 0.0  # as configured (with or without checkpointing)
+    activations_ckpt_per_gpu: float = 0.0  # with activation checkpointing
+    activations_full_per_gpu: float = 0.0  # without
 
     @property
     def rollout_per_gpu(self) -> float:
         return self.rollout_weights_per_gpu + self.kv_per_gpu
 
+    @property
+    def trainer_total_per_gpu(self) -> float:
+        return self.trainer_per_gpu + self.reference_per_gpu + self.activations_per_gpu
+
+    def roles(self) -> dict[str, float]:
+        """Predicted peak bytes per GPU of each pool (what `review` holds a measured peak against)."""
+        return {"trainer": self.trainer_total_per_gpu, "rollout": self.rollout_per_gpu}
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "rollout_per_gpu": self.rollout_per_gpu}
+        return {**asdict(self), "rollout_per_gpu": self.rollout_per_gpu,
+                "trainer_total_per_gpu": self.trainer_total_per_gpu}
+
+
+def activations(*, tokens: float, layers: int, hidden: int, vocab: int, checkpointing: bool,
+                logits_tokens: float | None = None) -> float:
+    """Activation bytes of one micro-batch of ``tokens`` on one GPU (constants above); the fp32 logits
+    of ``logits_tokens`` at once (a chunked log-softmax; None = the whole micro-batch)."""
+    per = CKPT_BYTES_PER_HIDDEN if checkpointing else ACT_BYTES_PER_HIDDEN
+    held = tokens if logits_tokens is None else min(tokens, logits_tokens)
+    return tokens * layers * hidden * per + held * vocab * LOGIT_BYTES
 
 
 def memory(*, params: float, train_bytes_per_param: float, trainer_gpus: int, sharded: bool, weight_bytes: float,
-           tp: int, in_flight: float, kv_bytes_per_token: float, context: float, gpu_memory: float) -> Memory:
+           tp: int, in_flight: float, kv_bytes_per_token: float, context: float, gpu_memory: float,
+           model_bytes_per_param: float = 0.0, reference: bool = False, micro_batch_tokens: float = 0.0,
+           layers: int = 0, hidden: int = 0, vocab: int = 0, checkpointing: bool = True,
+           logits_tokens: float | None = None) -> Memory:
     """Training state (weights + grads + fp32 master + Adam, ~18 B/param) per trainer GPU (sharded
-    over the trainer GPUs under FSDP, whole on each under DDP); rollout weights per engine GPU and
-    the KV cache of the sequences in flight at full context."""
-    train = params * train_bytes_per_param / (trainer_gpus if sharded else 1)
+    over the trainer GPUs under FSDP, whole on each under DDP), the reference weights (sharded alike),
+    one micro-batch's activations; rollout weights per engine GPU and the KV cache of the sequences in
+    flight at full context."""
+    shards = trainer_gpus if sharded else 1
+    train = params * train_bytes_per_param / shards
+    model = min(params * model_bytes_per_param / shards, train)
     kv = in_flight * context * kv_bytes_per_token / tp
-    return Memory(train, weight_bytes / tp, kv, gpu_memory)
+    act = {c: activations(tokens=micro_batch_tokens, layers=layers, hidden=hidden, vocab=vocab, checkpointing=c,
+                          logits_tokens=logits_tokens) for c in (True, False)}
+    return Memory(train, weight_bytes / tp, kv, gpu_memory, trainer_model_per_gpu=model,
+                  trainer_optimizer_per_gpu=train - model,
+                  reference_per_gpu=params * model_bytes_per_param / shards if reference else 0.0,
+                  activations_per_gpu=act[checkpointing], activations_ckpt_per_gpu=act[True],
+                  activations_full_per_gpu=act[False])

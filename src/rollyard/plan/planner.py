@@ -119,13 +119,27 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
                    trainer_gpus=H.trainer_gpus(p), sharded=p.trainer.sharding == "fsdp",
                    weight_bytes=H.weight_bytes(p), tp=p.rollout.tp, in_flight=in_flight,
                    kv_bytes_per_token=p.rollout.kv_bytes_per_token,
-                   context=p.rollout.prompt_tokens + p.rollout.avg_tokens, gpu_memory=p.cluster.gpu_memory)
+                   context=p.rollout.prompt_tokens + p.rollout.avg_tokens, gpu_memory=p.cluster.gpu_memory,
+                   model_bytes_per_param=p.policy.bytes_per_param, reference=p.phases.use_reference,
+                   micro_batch_tokens=p.trainer.micro_batch_tokens, layers=p.policy.layers, hidden=p.policy.hidden,
+                   vocab=p.policy.vocab, checkpointing=p.trainer.activation_checkpointing,
+                   logits_tokens=p.trainer.logits_tokens)
     cap = p.cluster.gpu_memory
     out = []
     if mem.trainer_per_gpu > cap:
         out.append(f"trainer does not fit: {B.fmt_bytes(mem.trainer_per_gpu)} of training state per GPU "
                    f"({p.cluster.train_bytes_per_param:g} B/param, {p.trainer.sharding}) > {B.fmt_bytes(cap)}; "
                    f"shard it (trainer.sharding = fsdp) or add trainer GPUs")
+    elif mem.trainer_total_per_gpu > cap:
+        ckpt = mem.trainer_total_per_gpu - mem.activations_per_gpu + mem.activations_ckpt_per_gpu
+        fix = ("turn on activation checkpointing (trainer.activation_checkpointing = true: "
+               f"{B.fmt_bytes(ckpt)} per GPU)" if not p.trainer.activation_checkpointing and ckpt <= cap else
+               "lower trainer.micro_batch_tokens, shard over more GPUs, or hold the reference elsewhere")
+        out.append(f"trainer does not fit: model {B.fmt_bytes(mem.trainer_model_per_gpu)} + optimizer "
+                   f"{B.fmt_bytes(mem.trainer_optimizer_per_gpu)} + reference {B.fmt_bytes(mem.reference_per_gpu)} + "
+                   f"activations {B.fmt_bytes(mem.activations_per_gpu)} ({p.trainer.micro_batch_tokens} tokens per "
+                   f"micro-batch, checkpointing {'on' if p.trainer.activation_checkpointing else 'off'}) = "
+                   f"{B.fmt_bytes(mem.trainer_total_per_gpu)} per GPU > {B.fmt_bytes(cap)}; {fix}")
     if mem.rollout_per_gpu > cap:
         fit = max(0.0, (cap - mem.rollout_weights_per_gpu)) * p.rollout.tp / (
             (p.rollout.prompt_tokens + p.rollout.avg_tokens) * p.rollout.kv_bytes_per_token or 1)
@@ -133,9 +147,9 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
                    f"{B.fmt_bytes(mem.kv_per_gpu)} per GPU ({in_flight:g} sequences at "
                    f"{p.rollout.prompt_tokens + p.rollout.avg_tokens:g} tokens, paged) > {B.fmt_bytes(cap)}; about "
                    f"{fit:.0f} sequences fit per replica (set rollout.concurrency) or raise rollout.tp")
-    if placement == "colocated" and mem.trainer_per_gpu + mem.rollout_per_gpu > cap >= max(
-            mem.trainer_per_gpu, mem.rollout_per_gpu):
-        out.append(f"colocated: trainer {B.fmt_bytes(mem.trainer_per_gpu)} + rollout "
+    if placement == "colocated" and mem.trainer_total_per_gpu + mem.rollout_per_gpu > cap >= max(
+            mem.trainer_total_per_gpu, mem.rollout_per_gpu):
+        out.append(f"colocated: trainer {B.fmt_bytes(mem.trainer_total_per_gpu)} + rollout "
                    f"{B.fmt_bytes(mem.rollout_per_gpu)} per GPU exceed {B.fmt_bytes(cap)}: one of them must be "
                    f"offloaded between phases (that copy is step time the plan does not price)")
     return mem, out

@@ -52,7 +52,7 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
             L.append(f"- {f}")
     else:
         m = plan.memory
-        L.append(f"- memory fits: trainer {fmt_bytes(m.trainer_per_gpu)}, rollout {fmt_bytes(m.rollout_per_gpu)} "
+        L.append(f"- memory fits: trainer {fmt_bytes(m.trainer_total_per_gpu)}, rollout {fmt_bytes(m.rollout_per_gpu)} "
                  f"per GPU of {fmt_bytes(m.gpu_memory)}" if m else "- none")
     L.append("")
     L.append(f"## Sync mode: {'in-process (colocated)' if d.placement == 'colocated' else d.sync_mode}")

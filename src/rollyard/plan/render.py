@@ -110,6 +110,8 @@ def print_plan(plan: Plan, c: Console) -> None:
     if plan.sync_detail:
         for line in sync_lines(plan):
             text(c, line)
+    for line in memory_lines(plan):
+        text(c, line)
     for f in plan.findings:
         text(c, f"Finding: {f}")
     text(c, "Timelines (digits: step index; r: reference forward; '.': idle):")
@@ -183,3 +185,21 @@ def sync_lines(plan: Plan) -> list[str]:
         f"  per bucket {f(s.bucket_s)} ({f(costs.per_bucket_s)} each, serial: every side waits)",
         f"  defaults: {costs.source}",
     ]
+
+
+def memory_lines(plan) -> list[str]:
+    """Memory per GPU of each pool, term by term, and whether it fits (before a run)."""
+    m, p = plan.memory, plan.inputs
+    if m is None:
+        return []
+    cap = m.gpu_memory
+
+    def fits(x: float) -> str:
+        return "fits" if x <= cap else "DOES NOT FIT"
+    return [f"Memory per GPU ({B.fmt_bytes(cap)} each): trainer model {B.fmt_bytes(m.trainer_model_per_gpu)} + optimizer "
+            f"{B.fmt_bytes(m.trainer_optimizer_per_gpu)} + reference {B.fmt_bytes(m.reference_per_gpu)} + activations "
+            f"{B.fmt_bytes(m.activations_per_gpu)} ({p.trainer.micro_batch_tokens} tokens per micro-batch; checkpointing "
+            f"on {B.fmt_bytes(m.activations_ckpt_per_gpu)}, off {B.fmt_bytes(m.activations_full_per_gpu)}) = "
+            f"{B.fmt_bytes(m.trainer_total_per_gpu)}: {fits(m.trainer_total_per_gpu)}",
+            f"  rollout weights {B.fmt_bytes(m.rollout_weights_per_gpu)} + KV cache {B.fmt_bytes(m.kv_per_gpu)} = "
+            f"{B.fmt_bytes(m.rollout_per_gpu)}: {fits(m.rollout_per_gpu)}"]

@@ -296,10 +296,104 @@ def plan_from_run(run: Run) -> PlanInputs:
                    "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref},
         "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
     }
+    data = _with_shape(run, data)
     try:
         return validate_plan(data)
     except ConfigError as e:  # a run.json value out of bounds: say which file
         raise RunDirError(f"{run.path / rundir.RUN_INFO}: cannot build a plan from it: {e}") from None
+
+
+def model_shape(run: Run) -> dict[str, float]:
+    """The exported model's shape (RUN_DIR/model/config.json, Hugging Face names): layers, hidden,
+    vocab and KV bytes per token in the run's dtype; {} when the file is absent or lacks them."""
+    path = run.path / rundir.MODEL / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    try:
+        layers, hidden, vocab = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), int(cfg["vocab_size"])
+        heads = int(cfg.get("num_attention_heads") or 1)
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+    except (KeyError, TypeError, ValueError):
+        return {}
+    nbytes = float(run.info.get("bytes_per_param") or 2)
+    return {"layers": layers, "hidden": hidden, "vocab": vocab, "kv_bytes_per_token": layers * kv_heads * head_dim * 2 * nbytes}
+
+
+def _with_shape(run: Run, data: dict) -> dict:
+    """A run-implied plan with the run's model shape and micro-batch (its memory prediction)."""
+    shape = model_shape(run)
+    if shape:
+        data["policy"].update({k: shape[k] for k in ("layers", "hidden", "vocab")})
+        data["rollout"]["kv_bytes_per_token"] = shape["kv_bytes_per_token"]
+    tr = run.config.get("trainer") or {}
+    if isinstance(tr.get("micro_batch_tokens"), int) and tr["micro_batch_tokens"] >= 1:
+        data["trainer"]["micro_batch_tokens"] = tr["micro_batch_tokens"]
+    if isinstance(tr.get("logprob_chunk"), int) and tr["logprob_chunk"] >= 1:
+        data["trainer"]["logits_tokens"] = tr["logprob_chunk"]
+    data["trainer"]["activation_checkpointing"] = False  # rollyard's trainer recomputes only its logit chunks
+    if run.info.get("sharding") == "fsdp":
+        data["trainer"]["sharding"] = "fsdp"
+    return data
+
+
+# Memory: a measured peak per role against the plan's prediction (issue 35 item 3). The plan prices
+# tensors (weights, optimizer state, activations, KV cache); a GPU's allocator peak adds fragmentation
+# and workspace, so the two agree within a factor, not a percentage.
+MEMORY_TOLERANCE = 0.5
+MEMORY_KEY = "memory_peak_gb"  # summary.json: {role: GB}; metrics.jsonl: memory/<role>_peak_gb per step
+
+
+def measured_memory(run: Run) -> dict[str, float]:
+    """role -> peak GB over the run: summary.json's memory_peak_gb, else the largest
+    ``memory/<role>_peak_gb`` in metrics.jsonl; {} when the run measured none (older runs)."""
+    got = (run.summary or {}).get(MEMORY_KEY)
+    if isinstance(got, dict):
+        return {str(k): float(v) for k, v in got.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    out: dict[str, float] = {}
+    for m in run.metrics:
+        for k, v in m.items():
+            if k.startswith("memory/") and k.endswith("_peak_gb") and isinstance(v, (int, float)):
+                role = k[len("memory/"):-len("_peak_gb")]
+                out[role] = max(out.get(role, 0.0), float(v))
+    return out
+
+
+def memory_item(run: Run, plan: Plan) -> dict | None:
+    """'Memory per role matches the plan': each measured role's peak against its pool's predicted bytes
+    per GPU (trainer roles: model + optimizer + reference + activations; rollout: weights + KV cache;
+    colocated: both pools on the same GPUs, so every role's peak is held against their sum). None when
+    the run measured no peak. On a CPU the measured peak is the process's (interpreter, libraries):
+    shown, NOT CHECKED."""
+    measured = measured_memory(run)
+    if not measured or plan.memory is None:
+        return None
+    pools = plan.memory.roles()
+    colocated = (run.info.get("placement") or plan.placement) == "colocated"
+    rows, bad, unpriced = [], [], []
+    for role, gb in sorted(measured.items()):
+        pool = "trainer" if role in ("train", "trainer", "reference", "algorithm") else (
+            "rollout" if role.startswith("rollout") else None)
+        if pool is None:
+            unpriced.append(role)
+            continue
+        pred = (pools["trainer"] + pools["rollout"] if colocated else pools[pool]) / 1e9
+        ratio = gb / pred if pred > 0 else math.inf
+        rows.append(f"{role} {gb:.3g} GB vs {pred:.3g} GB planned ({ratio:.2f}x)")
+        if not (1 / (1 + MEMORY_TOLERANCE) <= ratio <= 1 + MEMORY_TOLERANCE):
+            bad.append(rows[-1])
+    item = "Memory per role matches the plan"
+    tail = f" ({', '.join(unpriced)}: no pool to price)" if unpriced else ""
+    if run.info.get("device") == "cpu":
+        return {"item": item, "result": NOT_CHECKED, "evidence": "a CPU run's peak is its process's memory "
+                "(interpreter and libraries), not the tensors the plan prices: " + "; ".join(rows) + tail}
+    if bad:
+        return {"item": item, "result": FAIL, "evidence": f"outside {1 + MEMORY_TOLERANCE:g}x of the plan: "
+                + "; ".join(bad) + tail}
+    return {"item": item, "result": PASS if rows else NOT_CHECKED,
+            "evidence": ("; ".join(rows) + f" (within {1 + MEMORY_TOLERANCE:g}x)" if rows else "no role priced") + tail}
 
 
 def rounds_ahead(info: dict[str, Any]) -> int:
@@ -576,6 +670,9 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
                 "result": FAIL if FAIL in res else (PASS if PASS in res else NOT_CHECKED),
                 "evidence": "; ".join(f"{name}: {r} ({e})" for name, (r, e)
                                       in zip(("time", "tokens", "versions", "records"), checks))})
+    mem = memory_item(run, plan)
+    if mem is not None:
+        ver.append(mem)
     if plan_file is not None:
         diffs = shape_differences(run.info, inputs, backend=run_backend(run) if run.config else None)
         ver.insert(0, {"item": "The plan describes this run's shape", "result": FAIL if diffs else
