@@ -1,7 +1,8 @@
 """Tiny built-in policies, a character tokenizer, and loading any local Hugging Face causal LM.
 
 Nothing here downloads: presets are random-init Llama-architecture models built from a config, the tokenizer
-is built from a fixed character set, and a real model loads only from a local directory. Every
+is built from a fixed character set, and a real model loads only from a local directory or a local GGUF
+file (``gguf.py``: dequantized once, cached by hash). Every
 model rollyard exports loads back with ``AutoModelForCausalLM.from_pretrained(dir)`` and
 ``AutoTokenizer.from_pretrained(dir)``.
 """
@@ -17,6 +18,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 
 from rollyard.config import ConfigError, RunConfig
+from rollyard.model import gguf
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS = [PAD, BOS, EOS, UNK]
@@ -74,8 +76,9 @@ def build_preset(name: str, tokenizer, seed: int = 0, max_position_embeddings: i
 
 
 def load_policy(name_or_path: str, seed: int = 0, max_position_embeddings: int = 512):
-    """Return ``(model, tokenizer)`` for a preset name or a local HF model directory."""
-    path = Path(name_or_path)
+    """Return ``(model, tokenizer)`` for a preset name, a local HF model directory, or a GGUF file (or a
+    directory holding one), converted once and cached by its hash (``model/gguf.py``)."""
+    path = Path(gguf.resolve(name_or_path))
     if path.is_dir():
         check_causal_lm_dir(path)
         try:
@@ -92,8 +95,8 @@ def load_policy(name_or_path: str, seed: int = 0, max_position_embeddings: int =
                               f"they would train from a random init. Save the whole causal LM with save_pretrained")
         return model, tokenizer
     if path.exists():
-        raise ConfigError(f"model.name={path} is a file; expected a Hugging Face model directory (with config.json) "
-                          f"or a preset ({', '.join(sorted(PRESETS))})")
+        raise ConfigError(f"model.name={path} is a file; expected a Hugging Face model directory (with config.json), "
+                          f"a .gguf file or a preset ({', '.join(sorted(PRESETS))})")
     if name_or_path not in PRESETS:
         raise ConfigError(f"model.name={name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an "
                           f"existing directory (relative to {Path.cwd()}); fix the path or use model.name=tiny")
@@ -134,7 +137,9 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 def source_dtype(name_or_path: str) -> torch.dtype | None:
-    """The dtype a local model directory was saved in (its config.json), or None (a preset, or unstated)."""
+    """The dtype a local model directory was saved in (its config.json), or None (a preset, a GGUF, or unstated)."""
+    if gguf.gguf_file(name_or_path) is not None:
+        return None  # dequantized to fp32; the export stays fp32
     path = Path(name_or_path) / "config.json"
     if not path.is_file():
         return None
