@@ -17,7 +17,8 @@ ARGS = ["model.name=tiny", "model.context=64", "data.train_size=64", "data.eval_
         "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8", "sft.auto=false", "progress=false",
         "reward.num_workers=1", "log.plots=false", "steps=3", "seed=7"]
 # measured durations and what follows from them (the step-time alarm), the only values allowed to differ
-TIMED = ("time/", "tokens/per_s", "eval/seconds", "checkpoint/seconds", "alarm/step_time", "rollout/engine_cpu_s")
+TIMED = ("time/", "tokens/per_s", "eval/seconds", "checkpoint/seconds", "alarm/step_time", "rollout/engine_cpu_s",
+         "memory/")  # memory/*: measured peak RSS (the allocator and thread timing move it)
 
 
 def _run(out: Path) -> None:

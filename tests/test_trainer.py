@@ -348,8 +348,8 @@ def test_fast_forward_is_refused_where_it_would_bypass_module_calls():
     hooked.model.layers[1].mlp.register_forward_pre_hook(lambda m, a: None)
     assert "forward hooks" in train_unsupported_reason(hooked)
     ckpt = _model(6)
-    ckpt.gradient_checkpointing_enable()
-    assert "checkpointing" in train_unsupported_reason(ckpt)
+    ckpt.gradient_checkpointing_enable()  # honoured by train_hidden (per-layer recompute; tests/test_real_model.py)
+    assert train_unsupported_reason(ckpt) is None
     assert train_unsupported_reason(_model(6)) is None and train_forward_matches(_model(6))
 
 # -- the RL step ----------------------------------------------------------------------------------

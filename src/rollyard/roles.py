@@ -10,7 +10,7 @@ import torch
 
 from rollyard.config import ConfigError, RunConfig
 from rollyard.evaluate import accuracy_signal
-from rollyard.model import loading
+from rollyard.model import kv_budget, loading
 from rollyard.model.loading import attach_lora, eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
@@ -28,6 +28,7 @@ def policy(cfg: RunConfig, device: str):
     """(model, tokenizer, context) for the run (``model/loading.py``); with ``rollout.backend=vllm`` the model
     is checked against vLLM here, at start-up (``rollout/vllm.py: check``)."""
     model, tokenizer, context = loading.policy(cfg, device)
+    kv_budget.check_fits(cfg, model, device)  # a KV budget or micro-batch that cannot fit: refused here, not OOM
     if cfg.rollout.backend == "vllm":
         from rollyard.rollout.vllm import check
         check(cfg, model)
@@ -134,16 +135,21 @@ def with_lora(cfg: RunConfig, model):
 def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None = None) -> RolloutEngine:
     """The rollout engine of ``rollout.backend``: rollyard's own, or one vLLM engine (``rollout/vllm.py``)."""
     r = cfg.rollout
+    budget = kv_budget.cache_tokens(cfg, model, _device(model))  # rollout.kv_memory_gb over the model's KV bytes/token
     if r.backend == "vllm":
         from rollyard.rollout.vllm import VllmEngine
         return VllmEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                           temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
-                          max_cache_tokens=r.max_cache_tokens, seed=cfg.seed if seed is None else seed,
+                          max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
                           version=version, options=r.vllm)
     return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
-                         max_cache_tokens=r.max_cache_tokens, seed=cfg.seed if seed is None else seed,
+                         max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
                          version=version)
+
+
+def _device(model) -> str:
+    return str(next(model.parameters()).device)
 
 
 def trainer(cfg: RunConfig, model, device: str):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import kernels as cpu_kernels
@@ -383,9 +384,19 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     inner = model.model
     x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
     cos, sin = _rope_tables(inner, input_ids.shape[1], x)
+    # The module's gradient checkpointing (``model.gradient_checkpointing_enable()``; the trainer's
+    # ``activation_checkpointing``): keep each layer's input only and recompute the layer in the backward.
+    recompute = getattr(inner, "gradient_checkpointing", False) and torch.is_grad_enabled()
     for layer in inner.layers:
-        x = _mlp_block(_attention_block(x, layer, cos, sin), layer)
+        if recompute:
+            x = checkpoint(_layer, x, layer, cos, sin, use_reentrant=False)
+        else:
+            x = _layer(x, layer, cos, sin)
     return cpu_kernels.train_rms_norm(x, inner.norm.weight, inner.norm.variance_epsilon)
+
+
+def _layer(x: torch.Tensor, layer, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return _mlp_block(_attention_block(x, layer, cos, sin), layer)
 
 
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -399,7 +410,7 @@ def train_unsupported_reason(model) -> str | None:
     directly and never calls a module, so anything that works through module calls would be
     skipped without a trace: a PEFT adapter wrapping a projection (its LoRA factors would get no
     gradient), FSDP's per-layer all-gather hooks (sharded weights; the ranks would hang), or any
-    other forward hook; and gradient checkpointing. A numeric check alone cannot see an adapter
+    other forward hook (gradient checkpointing it honours: see :func:`train_hidden`). A numeric check alone cannot see an adapter
     whose B factor is still zero.
     """
     reason = unsupported_reason(model)
@@ -407,8 +418,6 @@ def train_unsupported_reason(model) -> str | None:
         return reason
     if getattr(model.config, "attention_dropout", 0.0):
         return "attention dropout"
-    if getattr(model.model, "gradient_checkpointing", False):
-        return "gradient checkpointing is on (the fast forward keeps every activation)"
     for i, layer in enumerate(model.model.layers):
         for m in layer.modules():
             if m._forward_hooks or m._forward_pre_hooks:

@@ -319,6 +319,7 @@ def finish(run: RunRecord, r: Roles) -> dict:
         "reward_flags": run.flags, "placement": run.cfg.placement, "prompts": r.feed.ledger.counts(),
         **run.totals, **run.state.extra,
         "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
+        "memory_peak_gb": run.telemetry.memory.run_peaks_gb(),  # this session's measured peak RSS per role (GB)
     }
     summary.update(sessions.whole_run(run.run_dir))  # totals over every session of the run, not just this one
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from rollyard.telemetry import rundir
 from rollyard.telemetry.alarms import Alarms
+from rollyard.telemetry.memory import PeakMemory
 
 
 class Telemetry:
@@ -38,16 +39,19 @@ class Telemetry:
         self._lengths = open(self.run_dir / rundir.LENGTHS, "a")
         self._pending: dict[int, dict[str, list[int]]] = {}
         self.step_seconds: dict[int, dict[str, float]] = {}
+        self.memory = PeakMemory(worker)  # memory/<role>_peak_gb: this process's peak while each role's span is open
 
     @contextmanager
     def span(self, role: str, step: int, worker: str | None = None, **fields: Any) -> Iterator[dict]:
         """Time a role's work in ``step``; extra ``fields`` (and keys set on the yielded dict) are recorded."""
         extra: dict[str, Any] = dict(fields)
+        self.memory.enter(role)
         start = time.time()
         try:
             yield extra
         finally:
             end = time.time()
+            self.memory.exit(role)
             rec = {"role": role, "step": step, "worker": worker or self.worker, "start": start, "end": end, **extra}
             with self._lock:
                 self._spans.write(json.dumps(rec) + "\n")
@@ -97,6 +101,7 @@ class Telemetry:
             row = {"step": step}
             for role, secs in self.step_seconds.get(step, {}).items():
                 row[rundir.TIME_KEY.format(role=role)] = secs
+            row.update(self.memory.step_metrics())
             row.update(values)
             row.update(self.alarms.check(row))
             self._metrics.write(json.dumps(row, default=float) + "\n")

@@ -24,6 +24,9 @@ or AMX runs bf16 matmuls ~2x faster than fp32 on oneDNN (measured ~400 vs ~200 G
 MKL's fp32 ~92), so ``bf16`` pays there too. Under it, padded rows take the fast forward's grouped attention and
 packed rows (HF decoder) SDPA's math kernel: a bf16 flash-attention backward measured ~5x slower
 than the whole fp32 step's matmuls at 32 x 68 tokens.
+Memory (``activation_checkpointing=True``): each decoder layer keeps only its input for the backward and
+is recomputed there (the module's ``gradient_checkpointing``), so one micro-batch's activations fall from
+~(10 x hidden + 4 x intermediate) x layers floats per token to ~hidden x layers plus one layer's worth.
 Dropout: the module's train/eval mode is left as the caller set it (the tiny presets and most
 causal LMs have no dropout; with dropout on, pi_old and mu would be noisy).
 """
@@ -207,7 +210,8 @@ class Trainer:
     def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
                  clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
-                 max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto"):
+                 max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto",
+                 activation_checkpointing=False):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
         if temperature <= 0:
@@ -219,6 +223,10 @@ class Trainer:
         if self.device.type == "cpu":
             cpu_memory.keep_freed_memory()  # activations reuse the last step's pages (see cpu_memory)
         self.model = model.to(self.device)
+        if activation_checkpointing:
+            # The module's own flag: the fast forward (llama.train_hidden) recomputes each layer under it, and
+            # so do HF decoder layers (in train mode, HF's rule). Non-reentrant: works with frozen inputs (LoRA).
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.precision = ("bf16" if self.device.type == "cuda" else "fp32") if precision == "auto" else precision
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
@@ -461,4 +469,5 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
             "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
             "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
             "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
-            "max_skipped_steps": t.max_skipped_steps, "precision": t.precision}
+            "max_skipped_steps": t.max_skipped_steps, "precision": t.precision,
+            "activation_checkpointing": t.activation_checkpointing}
