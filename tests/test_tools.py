@@ -117,7 +117,7 @@ def taught():
     tok = tool_chat.tokenizer()
     specs = tools.tool_specs(["tool_fns:add"])
     schemas = [s.schema for s in specs]
-    return tok, specs, schemas, tool_chat.taught_model(tok, schemas)
+    return tok, specs, schemas, tool_chat.taught_model(tok, schemas, heads=2, head_dim=64)  # vLLM can run it too
 
 
 def _rollout(taught, max_iterations=3, n=2, max_new_tokens=100):
@@ -148,6 +148,21 @@ def test_a_multi_turn_sample_is_token_in_token_out_with_tool_tokens_masked(taugh
     (lp,) = trainer.logprobs(samples[:1])
     keep = torch.tensor(samples[0].completion_mask, dtype=torch.bool)
     assert torch.allclose(lp[keep], torch.tensor(samples[0].logprobs)[keep], atol=1e-4)
+
+
+def test_the_vllm_backend_runs_the_same_multi_turn_rollout(taught):
+    pytest.importorskip("vllm")
+    from rollyard.rollout.vllm import VllmEngine
+
+    tok, specs, schemas, model = taught
+    prompt, turn1, tool, turn2 = tool_chat.conversation(tok, schemas)
+    engine = VllmEngine(copy.deepcopy(model), eos_token_id=tok.eos_token_id, temperature=0.0, max_cache_tokens=4096)
+    with ToolExecutor(specs, num_workers=1) as ex:
+        req = Request("q0", prompt, n=2, max_new_tokens=100, meta={MESSAGES_KEY: tool_chat.QUESTION})
+        samples, _, metrics, _ = generate(engine, [req], Toolbox(tok, schemas, ex, 3))
+    assert [s.completion_ids == turn1 + tool + turn2 for s in samples] == [True, True]
+    assert samples[0].completion_mask == [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2)
+    assert metrics["tools/calls"] == 2
 
 
 def test_the_tool_turn_cap_ends_a_sample_without_running_its_call(taught):
@@ -221,3 +236,4 @@ def test_new_weights_with_inflight_abort_end_every_trajectory_in_progress(taught
         assert sorted(s.id for s in aborted) == ["q0#0", "q0#1"] and turns.idle
         assert all(s.finish_reason == "abort" and s.completion_ids == turn1[:6] for s in aborted)
         assert engine.version == 1
+

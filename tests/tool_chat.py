@@ -45,11 +45,12 @@ def conversation(tok, schemas: list[dict], tool_output: str = "5") -> tuple[list
     return prompt, turn1, tool, turn2
 
 
-def taught_model(tok, schemas: list[dict], steps: int = 80):
-    """A tiny fp32 Qwen2 that, greedy, calls add(2, 3) and then answers with the tool's output."""
+def taught_model(tok, schemas: list[dict], steps: int = 80, heads: int = 4, head_dim: int = 16):
+    """A tiny fp32 Qwen2 that, greedy, calls add(2, 3) and then answers with the tool's output
+    (``head_dim=64``: one vLLM's CPU attention runs)."""
     ids = tok.convert_tokens_to_ids(SPECIALS)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=heads * head_dim, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=True, eos_token_id=ids[2], pad_token_id=ids[0])
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)

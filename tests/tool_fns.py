@@ -116,3 +116,8 @@ class Adder:
 
     def get_reward(self) -> float:
         return float(self.calls == [(2, 3)])
+
+
+def says_answer(prompts, completions, answer, **kwargs):
+    """A TRL reward function: 1 when the last assistant turn states the answer."""
+    return [float(f"answer is {a}." in c[0]["content"]) for c, a in zip(completions, answer)]
