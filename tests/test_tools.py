@@ -99,6 +99,17 @@ def test_tool_failures_are_that_calls_error_and_counted_never_the_runs():
                                          Job(9, "call", "s9", "add", {"a": 1, "b": 1})])] == ["9", "2"]
 
 
+def test_tool_workers_are_isolated_by_memory_cpu_and_working_directory(tmp_path):
+    specs = tools.tool_specs(["tool_fns:hog", "tool_fns:spin", "tool_fns:where"])
+    with ToolExecutor(specs, num_workers=1, timeout_s=20.0, memory_mb=300, cpu_s=1.0) as ex:
+        (mem,) = ex.run([Job(1, "call", "s", "hog", {"mb": 600})])
+        assert mem.status == "error" and mem.value.startswith("MemoryError")
+        (cpu,) = ex.run([Job(2, "call", "s", "spin", {"seconds": 5.0})])
+        assert cpu.status == "error" and "SIGXCPU" in cpu.value and ex.stats["crashes"] == 1
+        (cwd,) = ex.run([Job(3, "call", "s", "where", {})])
+        assert cwd.value.startswith(ex._workdir) and cwd.value != str(tmp_path)
+
+
 def test_an_environment_instance_per_sample_keeps_its_state_and_reward():
     target, specs, _ = tools.environment_specs("tool_fns:Counter")
     with ToolExecutor(specs, target, num_workers=2, timeout_s=5.0) as ex:
@@ -237,3 +248,19 @@ def test_new_weights_with_inflight_abort_end_every_trajectory_in_progress(taught
         assert all(s.finish_reason == "abort" and s.completion_ids == turn1[:6] for s in aborted)
         assert engine.version == 1
 
+
+def test_abort_while_a_tool_runs_ends_the_trajectory_and_ignores_the_late_output(taught):
+    tok, _, schemas, model = taught
+    specs = tools.tool_specs(["tool_fns_slow:add"])  # 1.5 s per call
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, temperature=0.0)
+    prompt, turn1, _, _ = tool_chat.conversation(tok, schemas)
+    with ToolExecutor(specs, num_workers=1) as ex:
+        turns = MultiTurn(engine, Toolbox(tok, schemas, ex, 3))
+        turns.submit([Request("q0", prompt, n=1, max_new_tokens=100, meta={MESSAGES_KEY: tool_chat.QUESTION})])
+        while not engine.idle:  # the first model turn, up to its tool call
+            assert turns.step() == []
+        assert ex.busy and not turns.idle
+        (s,) = turns.abort(["q0"])
+        assert s.finish_reason == "abort" and s.completion_ids == turn1
+        assert list(turns.results()) == [] and turns.idle  # the tool's late answer went to nobody
+        assert engine.idle

@@ -121,3 +121,30 @@ class Adder:
 def says_answer(prompts, completions, answer, **kwargs):
     """A TRL reward function: 1 when the last assistant turn states the answer."""
     return [float(f"answer is {a}." in c[0]["content"]) for c, a in zip(completions, answer)]
+
+
+def hog(mb: int) -> str:
+    """Allocate memory.
+
+    Args:
+        mb: megabytes to allocate
+    """
+    block = bytearray(mb << 20)
+    return str(len(block))
+
+
+def spin(seconds: float) -> str:
+    """Burn CPU.
+
+    Args:
+        seconds: how long to spin
+    """
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return "done"
+
+
+def where() -> str:
+    """The working directory of the call."""
+    return os.getcwd()
