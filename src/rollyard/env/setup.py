@@ -27,6 +27,7 @@ def check(cfg: RunConfig) -> None:
     """The settings tools cannot run with yet: one line each (placement rules call it at start-up)."""
     if not enabled(cfg):
         return
+    specs(cfg)  # the tools themselves (hints, docstrings, reset, imports), before any start-up work
     if cfg.placement not in WIRED:
         raise ConfigError(f"tools with placement={cfg.placement!r}: multi-turn rollouts run in the "
                           f"{' / '.join(WIRED)} placement so far; set placement=colocated (or drop tools.*)")
