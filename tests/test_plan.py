@@ -62,13 +62,16 @@ def test_runbook_defaults_json_values(capsys):
     # Each sync mode's time on each tier: one link (rollout.tp = 1), 28 buckets of 1 GB, pipelined, so
     # the wire sets it, plus the other sides' share of one bucket: the trainer's copy into the send
     # buffer (14e9 x (2 + 2) B / 3.35e12 = 16.7 ms; DDP: nothing to gather) and the engine's copy
-    # (2 x 28e9 / 3.35e12 = 16.7 ms), each / 28.
-    copy = 56e9 / 3.35e12
-    assert doc["sync_times"]["full"]["rdma"] == pytest.approx(28e9 / 50e9 + 2 * copy / 28)
+    # (2 x 28e9 / 3.35e12 = 16.7 ms), each / 28; once per sync the native engine's pause at a step
+    # boundary (5.8 ms, the receiver rule "copy"; the runbook gives no tensor count, so no per-tensor term)
+    # and, between nodes, the control of the update: NeMo-RL's 63.2 GB anchor (0.84 s) less its wire
+    # (0.158 s) and vLLM's pause (0.14 s) = 0.542 s.
+    copy, pause = 56e9 / 3.35e12, 5.8e-3 + (0.84 - 0.158 - 0.14)
+    assert doc["sync_times"]["full"]["rdma"] == pytest.approx(28e9 / 50e9 + 2 * copy / 28 + pause)
     # A delta (0.56 GB: one bucket, so the sides add) adds its export/compare on the 8 trainer GPUs:
     # 3 x 28e9 / (8 x 3.35e12) = 3.13 ms; its copies are 2% of the full sync's.
     assert doc["sync_times"]["delta"]["commodity"] == pytest.approx(0.56e9 / 1.25e9 + 3 * 28e9 / (8 * 3.35e12)
-                                                                    + 0.02 * 2 * copy)
+                                                                    + 0.02 * 2 * copy + pause)
     edges = {e["name"]: e for e in doc["edges"]}
     assert set(edges) == {"prompts", "samples", "rewards", "ref_logprobs", "weights", "gradients", "gather"}
     assert edges["samples"]["bytes_per_step"] == pytest.approx(67_108_864)
@@ -185,7 +188,7 @@ def test_sync_mode_choice_follows_the_fabric():
     assert make_plan(load_plan(None, ["network.sync_link=commodity"])).decision.sync_mode == "delta"
     assert make_plan(load_plan(None, [])).decision.sync_mode == "full"  # 0.56 s over RDMA
     assert make_plan(load_plan(None, ["policy.lora=true"])).decision.sync_mode == "lora"
-    custom = make_plan(load_plan(None, ["network.custom={slow: 1e8}", "network.sync_link=slow"]))
+    custom = make_plan(load_plan(None, ["network.custom={slow: 1e8}", "network.sync_link=slow", "sync.receiver=none", "sync.fixed_s=0"]))
     assert custom.sync_times["full"]["slow"] == pytest.approx(280.0 + 2 * (56e9 / 3.35e12) / 28)  # + fill/drain
 
 
@@ -302,9 +305,12 @@ def test_lora_crosssite_example_hand_worked(capsys):
     doc = json.loads(run_plan(capsys, str(EXAMPLE.parent / "plan_lora_crosssite.toml"), "--json")[1])
     assert doc["decision"]["sync_mode"] == "lora"
     assert doc["bytes"]["lora_sync"] == pytest.approx(80e6)
-    # One bucket: wire + the trainer's and the engine's copies (2 x 80e6 B / 3.35e12 each) add.
-    assert doc["sync_times"]["lora"]["commodity"] == pytest.approx(0.064 + 2 * 160e6 / 3.35e12)
-    assert doc["sync_times"]["full"]["commodity"] == pytest.approx(12.8 + 2 * 32e9 / 3.35e12 / 16)  # 16 buckets
+    # One bucket: wire + the trainer's and the engine's copies (2 x 80e6 B / 3.35e12 each) add, + the native
+    # engine's pause at a step boundary (5.8 ms, receiver rule "copy"; no tensor count given) and the control of
+    # an update between nodes (0.542 s: test_runbook_defaults_json_values).
+    once = 5.8e-3 + 0.542
+    assert doc["sync_times"]["lora"]["commodity"] == pytest.approx(0.064 + 2 * 160e6 / 3.35e12 + once)
+    assert doc["sync_times"]["full"]["commodity"] == pytest.approx(12.8 + 2 * 32e9 / 3.35e12 / 16 + once)  # 16 buckets
     assert {"a": "rollout", "b": "reward", "why": "reward scoring is streamed while decode continues"} \
         in doc["decision"]["overlaps"]
     assert doc["budget_whatif"]["after"]["reward"] == 0  # verifier dispatcher: off the critical path
@@ -387,14 +393,18 @@ def test_fsdp_traffic_and_memory_findings():
 
 def test_moe_active_params_for_flops_total_for_sync():
     # 14e9 total, 1e9 active: train = 6 x 1e9 x 8,388,608 tokens / (4e14 x 8) = 15.73 s; sync stays 28 GB.
-    plan = make_plan(load_plan(None, ["policy.active_params=1e9"]))
+    plan = make_plan(load_plan(None, ["policy.active_params=1e9", "trainer.flops_per_gpu=4e14"]))
     assert plan.phases.train == pytest.approx(6 * 1e9 * 8388608 / 3.2e15)
+    # Unstated, the sustained rate is peak x MFU: 989e12 x 0.31 (the H100 datasheet, fms-fsdp's utilization).
+    mfu = make_plan(load_plan(None, ["policy.active_params=1e9"]))
+    assert mfu.phases.train == pytest.approx(6 * 1e9 * 8388608 / (8 * 989e12 * 0.31))
     assert plan.bytes.full_sync == pytest.approx(28e9)
 
 
 EQUAL = ["policy.params=1e9", "rollout.prompts=8", "rollout.samples=1", "rollout.concurrency=2",
          "rollout.kv_bytes_per_token=0", "rollout.mem_bandwidth=1e12", "rollout.gpus=2", "trainer.dp=2",
-         "cluster.gpus=4", "phases.train_s=2.0", "phases.use_reference=false", "tail.lengths=[100, 1000]"]
+         "cluster.gpus=4", "phases.train_s=2.0", "phases.use_reference=false", "tail.lengths=[100, 1000]",
+         "sync.receiver=none", "sync.fixed_s=0"]
 
 
 def test_equal_hardware_best_split_hand_worked():
@@ -485,7 +495,8 @@ def test_decision_tree_answers_from_evidence():
 def test_budget_whatif_on_the_critical_path():
     # Disaggregated, rollout 300 s, train 100 s, one 0.5612 s sync (test_runbook_defaults_json_values):
     # the step is max(300, 100) + 0.5612.
-    base = ["placement=disaggregated", "phases.rollout_s=300", "phases.train_s=100", "phases.use_reference=false"]
+    base = ["placement=disaggregated", "phases.rollout_s=300", "phases.train_s=100", "phases.use_reference=false",
+            "sync.receiver=none", "sync.fixed_s=0"]
     w = make_plan(load_plan(None, base + ["budget.optimizations=[prefix_caching]"])).budget
     sync = 0.56 + 2 * (56e9 / 3.35e12) / 28
     assert w.placement_step_s == pytest.approx(300 + sync)
@@ -557,55 +568,44 @@ def test_calibration_rows_hold_their_figures(capsys):
         assert code == 0, err
         return json.loads(out)
 
-    def sync(name, *extra):
-        return doc(name, *extra)["sync_breakdown"]["total"]
-    # NeMo-RL refit envelopes: bytes over 8 x 50 GB/s (+ the fill/drain of 31 buckets), with the fixed
-    # cost of the 63.2 GB anchor.
-    assert sync("plan_nemo_refit_247.toml") == pytest.approx(0.621, abs=5e-4)
-    assert sync("plan_nemo_refit_247.toml", "sync.fixed_s=0.68") == pytest.approx(1.301, abs=5e-4)
-    assert sync("plan_nemo_refit_470.toml", "sync.fixed_s=0.68") == pytest.approx(1.858, abs=5e-4)
-    assert sync("plan_nemo_refit_1342.toml", "sync.fixed_s=0.68") == pytest.approx(1.522, abs=5e-4)
-    # checkpoint-engine: every GPU takes the whole checkpoint; 8 x H800 is engine-bound (36,945 tensors x
-    # 127 us = 4.69 s), the H20 rows wire-bound (1,029 GB / 50 GB/s = 20.6 s).
-    ce = {(): 4.743, ("policy.params=109.3e9", "policy.active_params=12e9", "policy.weight_tensors=18327",
-                      "sync.bucket_bytes=3.24e9"): 2.362}
-    for extra, figure in ce.items():
-        assert sync("plan_ckpt_engine_qwen235b.toml", *extra) == pytest.approx(figure, abs=5e-3)
-    ds = ("policy.params=689e9", "policy.active_params=37e9", "policy.weight_tensors=91991")
-    kimi = {("sync.bucket_bytes=6.32e9",): 20.692, (): 20.733, (*ds, "sync.bucket_bytes=5.79e9"): 13.881, ds: 13.929}
-    for extra, figure in kimi.items():
-        assert sync("plan_kimi_k2_ckpt_engine.toml", *extra) == pytest.approx(figure, abs=5e-3)
-    miles = {(): 2.422, ("policy.params=109.3e9", "policy.active_params=12e9", "policy.weight_tensors=18327"): 4.385,
-             ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945"): 9.416,
-             ("policy.params=1.029e12", "policy.active_params=32e9", "policy.bytes_per_param=1",
-              "policy.weight_tensors=139583", "sync.source_bytes_per_param=2"): 20.600}
-    for extra, figure in miles.items():
-        assert sync("plan_miles_broadcast_qwen30b.toml", *extra) == pytest.approx(figure, abs=5e-3)
-    assert sync("plan_nemo_nixl_deepseek_v3.toml") == pytest.approx(5.877, abs=5e-3)
-    assert sync("plan_verl_ckpt_qwen30b.toml") == pytest.approx(1.227, abs=5e-3)
-    slime = {(): 2.402, ("rollout.mem_bandwidth=4.8e12",): 2.400,
-             ("rollout.backend=vllm", "rollout.mem_bandwidth=4.8e12"): 2.400,
-             ("policy.params=14.8e9", "policy.active_params=14.8e9", "policy.weight_tensors=579", "rollout.tp=2",
-              "sync.bucket_bytes=1e9", "rollout.backend=vllm"): 0.084}
-    for extra, figure in slime.items():
-        assert sync("plan_slime_colocated_qwen30b.toml", *extra) == pytest.approx(figure, abs=5e-3)
-    small = ("policy.params=0.75e9", "policy.active_params=0.6e9", "policy.weight_tensors=310", "trainer.dp=1",
-             "network.sync_link=nvlink_h100", "network.gather_link=nvlink_h100", "rollout.mem_bandwidth=3.35e12")
-    assert sync("plan_trl_async_qwen3_32b.toml", *small) == pytest.approx(0.182, abs=5e-3)
-    assert sync("plan_trl_async_qwen3_32b.toml") == pytest.approx(1.474, abs=5e-3)
+    # Weight sync on the defaults, every published row of bench/calibration_rows.py (no software constant per
+    # row: the receiver rule's defaults). A few worked by hand: checkpoint-engine's 8 x H800 row is engine-bound
+    # (36,945 tensors x 127 us = 4.69 s + vLLM's pause 0.14 s, fixed 0: GatherMetas is timed apart); the H20
+    # rows wire-bound (1,029 GB / 50 GB/s = 20.6 s); TRL's 0.6B row is vLLM's pause + 310 x 127 us + 1.5 GB of
+    # NVLink (in one node: no cross-node control).
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("calibration_rows", EXAMPLE.parent.parent / "bench" / "calibration_rows.py")
+    rows = importlib.util.module_from_spec(spec)
+    import sys
+    sys.modules.setdefault(spec.name, rows)  # dataclasses look their module up by name
+    spec.loader.exec_module(rows)
+    table = {r["id"]: r for r in rows.table()}
+    figures = {"S1b": 1.303, "S1c": 1.860, "S2": 1.524, "S3a": 4.883, "S3b": 2.502, "S3c": 20.832, "S3d": 20.873,
+               "S3e": 14.021, "S3f": 14.069, "S4a": 2.964, "S4b": 4.927, "S4c": 9.958, "S4d": 21.142, "S4e": 2.973,
+               "S4f": 1.200, "S4g": 1.765, "S4h": 2.853, "S5": 6.559, "S6": 1.769, "S7a": 2.402, "S7b": 2.400,
+               "S7c": 2.540, "S7d": 0.224, "S8a": 0.182, "S8b": 2.016}
+    assert set(table) == set(figures)
+    for rid, figure in figures.items():
+        assert table[rid]["plan_s"] == pytest.approx(figure, abs=5e-3), rid
+    assert table["S3a"]["plan_s"] == pytest.approx(36945 * 127e-6 + 0.14, abs=0.06)
+    assert table["S8a"]["plan_s"] == pytest.approx(0.14 + 310 * 127e-6 + 1.5e9 / 450e9, abs=0.005)
+    out = [r for r in table.values() if r["sample"] == "out"]
+    assert (sum(r["within_2x"] for r in table.values()), len(table)) == (17, 25)
+    assert (sum(r["within_2x"] for r in out), len(out)) == (6, 9)
     eq = doc("plan_verl_async_128.toml")["equal_hardware"]
     assert eq["async"]["configured"]["trainer_s"] == pytest.approx(113.81 * 2)  # FLOP-bound on 64 of 128
     # Colocated on 128: the measured 177.85 + 53.92 + 113.81 s plus the sync of 15.2 GB in 16 buckets,
     # pipelined: the trainer's side (gather 63/64 of it over NVLink, copy 7.6e9 x 4 B at 4 TB/s) + the
     # engine's copy (2 x 15.2e9 / 4e12) / 16.
     trainer = 15.2e9 * 63 / 64 / 600e9 + 7.6e9 * 4 / 4.0e12
-    assert eq["colocated"]["step_s"] == pytest.approx(345.58 + trainer + 2 * 15.2e9 / 4.0e12 / 16)
+    # + vLLM's pause (0.14 s; verl rolls out with vLLM; no tensor count in the file, so no per-tensor term).
+    assert eq["colocated"]["step_s"] == pytest.approx(345.58 + trainer + 2 * 15.2e9 / 4.0e12 / 16 + 0.14)
     assert eq["async"]["vs_colocated"] == pytest.approx(2.59, abs=0.005)
     assert eq["async"]["configured"]["vs_colocated"] == pytest.approx(1.52, abs=0.005)
     assert doc("plan_verl_async_64.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(2.16, abs=0.005)
     eq = doc("plan_verl_async_128.toml", "phases.train_s_measured={64: 133.41}")["equal_hardware"]["async"]
     assert eq["configured"]["trainer_s"] == pytest.approx(133.41)
-    assert eq["configured"]["vs_colocated"] == pytest.approx(2.59, abs=0.005) and eq["vs_colocated"] == pytest.approx(2.87, abs=0.005)
+    assert eq["configured"]["vs_colocated"] == pytest.approx(2.59, abs=0.005) and eq["vs_colocated"] == pytest.approx(2.875, abs=0.005)
     eq = doc("plan_verl_async_64.toml", "phases.train_s_measured={32: 313.81}")["equal_hardware"]["async"]
     assert eq["configured"]["vs_colocated"] == pytest.approx(1.13, abs=0.005) and eq["vs_colocated"] == pytest.approx(1.85, abs=0.005)
     assert doc("plan_verl_async_32.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(1.75, abs=0.005)
@@ -636,8 +636,8 @@ def test_the_overflow_guard_names_the_figure():
 
 
 def test_cpu_defaults_come_from_the_backend_and_every_term_is_printed(capsys):
-    # rollout.device = cpu: the software terms measured by bench/sync.py --terms, per backend; a GPU plan
-    # prices none of them unless given; a plan's own figure beats the default.
+    # rollout.device = cpu: the software terms measured by bench/sync.py --terms, per backend; a plan's own
+    # figure beats the default.
     from rollyard.plan.bytes import sync_costs
     from rollyard.plan.inputs import CPU_SYNC
     for backend in ("native", "vllm"):
@@ -646,7 +646,7 @@ def test_cpu_defaults_come_from_the_backend_and_every_term_is_printed(capsys):
                                                                     ("load_per_tensor_s", "load_bw", "pause_s"))
         assert c.reload_whole_model == (backend == "vllm")
     gpu = sync_costs(load_plan(None, ["rollout.backend=vllm"]))
-    assert (gpu.load_per_tensor_s, gpu.pause_s, gpu.load_bw) == (0.0, 0.0, 3.35e12)
+    assert (gpu.load_per_tensor_s, gpu.pause_s, gpu.load_bw) == (127e-6, 0.14, 3.35e12)  # test_gpu_defaults_...
     assert sync_costs(load_plan(None, ["rollout.device=cpu", "sync.load_per_tensor_s=1e-3"])).load_per_tensor_s == 1e-3
     # vLLM reloads the whole model on every update: a LoRA sync's engine side loads all 100 tensors.
     argv = ["placement=disaggregated", "policy.lora=true", "policy.weight_tensors=100", "policy.lora_tensors=12",
@@ -709,3 +709,36 @@ def test_memory_per_role_says_before_a_run_what_fits():
                                        "trainer.micro_batch_tokens=4096", "trainer.logits_tokens=1024"]))
     assert small.memory.activations_per_gpu == pytest.approx(4096 * 48 * 5120 * 34 + 1024 * 152064 * 4)
     assert not any(f.startswith("trainer does not fit") for f in small.findings)
+
+
+@pytest.mark.parametrize("argv, want", [
+    # vLLM and SGLang run load_weights per tensor (the slime blog's 127 us); vLLM pauses 0.14 s (TRL #5892),
+    # SGLang's pause is not published (0); rollyard's native engine copies (34 us, 5.8 ms: bench/sync.py --terms).
+    (["rollout.backend=vllm"], {"load_per_tensor_s": 127e-6, "send_per_tensor_s": 0.0, "pause_s": 0.14}),
+    (["rollout.backend=sglang"], {"load_per_tensor_s": 127e-6, "send_per_tensor_s": 0.0, "pause_s": 0.0}),
+    ([], {"load_per_tensor_s": 34e-6, "send_per_tensor_s": 0.0, "pause_s": 5.8e-3}),
+    # RDMA writes into registered buffers: nothing per tensor on the receiver, the reshard on the sender.
+    (["rollout.backend=sglang", "sync.receiver=rdma_write"], {"load_per_tensor_s": 0.0, "send_per_tensor_s": 127e-6,
+                                                              "pause_s": 0.0}),
+    (["rollout.backend=vllm", "sync.receiver=none"], {"load_per_tensor_s": 0.0, "send_per_tensor_s": 0.0, "pause_s": 0.0}),
+    (["rollout.backend=vllm", "sync.load_per_tensor_s=1e-3"], {"load_per_tensor_s": 1e-3, "pause_s": 0.14}),
+])
+def test_gpu_defaults_follow_the_receiver_rule(argv, want):
+    from rollyard.plan.bytes import sync_costs
+    c = sync_costs(load_plan(None, argv))
+    for k, v in want.items():
+        assert getattr(c, k) == pytest.approx(v), (k, argv)
+
+
+def test_cross_node_control_is_paid_between_nodes_only():
+    # 28 GB full sync of the runbook: over RDMA (between nodes) the update's control (0.84 - 0.158 - 0.14 s from
+    # NeMo-RL's 63.2 GB anchor) is paid once; over NVLink, colocated, or a stated fixed_s, it is not.
+    rdma = make_plan(load_plan(None, ["sync.receiver=none"])).sync_times["full"]
+    assert rdma["rdma"] - rdma["nvlink"] == pytest.approx(28e9 / 50e9 - 28e9 / 600e9 + 0.542, abs=2e-3)
+    stated = make_plan(load_plan(None, ["sync.receiver=none", "sync.fixed_s=0"])).sync_times["full"]
+    assert rdma["rdma"] - stated["rdma"] == pytest.approx(0.542, abs=1e-3)
+    # A P2P sender reshards every tensor of its pipeline stage: 18,867 tensors x 127 us whatever its bytes.
+    p2p = make_plan(load_plan(EXAMPLE.parent / "plan_miles_p2p_qwen30b.toml")).sync_detail
+    assert p2p.send_tensor_s == pytest.approx(18867 * 127e-6) and p2p.copy_s == 0 and p2p.load_tensor_s == 0
+    two = make_plan(load_plan(EXAMPLE.parent / "plan_miles_p2p_qwen30b.toml", ["trainer.pp=2"])).sync_detail
+    assert two.send_tensor_s == pytest.approx(18867 * 127e-6 / 2)

@@ -17,7 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from rollyard.plan import mechanisms as M
-from rollyard.plan.inputs import CPU_SYNC, PlanInputs
+from rollyard.plan.inputs import CPU_SYNC, CROSS_NODE_FIXED_S, GPU_PAUSE_S, GPU_SYNC, NVLINK_CLASS_BW, PlanInputs
 from rollyard.telemetry import rundir
 
 GB = 1e9
@@ -100,9 +100,11 @@ def per_hour(p: PlanInputs, b: StepBytes) -> dict[str, float]:
 class SyncCosts:
     """The software terms and rates one sync pays, resolved: the plan's figure where it gives one, else
     the default of ``rollout.device`` and ``rollout.backend`` (``inputs.CPU_SYNC`` on a CPU; on a GPU
-    the software terms are not priced and the rates are the HBM bandwidth)."""
+    ``inputs.GPU_SYNC`` by what the receiver does per tensor, ``receiver``, and the rates are the HBM
+    bandwidth)."""
 
     pause_s: float
+    fixed_s: float
     send_per_tensor_s: float
     load_per_tensor_s: float
     per_bucket_s: float
@@ -112,16 +114,38 @@ class SyncCosts:
     source: str  # where the defaults came from
 
 
+def receiver(p: PlanInputs) -> str:
+    """What the receiving engine does per tensor (``sync.receiver``; auto: vLLM and SGLang run
+    load_weights, rollyard's native engine copies)."""
+    if p.sync.receiver != "auto":
+        return p.sync.receiver
+    return "copy" if p.rollout.backend == "native" else "load_weights"
+
+
 def sync_costs(p: PlanInputs) -> SyncCosts:
     s, ro = p.sync, p.rollout
-    measured = CPU_SYNC[ro.backend] if ro.device == "cpu" else {}
-    gpu = {"pause_s": 0.0, "send_per_tensor_s": 0.0, "load_per_tensor_s": 0.0, "per_bucket_s": 0.0,
-           "cast_bw": ro.mem_bandwidth, "load_bw": ro.mem_bandwidth}
-    pick = {k: getattr(s, k) if getattr(s, k) is not None else measured.get(k, v) for k, v in gpu.items()}
+    base = {"pause_s": 0.0, "send_per_tensor_s": 0.0, "load_per_tensor_s": 0.0, "per_bucket_s": 0.0,
+            "cast_bw": ro.mem_bandwidth, "load_bw": ro.mem_bandwidth}
+    if ro.device == "cpu":
+        backend = "vllm" if ro.backend == "vllm" else "native"  # SGLang has no CPU measurement: the native engine's
+        defaults = CPU_SYNC[backend]
+        src = f"measured on a CPU for backend {backend} (inputs.CPU_SYNC)"
+    else:
+        rule = receiver(p)
+        defaults = {**GPU_SYNC[rule], **({"pause_s": GPU_PAUSE_S[ro.backend]} if rule in ("load_weights", "copy") else {})}
+        src = f"GPU: receiver {rule} (inputs.GPU_SYNC; pause of {ro.backend}), rates = rollout.mem_bandwidth"
+        if not within_node(p):
+            defaults = {**defaults, "fixed_s": CROSS_NODE_FIXED_S}
+        src += f"; fixed {'0 (within a node)' if within_node(p) else f'{CROSS_NODE_FIXED_S:.2f} s (between nodes)'}"
+    base["fixed_s"] = 0.0
+    pick = {k: getattr(s, k) if getattr(s, k) is not None else defaults.get(k, v) for k, v in base.items()}
     whole = s.reload_whole_model if s.reload_whole_model is not None else ro.backend == "vllm"
-    src = (f"measured on a CPU for backend {ro.backend} (inputs.CPU_SYNC)" if measured else
-           "GPU: software terms not priced unless given, rates = rollout.mem_bandwidth")
     return SyncCosts(**pick, reload_whole_model=whole, source=src)
+
+
+def within_node(p: PlanInputs, tier: str | None = None) -> bool:
+    """The sync stays inside a node: colocated, or over an NVLink-class link (``NVLINK_CLASS_BW``)."""
+    return p.placement == "colocated" or p.tiers()[tier or p.network.sync_link] >= NVLINK_CLASS_BW
 
 
 def sync_tensors(p: PlanInputs, mode: str) -> int:
@@ -150,15 +174,22 @@ def _sync(p: PlanInputs, b: StepBytes, mode: str, link_bw: float, links: int) ->
     compare = M.delta_compare_s(b.full_sync, gpus_t, c.cast_bw) if mode == "delta" else 0.0
     synced_params = {"full": pol.params, "delta": pol.params * pol.delta_fraction,
                      "lora": pol.params * pol.lora_fraction}[mode]
+    # RDMA writes land in the engine's weights: no copy on the receiver; the sender reshards every tensor
+    # of its pipeline stage into the receivers' layout, whatever share of the bytes each stream carries.
+    p2p = receiver(p) == "rdma_write"
+    # Control once per update: the plan's figure, else the GPU default for the link priced (CROSS_NODE_FIXED_S
+    # between nodes, none within one).
+    fixed = c.fixed_s if p.sync.fixed_s is not None or p.rollout.device == "cpu" else (
+        0.0 if p.placement == "colocated" or link_bw >= NVLINK_CLASS_BW else CROSS_NODE_FIXED_S)
     return M.sync_time(
         b.sync(mode), link_bw=link_bw, links=links, gather_bw=p.tiers()[p.network.gather_link], load_bw=c.load_bw,
-        receivers=p.rollout.tp, fixed_s=p.sync.fixed_s, pause_s=c.pause_s, compare_s=compare,
+        receivers=p.rollout.tp, fixed_s=fixed, pause_s=c.pause_s, compare_s=compare,
         tensors=sync_tensors(p, mode), load_tensors=pol.weight_tensors if c.reload_whole_model else None,
-        load_bytes=b.full_sync if c.reload_whole_model else None, send_per_tensor_s=c.send_per_tensor_s,
+        load_bytes=0.0 if p2p else (b.full_sync if c.reload_whole_model else None), send_per_tensor_s=c.send_per_tensor_s,
         load_per_tensor_s=c.load_per_tensor_s, per_bucket_s=c.per_bucket_s, bucket_bytes=p.sync.bucket_bytes,
         shards=p.trainer.dp if p.trainer.sharding == "fsdp" else 1, params=synced_params,
         source_bpp=p.sync.source_bytes_per_param or pol.bytes_per_param, dest_bpp=pol.bytes_per_param,
-        cast_bw=c.cast_bw, overlap=p.sync.bucket_overlap)
+        cast_bw=c.cast_bw, overlap=p.sync.bucket_overlap, send_streams=p.trainer.pp if p2p else None)
 
 
 def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:

@@ -84,11 +84,17 @@ def train_tokens(p: PlanInputs) -> float:
     return sequences(p) * (p.rollout.prompt_tokens + p.rollout.avg_tokens)
 
 
+def trainer_flops(p: PlanInputs) -> float:
+    """Sustained training FLOP/s per GPU: the stated ``trainer.flops_per_gpu``, else peak x MFU."""
+    t = p.trainer
+    return t.flops_per_gpu if t.flops_per_gpu is not None else t.peak_flops * t.mfu
+
+
 def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int) -> float:
     if given is not None:
         ref = p.phases.gpus or trainer_gpus(p)
         return given * ref / gpus  # FLOP-bound: time x GPUs is the work
-    return flops_per_token_param * active_params(p) * train_tokens(p) / (p.trainer.flops_per_gpu * gpus)
+    return flops_per_token_param * active_params(p) * train_tokens(p) / (trainer_flops(p) * gpus)
 
 
 def train_s(p: PlanInputs, gpus: int) -> float:

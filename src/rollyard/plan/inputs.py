@@ -51,6 +51,41 @@ CPU_SYNC: dict[str, dict[str, float]] = {
 # The same run measured the dist transport (gloo over loopback) at 3.0 GB/s: a CPU plan's sync link is
 # then e.g. network.custom = {loopback = 3e9}, network.sync_link = "loopback".
 
+# The software cost of a weight update on a GPU, by a rule from what the receiver does with each tensor
+# (sync.receiver; auto: vllm and sglang run load_weights, rollyard's native engine copies). Each figure
+# with its source (docs/calibration.md lists the rows that share a source or system with it: in-sample).
+LOAD_WEIGHTS_PER_TENSOR_S = 127e-6  # SGLang load_weights per tensor on H100: the slime blog's per-bucket
+# profile after flattening (https://hebiao064.github.io/rl-weight-sync): 20 ms per 512 MB bucket (IPC open 3 +
+# rebuild 5 + load_weights 12 + close 0.2 ms) of ~157 tensors (Qwen3-30B-A3B: 18,867 tensors in ~120 buckets)
+VLLM_PAUSE_S = 0.14  # vLLM's native update lifecycle (pause -> start_weight_update -> finish -> resume):
+# huggingface/trl PR #5892, Qwen3-0.6B whole sync 0.18 s on H100, less its 310 tensors x 127 us and 1.5 GB of wire
+GPU_SYNC: dict[str, dict[str, float]] = {
+    # load_weights per tensor: name resolution, the weight loader slicing its TP/EP shard, a copy launch
+    "load_weights": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    # rollyard's native engine: a name lookup and one copy_ per tensor; the Python work per tensor that
+    # bench/sync.py --terms measured on a CPU (CPU_SYNC native), which a GPU host's driver process runs too
+    "copy": {"load_per_tensor_s": CPU_SYNC["native"]["load_per_tensor_s"], "pause_s": CPU_SYNC["native"]["pause_s"]},
+    # RDMA writes into the engine's preallocated, registered weight buffers: nothing runs per tensor on the
+    # receiver, but the sender reshards every tensor into the receiver's layout with the engine's own weight
+    # loader (miles p2p: a CPU replica of the SGLang model "provides the correct weight_loader functions to
+    # re-shard"), so load_weights' per-tensor cost moves to the sending stream
+    "rdma_write": {"send_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    # the transfer alone (a benchmark that stops at the receiving buffer): no software term
+    "none": {},
+}
+# The engine's pause and resume around an update, by backend (a receiver that pauses an engine):
+# vLLM's from TRL; SGLang's is not published (miles and slime time their updates after pause_generation
+# returns), so it is not priced; rollyard's native engine pauses at a step boundary (CPU_SYNC).
+GPU_PAUSE_S: dict[str, float] = {"vllm": VLLM_PAUSE_S, "sglang": 0.0, "native": CPU_SYNC["native"]["pause_s"]}
+RECEIVERS: tuple[str, ...] = tuple(GPU_SYNC)
+# Once per update, a sync between nodes pays its control: metadata gather, the barrier and the Ray calls
+# that start and end the collective on every rank. NeMo-RL's smallest NCCL refit anchor (tools/
+# refit_bandwidth_calculator.py _NCCL_ANCHORS: 63.2 GB in 0.84 s, H100, 8 x 400 Gb/s) less its wire
+# (63.2e9 / (8 x 50e9) = 0.16 s) and less the vLLM pause it includes (VLLM_PAUSE_S): 0.54 s. A sync
+# within a node (colocated, or over a link of NVLINK_CLASS_BW or more, which no NIC gives) pays none.
+CROSS_NODE_FIXED_S = 0.84 - 63.2e9 / (8 * 50e9) - VLLM_PAUSE_S
+NVLINK_CLASS_BW = 200e9
+
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
 SYNC_MODES: tuple[str, ...] = ("full", "delta", "lora")
@@ -105,8 +140,11 @@ class TrainerSection(Section):
     dp: int = Field(8, ge=1, le=MAX_GPUS, description="trainer data-parallel width [ranks]; the gradient ring all-reduce runs over these")
     grad_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per gradient element on the wire [bytes]; null = policy.bytes_per_param (the runbook's model)")
     gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the trainer pool [count]; null = dp")
-    flops_per_gpu: float = Field(4e14, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; 4e14 is ~40% of an H100's bf16 dense peak (seed 002 quotes ~8e14 as best case)")
+    peak_flops: float = Field(989e12, gt=0, le=1e17, description="dense bf16 peak FLOP/s per trainer GPU [FLOP/s]; 989e12 = H100 SXM (NVIDIA datasheet); H20 1.48e14, H200 989e12, B200 2.25e15")
+    mfu: float = Field(0.31, gt=0, le=1, description="model FLOPs utilization of the trainer [fraction]: 6 x P_active x tokens done per second over peak_flops; 0.31 = IBM fms-fsdp's FSDP training on 96 H100 (7B no AC 7,500, 13B selective AC 3,800, 34B full AC 1,550 tokens/s/GPU: 0.32, 0.30, 0.32 of 989 TFLOP/s)")
+    flops_per_gpu: float | None = Field(None, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; null = peak_flops x mfu (3.07e14 on the defaults); a stated figure wins (e.g. one measured by --calibrate-from)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
+    pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_write)")
     micro_batch_tokens: int = Field(16384, ge=1, le=10**9, description="tokens per micro-batch per trainer GPU [tokens]: the activations held at once; 16384 = verl's ppo_max_token_len_per_gpu default")
     logits_tokens: int | None = Field(None, ge=1, le=10**9, description="tokens whose fp32 logits are held at once [tokens] (a chunked log-softmax: rollyard's trainer.logprob_chunk); null = micro_batch_tokens (whole micro-batch)")
     activation_checkpointing: bool = Field(True, description="recompute each layer in the backward pass: a layer keeps only its input (2 x hidden bytes per token) instead of ~34 x hidden (Korthikanti et al. 2022, bf16, flash attention)")
@@ -114,8 +152,8 @@ class TrainerSection(Section):
 
 
 class RolloutSection(Section):
-    backend: Literal["native", "vllm"] = Field("native", description="rollout engine that receives weight syncs (the run's rollout.backend): native (rollyard's own engine: weights copied into its tensors) or vllm (a vLLM engine: weights go through reload_weights); picks the engine-side sync defaults")
-    device: Literal["gpu", "cpu"] = Field("gpu", description="where trainer and rollout engine run: gpu (software sync terms not priced unless given; rates from rollout.mem_bandwidth) or cpu (sync terms measured on this project's machines by bench/sync.py, per backend)")
+    backend: Literal["native", "vllm", "sglang"] = Field("native", description="rollout engine that receives weight syncs (the run's rollout.backend): native (rollyard's own engine: weights copied into its tensors), vllm or sglang (weights go through the engine's load_weights); picks the engine-side sync defaults (sync.receiver = auto)")
+    device: Literal["gpu", "cpu"] = Field("gpu", description="where trainer and rollout engine run: gpu (software sync terms by the receiver's rule, sync.receiver, with sourced constants: inputs.GPU_SYNC; rates from rollout.mem_bandwidth) or cpu (sync terms measured on this project's machines by bench/sync.py, per backend)")
     prompts: int = Field(256, ge=1, le=MAX_PROMPTS, description="prompts per step [count]; runbook: 256")
     samples: int = Field(8, ge=1, le=MAX_SAMPLES, description="samples per prompt (GRPO group size) [count]; runbook: 8")
     avg_tokens: float = Field(4096, gt=0, le=MAX_TOKENS, description="mean generated tokens per sample [tokens]; runbook: 4096")
@@ -134,10 +172,11 @@ class SyncSection(Section):
     per_hour: float = Field(60, gt=0, le=1e6, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
     every_steps: int = Field(1, ge=1, le=MAX_STEPS, description="optimizer steps between weight syncs [steps]")
     staleness_bound: int = Field(1, ge=0, le=MAX_STEPS, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
-    fixed_s: float = Field(0.0, ge=0, le=1e6, description="once per sync [s]: metadata gather, process-group setup (a published or measured figure; 0 = not priced)")
-    pause_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: the engine's pause before the load and resume after it; null = the backend's default (rollout.backend, rollout.device; 0 on a GPU: not priced)")
-    send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part; null = the backend's default (0 on a GPU)")
-    load_per_tensor_s: float | None = Field(None, ge=0, le=10, description="engine side, per tensor each receiving GPU loads [s]: load_weights' name resolution, the weight loader slicing its shard, a copy launch; null = the backend's default (0 on a GPU)")
+    fixed_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: metadata gather, process-group setup, the control calls around a transfer; null = the GPU default: 0.54 s for a sync that crosses nodes (inputs.CROSS_NODE_FIXED_S, from NeMo-RL's refit anchor), 0 within a node (colocated, or a sync link of 200 GB/s or more) and on a CPU")
+    receiver: Literal["auto", "load_weights", "copy", "rdma_write", "none"] = Field("auto", description="what the receiving engine does with each tensor, which sets the GPU defaults of the software terms (inputs.GPU_SYNC): load_weights (vLLM/SGLang: name resolution, reshard, copy per tensor), copy (rollyard's native engine), rdma_write (writes into preallocated registered buffers: the reshard moves to the sender), none (the transfer alone); auto = load_weights for vllm and sglang, copy for native")
+    pause_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: the engine's pause before the load and resume after it; null = the backend's default (rollout.backend, rollout.device; GPU: vLLM 0.14 s from TRL, SGLang not published: 0)")
+    send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part, a reshard into the receiver's layout; null = the default for sync.receiver (GPU: rdma_write 127 us, else 0)")
+    load_per_tensor_s: float | None = Field(None, ge=0, le=10, description="engine side, per tensor each receiving GPU loads [s]: load_weights' name resolution, the weight loader slicing its shard, a copy launch; null = the default for sync.receiver (GPU: load_weights 127 us, copy 34 us, rdma_write and none 0)")
     per_bucket_s: float | None = Field(None, ge=0, le=1e3, description="per bucket, a handshake every side waits for [s]: a collective launch and synchronize, the bucket's metadata message or IPC handle, the receiver's reply; null = the backend's default (0 on a GPU)")
     bucket_bytes: float = Field(1e9, gt=0, le=1e15, description="bytes per bucket a sending stream cuts the update into [bytes]; 1e9: vLLM's packed weight transfer (1 GiB), slime/miles --update-weight-buffer-size 0.5-1 GB")
     source_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per parameter of the trainer's weights a sync reads [bytes] (4 = fp32 master weights cast to the rollout dtype); null = policy.bytes_per_param (a plain copy)")

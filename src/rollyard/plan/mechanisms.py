@@ -300,7 +300,7 @@ def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, lo
               load_tensors: float | None = None, load_bytes: float | None = None, send_per_tensor_s: float = 0.0,
               load_per_tensor_s: float = 0.0, per_bucket_s: float = 0.0, bucket_bytes: float = math.inf,
               shards: int = 1, params: float = 0.0, source_bpp: float = 0.0, dest_bpp: float = 0.0,
-              cast_bw: float = math.inf, overlap: bool = True) -> SyncTime:
+              cast_bw: float = math.inf, overlap: bool = True, send_streams: int | None = None) -> SyncTime:
     """Seconds to move one sync of ``nbytes`` (``tensors`` tensors) from the trainer into a rollout
     replica, term by term (the rule above):
 
@@ -308,7 +308,8 @@ def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, lo
       tensors and buckets (``ceil(nbytes / links / bucket_bytes)`` buckets each);
     - trainer side per stream: ``gather_s`` (``shards``-way FSDP), ``cast_s`` (``params`` from
       ``source_bpp`` to ``dest_bpp`` at ``cast_bw``; 0 bytes per element = not priced), tensors x
-      ``send_per_tensor_s``;
+      ``send_per_tensor_s``, the tensors split over ``send_streams`` (default ``links``; a P2P sender
+      reshards every tensor of its pipeline stage whatever its share of the bytes);
     - per bucket, serial: buckets x ``per_bucket_s``;
     - engine side per receiving GPU: ``load_tensors`` (default: the update's tensors) x
       ``load_per_tensor_s`` and ``copy_s`` of ``load_bytes`` (default: ``nbytes``); an engine that
@@ -327,7 +328,7 @@ def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, lo
         fixed_s=fixed_s, pause_s=pause_s, compare_s=compare_s,
         gather_s=gather_s(nbytes, shards, links, gather_bw),
         cast_s=cast_s(params, source_bpp, dest_bpp, links, cast_bw),
-        send_tensor_s=tensors / links * send_per_tensor_s, bucket_s=buckets * per_bucket_s,
+        send_tensor_s=tensors / (send_streams or links) * send_per_tensor_s, bucket_s=buckets * per_bucket_s,
         wire_s=nbytes / (links * link_bw),
         load_tensor_s=load_tensors * load_per_tensor_s, copy_s=copy_s(load_bytes, receivers, load_bw),
         buckets=buckets, tensors=tensors, overlap=overlap)

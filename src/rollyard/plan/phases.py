@@ -69,7 +69,7 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     src["train"] = ("given" if ph.train_s is not None and not ph.gpus else
                     f"given on {ph.gpus} GPUs, x {ph.gpus}/{gt} (FLOP-bound)" if ph.train_s is not None else
                     f"estimated: 6 x {H.active_params(p):.3g} x {train_tokens(p):.3g} tokens / "
-                    f"({p.trainer.flops_per_gpu:.3g} FLOP/s x {gt} GPUs)")
+                    f"({H.trainer_flops(p):.3g} FLOP/s x {gt} GPUs)")
     reference = H.reference_s(p, gt)
     src["reference"] = ("no reference model" if not ph.use_reference else "given" if ph.reference_s is not None
                         else "estimated: 2 x P_active x tokens (forward only) on the trainer GPUs")

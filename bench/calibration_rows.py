@@ -1,0 +1,123 @@
+"""Published weight-sync figures against `rollyard plan` on its defaults (docs/calibration.md).
+
+    .venv/bin/python bench/calibration_rows.py          # the table, one row per published figure
+    .venv/bin/python bench/calibration_rows.py --json   # the same as JSON
+
+Each row is a plan file in examples/ plus overrides that describe the published configuration only
+(model size, tensor count, pool shape, bucket, link, the receiver's kind): no software constant is set per
+row; every software term comes from the defaults for the receiver (``rollyard.plan.inputs.GPU_SYNC``).
+A row is in sample when it shares a source or a system with a constant the defaults use (the ``sample``
+column says which); the count of rows within 2x is given for all rows and for the out-of-sample rows.
+Nothing here is timed: the plan is arithmetic, so the figures are exact and tests pin them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rollyard.plan.inputs import load_plan
+from rollyard.plan.planner import make_plan
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+AIR = ("policy.params=109.3e9", "policy.active_params=12e9", "policy.weight_tensors=18327")
+Q235 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945")
+KIMI = ("policy.params=1.029e12", "policy.active_params=32e9", "policy.bytes_per_param=1",
+        "policy.weight_tensors=139583", "sync.source_bytes_per_param=2")
+DSV3 = ("policy.params=689e9", "policy.active_params=37e9", "policy.weight_tensors=91991")
+SKYRL = ("policy.params=14.8e9", "policy.active_params=14.8e9", "policy.weight_tensors=579", "rollout.tp=2",
+         "sync.bucket_bytes=1e9", "rollout.backend=vllm")
+TRL_SMALL = ("policy.params=0.75e9", "policy.active_params=0.6e9", "policy.weight_tensors=310", "trainer.dp=1",
+             "network.sync_link=nvlink_h100", "network.gather_link=nvlink_h100", "rollout.mem_bandwidth=3.35e12")
+# Why a row is in sample: the defaults' constants and their sources (inputs.GPU_SYNC, GPU_PAUSE_S).
+SLIME = "in: slime system (load_weights 127 us is the slime blog's)"
+MILES = "in: miles is slime's fork (load_weights 127 us)"
+TRL = "in: TRL system (vLLM pause 0.14 s is TRL #5892's)"
+NEMO = "in: NeMo-RL refit anchors (cross-node control 0.54 s is their 63.2 GB anchor's)"
+NEMO_SYS = "in: NeMo-RL system (cross-node control 0.54 s is its refit anchor's)"
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    what: str
+    file: str
+    overrides: tuple[str, ...]
+    published_s: float
+    sample: str  # "out", or "in: why"
+
+
+ROWS = [
+    Row("S1b", "NeMo-RL NCCL refit 247 GB, H100", "plan_nemo_refit_247.toml", (), 1.60, NEMO),
+    Row("S1c", "NeMo-RL NCCL refit 470 GB", "plan_nemo_refit_470.toml", (), 2.52, NEMO),
+    Row("S2", "NeMo-RL NCCL refit 1342 GB", "plan_nemo_refit_1342.toml", (), 3.365, NEMO),
+    Row("S3a", "checkpoint-engine broadcast, Qwen3-235B, 8 x H800", "plan_ckpt_engine_qwen235b.toml", (), 6.22, "out"),
+    Row("S3b", "checkpoint-engine broadcast, GLM-4.5-Air, 8 x H800", "plan_ckpt_engine_qwen235b.toml",
+        (*AIR, "sync.bucket_bytes=3.24e9"), 3.47, "out"),
+    Row("S3c", "checkpoint-engine broadcast, Kimi-K2 FP8, 16 x H20", "plan_kimi_k2_ckpt_engine.toml",
+        ("sync.bucket_bytes=6.32e9",), 14.36, "out"),
+    Row("S3d", "checkpoint-engine broadcast, Kimi-K2 FP8, 256 x H20", "plan_kimi_k2_ckpt_engine.toml", (), 16.04, "out"),
+    Row("S3e", "checkpoint-engine broadcast, DeepSeek-V3.1 FP8, 16 x H20", "plan_kimi_k2_ckpt_engine.toml",
+        (*DSV3, "sync.bucket_bytes=5.79e9"), 10.19, "out"),
+    Row("S3f", "checkpoint-engine broadcast, DeepSeek-V3.1 FP8, 256 x H20", "plan_kimi_k2_ckpt_engine.toml", DSV3,
+        11.33, "out"),
+    Row("S4a", "miles NCCL broadcast, Qwen3-30B-A3B", "plan_miles_broadcast_qwen30b.toml", (), 2.670, MILES),
+    Row("S4b", "miles NCCL broadcast, GLM-4.5-Air", "plan_miles_broadcast_qwen30b.toml", AIR, 5.001, MILES),
+    Row("S4c", "miles NCCL broadcast, Qwen3-235B-A22B", "plan_miles_broadcast_qwen30b.toml", Q235, 10.754, MILES),
+    Row("S4d", "miles NCCL broadcast, Kimi-K2 BF16 -> FP8", "plan_miles_broadcast_qwen30b.toml", KIMI, 53.279, MILES),
+    Row("S4e", "miles P2P RDMA, Qwen3-30B-A3B", "plan_miles_p2p_qwen30b.toml", (), 2.160, MILES),
+    Row("S4f", "miles P2P RDMA, GLM-4.5-Air (PP4)", "plan_miles_p2p_qwen30b.toml",
+        (*AIR, "trainer.pp=4", "rollout.gpus=32"), 2.637, MILES),
+    Row("S4g", "miles P2P RDMA, Qwen3-235B-A22B (PP4, TP32)", "plan_miles_p2p_qwen30b.toml",
+        (*Q235, "trainer.pp=4", "rollout.gpus=64", "rollout.tp=32"), 3.162, MILES),
+    Row("S4h", "miles P2P RDMA, Kimi-K2 BF16 -> FP8 (PP8, TP32)", "plan_miles_p2p_qwen30b.toml",
+        (*KIMI, "trainer.pp=8", "rollout.gpus=256", "rollout.tp=32"), 7.227, MILES),
+    Row("S5", "NeMo-RL checkpoint-engine NIXL, DeepSeek-V3 -> vLLM TP32", "plan_nemo_nixl_deepseek_v3.toml", (),
+        9.25, NEMO_SYS),
+    Row("S6", "verl NCCL checkpoint engine, Qwen3-30B-A3B, no engine load", "plan_verl_ckpt_qwen30b.toml", (), 7.0,
+        "out"),
+    Row("S7a", "slime colocated CUDA IPC, Qwen3-30B-A3B (blog total)", "plan_slime_colocated_qwen30b.toml", (), 7.0,
+        SLIME),
+    Row("S7b", "slime colocated, measured loop, 8 x H200", "plan_slime_colocated_qwen30b.toml",
+        ("rollout.mem_bandwidth=4.8e12",), 3.0, SLIME),
+    Row("S7c", "vime (vLLM) colocated after packing, 8 x H200", "plan_slime_colocated_qwen30b.toml",
+        ("rollout.backend=vllm", "rollout.mem_bandwidth=4.8e12"), 5.3, "out"),
+    Row("S7d", "SkyRL colocated CUDA IPC into vLLM, 14B, TP2", "plan_slime_colocated_qwen30b.toml", SKYRL, 1.6, "out"),
+    Row("S8a", "TRL + vLLM NCCL, Qwen3-0.6B, H100", "plan_trl_async_qwen3_32b.toml", TRL_SMALL, 0.18, TRL),
+    Row("S8b", "TRL AsyncGRPO FSDP2 -> vLLM NCCL, Qwen3-32B, H200", "plan_trl_async_qwen3_32b.toml", (), 2.3, TRL),
+]
+
+
+def plan_seconds(row: Row) -> float:
+    """One weight update as the plan prices it on its defaults (the sync breakdown's total)."""
+    plan = make_plan(load_plan(EXAMPLES / row.file, list(row.overrides)))
+    return plan.sync_detail.total
+
+
+def table() -> list[dict]:
+    out = []
+    for r in ROWS:
+        s = plan_seconds(r)
+        out.append({**asdict(r), "plan_s": s, "ratio": s / r.published_s, "within_2x": 0.5 <= s / r.published_s <= 2})
+    return out
+
+
+def main(argv: list[str]) -> int:
+    rows = table()
+    if "--json" in argv:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'row':5} {'published':>10} {'plan':>8} {'ratio':>6}  sample  configuration")
+    for r in rows:
+        print(f"{r['id']:5} {r['published_s']:9.3f}s {r['plan_s']:7.3f}s {r['ratio']:6.2f}  "
+              f"{'in ' if r['sample'].startswith('in') else 'out'}     {r['what']}")
+    out = [r for r in rows if r["sample"] == "out"]
+    print(f"within 2x on defaults: {sum(r['within_2x'] for r in rows)} of {len(rows)} rows; out of sample "
+          f"{sum(r['within_2x'] for r in out)} of {len(out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
