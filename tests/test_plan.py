@@ -610,6 +610,11 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert eq["configured"]["vs_colocated"] == pytest.approx(1.13, abs=0.005) and eq["vs_colocated"] == pytest.approx(1.85, abs=0.005)
     assert doc("plan_verl_async_32.toml")["equal_hardware"]["async"]["vs_colocated"] == pytest.approx(1.75, abs=0.005)
     assert doc("plan_rollpacker_tail.toml")["tail_whatif"]["step_speedup"] == pytest.approx(1.39, abs=0.005)
+    # verl one-step-off (A5): the 4-GPU rollout pool is priced at 876 s (measured 458 s), so the published
+    # 4:12 split reads 0.79x where verl measured 1.44x (docs/calibration.md says why).
+    one = doc("plan_verl_one_step_off_16.toml")["equal_hardware"]["async"]
+    assert one["configured"]["rollout_s"] == pytest.approx(876.4, abs=0.5)
+    assert one["configured"]["vs_colocated"] == pytest.approx(0.79, abs=0.005) and one["vs_colocated"] == pytest.approx(1.16, abs=0.005)
 
 
 def _numeric_fields():
