@@ -3,9 +3,11 @@ support, and a random Qwen2 taught (by a few hundred supervised steps, greedy) o
 
 from __future__ import annotations
 
+import tempfile
+
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen2Config
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config
 
 from rollyard.env import template
 
@@ -32,7 +34,12 @@ def tokenizer() -> PreTrainedTokenizerFast:
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
     out.chat_template = TOOL_CHAT
-    return out
+    # Through a save and a load beside a Qwen2 config, as a run reads it: AutoTokenizer then builds
+    # transformers' Qwen2 tokenizer, whose pre-tokenizer splits digits (the trained one does not).
+    with tempfile.TemporaryDirectory() as d:
+        out.save_pretrained(d)
+        Qwen2Config(vocab_size=len(out)).save_pretrained(d)
+        return AutoTokenizer.from_pretrained(d)
 
 
 def conversation(tok, schemas: list[dict], tool_output: str = "5") -> tuple[list[int], list[int], list[int], list[int]]:
