@@ -103,12 +103,17 @@ def activation_bytes(model_config, tokens: int, row_length: int, checkpointing: 
 
 def trainer_bytes(cfg: RunConfig, model) -> int:
     """Weights, gradients and AdamW's two moments in fp32 for the trainable parameters, plus the frozen
-    weights and one micro-batch's activations (rows as long as the context allows, at most the micro-batch)."""
+    weights and one micro-batch's activations (rows of max_new_tokens + 512 tokens, at most the context)."""
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if cfg.model.lora.r == 0 else 0
     tokens = cfg.trainer.micro_batch_tokens
-    row = min(tokens, _context(cfg, model.config))
-    return 4 * params + 12 * trainable + activation_bytes(model.config, tokens, row, cfg.trainer.activation_checkpointing)
+    return 4 * params + 12 * trainable + activation_bytes(model.config, tokens, _row(cfg, model.config),
+                                                          cfg.trainer.activation_checkpointing)
+
+
+def _row(cfg: RunConfig, model_config) -> int:
+    """A training row's length for the attention term: a sequence as the auto KV budget sizes one."""
+    return min(cfg.trainer.micro_batch_tokens, _context(cfg, model_config), PROMPT_ALLOWANCE + cfg.rollout.max_new_tokens)
 
 
 def check_fits(cfg: RunConfig, model, device: str = "cpu", available: int | None = None) -> None:
@@ -125,8 +130,7 @@ def check_fits(cfg: RunConfig, model, device: str = "cpu", available: int | None
                           f"kB per token)")
     train = trainer_bytes(cfg, model)
     if kv + train > avail:
-        act = activation_bytes(model.config, cfg.trainer.micro_batch_tokens,
-                               min(cfg.trainer.micro_batch_tokens, _context(cfg, model.config)),
+        act = activation_bytes(model.config, cfg.trainer.micro_batch_tokens, _row(cfg, model.config),
                                cfg.trainer.activation_checkpointing)
         fix = ("lower trainer.micro_batch_tokens" if cfg.trainer.activation_checkpointing
                else "set trainer.activation_checkpointing=true or lower trainer.micro_batch_tokens")
