@@ -259,7 +259,7 @@ def test_abort_while_a_tool_runs_ends_the_trajectory_and_ignores_the_late_output
         turns.submit([Request("q0", prompt, n=1, max_new_tokens=100, meta={MESSAGES_KEY: tool_chat.QUESTION})])
         while not engine.idle:  # the first model turn, up to its tool call
             assert turns.step() == []
-        assert ex.busy and not turns.idle
+        assert ex.busy and not turns.idle and turns.num_active == 1 and engine.num_active == 0
         (s,) = turns.abort(["q0"])
         assert s.finish_reason == "abort" and s.completion_ids == turn1
         assert list(turns.results()) == [] and turns.idle  # the tool's late answer went to nobody

@@ -140,6 +140,15 @@ class MultiTurn:
     def idle(self) -> bool:
         return self.engine.idle and not self._trajs and not self._out and not self.box.executor.busy
 
+    @property
+    def num_active(self) -> int:
+        """Trajectories in progress (decoding, or waiting on a tool or on their environment's reward)."""
+        return len(self._trajs) + len(self._ended)
+
+    @property
+    def num_queued(self) -> int:
+        return self.engine.num_queued
+
     def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
         """Start a trajectory per sample of ``requests``; the rejected requests with the engine's reason.
         With an environment, each sample's instance is reset first (a blocking call per request batch)."""
