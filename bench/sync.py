@@ -52,8 +52,8 @@ from rollyard.model.loading import attach_lora, build_preset, char_tokenizer
 from rollyard.sync.apply import Receiver
 from rollyard.sync.check import compare_weights, weights_checksum
 from rollyard.sync.factory import make_publisher
-from rollyard.sync.local import rollout_copy
 from rollyard.sync.lora import ADAPTER_SUFFIXES
+from rollyard.sync.session import rollout_copy
 from rollyard.sync.transport_dist import DistTransport, broadcast_flat
 from rollyard.sync.transport_inprocess import InProcessTransport
 

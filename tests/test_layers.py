@@ -2,8 +2,11 @@
 
 The graph is read from the source with ``ast`` (every ``import`` statement, those inside functions too:
 a lazy import is still a dependency). Importing ``a.b.c`` also runs the packages ``a.b`` and ``a``
-first, unless the importer already sits inside them. The root package's ``__getattr__`` facade
-(``rollyard.train`` -> ``rollyard.api``, resolved only when the attribute is used) is not an edge.
+first, unless the importer already sits inside them. A module that takes a name from its own
+package's ``__init__`` (``from rollyard.placement import check`` inside ``rollyard/placement/``)
+depends on that ``__init__``: an edge, so a loop through a package's own face is a circle. The root
+package's ``__getattr__`` facade (``rollyard.train`` -> ``rollyard.api``, resolved only when the
+attribute is used) is not an edge.
 """
 
 from __future__ import annotations
@@ -57,7 +60,10 @@ def import_graph(src: Path = SRC) -> dict[str, set[str]]:
                 parts = t.split(".")
                 for i in range(1, len(parts) + 1):
                     dep = ".".join(parts[:i])
-                    inside = m == dep or m.startswith(dep + ".")
+                    # a parent package on the way to a module is already running when its own module
+                    # imports the child; the package itself as the target (a name of its __init__) is not,
+                    # except the root (``import rollyard`` for ``__file__``: its __init__ is the lazy facade)
+                    inside = m == dep or (m.startswith(dep + ".") and (i < len(parts) or dep == "rollyard"))
                     if dep in mods and not inside and (i == len(parts) or dep != "rollyard"):
                         graph[m].add(dep)
         graph.setdefault(m, set())
@@ -168,3 +174,19 @@ def test_the_walker_sees_lazy_imports_and_a_planted_upward_import(tmp_path):
     assert cycles(graph) == [["rollyard.model.llama", "rollyard.rollout.engine"]]
     assert layer_violations(graph) == ["rollyard.model.llama (layer 2) imports rollyard.rollout (layer 4)",
                                        "rollyard.model.llama (layer 2) imports rollyard.rollout.engine (layer 4)"]
+
+
+def test_the_walker_sees_a_loop_through_a_package_s_own_init(tmp_path):
+    """A planted loop: the package's __init__ imports a module (lazily) that takes a name back from
+    that __init__. A submodule imported by name (``from rollyard.place import step``) is no such edge."""
+    pkg = tmp_path / "rollyard" / "place"
+    pkg.mkdir(parents=True)
+    (tmp_path / "rollyard" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("RULE = 1\n\ndef train():\n    from rollyard.place import pool\n")
+    (pkg / "pool.py").write_text("from rollyard.place import RULE, step\n")
+    (pkg / "step.py").write_text("")
+    (pkg / "colocated.py").write_text("from rollyard.place import step\n")
+    graph = import_graph(tmp_path)
+    assert graph["rollyard.place.pool"] == {"rollyard.place", "rollyard.place.step"}
+    assert graph["rollyard.place.colocated"] == {"rollyard.place.step"}
+    assert cycles(graph) == [["rollyard.place", "rollyard.place.pool"]]

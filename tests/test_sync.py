@@ -20,8 +20,8 @@ from rollyard.sync.apply import Receiver
 from rollyard.sync.check import WeightsDiffer, compare_weights, weights_checksum
 from rollyard.sync.delta import DeltaPublisher, decode_indices, encode_indices
 from rollyard.sync.full import FullPublisher
-from rollyard.sync.local import push_pull, rollout_copy
 from rollyard.sync.lora import LoraPublisher
+from rollyard.sync.session import push_pull, rollout_copy
 from rollyard.sync.transport_inprocess import InProcessTransport
 from rollyard.sync.wire import SyncRejected, pack, unpack
 from rollyard.types import Request

@@ -1,87 +1,100 @@
 """Colocated placement: rollout and trainer share one process. No Ray, nothing to start.
 
-Each step: generate, score, train, and every ``sync.every`` steps a sync. By default the engine
-reads the module the trainer just stepped (mode ``inprocess``: zero bytes on the wire); with
-another mode (``full`` for a bf16 rollout copy, ``lora`` for merged adapter weights) the engine
-holds its own copy and the transport's reported bytes go to the ledger. Samples carry the version
-the engine holds; it lags the trainer's by up to ``sync.every - 1``.
+The rollout side is one engine in this process (``LocalRollout``); the step is ``step.py``'s. By
+default the engine reads the module the trainer just stepped (mode ``inprocess``: zero bytes on the
+wire); with another mode (``full`` for a bf16 rollout copy, ``lora`` for merged adapter weights) the
+engine holds its own copy, loaded by the session's transport, and its reported bytes go to the
+ledger. Samples carry the version the engine holds; it lags the trainer's by up to ``sync.every - 1``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from rollyard import roles
 from rollyard.config import RunConfig
-from rollyard.placement.run import finish, start
-from rollyard.placement.score import score
+from rollyard.placement import step as grpo
+from rollyard.placement.run import Roles, RunRecord, start
 from rollyard.placement.streamed import make_scheduler, streamed_step
 from rollyard.sync.check import compare_weights
-from rollyard.sync.factory import make_publisher, make_transport, resolve
-from rollyard.sync.local import push_pull, rollout_copy
-from rollyard.telemetry.report import StepProgress
-from rollyard.trainer.dp import after_step
+from rollyard.sync.factory import SyncPlan, resolve
+from rollyard.sync.session import LocalReceiver, SyncSession, rollout_copy
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
     plan = resolve(cfg, roles.device_of(cfg))  # a sync setting that cannot work fails before any start-up work
     run, r, extra_rng = start(cfg, run_dir, resume)
-    tel, trainer, ledger = run.telemetry, r.trainer, r.feed.ledger
-    publisher, transport = make_publisher(plan.mode, plan.dtype), make_transport(plan.transport, cfg.sync.bucket_mb)
-    # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
-    model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
-    engine, syncs = roles.engine(cfg, model, r.tokenizer, version=run.state.version), 0
-    if "engine" in extra_rng:
-        engine.generator.set_state(extra_rng["engine"])
-    # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
-    tel.traffic(run.state.step, "weights", push_pull(publisher, transport, r.model, engine, run.state.version, full=True))
-    compare_weights(publisher.expected(r.model), engine.model, run.state.version)
-    sched = make_scheduler(run, r) if cfg.rollout.scheduler == "tail" else None
-    run.begin()
-    with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
-        for step in range(run.state.step, cfg.steps):
-            round_metrics: dict = {}
-            trained_at = run.state.version
-            if sched is not None:  # rollout.scheduler=tail: streamed round + streaming trainer (outside the ledger)
-                requests, samples, train_metrics, round_metrics = streamed_step(run, r, engine, step, sched)
-            else:
-                requests, dead = r.feed.take(cfg.rollout.prompts_per_step, step)
-                run.dead_letter(dead, step)
-                ledger.hand_out([q.id for q in requests], "local")
-                tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+    return grpo.train(run, r, LocalRollout(run, r, plan, extra_rng))
 
-                cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
-                with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
-                    samples, rejected = engine.generate(requests)
-                round_metrics["rollout/engine_cpu_s"] = time.process_time() - cpu
-                run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
-                ledger.dead([q.id for q, _ in rejected])
-                tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
 
-                samples, trained = score(run, r, step, samples)
-                if hasattr(engine, "sleep"):  # rollout.backend=vllm: its GPU memory is the trainer's for the step
-                    engine.sleep()
-                with tel.span("train", step):
-                    train_metrics = trainer.step(trained)
-                if hasattr(engine, "wake_up"):
-                    engine.wake_up()
-                ledger.trained([q.id for q in requests if ledger.state[q.id] == "in_flight"])
-            after_step(tel, step, trainer)  # dp ranks: the gradients edge; fsdp: the gather (span + edge)
+class LocalRollout:
+    """The rollout side in the trainer's process: one engine, loaded through a ``LocalReceiver``."""
 
-            run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
-            nbytes, checked = 0, 0
-            if (step + 1) % cfg.sync.every == 0 and engine.version != run.state.version:
-                with tel.span("sync", step, mode=plan.mode, transport=plan.transport):
-                    nbytes = push_pull(publisher, transport, r.model, engine, run.state.version)
-                    syncs += 1
-                    if cfg.sync.check_every and syncs % cfg.sync.check_every == 0:
-                        compare_weights(publisher.expected(r.model), engine.model, engine.version)
-                        checked = 1
-                        run.log(f"sync check v{engine.version}: the rollout copy equals the trainer")
-            tel.traffic(step, "weights", nbytes)
-            round_metrics["sync/checked"] = checked
+    def __init__(self, run: RunRecord, r: Roles, plan: SyncPlan, extra_rng: dict):
+        cfg = run.cfg
+        self.run, self.r = run, r
+        s = cfg.sync
+        self.session = SyncSession(plan, r.model, s.every, s.check_every, s.bucket_mb)
+        # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
+        model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
+        self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)
+        if "engine" in extra_rng:
+            self.engine.generator.set_state(extra_rng["engine"])
+        self.receivers = {"local": LocalReceiver(self.engine)}
+        # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
+        handle, nbytes = self.session.startup(r.model, run.state.version)
+        self.receivers["local"].update(handle)
+        run.telemetry.traffic(run.state.step, "weights", nbytes)
+        compare_weights(self.session.expected(r.model), self.engine.model, run.state.version)
+        self.scheduler = make_scheduler(run, r) if cfg.rollout.scheduler == "tail" else None
 
-            run.close_step(step, r, progress, requests, samples, train_metrics, trained_at, extra=round_metrics,
-                           extra_rng=lambda: {"engine": engine.generator.get_state()})
-    return finish(run, r)
+    def take(self, step: int, version: int) -> grpo.Taken:
+        run, r, engine, tel = self.run, self.r, self.engine, self.run.telemetry
+        if self.scheduler is not None:  # rollout.scheduler=tail: streamed round + streaming trainer
+            requests, samples, train_metrics, extra = streamed_step(run, r, engine, step, self.scheduler)
+            return grpo.Taken(requests, samples, extra, train_metrics)
+        requests, dead = r.feed.take(run.cfg.rollout.prompts_per_step, step)
+        run.dead_letter(dead, step)
+        r.feed.ledger.hand_out([q.id for q in requests], "local")
+        tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+        cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
+        with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
+            samples, rejected = engine.generate(requests)
+        extra = {"rollout/engine_cpu_s": time.process_time() - cpu}
+        run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
+        r.feed.ledger.dead([q.id for q, _ in rejected])
+        tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
+        return grpo.Taken(requests, samples, extra)
+
+    @contextlib.contextmanager
+    def trainer_turn(self):
+        """rollout.backend=vllm: its GPU memory is the trainer's while the trainer steps."""
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
+        try:
+            yield
+        finally:
+            if hasattr(self.engine, "wake_up"):
+                self.engine.wake_up()
+
+    def publish(self, step: int, version: int) -> int:
+        nbytes = self.session.publish(self.r.model, version, self.receivers)
+        for name in self.session.missed:  # rejected (nothing applied): the last version whole
+            nbytes += self.session.catch_up(self.receivers[name])
+        return nbytes
+
+    def check(self, step: int, version: int) -> None:
+        with self.run.telemetry.span("sync_check", step, version=version):
+            compare_weights(self.session.expected(self.r.model), self.engine.model, self.engine.version)
+        self.run.log(f"sync check v{self.engine.version}: the rollout copy equals the trainer")
+
+    def metrics(self) -> dict:
+        return {}
+
+    def rng_state(self) -> dict:
+        return {"engine": self.engine.generator.get_state()}
+
+    def stop(self) -> None:
+        pass

@@ -12,24 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollyard.config import RunConfig
+from rollyard.placement import step
 from rollyard.placement.pool import RolloutPool
-from rollyard.placement.run import finish, start
-from rollyard.telemetry.report import StepProgress
+from rollyard.placement.run import start
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, worker: type | None = None) -> dict:
     """``worker`` (a test hook): the rollout actor class (tests/faults.py)."""
     run, r, _ = start(cfg, run_dir, resume)
-    bound = cfg.sync.every
-    pool = RolloutPool(cfg, run, r, bound, worker=worker)
-    try:
-        run.begin()
-        with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
-            for step in range(run.state.step, cfg.steps):
-                pool.fill(horizon=step + 1, step=step)
-                requests, samples = pool.take(cfg.rollout.prompts_per_step, run.state.version, round_=step)
-                samples, train_metrics, trained_at = pool.train(step, requests, samples)
-                run.close_step(step, r, progress, requests, samples, train_metrics, trained_at, extra=pool.metrics())
-    finally:
-        pool.stop()
-    return finish(run, r)
+    return step.train(run, r, RolloutPool(cfg, run, r, bound=cfg.sync.every, ahead=1, by_round=True, worker=worker))

@@ -1,4 +1,5 @@
-"""The driver's handles on the rollout workers (Ray actors): hand out work, take groups, publish, restart.
+"""The Ray rollout side (disaggregated, async): hand out work, take groups, publish, restart. It never
+trains: ``step.py`` scores and trains what ``take`` returns, then asks it to ``publish``.
 
 Work is handed out in rounds of ``prompts_per_step`` prompts; round ``b`` is meant for optimizer
 step ``b`` and travels with that target, which the worker's admission checks against the bound.
@@ -9,6 +10,10 @@ Every prompt is in the ledger: ``in_flight`` on a worker, ``deferred`` once its 
 ``trained`` after the step. A worker that dies (its ``run`` call fails with an actor error) has
 the groups it already queued taken first, then its remaining in-flight prompts requeued; it is
 restarted with the latest published weights, and the run goes on.
+
+Weights go through one ``sync.session.SyncSession``: its start-up handle builds every worker, its
+transport reaches all of them (``connect`` again after a restart), its snapshot builds a restarted
+worker and catches up one that missed an update.
 """
 
 from __future__ import annotations
@@ -24,14 +29,15 @@ from rich.markup import escape
 import rollyard
 from rollyard import roles, staleness
 from rollyard.config import ConfigError, RunConfig
-from rollyard.placement import RolloutCrashLoop, weights
 from rollyard.placement.rollout_actor import RolloutWorker
+from rollyard.placement.rules import RolloutCrashLoop
 from rollyard.placement.run import Roles, RunRecord
-from rollyard.placement.score import score
+from rollyard.placement.step import Taken, no_turn
 from rollyard.sync.check import WeightsDiffer
 from rollyard.sync.factory import resolve
+from rollyard.sync.session import SyncSession
+from rollyard.sync.transport_dist import SyncBroken
 from rollyard.telemetry import rundir
-from rollyard.trainer.dp import after_step
 from rollyard.types import Request, Sample
 
 MAX_RESTARTS = 3  # restarts within RESTART_WINDOW_S; workers that keep dying are a bug to surface, not to hide
@@ -41,22 +47,25 @@ MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
 class RolloutPool:
-    def __init__(self, cfg: RunConfig, run: RunRecord, r: Roles, bound: int, admission_slack: int = 0,
-                 worker: type | None = None):
-        """``admission_slack`` and ``worker`` (the actor class, default ``RolloutWorker``) are test hooks."""
-        self.cfg, self.run, self.r, self.bound = cfg, run, r, bound
+    def __init__(self, cfg: RunConfig, run: RunRecord, r: Roles, bound: int, ahead: int, by_round: bool,
+                 admission_slack: int = 0, worker: type | None = None):
+        """``bound``: the staleness bound; rounds are handed out ``ahead`` steps past the current one;
+        ``by_round``: step k takes exactly round k (disaggregated), else the first fresh groups (async).
+        ``admission_slack`` and ``worker`` (the actor class, default ``RolloutWorker``) are test hooks."""
+        self.cfg, self.run, self.r, self.bound, self.ahead, self.by_round = cfg, run, r, bound, ahead, by_round
         self.admission_bound = bound + admission_slack  # test hook: > bound exercises consumption alone
         self.ledger = r.feed.ledger
         self.P = cfg.rollout.prompts_per_step
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
-        # control calls (submit, update, join/recv of the sync group, checksum) run beside the loop
+        # control calls (submit, update, the transport's join/pull, checksum) run beside the loop
         opts = {"num_cpus": 1, "max_concurrency": 8}
         if ray.cluster_resources().get(ROLLOUT_RESOURCE):  # a cluster that names its rollout nodes
             opts["resources"] = {ROLLOUT_RESOURCE: 0.001}
         self.actor = ray.remote(**opts)(worker or RolloutWorker)
-        self.publisher = weights.Publisher(resolve(cfg, roles.device_of(cfg)), r.model, cfg.sync.bucket_mb)
-        self.ref, nbytes = self.publisher.startup(r.model, run.state.version)
-        self.checksum = self.publisher.checksum(r.model)  # every worker must start equal to the trainer
+        s = cfg.sync
+        self.session = SyncSession(resolve(cfg, roles.device_of(cfg)), r.model, s.every, s.check_every, s.bucket_mb)
+        self.ref, nbytes = self.session.startup(r.model, run.state.version)
+        self.checksum = self.session.checksum(r.model)  # every worker must start equal to the trainer
         run.totals["sync/startup_bytes"] = nbytes
         run.telemetry.traffic(run.state.step, "weights", nbytes)  # the opening full sync (review expects it)
         self.meta: dict[str, tuple[int, int]] = {}  # request id -> (round, hand-out order)
@@ -68,11 +77,11 @@ class RolloutPool:
         self.pids: dict[str, int] = {}  # each worker's current process: items from a replaced one are late
         self.restarts: Counter = Counter()
         self.restart_times: deque[float] = deque()  # when workers were replaced (the crash-loop window)
-        self.syncs = 0
         self.stats: Counter = Counter()
+        self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
-        self.publisher.connect(self.workers)
+        self.session.connect(self.workers)
         live = self.ledger.queued()  # a resumed run's live prompts: requeued, meant for the next step
         for q in live:
             self.meta[q.id] = (run.state.step, len(self.meta))
@@ -80,7 +89,7 @@ class RolloutPool:
 
     # -- workers -----------------------------------------------------------------------------------
 
-    def _start(self, name: str, handle: list, checksum: str) -> None:
+    def _start(self, name: str, handle, checksum: str) -> None:
         """Start actor ``name`` from the weights ``handle`` names; it must hash to ``checksum``."""
         i, n = int(name.rsplit("-", 1)[1]), self.restarts[name]
         h = self.actor.remote(self.cfg.model_dump(mode="json"), name, self.cfg.seed + i + 1000 * n, handle,
@@ -95,6 +104,7 @@ class RolloutPool:
         if info["rollyard"] != rollyard.__file__:
             raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
                               f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
+        h.retarget.remote(self.lag)
         self.workers[name], self.runs[name], self.pids[name] = h, h.run.remote(), info["pid"]
         here = ray.get_runtime_context().get_node_id()
         where = "the driver's node" if info["node"] == here else "another node than the driver"
@@ -112,7 +122,7 @@ class RolloutPool:
             except RayActorError as e:
                 self._replace(name, e)
         if dead:
-            self.publisher.connect(self.workers)  # a sync group cannot outlive a member: a new one, all ranks
+            self.session.connect(self.workers)  # a sync group cannot outlive a member: a new one, all ranks
 
     def _replace(self, name: str, err: Exception) -> None:
         now = time.time()
@@ -128,22 +138,39 @@ class RolloutPool:
         self._drain()  # the groups it queued before dying are taken, not requeued
         requeued = self.ledger.requeue(self.ledger.on_worker(name))
         del self.workers[name], self.runs[name]
-        handle, nbytes, checksum = self.publisher.snapshot_handle()  # the current weights, not the start-up ones
+        handle, nbytes, checksum = self.session.snapshot_handle()  # the current weights, not the start-up ones
         self.run.telemetry.traffic(self.run.state.step, "weights", nbytes)
         self.run.count("sync/restart_bytes", nbytes)
         self._start(name, handle, checksum)
         self.stats["restarts"] += 1
         self.run.log(f"[yellow]rollout worker {name} died ({type(err).__name__}); restarted at weights "
-                     f"v{self.publisher.last.version} (checksum verified), {len(requeued)} in-flight prompts "
+                     f"v{self.session.last.version} (checksum verified), {len(requeued)} in-flight prompts "
                      f"requeued[/yellow]")
         self._hand_out([(q, max(self.run.state.version, self.meta[q.id][0])) for q in requeued])
 
     def _catch_up(self, name: str) -> None:
         """Send worker ``name`` the last published version in full (it missed or rejected an update)."""
-        handle, nbytes, _ = self.publisher.snapshot_handle()
-        self.workers[name].update.remote(handle)
+        nbytes = self.session.catch_up(self.workers[name])
         self.run.telemetry.traffic(self.run.state.step, "weights", nbytes)
         self.stats["catch_ups"] += 1
+
+    # -- the step's side (step.py) -------------------------------------------------------------------
+
+    def take(self, step: int, version: int) -> Taken:
+        """Hand out rounds up to ``ahead`` steps on, then the step's groups (round ``step`` exactly, or
+        the first ``prompts_per_step`` fresh ones) for the trainer at ``version``."""
+        if step - version != self.lag:  # a skipped optimizer step: rounds' target versions move back by one
+            self.lag = step - version
+            for h in self.workers.values():
+                h.retarget.remote(self.lag)
+        self.fill(horizon=step + self.ahead, step=step)
+        requests, samples = self.groups(self.P, version, round_=step if self.by_round else None)
+        return Taken(requests, samples)
+
+    trainer_turn = staticmethod(no_turn)  # the workers hold their own copies: nothing to give the trainer
+
+    def rng_state(self) -> None:
+        return None  # each worker's sampling RNG is seeded per start (seed, worker, restarts)
 
     # -- hand out ------------------------------------------------------------------------------------
 
@@ -221,7 +248,7 @@ class RolloutPool:
                              f"accepts v{floor}+ (max staleness {self.bound}); prompt requeued[/yellow]")
                 self._hand_out([(q, version) for q in self.ledger.requeue([rid])])
 
-    def take(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:
+    def groups(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:
         """Groups to train on at trainer ``version``: the first ``k`` fresh ones to arrive, or (with
         ``round_``) exactly that round's. Blocks until they are there; returns them in hand-out order."""
         t0 = time.time()
@@ -250,48 +277,27 @@ class RolloutPool:
 
     # -- weights -------------------------------------------------------------------------------------
 
-    def train(self, step: int, requests: list[Request], samples: list[Sample]) -> tuple[list[Sample], dict, int]:
-        """Score and train the taken groups, then publish every ``sync.every`` versions.
-        Returns ``(samples, train metrics, the version that trained them)``."""
-        run, r = self.run, self.r
-        samples, trained = score(run, r, step, samples)
-        trained_at = run.state.version
-        with run.telemetry.span("train", step, requests=[q.id for q in requests]):
-            train_metrics = r.trainer.step(trained)
-        after_step(run.telemetry, step, r.trainer)  # dp ranks: the gradients edge; fsdp: gather for the publish
-        r.feed.ledger.trained([q.id for q in requests])
-        if not train_metrics.get("skipped"):  # a skipped update is no new version: nothing to publish
-            run.state.version += 1
-            if run.state.version % self.cfg.sync.every == 0:
-                self.publish(step, run.state.version)
-        return samples, train_metrics, trained_at
-
-    def publish(self, step: int, version: int) -> None:
-        """Send the trainer's weights at ``version`` to every worker (``sync.mode`` over ``sync.transport``)."""
-        self.syncs += 1
-        p = self.publisher
-        with self.run.telemetry.span("sync", step, mode=p.mode, transport=p.transport, version=version) as span:
-            try:
-                nbytes = p.publish(self.r.model, version, self.workers)
-                span.update(bytes=nbytes, values=sum(t.numel() for t in p.last.tensors.values()))
-                for name in p.missed:
-                    self._catch_up(name)
-            except weights.SyncBroken as e:  # a member died mid-broadcast: replace it, rebuild, catch the rest up
-                self.run.log(f"[yellow]{escape(str(e))}; rebuilding the sync group[/yellow]")
-                nbytes = 0
-                self._check_workers(wait_s=p.timeout_s)
-                for name in self.workers:
-                    self._catch_up(name)  # each skips it if it already holds this version
-        self.run.telemetry.traffic(step, "weights", nbytes)
-        self.run.count("sync/bytes", nbytes)
-        if self.cfg.sync.check_every and self.syncs % self.cfg.sync.check_every == 0:
-            self.check(step, version)
+    def publish(self, step: int, version: int) -> int:
+        """Send the trainer's weights at ``version`` to every worker; returns the bytes the transport moved.
+        A worker that missed it is caught up; a broken broadcast (a member died mid-sync) replaces the
+        dead, rebuilds the group and catches every worker up from the snapshot."""
+        try:
+            nbytes = self.session.publish(self.r.model, version, self.workers)
+            for name in self.session.missed:
+                self._catch_up(name)
+        except SyncBroken as e:
+            self.run.log(f"[yellow]{escape(str(e))}; rebuilding the sync group[/yellow]")
+            nbytes = 0
+            self._check_workers(wait_s=self.session.timeout_s)
+            for name in self.workers:
+                self._catch_up(name)  # each skips it if it already holds this version
+        return nbytes
 
     def check(self, step: int, version: int) -> None:
         """The equality check: every worker's weights, once at ``version``, hash to the trainer's.
         A worker that dies meanwhile is replaced (its replacement was checked against this version
         when it started); the queue is drained while waiting (a worker may be asking for a catch-up)."""
-        expected = self.publisher.checksum(self.r.model)
+        expected = self.session.checksum(self.r.model)
         with self.run.telemetry.span("sync_check", step, version=version, checksum=expected):
             pending = {h.checksum.remote(version): n for n, h in self.workers.items()}
             checked, dead = 0, False
@@ -312,8 +318,8 @@ class RolloutPool:
                                         f"{expected[:12]}; stopping rather than sampling from the wrong weights")
                 checked += 1
             if dead:
-                self._check_workers(wait_s=self.publisher.timeout_s)
-        self.stats["checked"] += 1
+                self._check_workers(wait_s=self.session.timeout_s)
+        self.stats["checked"] += 1  # run-wide count (rollout/checked); the step's row says sync/checked
         self.run.log(f"sync check v{version}: {checked} worker(s) equal the trainer ({expected[:12]})")
 
     def metrics(self) -> dict:
@@ -322,7 +328,7 @@ class RolloutPool:
         for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
         counts = self.ledger.counts()
-        return {"staleness/dropped": s["dropped"], "sync/checked": s["checked"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
+        return {"staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
                 "rollout/held_s": s["held_s"], "rollout/engine_s": s["engine_s"], "rollout/engine_cpu_s": s["engine_cpu_s"],
                 "rollout/ship_s": s["ship_s"],
                 "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),

@@ -9,14 +9,17 @@ thread-safe). One loop iteration:
    groups are restarted whole under the new weights) or ``continue`` (they go on; each token
    carries the version it was sampled under);
 2. admit held work whose target step allows it: a request that the trainer will consume at step
-   ``target`` starts only on weights of version ``>= min_fresh_version(target, bound)``;
+   ``target`` starts only on weights of version ``>= min_fresh_version(target - lag, bound)``, where
+   ``lag`` (``retarget``) is how many versions the trainer is behind its step count (skipped
+   optimizer steps make no version; without it a round could wait for a version never published);
 3. one ``engine.step()``; the groups it finished (all ``n`` samples of a request) go to the bounded
    output queue as one item (a full queue blocks the loop: backpressure), with the spans since.
 
-Weights arrive as object-store handles (``update``) or, with ``sync.transport=dist``, by a
-broadcast received on a control thread (``join_dist``, ``recv_dist``) and queued the same way;
-an update at or below the held version is skipped, a rejected one (``SyncRejected``: nothing
-applied) is reported to the driver, which sends the last full version.
+This class is a receiver of the driver's ``sync.session.SyncSession``: weights arrive as handles
+(``update``: opened by ``session.receive``) or, for a transport with a handshake, through its
+receiver half (``factory.make_receiver``: ``join`` the group, ``pull`` one broadcast on a control
+thread) and are queued the same way; an update at or below the held version is skipped, a rejected
+one (``SyncRejected``: nothing applied) is reported to the driver, which sends the last full version.
 
 Spans are wall-clock ``time.time()`` records tagged with this worker's name and pid; the driver
 shifts them by the clock offset it measured (``info``) and writes them to the run's spans.jsonl.
@@ -33,11 +36,9 @@ import torch
 
 from rollyard import roles, staleness
 from rollyard.config import RunConfig
-from rollyard.placement import weights
 from rollyard.sync.check import weights_checksum
-from rollyard.sync.factory import resolve
-from rollyard.sync.group import SyncGroup
-from rollyard.sync.transport_dist import DistTransport
+from rollyard.sync.factory import make_receiver, resolve
+from rollyard.sync.session import receive
 from rollyard.sync.wire import SyncRejected
 from rollyard.types import Request, Sample, WeightUpdate
 
@@ -48,13 +49,16 @@ IDLE_WAIT_S = 0.05  # with nothing to decode the loop sleeps until a control cal
 
 
 class RolloutWorker:
-    def __init__(self, cfg: dict, name: str, seed: int, handle: list, out, bound: int, inflight: str):
+    def __init__(self, cfg: dict, name: str, seed: int, handle, out, bound: int, inflight: str):
         torch.set_num_threads(1)
         self.cfg = RunConfig.model_validate(cfg)
         self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
+        self.lag = 0  # trainer steps minus trainer versions (skipped optimizer steps), set by ``retarget``
         model, tokenizer, _ = roles.policy(self.cfg, "cpu")
-        model = model.to(resolve(self.cfg, roles.device_of(self.cfg)).dtype)  # the dtype the trainer publishes in
-        update = weights.receive(handle)  # the trainer's weights: start-up or a restart
+        plan = resolve(self.cfg, roles.device_of(self.cfg))
+        model = model.to(plan.dtype)  # the dtype the trainer publishes in
+        self.link = make_receiver(plan.transport)  # the transport's receiver half (None: handles only)
+        update = receive(handle)  # the trainer's weights: start-up or a restart
         self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version - 1, seed=seed)
         self.engine.load_weights(update)
         self._lock = threading.Lock()
@@ -72,7 +76,6 @@ class RolloutWorker:
         self._idle_since: float | None = None  # holding work the bound does not admit yet
         self._ready: list[tuple[str, list[Sample]]] = []  # finished groups not yet shipped
         self._ready_since = 0.0  # when the oldest of them finished
-        self._group: tuple[int, SyncGroup] | None = None  # sync.transport=dist: (generation, group)
         self._needs_full = False  # an update was rejected: the driver sends the last full version
         self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
 
@@ -88,20 +91,22 @@ class RolloutWorker:
             self._updates.append(handle)
         self._wake.set()
 
+    def retarget(self, lag: int) -> None:
+        """The trainer's version is ``lag`` behind its step count: a round for step t needs version t - lag - bound."""
+        self.lag = lag
+        self._wake.set()
+
     def stop(self) -> None:
         self._stop = True
         self._wake.set()
 
-    def join_dist(self, address: tuple[str, int], rank: int, world: int, generation: int, timeout_s: float) -> None:
-        """Join the trainer's sync group ``generation`` (a newer one replaces it; see sync/group.py)."""
-        self._group = (generation, SyncGroup.join(address, rank, world, timeout_s, prefix=f"g{generation}"))
+    def join(self, *args) -> None:
+        """The transport's handshake, receiver side (``dist``: join the trainer's group ``generation``)."""
+        self.link.join(*args)
 
-    def recv_dist(self, generation: int, bucket_bytes: int) -> int:
-        """Receive one broadcast update (on a control thread, so the loop keeps decoding) and queue it."""
-        if self._group is None or self._group[0] != generation:
-            raise RuntimeError(f"{self.name}: sync group {generation} is not the one joined "
-                               f"({self._group[0] if self._group else None})")
-        update = DistTransport(bucket_bytes, group=self._group[1]).recv()
+    def pull(self, *args) -> int:
+        """Receive one update through the transport (on a control thread, so the loop keeps decoding) and queue it."""
+        update = self.link.recv(*args)
         self.update(update)
         return update.nbytes
 
@@ -142,7 +147,7 @@ class RolloutWorker:
             self.held += self._inbox
             self._inbox = []
         for handle in updates:
-            self._apply(weights.receive(handle))
+            self._apply(receive(handle))
         self._admit()
         if not self.engine.num_active and not self.engine.num_queued:
             self._close_span()
@@ -225,10 +230,10 @@ class RolloutWorker:
 
     def _admit(self) -> None:
         v = self.engine.version
-        ok = [(q, t) for q, t in self.held if v >= staleness.min_fresh_version(t, self.bound)]
+        ok = [(q, t) for q, t in self.held if v >= staleness.min_fresh_version(t - self.lag, self.bound)]
         if not ok:
             return
-        self.held = [(q, t) for q, t in self.held if v < staleness.min_fresh_version(t, self.bound)]
+        self.held = [(q, t) for q, t in self.held if v < staleness.min_fresh_version(t - self.lag, self.bound)]
         rejected = self.engine.submit([q for q, _ in ok])  # one call: admitted together, as colocated does
         bad = {q.id for q, _ in rejected}
         for q, t in ok:

@@ -1,21 +1,22 @@
 """One streamed step (rollout.scheduler = tail): round, streaming rewards and trainer, one optimizer step.
 
-A placement's loop calls ``make_scheduler`` once and ``streamed_step`` per step in place of its
-generate -> score -> reference -> advantages -> train sequence. Inside the round each complete group
-is scored (already, by the streaming reward pool), given reference logprobs and advantages, and
-its gradient accumulated while the engine keeps decoding; the optimizer step runs when the round
-ends. The scheduler's queue is written into ``state.extra["tail"]`` after every step, so every
-checkpoint carries it.
+The colocated rollout side calls ``make_scheduler`` once and ``streamed_step`` in place of its plain
+round; ``step.py`` then skips its own scoring and training for that step. Scoring is the step's own
+(``step.settle``, ``step.add_reference``, GRPO advantages per group), applied per complete group.
+Why this path trains inside the round: RollPacker's stream-based training overlaps the trainer's
+forward/backward of finished groups with the decoding of the rest (the long tail), so each
+complete group's gradient is accumulated while the engine keeps decoding; only the optimizer step
+waits for the round to end. Moved after the round, the overlap -- the point of tail batching --
+would be gone. The scheduler's queue is written into ``state.extra["tail"]`` after every step, so
+every checkpoint carries it.
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
-
-from rollyard.algo.advantages import grpo_advantages
-from rollyard.reward.dispatcher import UNSCORED, split_unscored
+from rollyard.algo.advantages import assign_advantages
+from rollyard.placement.step import add_reference, settle
 from rollyard.rollout.tail import TailScheduler
 from rollyard.trainer.streaming import StreamingStep
 from rollyard.types import Request, Sample
@@ -31,39 +32,27 @@ def make_scheduler(run, roles) -> TailScheduler:
     return sched
 
 
-def group_advantages(group: list[Sample], normalize_std: bool) -> None:
-    """GRPO advantages of one group (all samples share a request id)."""
-    rewards = torch.tensor([s.reward for s in group], dtype=torch.float32)
-    for s, a in zip(group, grpo_advantages(rewards, torch.zeros(len(group), dtype=torch.long),
-                                           normalize_std=normalize_std).tolist()):
-        s.advantage = a
-
-
 def streamed_step(ctx, roles, engine, step: int, scheduler
                   ) -> tuple[list[Request], list[Sample], dict[str, float], dict[str, float]]:
     """Run one round and its optimizer step; returns ``(requests, samples, train_metrics, round_metrics)``
-    (``samples``: every scored sample, as ``score()`` returns them, failed verifier calls included).
+    (``samples``: every scored sample, as ``step.score()`` returns them, failed verifier calls included).
     ``ctx``: the run record; ``roles``: the driver's role handles; ``engine``: the local rollout engine."""
-    cfg, tel, trainer = ctx.cfg, ctx.telemetry, roles.trainer
-    stream = StreamingStep(trainer)
+    cfg, tel = ctx.cfg, ctx.telemetry
+    stream = StreamingStep(roles.trainer)
     in_round = {"train_s": 0.0}
     trained: list[Sample] = []
     scored: list[Sample] = []  # every scored sample, failed verifier calls included: the step's metrics count them
 
     def on_group(group: list[Sample]) -> None:
         t0 = time.perf_counter()
-        group, unscored = split_unscored(group)  # a sample no hook scored is left out of the loss
-        ctx.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
+        group, kept = settle(ctx, step, group)  # failed verifier calls (per group; the step row shows the last)
         scored.extend(group)
-        group = ctx.settle_rewards(step, group)  # failed verifier calls (per group; the step row shows the last)
-        trained.extend(group)
-        if not group:
+        trained.extend(kept)
+        if not kept:
             return
-        if cfg.algo.kl_coef > 0:
-            for s, lp in zip(group, trainer.logprobs(group, model=roles.reference)):
-                s.ref_logprobs = lp.tolist()
-        group_advantages(group, cfg.algo.normalize_std)
-        stream.add(group)
+        add_reference(roles, kept)
+        assign_advantages(kept, cfg.algo.normalize_std)  # one group: its own GRPO normalization
+        stream.add(kept)
         in_round["train_s"] += time.perf_counter() - t0
 
     with tel.span("rollout", step, version=engine.version):

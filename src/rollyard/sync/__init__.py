@@ -1,5 +1,9 @@
 """Weight sync: a mode (what is sent) x a transport (how it moves); the receiver stages, checks, swaps.
 
+A placement driver calls one thing: ``session.SyncSession`` (start-up handle, ``connect``, ``due`` --
+the one publish rule --, ``publish`` to N receivers, snapshot for catch-up, checksum), with receivers
+in this process (``session.LocalReceiver``) or Ray actors. Below it, the parts:
+
 Publisher side (trainer process), one object per mode (``factory.make_publisher(mode, dtype)``)::
 
     publisher.publish(model, version, full=False) -> WeightUpdate   # full=True after a rejection
@@ -21,7 +25,8 @@ src=0, group=None, device="cpu")`` (caller creates the process group: gloo/NCCL)
 Receiver side (rollout process): ``engine.load_weights(update)`` stages the update beside the
 live weights (``apply.Receiver``: payload checksum, shapes, a delta's base version), then swaps and
 refreshes the fast path. A bad update raises ``wire.SyncRejected`` with nothing changed: publish
-again with ``full=True`` (``local.push_pull`` does this in one process).
+again with ``full=True`` (the session sends the last version whole; ``session.push_pull`` does it by
+hand in one process, for tests and benches).
 
 Equality check: ``check.compare_weights(publisher.expected(model), rollout_model, version)`` at
 start-up and every ``sync.check_every`` syncs; raises ``check.WeightsDiffer`` naming the first

@@ -3,7 +3,8 @@
 ``resolve(cfg, device)`` turns ``sync.mode``/``sync.transport``/``rollout.dtype`` (``auto`` included)
 into a ``SyncPlan`` or raises ``ConfigError`` stating the rule, both values and the fix.
 ``make_publisher(mode, dtype)`` and ``make_transport(name, bucket_mb)`` are the factory: a mode
-never knows its transport.
+never knows its transport. ``make_sender(name, bucket_mb)`` and ``make_receiver(name)`` register each
+transport's two halves for ``sync.session`` (a new transport: one file, and one line in each).
 """
 
 from __future__ import annotations
@@ -49,6 +50,27 @@ def make_transport(name: str, bucket_mb: float = 64.0, **dist_kwargs):
         return DistTransport(int(bucket_mb * 1e6), **dist_kwargs)
     from rollyard.sync.transport_ray import RayTransport
     return RayTransport()
+
+
+def make_sender(name: str, bucket_mb: float = 64.0):
+    """The trainer half of transport ``name`` (``connect``, ``handle``, ``send``; see ``sync/session.py``)."""
+    if name == "inprocess":
+        from rollyard.sync.transport_inprocess import InProcessSender
+        return InProcessSender()
+    if name == "dist":
+        from rollyard.sync.transport_dist import DistSender
+        return DistSender(max(1, int(bucket_mb * 1e6)))
+    from rollyard.sync.transport_ray import RaySender
+    return RaySender()
+
+
+def make_receiver(name: str):
+    """The receiver half a rollout actor holds for transport ``name`` (``join``, ``recv``); None where the
+    transport needs no handshake (an update handle opens with ``session.receive``)."""
+    if name == "dist":
+        from rollyard.sync.transport_dist import DistReceiver
+        return DistReceiver()
+    return None
 
 
 def resolve(cfg: RunConfig, device: str) -> SyncPlan:

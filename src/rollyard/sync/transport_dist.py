@@ -11,6 +11,14 @@ the JSON header, then the payload in buckets of ``bucket_bytes`` (one broadcast 
 one tensor is sent from the tensor's memory without a copy; on a GPU one bucket at a time is
 staged on the device). ``send`` returns the bytes broadcast: prefix +
 header + payload, what each receiving rank gets.
+
+Its two halves for ``sync.session``, with the handshake (``sync/group.py``: a group of its own, the
+trainer rank 0 hosting a TCP store, the rollout actors ranks 1..N, rebuilt on every ``connect``):
+``DistSender`` (trainer half: ``connect`` asks every receiver to ``join``, ``send`` asks each to
+``pull`` and broadcasts) and ``DistReceiver`` (receiver half, inside the rollout actor: ``join``,
+``recv``, on a control thread so the actor's decode loop keeps going). A whole update for one
+receiver (start-up, restart, catch-up) goes through the Ray object store: a broadcast reaches every
+member or none.
 """
 
 from __future__ import annotations
@@ -18,10 +26,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rollyard.sync.group import SyncGroup
 from rollyard.sync.wire import pack_pieces, unpack
 from rollyard.types import WeightUpdate
 
 PREFIX_BYTES = 16
+GROUP_TIMEOUT_S = 30.0  # a broadcast blocked on a dead member fails after this long
+
+
+class SyncBroken(RuntimeError):
+    """A broadcast over the sync group failed (a member died mid-sync); the group must be rebuilt."""
 
 
 class DistTransport:
@@ -99,3 +113,71 @@ def broadcast_flat(nbytes: int, src: int = 0, group=None, device: str = "cpu") -
     buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
     dist.broadcast(buf, src=src, group=group)
     return nbytes
+
+
+class DistSender:
+    """Trainer half over Ray actors that hold a ``DistReceiver`` behind their ``join`` / ``pull`` calls."""
+
+    name = "dist"
+
+    def __init__(self, bucket_bytes: int, timeout_s: float = GROUP_TIMEOUT_S):
+        from rollyard.sync.transport_ray import RaySender
+
+        self.bucket_bytes, self.timeout_s = int(bucket_bytes), timeout_s
+        self.store = RaySender()  # whole updates for one receiver
+        self.group: SyncGroup | None = None
+        self.generation = 0
+
+    def connect(self, receivers: dict) -> None:
+        """A new group with every receiver (rank = its order in ``receivers``, from 1); blocks until all joined.
+        Called at start-up and after every restart: a group cannot outlive a member."""
+        import ray
+
+        self.generation += 1
+        world = len(receivers) + 1
+        address, make = SyncGroup.host(world, self.timeout_s, prefix=f"g{self.generation}")
+        refs = [h.join.remote(address, rank, world, self.generation, self.timeout_s)
+                for rank, h in enumerate(receivers.values(), 1)]
+        self.group = make()
+        ray.get(refs)
+
+    def handle(self, update: WeightUpdate) -> tuple[list, int]:
+        return self.store.handle(update)
+
+    def send(self, update: WeightUpdate, receivers: dict) -> tuple[int, list[str]]:
+        """Broadcast ``update``; ``(bytes, receivers whose receive failed while alive)``. A broadcast that
+        fails (a member died mid-sync) raises ``SyncBroken``; a dead receiver is the caller's to replace."""
+        import ray
+
+        refs = {h.pull.remote(self.generation, self.bucket_bytes): name for name, h in receivers.items()}
+        try:
+            nbytes = DistTransport(self.bucket_bytes, group=self.group).send(update)
+        except RuntimeError as e:  # gloo: a peer closed its connection or timed out
+            raise SyncBroken(f"weight broadcast v{update.version} failed: {str(e).splitlines()[0]}") from e
+        missed = []
+        for ref, name in refs.items():
+            try:
+                ray.get(ref, timeout=self.timeout_s)
+            except ray.exceptions.RayActorError:
+                pass  # dead: replaced from a snapshot by the caller
+            except (ray.exceptions.RayError, RuntimeError):
+                missed.append(name)
+        return nbytes, missed
+
+
+class DistReceiver:
+    """Receiver half, in the rollout actor: joins the trainer's group ``generation`` (a newer one
+    replaces it) and receives one broadcast update at a time."""
+
+    def __init__(self):
+        self.generation: int | None = None
+        self.group: SyncGroup | None = None
+
+    def join(self, address: tuple[str, int], rank: int, world: int, generation: int, timeout_s: float) -> None:
+        self.group = SyncGroup.join(address, rank, world, timeout_s, prefix=f"g{generation}")
+        self.generation = generation
+
+    def recv(self, generation: int, bucket_bytes: int) -> WeightUpdate:
+        if self.group is None or self.generation != generation:
+            raise RuntimeError(f"sync group {generation} is not the one joined ({self.generation})")
+        return DistTransport(bucket_bytes, group=self.group).recv()

@@ -6,6 +6,9 @@ object ref. A receiver in another process needs that ref: the driver passes ``tr
 the rollout actor (refs pickle across Ray calls), which calls ``RayTransport().recv(ref)``. In one
 process ``recv()`` reads the last ref sent. Without a Ray session the constructor starts a local
 one (no dashboard; set ``RAY_AUTH_MODE=disabled`` locally).
+
+Its two halves for ``sync.session``: ``RaySender`` (trainer half: one ``put``, every receiver gets
+the ref; no handshake) and ``open_handle`` (receiver half: the update a handle names).
 """
 
 from __future__ import annotations
@@ -48,3 +51,39 @@ class RayTransport:
 
     def close(self) -> None:
         self.ref = None
+
+
+class RaySender:
+    """Trainer half: the update is put in the object store once and every receiver's ``update`` gets
+    ``[ref]`` (a Ray actor: a call that does not wait; an object in this process: applied at once, and
+    a rejection, returned as False, is reported as missed). A dead actor is the pool's to replace."""
+
+    name = "ray"
+
+    def __init__(self):
+        self.store = RayTransport()
+
+    def connect(self, receivers: dict) -> None:
+        """No handshake: a ref reaches any process of the Ray session."""
+
+    def handle(self, update: WeightUpdate) -> tuple[list, int]:
+        """``([ref], bytes Ray stores)``: what one receiver needs to load ``update`` whole."""
+        nbytes = self.store.send(update)
+        return [self.store.ref], nbytes
+
+    def send(self, update: WeightUpdate, receivers: dict) -> tuple[int, list[str]]:
+        handle, nbytes = self.handle(update)
+        missed = []
+        for name, r in receivers.items():
+            call = r.update
+            if hasattr(call, "remote"):
+                call.remote(handle)
+            elif call(handle) is False:
+                missed.append(name)
+        return nbytes, missed
+
+
+def open_handle(handle: list | WeightUpdate) -> WeightUpdate:
+    """Receiver half: the update ``[ref]`` names (an update passed as itself, e.g. received by a
+    broadcast or handed over in one process, is returned as is)."""
+    return handle if isinstance(handle, WeightUpdate) else RayTransport().recv(handle[0])

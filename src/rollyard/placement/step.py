@@ -1,0 +1,121 @@
+"""The one GRPO step, for every placement: take -> score -> train -> publish -> close.
+
+A placement only chooses its rollout side (``colocated.LocalRollout``: an engine in this process;
+``pool.RolloutPool``: Ray actors, disaggregated or async with its staleness bound) and calls
+``train(run, roles, side)``. A side answers:
+
+- ``take(step, version) -> Taken``: the step's requests and their samples (``train_metrics`` set
+  only when the side trained inside its round: tail batching, see ``streamed.py``);
+- ``trainer_turn()``: a context held while the trainer steps (vLLM colocated: the engine sleeps);
+- ``session``: its ``sync.session.SyncSession`` (the publish rule ``due``, the check cadence);
+- ``publish(step, version) -> bytes``: the new weights to every receiver, catch-ups included;
+- ``check(step, version)``: the equality check of every receiver against the trainer;
+- ``metrics()``: its counters for the step's row (reset); ``rng_state()``: RNG state to checkpoint
+  (or None); ``stop()``.
+
+The publish rule is the session's: a version newer than the last published and a multiple of
+``sync.every``. A skipped optimizer step (non-finite loss) makes no version, so no placement
+publishes after it; the next update that lands on a multiple of ``sync.every`` does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from rollyard.algo.advantages import assign_advantages
+from rollyard.placement.run import Roles, RunRecord, finish
+from rollyard.reward.dispatcher import UNSCORED, split_unscored
+from rollyard.telemetry.report import StepProgress
+from rollyard.trainer.dp import after_step
+from rollyard.types import Request, Sample
+
+
+@dataclass
+class Taken:
+    """What a rollout side hands the step."""
+
+    requests: list[Request]
+    samples: list[Sample]
+    extra: dict = field(default_factory=dict)  # the side's per-step metrics (engine CPU, tail counters)
+    train_metrics: dict | None = None  # set when the side already trained on them (tail batching)
+
+
+def train(run: RunRecord, r: Roles, side) -> dict:
+    """Every remaining step of the run over ``side``; returns the summary. The side is stopped at the end."""
+    cfg = run.cfg
+    try:
+        run.begin()
+        with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
+            for step in range(run.state.step, cfg.steps):
+                grpo_step(run, r, side, step, progress)
+    finally:
+        side.stop()
+    return finish(run, r)
+
+
+def grpo_step(run: RunRecord, r: Roles, side, step: int, progress) -> None:
+    trained_at = run.state.version  # the version that trains this step's samples
+    got = side.take(step, trained_at)
+    samples, train_metrics = got.samples, got.train_metrics
+    if train_metrics is None:
+        samples, trained = score(run, r, step, samples)
+        with side.trainer_turn(), run.telemetry.span("train", step, requests=[q.id for q in got.requests]):
+            train_metrics = r.trainer.step(trained)
+    after_step(run.telemetry, step, r.trainer)  # dp ranks: the gradients edge; fsdp: the gather for the publish
+    ledger = r.feed.ledger  # rejected prompts are dead already; a tail round's come from its own queue
+    ledger.trained([q.id for q in got.requests if ledger.state.get(q.id) in ("in_flight", "deferred")])
+    run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
+    checked = publish(run, side, step)
+    run.close_step(step, r, progress, got.requests, samples, train_metrics, trained_at,
+                   extra={**got.extra, **side.metrics(), "sync/checked": checked}, extra_rng=side.rng_state)
+
+
+def publish(run: RunRecord, side, step: int) -> int:
+    """Publish by the one rule, then check when due; returns 1 if the rollout side was checked."""
+    session, version = side.session, run.state.version
+    if not session.due(version):
+        return 0
+    with run.telemetry.span("sync", step, mode=session.mode, transport=session.transport, version=version) as span:
+        nbytes = side.publish(step, version)
+        span.update(bytes=nbytes, values=sum(t.numel() for t in session.last.tensors.values()))
+    run.telemetry.traffic(step, "weights", nbytes)
+    run.count("sync/bytes", nbytes)
+    if not session.check_due():
+        return 0
+    side.check(step, version)
+    return 1
+
+
+def settle(run: RunRecord, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """``(scored, trained)``: samples no verifier scored are dead-lettered and left out of both;
+    failed verifier calls are counted and, by default, left out of ``trained``."""
+    samples, unscored = split_unscored(samples)
+    run.dead_letter([{"source": s.id, "reason": UNSCORED} for s in unscored], step)
+    return samples, run.settle_rewards(step, samples)
+
+
+def add_reference(r: Roles, samples: list[Sample]) -> None:
+    """Reference logprobs for the KL term (none when ``algo.kl_coef == 0``: no reference model)."""
+    if r.reference is not None:
+        for s, lp in zip(samples, r.trainer.logprobs(samples, model=r.reference)):
+            s.ref_logprobs = lp.tolist()
+
+
+def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """reward -> reference -> advantages, with their spans and edges. Returns ``(scored, trained)``:
+    every scored sample (for the step's metrics) and those to train on, advantages set."""
+    tel, cfg = run.telemetry, run.cfg
+    with tel.span("reward", step):
+        samples, trained = settle(run, step, r.rewards.score(samples))
+    tel.traffic(step, "rewards", 4 * len(samples))
+    if r.reference is not None:
+        with tel.span("reference", step):
+            add_reference(r, trained)
+        tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
+    with tel.span("algorithm", step):
+        assign_advantages(trained, cfg.algo.normalize_std)
+    return samples, trained
+
+
+no_turn = contextlib.nullcontext  # a side whose rollout holds nothing the trainer needs while it steps
