@@ -264,3 +264,43 @@ def test_abort_while_a_tool_runs_ends_the_trajectory_and_ignores_the_late_output
         assert s.finish_reason == "abort" and s.completion_ids == turn1
         assert list(turns.results()) == [] and turns.idle  # the tool's late answer went to nobody
         assert engine.idle
+
+
+# ---------------------------------------------------------------------------------- a run, end to end
+SMALL = {"steps": 2, "checkpoint_every": 2, "progress": False, "sft": {"auto": False}, "log": {"plots": False},
+         "rollout": {"prompts_per_step": 1, "samples_per_prompt": 2, "max_new_tokens": 80, "temperature": 0.0},
+         "reward": {"num_workers": 1}, "tools": {"num_workers": 1}}
+
+
+def test_a_trl_tool_calling_script_runs_with_rollyard_train(taught, tmp_path):
+    import json
+
+    import tool_fns
+
+    import rollyard
+
+    tok, _, _, model = taught
+    rows = [{"prompt": tool_chat.QUESTION, "answer": "5"}] * 4
+    run = rollyard.train({**SMALL, "out_dir": str(tmp_path / "run")}, model=copy.deepcopy(model), tokenizer=tok,
+                         dataset=rows, reward_funcs=[tool_fns.says_answer], tools=[tool_fns.add])
+    assert run.config.tools.functions == ["tool_fns:add"]
+    assert len(run.metrics) == 2
+    for row in run.metrics:  # greedy: each sample calls add(2, 3), reads "5" and says so
+        assert row["tools/calls"] == 2 and row["tools/errors"] == 0 and row["reward"] == 1.0
+        assert row["time/tool"] > 0  # the tool role, timed on its own
+    spans = [json.loads(line) for line in (run.run_dir / "spans.jsonl").read_text().splitlines()]
+    assert {"rollout", "tool", "train"} <= {s["role"] for s in spans}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["tools.functions=[tool_fns:no_hints]"], "missing a type hint"),
+    (["tools.functions=[tool_fns:add]", "placement=async"], "tools with placement='async'"),
+    (["tools.environment=tool_fns:NoReset"], "has no reset() method"),
+])
+def test_bad_tool_settings_stop_the_cli_in_one_line(tmp_path, capsys, args, says):
+    from rollyard.cli import main
+
+    assert main(["train", f"out_dir={tmp_path / 'run'}", "steps=1", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run" / "config.yaml").exists()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from rollyard import roles
 from rollyard.config import RunConfig
+from rollyard.env import setup as env_setup
+from rollyard.env.loop import MultiTurn
 from rollyard.placement import step as grpo
 from rollyard.placement.run import Roles, RunRecord, start
 from rollyard.placement.streamed import make_scheduler, streamed_step
@@ -42,6 +44,8 @@ class LocalRollout:
         self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)
         if "engine" in extra_rng:
             self.engine.generator.set_state(extra_rng["engine"])
+        box = env_setup.toolbox(cfg, r.tokenizer)  # tools.*: multi-turn trajectories over the engine (rollyard.env)
+        self.rollout = self.engine if box is None else MultiTurn(self.engine, box)
         self.receivers = {"local": LocalReceiver(self.engine)}
         # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
         handle, nbytes = self.session.startup(r.model, run.state.version)
@@ -61,8 +65,12 @@ class LocalRollout:
         tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
         cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
         with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
-            samples, rejected = engine.generate(requests)
+            samples, rejected = self.rollout.generate(requests)
         extra = {"rollout/engine_cpu_s": time.process_time() - cpu}
+        if self.rollout is not engine:  # tools: their counters, and the tool role's wall-clock intervals
+            extra.update(self.rollout.metrics())
+            for a, b in self.rollout.busy():
+                tel.record({"role": "tool", "step": step, "worker": "tools", "start": a, "end": b})
         run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
         r.feed.ledger.dead([q.id for q, _ in rejected])
         tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
@@ -97,4 +105,5 @@ class LocalRollout:
         return {"engine": self.engine.generator.get_state()}
 
     def stop(self) -> None:
-        pass
+        if self.rollout is not self.engine:
+            self.rollout.box.executor.close()

@@ -4,6 +4,7 @@ Ray placement stops with when its rollout workers keep dying."""
 from __future__ import annotations
 
 from rollyard.config import ConfigError, RunConfig
+from rollyard.env import setup as env_setup
 
 PLACEMENTS = ("colocated", "disaggregated", "async")
 
@@ -19,6 +20,7 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
     if cfg.placement not in PLACEMENTS:
         raise ConfigError(f"placement={cfg.placement!r} is not a placement: expected one of "
                           f"{', '.join(PLACEMENTS)}; set placement=colocated (the default)")
+    env_setup.check(cfg)  # tools.*: the tools, and the placements that run them
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "
                           f"{cfg.max_staleness}; set max_staleness=0 (on-policy) or more")
