@@ -297,7 +297,7 @@ def test_missing_staleness_metric_is_not_checked(tmp_path):
 
 # ---- memory per role (issue 35 item 3): a measured peak against the plan's prediction ----
 
-def _with_peaks(path, peaks, device="gpu", key="summary"):
+def _with_peaks(path, peaks, device="cpu", key="summary"):
     run = make_run(path, info_extra={"device": device})
     if key == "summary":
         (path / rundir.SUMMARY).write_text(json.dumps({"steps": 3, "placement": "colocated", "memory_peak_gb": peaks}))
@@ -309,20 +309,21 @@ def _with_peaks(path, peaks, device="gpu", key="summary"):
 
 
 def test_memory_peaks_are_held_against_the_plan(tmp_path):
-    item = "Memory per role matches the plan"
+    item = "Memory per role holds what the plan prices"
     # An older run dir measured no peak: the review says nothing about memory.
     assert item not in items(review(make_run(tmp_path / "old")))
-    base = review(make_run(tmp_path / "base", info_extra={"device": "gpu"}))
-    pools = base.plan.memory.roles()  # colocated: every role's peak is held against both pools together
+    base = review(make_run(tmp_path / "base", info_extra={"device": "cpu"}))
+    pools = base.plan.memory.roles()  # colocated: both pools live in the one process
     planned_gb = (pools["trainer"] + pools["rollout"]) / 1e9
-    ok = review(_with_peaks(tmp_path / "ok", {"train": 1.2 * planned_gb, "rollout": 0.8 * planned_gb}))
-    assert items(ok)[item] == PASS
-    from_metrics = review(_with_peaks(tmp_path / "m", {"train": 1.2 * planned_gb}, key="metrics"))
-    assert items(from_metrics)[item] == PASS
-    big = review(_with_peaks(tmp_path / "big", {"train": 3 * planned_gb, "rollout": planned_gb}))
-    ev = {v["item"]: v for v in big.verification}[item]
-    assert ev["result"] == FAIL and "train" in ev["evidence"] and "3.00x" in ev["evidence"], ev
-    small = review(_with_peaks(tmp_path / "small", {"rollout": planned_gb / 4}))
-    assert items(small)[item] == FAIL  # a plan 4x over the measured peak does not describe the run either
-    cpu = review(_with_peaks(tmp_path / "cpu", {"train": 3 * planned_gb}, device="cpu"))
-    assert items(cpu)[item] == NOT_CHECKED
+    # A process holds at least its tensors, and more (interpreter, libraries): any excess passes.
+    ok = review(_with_peaks(tmp_path / "ok", {"trainer": 0.8 * planned_gb, "rollout": 5 * planned_gb, "driver": 9.0}))
+    ev = {v["item"]: v for v in ok.verification}[item]
+    assert ev["result"] == PASS and "not priced: driver 9 GB" in ev["evidence"], ev
+    assert items(review(_with_peaks(tmp_path / "m", {"trainer": 1.2 * planned_gb}, key="metrics")))[item] == PASS
+    # A peak a third of the tensors the plan prices: the plan does not describe the run.
+    small = review(_with_peaks(tmp_path / "small", {"trainer": planned_gb / 3, "rollout": planned_gb}))
+    ev = {v["item"]: v for v in small.verification}[item]
+    assert ev["result"] == FAIL and ev["evidence"].count("measured vs") == 1 and "trainer" in ev["evidence"], ev
+    # On a GPU the run measures host memory, the plan GPU memory: shown, not judged.
+    gpu = review(_with_peaks(tmp_path / "gpu", {"trainer": planned_gb / 3}, device="gpu"))
+    assert items(gpu)[item] == NOT_CHECKED
