@@ -1,7 +1,11 @@
 """The contract between :class:`~rollyard.rollout.engine.RolloutEngine` and a rollout backend.
 
-The engine owns scheduling (queue, admission, sampling, versions, abort, weight updates); a
-backend owns where the KV cache lives and how a forward runs. One file per backend:
+The engine owns scheduling (queue, admission, sampling, versions, abort, weight updates: the shared
+part is ``engine.EngineBase``); a backend owns where the KV cache lives and how a forward runs. The
+engine holds its backend as a ``Backend`` (``RolloutEngine.backend``); ``tests/test_backends.py``
+checks every backend class against this protocol, method by method and parameter by parameter.
+vLLM is not a backend of this kind: it owns its own scheduler and cache, so ``rollout/vllm.py`` is
+an engine over ``EngineBase`` instead. One file per backend:
 
 - ``rollout/native.py``: the fast path, a static slot cache over ``rollyard.model.llama``.
 - ``rollout/hf.py``: a model's own Hugging Face forward, batched over one transformers cache, or one
@@ -24,7 +28,7 @@ the engine's thread, between decode steps):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from rollyard.types import Request
 
@@ -42,7 +46,7 @@ class Seq:
     versions: list[int] = field(default_factory=list)
 
 
-
+@runtime_checkable
 class Backend(Protocol):
     name: str
 

@@ -1,5 +1,10 @@
 """The rollout engine: continuous batching, shared prompt prefill, streaming, abort, weight updates.
 
+``EngineBase`` holds the request bookkeeping every engine shares (the native/HF ``RolloutEngine``
+below and ``rollout/vllm.py``'s ``VllmEngine``): submission and its rejection rule, groups of ``n``
+samples, the in-flight policy of a weight update, a weight version per token, abort, and the
+``step`` / ``results`` / ``generate`` loop. An engine adds how samples are admitted and decoded.
+
 Contract (callers are written against it):
 
 - ``submit(requests)`` queues requests and returns those rejected with a reason (prompt +
@@ -48,8 +53,8 @@ import torch
 from rollyard.model import kernels as cpu_kernels
 from rollyard.rollout import hf as hf_backend
 from rollyard.rollout import native
+from rollyard.rollout.backend import Backend, reject_reason
 from rollyard.rollout.backend import Seq as _Seq
-from rollyard.rollout.backend import reject_reason
 from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
@@ -66,16 +71,22 @@ class _Group:
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine.
+# The request bookkeeping every engine shares.
 # ---------------------------------------------------------------------------------------------
 
 
-class RolloutEngine:
-    """Continuous-batching sampler over an HF causal LM (see the module docstring for the contract)."""
+class EngineBase:
+    """Queue, groups, abort, the in-flight policy and per-token versions (the module docstring's contract).
 
-    def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
-                 top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
-                 seed: int = 0, version: int = 0):
+    ``model`` is the module weight updates are staged into (``sync.apply.Receiver``). A subclass
+    provides ``_step()`` (admit and decode once; finished samples go through ``_finish``) and
+    ``_swap(staged)`` (take staged weights into its forward), and may override the hooks
+    ``_new_group``, ``_release``, ``_stop_active``, ``_drain`` and ``_before_results``.
+    """
+
+    def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int, temperature: float,
+                 top_p: float, max_concurrent: int, max_cache_tokens: int, seed: int, version: int,
+                 device: torch.device | str = "cpu"):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         if not 0 < top_p <= 1:
@@ -83,7 +94,6 @@ class RolloutEngine:
         if max_concurrent < 1 or max_cache_tokens < 1:
             raise ValueError(f"max_concurrent and max_cache_tokens must be >= 1, got {max_concurrent}, "
                              f"{max_cache_tokens}")
-        self.model = model
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         # Every id that ends a sequence (a chat model's generation_config lists several).
         self.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
@@ -91,21 +101,199 @@ class RolloutEngine:
         self.max_concurrent, self.max_cache_tokens = int(max_concurrent), int(max_cache_tokens)
         self.version = int(version)
         self.context = int(getattr(model.config, "max_position_embeddings", 2048))
-        self.device = next(model.parameters()).device
-        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
-        self._queue: deque[_Group] = deque()
-        self._active: dict[str, _Seq] = {}
-        self._done: deque[Sample] = deque()
+        self.generator = torch.Generator(device=device).manual_seed(int(seed))
+        self._queue: deque = deque()  # groups with samples not yet admitted, FIFO
+        self._active: dict = {}  # sample id -> its sequence, admitted and unfinished
+        self._done: deque[Sample] = deque()  # finished, not yet returned by step()
         self._ids: set[str] = set()  # request ids queued or in flight
+        self._receiver = Receiver(model, self.version)  # staged apply of weight updates
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def _step(self) -> None:
+        raise NotImplementedError
+
+    def _swap(self, staged) -> None:
+        raise NotImplementedError
+
+    def _new_group(self, r: Request):
+        return _Group(r, deque(range(r.n)), len(r.prompt_ids) + r.max_new_tokens)
+
+    def _release(self, s) -> None:
+        """A finished sequence's resources are free again."""
+
+    def _stop_active(self, seqs: list) -> None:
+        """Stop these admitted sequences inside the forward's own engine (before they are finished here)."""
+
+    def _drain(self, update: WeightUpdate) -> None:
+        """``inflight="finish"``: run every admitted sequence to its end on the current weights."""
+        while self._active:
+            self._step()
+
+    def _before_results(self) -> None:
+        """Checked before ``results()`` drives decoding."""
+
+    # -- submission ----------------------------------------------------------------------------
+
+    def _reject_reason(self, r: Request) -> str | None:
+        return reject_reason(r, self.context, self.max_cache_tokens, self._ids)
+
+    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
+        """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
+        rejected = []
+        for r in requests:
+            why = self._reject_reason(r)
+            if why:
+                rejected.append((r, why))
+                continue
+            self._ids.add(r.id)
+            self._queue.append(self._new_group(r))
+        return rejected
+
+    # -- decoding ------------------------------------------------------------------------------
+
+    def step(self) -> list[Sample]:
+        """One admit + decode step (none when idle); returns every sample finished since the last call.
+
+        The unit an actor loop drives: between two calls it may ``submit``, ``abort`` or
+        ``load_weights``. Samples a ``load_weights(inflight="finish")`` drained come out here too.
+        """
+        if self._queue or self._active:
+            self._step()
+        out = list(self._done)
+        self._done.clear()
+        return out
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, in flight or finished-but-not-returned."""
+        return not (self._queue or self._active or self._done)
+
+    def results(self) -> Iterator[Sample]:
+        """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
+        self._before_results()
+        while not self.idle:
+            yield from self.step()
+
+    def generate(self, requests) -> tuple[list[Sample], list[tuple[Request, str]]]:
+        """Submit ``requests``, drain ``results()``; samples in request order (then k)."""
+        requests = list(requests)
+        rejected = self.submit(requests)
+        order = {r.id: i for i, r in enumerate(requests)}
+        out = list(self.results())
+        out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
+        return out, rejected
+
+    def _finish(self, s, reason: str, out: list | None = None) -> Sample:
+        del self._active[s.sid]
+        self._release(s)
+        sample = self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason)
+        (self._done if out is None else out).append(sample)
+        self._forget_if_done(s.req.id)
+        return sample
+
+    def _forget_if_done(self, rid: str) -> None:
+        if any(g.req.id == rid for g in self._queue):
+            return
+        if any(s.req.id == rid for s in self._active.values()):
+            return
+        self._ids.discard(rid)
+
+    @staticmethod
+    def _sample_of(req: Request, k: int, tokens, logprobs, versions, reason: str) -> Sample:
+        return Sample(id=f"{req.id}#{k}", request_id=req.id, prompt_ids=list(req.prompt_ids),
+                      completion_ids=list(tokens), logprobs=list(logprobs), versions=list(versions),
+                      finish_reason=reason, meta=dict(req.meta))
+
+    # -- control -------------------------------------------------------------------------------
+
+    def abort(self, ids) -> list[Sample]:
+        """Stop the given request ids and/or sample ids; return their (partial) samples, reason "abort".
+
+        Active samples keep the tokens and logprobs generated so far; queued ones come back with
+        empty completions. Ids that already finished (or are unknown) are ignored.
+        """
+        ids = {ids} if isinstance(ids, str) else set(ids)
+
+        def hit(rid: str, sid: str) -> bool:
+            return rid in ids or sid in ids
+
+        out: list[Sample] = []
+        stop = [s for s in self._active.values() if hit(s.req.id, s.sid)]
+        if stop:
+            self._stop_active(stop)
+        for s in stop:
+            self._finish(s, "abort", out)
+        for g in list(self._queue):
+            for k in [k for k in g.pending if hit(g.req.id, f"{g.req.id}#{k}")]:
+                g.pending.remove(k)
+                out.append(self._sample_of(g.req, k, [], [], [], "abort"))
+            if not g.pending:
+                self._queue.remove(g)
+                self._forget_if_done(g.req.id)
+        return out
+
+    def load_weights(self, update: WeightUpdate, inflight: str = "finish") -> list[Sample]:
+        """Apply ``update`` between two decode steps; returns the samples the "abort" policy stopped.
+
+        ``finish``: in-flight sequences run to completion on the current weights first (they come
+        out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on
+        under the new weights, each token stamped with the version it was sampled under. Queued
+        samples (including a partly admitted group's waiting samples) start under the new weights.
+        The update is staged and verified before anything else (``sync/apply.py``): a corrupted,
+        truncated or version-skipping one raises ``SyncRejected`` with weights, version and
+        in-flight work untouched; the caller then publishes a full sync.
+        """
+        if inflight not in INFLIGHT_POLICIES:
+            raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
+        # Staged beside the live weights first: a rejected update (SyncRejected) changes nothing.
+        self._receiver.version = self.version
+        staged = self._receiver.stage(update)
+        aborted: list[Sample] = []
+        if self._active:
+            if inflight == "finish":
+                self._drain(update)
+            elif inflight == "abort":
+                aborted = self.abort([s.sid for s in self._active.values()])
+        self._swap(staged)
+        self.version = int(update.version)
+        return aborted
+
+    # -- introspection -------------------------------------------------------------------------
+
+    @property
+    def num_active(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_queued(self) -> int:
+        return sum(len(g.pending) for g in self._queue)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine over the native and HF backends.
+# ---------------------------------------------------------------------------------------------
+
+
+class RolloutEngine(EngineBase):
+    """Continuous-batching sampler over an HF causal LM (see the module docstring for the contract)."""
+
+    def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
+                 top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
+                 seed: int = 0, version: int = 0):
+        self.model = model
+        self.device = next(model.parameters()).device
+        super().__init__(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, temperature=temperature,
+                         top_p=top_p, max_concurrent=max_concurrent, max_cache_tokens=max_cache_tokens, seed=seed,
+                         version=version, device=self.device)
         # Test/bench hook: sample id -> a cap on its completion length (a "length oracle").
         self._length_cap = None
-        self.backend = self._pick_backend()
+        self.backend: Backend = self._pick_backend()
         self._stamp = self._param_versions()
-        self._receiver = Receiver(model, self.version)  # staged apply of weight updates
 
     # -- backend selection -------------------------------------------------------------------
 
-    def _pick_backend(self):
+    def _pick_backend(self) -> Backend:
         reason = native.unsupported_reason(self.model)
         if reason is None:
             try:
@@ -148,56 +336,10 @@ class RolloutEngine:
                 "engine.load_weights(WeightUpdate(version=v, mode='inprocess')) before sampling again"
             )
 
-    # -- submission --------------------------------------------------------------------------
+    # -- decoding (EngineBase hooks and the native sampler) -------------------------------------
 
-    def _reject_reason(self, r: Request) -> str | None:
-        return reject_reason(r, self.context, self.max_cache_tokens, self._ids)
-
-    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
-        """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
-        rejected = []
-        for r in requests:
-            why = self._reject_reason(r)
-            if why:
-                rejected.append((r, why))
-                continue
-            self._ids.add(r.id)
-            self._queue.append(_Group(r, deque(range(r.n)), len(r.prompt_ids) + r.max_new_tokens))
-        return rejected
-
-    # -- decoding ----------------------------------------------------------------------------
-
-    def step(self) -> list[Sample]:
-        """One admit + decode step (none when idle); returns every sample finished since the last call.
-
-        The unit an actor loop drives: between two calls it may ``submit``, ``abort`` or
-        ``load_weights``. Samples a ``load_weights(inflight="finish")`` drained come out here too.
-        """
-        if self._queue or self._active:
-            self._step()
-        out = list(self._done)
-        self._done.clear()
-        return out
-
-    @property
-    def idle(self) -> bool:
-        """Nothing queued, in flight or finished-but-not-returned."""
-        return not (self._queue or self._active or self._done)
-
-    def results(self) -> Iterator[Sample]:
-        """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
+    def _before_results(self) -> None:
         self._check_weights_unchanged()
-        while not self.idle:
-            yield from self.step()
-
-    def generate(self, requests) -> tuple[list[Sample], list[tuple[Request, str]]]:
-        """Submit ``requests``, drain ``results()``; samples in request order (then k)."""
-        requests = list(requests)
-        rejected = self.submit(requests)
-        order = {r.id: i for i, r in enumerate(requests)}
-        out = list(self.results())
-        out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
-        return out, rejected
 
     def _step(self, admit: bool = True) -> None:
         if admit:
@@ -307,99 +449,25 @@ class RolloutEngine:
             elif len(s.tokens) >= s.max_new:
                 self._finish(s, "length")
 
-    def _finish(self, s: _Seq, reason: str, out: list | None = None) -> Sample:
-        del self._active[s.sid]
+    def _release(self, s: _Seq) -> None:
         self.backend.release(s.slot)
-        sample = self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason)
-        (self._done if out is None else out).append(sample)
-        self._forget_if_done(s.req.id)
-        return sample
 
-    def _forget_if_done(self, rid: str) -> None:
-        if any(g.req.id == rid for g in self._queue):
-            return
-        if any(s.req.id == rid for s in self._active.values()):
-            return
-        self._ids.discard(rid)
+    # -- weights (EngineBase hooks) ------------------------------------------------------------
 
-    @staticmethod
-    def _sample_of(req: Request, k: int, tokens, logprobs, versions, reason: str) -> Sample:
-        return Sample(id=f"{req.id}#{k}", request_id=req.id, prompt_ids=list(req.prompt_ids),
-                      completion_ids=list(tokens), logprobs=list(logprobs), versions=list(versions),
-                      finish_reason=reason, meta=dict(req.meta))
+    def _drain(self, update: WeightUpdate) -> None:
+        if update.mode == "inprocess" and self._param_versions() != self._stamp:
+            raise RuntimeError(
+                f"load_weights(inflight='finish') with {len(self._active)} sequences in flight, but the "
+                "shared module was already changed in place (mode 'inprocess'): they cannot finish on "
+                "the old weights. Drain results() before the trainer steps, or use inflight='abort' / "
+                "'continue'"
+            )
+        while self._active:
+            self._step(admit=False)
 
-    # -- control -----------------------------------------------------------------------------
-
-    def abort(self, ids) -> list[Sample]:
-        """Stop the given request ids and/or sample ids; return their (partial) samples, reason "abort".
-
-        Active samples keep the tokens and logprobs generated so far; queued ones come back with
-        empty completions. Ids that already finished (or are unknown) are ignored.
-        """
-        if isinstance(ids, str):
-            ids = [ids]
-        ids = set(ids)
-
-        def hit(rid: str, sid: str) -> bool:
-            return rid in ids or sid in ids
-
-        out: list[Sample] = []
-        for s in [s for s in self._active.values() if hit(s.req.id, s.sid)]:
-            self._finish(s, "abort", out)
-        for g in list(self._queue):
-            for k in [k for k in g.pending if hit(g.req.id, f"{g.req.id}#{k}")]:
-                g.pending.remove(k)
-                out.append(self._sample_of(g.req, k, [], [], [], "abort"))
-            if not g.pending:
-                self._queue.remove(g)
-                self._forget_if_done(g.req.id)
-        return out
-
-    def load_weights(self, update: WeightUpdate, inflight: str = "finish") -> list[Sample]:
-        """Apply ``update`` between two decode steps; returns the samples the "abort" policy stopped.
-
-        ``finish``: in-flight sequences run to completion on the current weights first (they come
-        out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on
-        under the new weights, each token stamped with the version it was sampled under. Queued
-        samples (including a partly admitted group's waiting samples) start under the new weights.
-        The update is staged and verified before anything else (``sync/apply.py``): a corrupted,
-        truncated or version-skipping one raises ``SyncRejected`` with weights, version and
-        in-flight work untouched; the caller then publishes a full sync.
-        """
-        if inflight not in INFLIGHT_POLICIES:
-            raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
-        # Staged beside the live weights first: a rejected update (SyncRejected) changes nothing.
-        self._receiver.version = self.version
-        staged = self._receiver.stage(update)
-        aborted: list[Sample] = []
-        if self._active:
-            if inflight == "finish":
-                if update.mode == "inprocess" and self._param_versions() != self._stamp:
-                    raise RuntimeError(
-                        f"load_weights(inflight='finish') with {len(self._active)} sequences in flight, but the "
-                        "shared module was already changed in place (mode 'inprocess'): they cannot finish on "
-                        "the old weights. Drain results() before the trainer steps, or use inflight='abort' / "
-                        "'continue'"
-                    )
-                while self._active:
-                    self._step(admit=False)
-            elif inflight == "abort":
-                for s in list(self._active.values()):
-                    self._finish(s, "abort", aborted)
+    def _swap(self, staged) -> None:
         for g in self._queue:  # prompt KV from the old weights: re-prefill under the new ones
             g.stash = g.logits = None
         self._receiver.swap(staged)
         self.backend.refresh()
         self._stamp = self._param_versions()
-        self.version = int(update.version)
-        return aborted
-
-    # -- introspection -----------------------------------------------------------------------
-
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
-    @property
-    def num_queued(self) -> int:
-        return sum(len(g.pending) for g in self._queue)

