@@ -294,7 +294,7 @@ def test_a_trl_tool_calling_script_runs_with_rollyard_train(taught, tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (["tools.functions=[tool_fns:no_hints]"], "missing a type hint"),
-    (["tools.functions=[tool_fns:add]", "placement=async"], "tools with placement='async'"),
+    (["tools.functions=[tool_fns:add]", "rollout.scheduler=tail"], "tools with rollout.scheduler=tail"),
     (["tools.environment=tool_fns:NoReset"], "has no reset() method"),
 ])
 def test_bad_tool_settings_stop_the_cli_in_one_line(tmp_path, capsys, args, says):
@@ -304,3 +304,25 @@ def test_bad_tool_settings_stop_the_cli_in_one_line(tmp_path, capsys, args, says
     err = capsys.readouterr().err.strip()
     assert says in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("placement", ["disaggregated", "async"])
+def test_ray_placements_run_tools_in_their_rollout_workers(taught, tmp_path, placement):
+    import tool_fns
+
+    import rollyard
+
+    tok, _, _, model = taught
+    rows = [{"prompt": tool_chat.QUESTION, "answer": "5"}] * 4
+    by_file = f"{tool_fns.__file__}:add"  # the rollout actors import the tool by file (tests/ is not on their path)
+    run = rollyard.train({**SMALL, "out_dir": str(tmp_path / "run"), "placement": placement, "max_staleness": 1},
+                         model=copy.deepcopy(model), tokenizer=tok, dataset=rows,
+                         reward_funcs=[tool_fns.says_answer], tools=[by_file])
+    assert len(run.metrics) == 2
+    assert sum(r.get("tools/calls", 0) for r in run.metrics) >= 4  # 2 samples x 2 steps, counted by the workers
+    assert all(r["reward"] == 1.0 for r in run.metrics)  # each sample called add(2, 3) in a worker and said 5
+    spans = (run.run_dir / "spans.jsonl").read_text()
+    assert '"role": "tool"' in spans

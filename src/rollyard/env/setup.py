@@ -20,17 +20,11 @@ def enabled(cfg: RunConfig) -> bool:
     return bool(cfg.tools.functions or cfg.tools.environment)
 
 
-WIRED = ("colocated",)  # placements whose rollout side drives env.loop.MultiTurn
-
-
 def check(cfg: RunConfig) -> None:
-    """The settings tools cannot run with yet: one line each (placement rules call it at start-up)."""
+    """The tools, and the settings they cannot run with: one line each (placement rules call it at start-up)."""
     if not enabled(cfg):
         return
     specs(cfg)  # the tools themselves (hints, docstrings, reset, imports), before any start-up work
-    if cfg.placement not in WIRED:
-        raise ConfigError(f"tools with placement={cfg.placement!r}: multi-turn rollouts run in the "
-                          f"{' / '.join(WIRED)} placement so far; set placement=colocated (or drop tools.*)")
     if cfg.rollout.scheduler == "tail":
         raise ConfigError("tools with rollout.scheduler=tail: the tail scheduler defers and resubmits single "
                           "completions, not trajectories; set rollout.scheduler=plain (or drop tools.*)")

@@ -332,7 +332,8 @@ class RolloutPool:
                 "rollout/held_s": s["held_s"], "rollout/engine_s": s["engine_s"], "rollout/engine_cpu_s": s["engine_cpu_s"],
                 "rollout/ship_s": s["ship_s"],
                 "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
-                **{f"prompts/{k}": v for k, v in counts.items()}}
+                **{f"prompts/{k}": v for k, v in counts.items()},
+                **{k: v for k, v in s.items() if k.startswith("tools/")}}  # tools.*: the workers' tool counters
 
     def stop(self) -> None:
         if self.buffer:  # generated ahead of the last trained step (the pipeline's lead): crossed, never trained

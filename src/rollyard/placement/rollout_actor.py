@@ -36,6 +36,8 @@ import torch
 
 from rollyard import roles, staleness
 from rollyard.config import RunConfig
+from rollyard.env import setup as env_setup
+from rollyard.env.loop import MultiTurn
 from rollyard.sync.check import weights_checksum
 from rollyard.sync.factory import make_receiver, resolve
 from rollyard.sync.session import receive
@@ -44,6 +46,8 @@ from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
 PUTS_IN_FLIGHT = 4  # queue puts the loop does not wait for; past that it waits (a full queue: backpressure)
+SUMMED_TOOL_METRICS = ("tools/calls", "tools/errors", "tools/timeouts", "tools/crashes", "tools/format_errors",
+                       "tools/truncated", "tools/wait_s", "tools/bytes")  # counts: summed over workers and items
 SHIP_HOLD_S = 0.02  # a finished group waits up to this long for the rest of its round while the engine decodes
 IDLE_WAIT_S = 0.05  # with nothing to decode the loop sleeps until a control call wakes it, at most this long
 
@@ -61,6 +65,9 @@ class RolloutWorker:
         update = receive(handle)  # the trainer's weights: start-up or a restart
         self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version - 1, seed=seed)
         self.engine.load_weights(update)
+        box = env_setup.toolbox(self.cfg, tokenizer)  # tools.*: multi-turn trajectories over the engine (rollyard.env)
+        if box is not None:
+            self.engine = MultiTurn(self.engine, box)
         self._lock = threading.Lock()
         self._inbox: list[tuple[Request, int]] = []
         self._updates: deque[list] = deque()  # weight handles, applied by the loop thread
@@ -183,6 +190,11 @@ class RolloutWorker:
         if (not rejected and not self._needs_full and self.engine.num_active
                 and time.perf_counter() - self._ready_since < SHIP_HOLD_S):
             return
+        if isinstance(self.engine, MultiTurn):  # tools: their counters, and the tool role's intervals
+            step = self._busy["step"] if self._busy else self._target_now()
+            self.spans += [{"role": "tool", "step": step, "worker": self.name, "pid": os.getpid(), "start": a, "end": b}
+                           for a, b in self.engine.busy()]
+            self.stats.update({k: v for k, v in self.engine.metrics().items() if k in SUMMED_TOOL_METRICS})
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, _fresh_stats()
         t0 = time.perf_counter()
