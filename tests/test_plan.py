@@ -695,8 +695,10 @@ def test_predicted_sync_bytes_counts_the_wire_framing(r, dtype):
 
 
 def test_memory_per_role_says_before_a_run_what_fits():
-    # Qwen2.5-14B's shape (the defaults), FSDP over 8 GPUs, 16384 tokens per micro-batch.
-    on = make_plan(load_plan(None, ["trainer.sharding=fsdp"]))
+    # Qwen2.5-14B's shape, FSDP over 8 GPUs, 16384 tokens per micro-batch.
+    shape = ["policy.layers=48", "policy.hidden=5120", "policy.vocab=152064"]
+    assert make_plan(load_plan(None, ["trainer.sharding=fsdp"])).memory.activations_per_gpu == 0  # no shape: not priced
+    on = make_plan(load_plan(None, ["trainer.sharding=fsdp", *shape]))
     m = on.memory
     assert m.trainer_model_per_gpu == pytest.approx(14e9 * 2 / 8)  # bf16 weights, sharded
     assert m.trainer_optimizer_per_gpu == pytest.approx(14e9 * 16 / 8)  # grads + fp32 master + Adam
@@ -706,12 +708,12 @@ def test_memory_per_role_says_before_a_run_what_fits():
     assert m.activations_ckpt_per_gpu == pytest.approx(8_053_063_680 + 9_965_666_304)
     assert m.activations_full_per_gpu == pytest.approx(136_902_082_560 + 9_965_666_304)
     assert not any(f.startswith("trainer does not fit") for f in on.findings)
-    off = make_plan(load_plan(None, ["trainer.sharding=fsdp", "trainer.activation_checkpointing=false"]))
+    off = make_plan(load_plan(None, ["trainer.sharding=fsdp", "trainer.activation_checkpointing=false", *shape]))
     finding = next(f for f in off.findings if f.startswith("trainer does not fit"))
     assert "turn on activation checkpointing" in finding and "activations 146.87 GB" in finding
     # A chunked log-softmax holds one chunk of logits, and a smaller micro-batch fits without checkpointing.
     small = make_plan(load_plan(None, ["trainer.sharding=fsdp", "trainer.activation_checkpointing=false",
-                                       "trainer.micro_batch_tokens=4096", "trainer.logits_tokens=1024"]))
+                                       "trainer.micro_batch_tokens=4096", "trainer.logits_tokens=1024", *shape]))
     assert small.memory.activations_per_gpu == pytest.approx(4096 * 48 * 5120 * 34 + 1024 * 152064 * 4)
     assert not any(f.startswith("trainer does not fit") for f in small.findings)
 

@@ -131,9 +131,9 @@ class PolicySection(Section):
     delta_index_bytes: float = Field(0, ge=0, le=8, description="index bytes sent per changed element in delta sync [bytes]; the runbook ignores indexes (0); rollyard's delta sync sends int64 (8)")
     weight_tensors: int = Field(0, ge=0, le=10**8, description="weight tensors of the model, as a full sync sends them (Hugging Face names; MoE: one per expert matrix) [count]; prices the per-tensor sync terms and the wire framing (0 = not priced)")
     lora_tensors: int = Field(0, ge=0, le=10**8, description="tensors a LoRA sync sends: lora_A, lora_B and a scaling scalar per adapted module [count] (3 per module); 0 = not priced")
-    layers: int = Field(48, ge=1, le=10_000, description="transformer layers [count]; prices the trainer's activations; 48 = the runbook's 14B class (Qwen2.5-14B's config, as rollout.kv_bytes_per_token)")
-    hidden: int = Field(5120, ge=1, le=10**6, description="hidden size [elements]; prices the trainer's activations; 5120 = Qwen2.5-14B")
-    vocab: int = Field(152064, ge=1, le=10**8, description="vocabulary size [tokens]; prices the trainer's fp32 logits per micro-batch; 152064 = Qwen2.5-14B")
+    layers: int | None = Field(None, ge=1, le=10_000, description="transformer layers [count]; with hidden and vocab, prices the trainer's activations (null: not priced, and the plan says so); Qwen2.5-14B (the runbook's class): 48")
+    hidden: int | None = Field(None, ge=1, le=10**6, description="hidden size [elements]; prices the trainer's activations; Qwen2.5-14B: 5120")
+    vocab: int | None = Field(None, ge=1, le=10**8, description="vocabulary size [tokens]; prices the trainer's fp32 logits per micro-batch; Qwen2.5-14B: 152064")
 
 
 class TrainerSection(Section):

@@ -108,6 +108,11 @@ class Plan:
         }
 
 
+def shape_given(p: PlanInputs) -> bool:
+    """The model's shape is stated (layers, hidden, vocab), so activations can be priced."""
+    return None not in (p.policy.layers, p.policy.hidden, p.policy.vocab)
+
+
 def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]:
     """Memory per GPU of each role and what does not fit (a finding for the decision record).
 
@@ -121,8 +126,9 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
                    kv_bytes_per_token=p.rollout.kv_bytes_per_token,
                    context=p.rollout.prompt_tokens + p.rollout.avg_tokens, gpu_memory=p.cluster.gpu_memory,
                    model_bytes_per_param=p.policy.bytes_per_param, reference=p.phases.use_reference,
-                   micro_batch_tokens=p.trainer.micro_batch_tokens, layers=p.policy.layers, hidden=p.policy.hidden,
-                   vocab=p.policy.vocab, checkpointing=p.trainer.activation_checkpointing,
+                   micro_batch_tokens=p.trainer.micro_batch_tokens if shape_given(p) else 0.0,
+                   layers=p.policy.layers or 0, hidden=p.policy.hidden or 0, vocab=p.policy.vocab or 0,
+                   checkpointing=p.trainer.activation_checkpointing,
                    logits_tokens=p.trainer.logits_tokens)
     cap = p.cluster.gpu_memory
     out = []

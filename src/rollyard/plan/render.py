@@ -196,10 +196,14 @@ def memory_lines(plan) -> list[str]:
 
     def fits(x: float) -> str:
         return "fits" if x <= cap else "DOES NOT FIT"
+    from rollyard.plan.planner import shape_given
+
+    act = (f"{B.fmt_bytes(m.activations_per_gpu)} ({p.trainer.micro_batch_tokens} tokens per micro-batch; checkpointing "
+           f"on {B.fmt_bytes(m.activations_ckpt_per_gpu)}, off {B.fmt_bytes(m.activations_full_per_gpu)})"
+           if shape_given(p) else "not priced (give policy.layers, policy.hidden, policy.vocab)")
     return [f"Memory per GPU ({B.fmt_bytes(cap)} each): trainer model {B.fmt_bytes(m.trainer_model_per_gpu)} + optimizer "
             f"{B.fmt_bytes(m.trainer_optimizer_per_gpu)} + reference {B.fmt_bytes(m.reference_per_gpu)} + activations "
-            f"{B.fmt_bytes(m.activations_per_gpu)} ({p.trainer.micro_batch_tokens} tokens per micro-batch; checkpointing "
-            f"on {B.fmt_bytes(m.activations_ckpt_per_gpu)}, off {B.fmt_bytes(m.activations_full_per_gpu)}) = "
-            f"{B.fmt_bytes(m.trainer_total_per_gpu)}: {fits(m.trainer_total_per_gpu)}",
+            f"{act} = {B.fmt_bytes(m.trainer_total_per_gpu)}: {fits(m.trainer_total_per_gpu)}"
+            + ("" if shape_given(p) else " before activations"),
             f"  rollout weights {B.fmt_bytes(m.rollout_weights_per_gpu)} + KV cache {B.fmt_bytes(m.kv_per_gpu)} = "
             f"{B.fmt_bytes(m.rollout_per_gpu)}: {fits(m.rollout_per_gpu)}"]
