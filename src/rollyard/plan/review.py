@@ -7,7 +7,9 @@
 - staleness audit: the largest ``staleness/max`` against the bound (absent: not checked);
 - traffic audit: the bytes the runtime measured where they crossed (traffic.jsonl: the weight
   transport's own count, the encoded samples) against the plan's independent prediction (the
-  plan's formulas from run.json's sync mode and the measured token counts; never the runtime's).
+  plan's formulas from run.json's sync mode and the measured token counts; never the runtime's);
+- records: every step once in each step file, as many as summary.json says (``audit.records``);
+- memory: each role's measured peak against the tensors the plan prices for it (``memory_item``).
 
 Without ``--plan`` the plan is built from run.json (+ config.yaml, measured token counts), and
 there is no phase budget: the budget item reads "not checked", which ``--check`` counts as a failure.
