@@ -247,3 +247,22 @@ def dying_worker(moment: str, marker: str | Path, from_version: int = 2) -> type
 
     Dying.__name__ = Dying.__qualname__ = f"RolloutWorker_dies_{moment}"
     return Dying
+
+
+def corrupting_worker(from_version: int = 2) -> type:
+    """A rollout actor class (the placements' ``worker`` test hook) whose engine weights go bad right
+    after it applies the update of version ``from_version``: one weight tensor is nudged by 1e-3, as a
+    silently failed load or a bit flip would leave it. It keeps sampling, from the wrong weights."""
+    from rollyard.placement.rollout_actor import RolloutWorker
+
+    class Corrupting(RolloutWorker):
+        def _apply(self, u):
+            super()._apply(u)
+            if self.engine.version == from_version and not getattr(self, "_corrupted", False):
+                import torch
+                with torch.no_grad():
+                    next(self.engine.model.parameters()).add_(1e-3)
+                self._corrupted = True
+
+    Corrupting.__name__ = Corrupting.__qualname__ = f"RolloutWorker_corrupts_v{from_version}"
+    return Corrupting

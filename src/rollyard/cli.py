@@ -140,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollyard.placement import RolloutCrashLoop
     from rollyard.runguard import RunFinished
     from rollyard.signals import Stopped
+    from rollyard.sync.check import WeightsDiffer
     from rollyard.trainer.dp import RankDied
     from rollyard.trainer.numerics import NumericalError
     try:
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except (NumericalError, RolloutCrashLoop, RankDied) as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
+        return 1
+    except WeightsDiffer as e:  # a rollout copy off the trainer's weights: the run stops rather than sample from it
+        print(f"rollyard {cmd}: error: {e}; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"rollyard {cmd}: interrupted; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)

@@ -77,8 +77,11 @@ class SyncSession:
         return version > self.last.version and version % self.every == 0
 
     def check_due(self) -> bool:
-        """The equality check runs after every ``sync.check_every``-th publish (0: never)."""
-        return bool(self.check_every) and self.syncs % self.check_every == 0
+        """The equality check runs after the first publish, then every ``sync.check_every``-th (0: never).
+        Not in mode ``inprocess``: the engine reads the trainer's own module, there is no copy to compare."""
+        if not self.check_every or self.mode == "inprocess":
+            return False
+        return self.syncs == 1 or self.syncs % self.check_every == 0
 
     def publish(self, model, version: int, receivers: dict) -> int:
         self.last = self.publisher.publish(model, version)
