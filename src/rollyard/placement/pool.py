@@ -141,7 +141,9 @@ class RolloutPool:
         handle, nbytes, checksum = self.session.snapshot_handle()  # the current weights, not the start-up ones
         self.run.telemetry.traffic(self.run.state.step, "weights", nbytes)
         self.run.count("sync/restart_bytes", nbytes)
-        self._start(name, handle, checksum)
+        t0 = time.time()
+        self._start(name, handle, checksum)  # a new actor and engine: booked as restart/seconds, not as a role
+        self.stats["restart_s"] += time.time() - t0
         self.stats["restarts"] += 1
         self.run.log(f"[yellow]rollout worker {name} died ({type(err).__name__}); restarted at weights "
                      f"v{self.session.last.version} (checksum verified), {len(requeued)} in-flight prompts "
@@ -317,8 +319,8 @@ class RolloutPool:
                                         f"{name} holds v{held} with checksum {checksum[:12]}, the trainer's is "
                                         f"{expected[:12]}; stopping rather than sampling from the wrong weights")
                 checked += 1
-            if dead:
-                self._check_workers(wait_s=self.session.timeout_s)
+        if dead:  # after the span: a replacement's start-up is not the check's time
+            self._check_workers(wait_s=self.session.timeout_s)
         self.stats["checked"] += 1  # run-wide count (rollout/checked); the step's row says sync/checked
         self.run.log(f"sync check v{version}: {checked} worker(s) equal the trainer ({expected[:12]})")
 
@@ -333,7 +335,8 @@ class RolloutPool:
                 "rollout/ship_s": s["ship_s"],
                 "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
                 **{f"prompts/{k}": v for k, v in counts.items()},
-                **{k: v for k, v in s.items() if k.startswith("tools/")}}  # tools.*: the workers' tool counters
+                **{k: v for k, v in s.items() if k.startswith("tools/")},  # tools.*: the workers' tool counters
+                **({"restart/seconds": s["restart_s"]} if s["restart_s"] else {})}  # the step-time alarm skips it
 
     def stop(self) -> None:
         if self.buffer:  # generated ahead of the last trained step (the pipeline's lead): crossed, never trained

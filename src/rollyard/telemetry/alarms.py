@@ -20,7 +20,7 @@ condition holds, and it re-arms only after a recovery: a step back under ``recov
 median, an eval that is not hacking or is back within noise of the best (one "cleared" line; for a slow
 episode only when it lasted more than one step). A load spike is one alarm, not one per
 step. Steps whose wall time includes a held-out eval or a checkpoint write (rows with
-``eval/seconds`` or ``checkpoint/seconds``) are neither alarmed on nor part of the baseline, nor
+``eval/seconds``, ``checkpoint/seconds``, or ``restart/seconds``: a rollout worker replaced) are neither alarmed on nor part of the baseline, nor
 are the steps of an active step-time alarm. History is seeded from the run's existing rows, so a
 resumed run keeps its baseline and its alarms' state.
 """
@@ -37,7 +37,7 @@ from rollyard.telemetry import rundir
 EVAL_KEY = "eval/accuracy"
 EVAL_N_KEY = "eval/prompts"  # held-out prompts behind EVAL_KEY (its noise)
 # Row values: seconds of this step's wall time spent outside the step's own work (see RunRecord)
-OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds")
+OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds", "restart/seconds")
 
 
 class Alarms:
