@@ -343,3 +343,25 @@ def test_ray_placements_run_tools_in_their_rollout_workers(taught, tmp_path, pla
     assert all(r["reward"] == 1.0 for r in run.metrics)  # each sample called add(2, 3) in a worker and said 5
     spans = (run.run_dir / "spans.jsonl").read_text()
     assert '"role": "tool"' in spans
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean"])
+def test_masked_tool_tokens_at_the_end_change_nothing_in_either_aggregation(taught, agg):
+    """Causal attention: tokens after turn 1 cannot change its logprobs, so masked ones must not change
+    the gradient either, whether the loss is a token mean or a per-sequence mean."""
+    from rollyard.types import Sample
+
+    tok, _, schemas, model = taught
+    prompt, turn1, tool, _ = tool_chat.conversation(tok, schemas)
+    lps = [-0.5] * len(turn1)
+
+    def grad(completion, mask):
+        s = Sample("q#0", "q", prompt, completion, lps + [0.0] * (len(completion) - len(turn1)),
+                   [0] * len(completion), "stop", completion_mask=mask, advantage=1.0)
+        trainer = Trainer(copy.deepcopy(model), micro_batch_tokens=4096, loss_agg=agg)
+        trainer.accumulate_gradients([s])
+        return torch.cat([p.grad.flatten() for p in trainer.params])
+
+    alone = grad(turn1, None)
+    with_tool = grad(turn1 + tool, [1] * len(turn1) + [0] * len(tool))
+    assert torch.allclose(with_tool, alone, rtol=1e-5, atol=1e-7)

@@ -31,6 +31,7 @@ def aggregate(
     agg: Agg = "token-mean",
     num_tokens: int | None = None,
     num_seqs: int | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a per-token ``[T]`` quantity to a scalar.
 
@@ -38,16 +39,19 @@ def aggregate(
     - ``seq-mean``: ``sum_s mean_{t in s} x_t / num_seqs`` (default: sequences present). Every
       sequence weighs the same, whatever its length. A sequence must not be split across calls
       that share denominators (its mean is taken within one call).
+
+    ``mask [T]`` (1 trained, 0 not: a multi-turn sample's tool tokens) leaves tokens out of the
+    counts: the caller has already zeroed them in ``per_token``.
     """
     if agg == "token-mean":
-        n = per_token.numel() if num_tokens is None else num_tokens
+        n = (per_token.numel() if mask is None else int(mask.sum())) if num_tokens is None else num_tokens
         return per_token.sum() / max(n, 1)
     if agg == "seq-mean":
         if per_token.numel() == 0:
             return per_token.sum()
         S = int(seq_index.max()) + 1
         sums = torch.zeros(S, dtype=per_token.dtype, device=per_token.device).index_add(0, seq_index, per_token)
-        counts = torch.bincount(seq_index, minlength=S).to(per_token.dtype)
+        counts = torch.bincount(seq_index, weights=mask, minlength=S).to(per_token.dtype)
         present = counts > 0
         n = int(present.sum()) if num_seqs is None else num_seqs
         return (sums[present] / counts[present]).sum() / max(n, 1)
@@ -66,6 +70,7 @@ def ppo_clip_loss(
     tis_weight: torch.Tensor | None = None,
     num_tokens: int | None = None,
     num_seqs: int | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate, to minimise; all inputs ``[T]`` (``advantages`` per token).
 
@@ -76,7 +81,8 @@ def ppo_clip_loss(
 
     Returns ``(loss, stats)``; stats are detached scalars: ``clipped_tokens`` (tokens where the
     clip is active, i.e. the clipped term is the smaller one and carries no gradient),
-    ``clip_frac`` (that over T), ``ratio_mean``.
+    ``clip_frac`` (that over T), ``ratio_mean``. ``mask [T]`` (0: a tool token) keeps tokens out of
+    the loss and the clip count.
     """
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * advantages
@@ -84,9 +90,13 @@ def ppo_clip_loss(
     per_token = -torch.minimum(unclipped, clipped)
     if tis_weight is not None:
         per_token = per_token * tis_weight
-    loss = aggregate(per_token, seq_index, agg, num_tokens, num_seqs)
+    if mask is not None:
+        per_token = per_token * mask
+    loss = aggregate(per_token, seq_index, agg, num_tokens, num_seqs, mask)
     with torch.no_grad():
         active = ((ratio > 1.0 + clip_high) & (advantages > 0)) | ((ratio < 1.0 - clip_low) & (advantages < 0))
+        if mask is not None:
+            active &= mask > 0
         n_clip = active.sum()
         stats = {
             "clipped_tokens": n_clip,

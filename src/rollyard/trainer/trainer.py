@@ -370,14 +370,15 @@ class Trainer:
                 torch.tensor(mb.lengths)).to(dev, non_blocking=True)
             seq_index = mb.seq_index.to(dev, non_blocking=True)
             keep = cat(s.loss_mask for s in members)  # 1: the model's token; 0: a tool's (context only)
-            tis = tis_weights(old, mu, self.tis_cap) * keep
+            tis = tis_weights(old, mu, self.tis_cap)
             pg, st = ppo_clip_loss(logp, old, adv, seq_index, clip_low=self.clip_low, clip_high=self.clip_high,
-                                   agg=self.loss_agg, tis_weight=tis, num_tokens=den_tokens, num_seqs=den_seqs)
+                                   agg=self.loss_agg, tis_weight=tis, num_tokens=den_tokens, num_seqs=den_seqs,
+                                   mask=keep)
             loss = pg
             if want_kl:
                 k3 = kl_k3(logp, cat(s.ref_logprobs for s in members)) * keep
                 if self.kl_coef > 0:
-                    loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, den_tokens, den_seqs)
+                    loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, den_tokens, den_seqs, keep)
                 acc["kl_sum"] += k3.detach().sum()
             loss.backward()
 
