@@ -266,3 +266,19 @@ def corrupting_worker(from_version: int = 2) -> type:
 
     Corrupting.__name__ = Corrupting.__qualname__ = f"RolloutWorker_corrupts_v{from_version}"
     return Corrupting
+
+
+def stale_worker(from_version: int = 1) -> type:
+    """A rollout actor class that stops taking weights at ``from_version``: it reports every later
+    version as applied but keeps sampling from the weights it held (the failure other frameworks'
+    users report most: an engine silently sampling from old weights while the run exits 0)."""
+    from rollyard.placement.rollout_actor import RolloutWorker
+
+    class Stale(RolloutWorker):
+        def _apply(self, u):
+            if u.version < from_version:
+                return super()._apply(u)
+            self.engine.version = max(self.engine.version, u.version)  # claims it, loads nothing
+
+    Stale.__name__ = Stale.__qualname__ = f"RolloutWorker_stale_from_v{from_version}"
+    return Stale

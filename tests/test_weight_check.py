@@ -65,10 +65,13 @@ ray_test = pytest.mark.usefixtures("ray_session")
 @pytest.mark.ray
 @pytest.mark.slow
 @ray_test
-@pytest.mark.parametrize("placement", ["disaggregated", "async"])
-def test_ray_worker_corrupted_after_a_sync_stops_the_run(tmp_path, placement):
+@pytest.mark.parametrize("placement, fault", [("disaggregated", "corrupting"), ("async", "corrupting"),
+                                             ("disaggregated", "stale")])
+def test_ray_worker_corrupted_after_a_sync_stops_the_run(tmp_path, placement, fault):
+    """corrupting: the weights go bad after the sync; stale: the worker claims the version, keeps the old weights."""
     cfg = load_config(None, [*RUN, f"placement={placement}", "max_staleness=1", f"out_dir={tmp_path / 'r'}"])
     driver = async_ if placement == "async" else disaggregated
+    worker = faults.corrupting_worker(from_version=1) if fault == "corrupting" else faults.stale_worker(from_version=1)
     with pytest.raises(WeightsDiffer) as e:  # the default cadence checks the first sync: the one that went bad
-        driver.train(cfg, cfg.out_dir, worker=faults.corrupting_worker(from_version=1))
+        driver.train(cfg, cfg.out_dir, worker=worker)
     assert "rollout worker rollout-0 holds v1" in str(e.value) and "\n" not in str(e.value)
