@@ -168,6 +168,13 @@ class TailConfig(Section):
     reward_window: int = Field(256, ge=1, description="T_anchor: median verifier latency over this many recent calls, per task")
 
 
+class ReferenceConfig(Section):
+    """Where the frozen reference model scores reference logprobs (only with algo.kl_coef > 0)."""
+
+    placement: Literal["inline", "pool", "fused"] = Field("inline", description="inline: a frozen copy in the trainer's process scores after the rewards, on the step's critical path | pool: Ray actors hold the copy and score each group as it finishes (disaggregated and async placements), overlapped with rollout and training | fused: the trainer's own module scores with its LoRA adapter disabled, no reference copy at all (needs model.lora.r > 0)")
+    workers: int = Field(1, ge=1, le=256, description="placement=pool: reference actors (one CPU and one model copy each)")
+
+
 class SFTConfig(Section):
     auto: bool = Field(True, description="warm-start a built-in preset with SFT on task demos before RL (cached)")
     steps: int = Field(1200, ge=0, description="maximum SFT steps")
@@ -210,6 +217,7 @@ class RunConfig(Section):
     sync: SyncConfig = Field(default_factory=SyncConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
+    reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 

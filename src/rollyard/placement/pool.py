@@ -105,6 +105,8 @@ class RolloutPool:
             raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
                               f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
         h.retarget.remote(self.lag)
+        if self.r.reference is not None and self.cfg.reference.placement == "pool":  # groups go to its actors
+            h.reference.remote(self.r.reference.actors)
         self.workers[name], self.runs[name], self.pids[name] = h, h.run.remote(), info["pid"]
         here = ray.get_runtime_context().get_node_id()
         where = "the driver's node" if info["node"] == here else "another node than the driver"
@@ -235,6 +237,8 @@ class RolloutPool:
                 continue
             self.ledger.finished([rid])
             self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
+            if rid in item.get("reference", {}):  # reference.placement=pool: its reference logprobs, under way
+                self.r.reference.adopt({rid: item["reference"][rid]})
 
     def _drop_stale(self, version: int) -> None:
         """Consumption: a buffered group older than the bound is not trained on; its prompt is

@@ -85,6 +85,8 @@ class RolloutWorker:
         self._ready_since = 0.0  # when the oldest of them finished
         self._needs_full = False  # an update was rejected: the driver sends the last full version
         self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
+        self.ref_actors: list = []  # reference.placement=pool: its actors (``reference``)
+        self._ref_n = 0  # groups sent to them (round-robin)
 
     # -- control (any thread) --------------------------------------------------------------------
 
@@ -106,6 +108,11 @@ class RolloutWorker:
     def stop(self) -> None:
         self._stop = True
         self._wake.set()
+
+    def reference(self, actors: list) -> None:
+        """reference.placement=pool: send each finished group to these reference actors as it ships
+        (``placement/reference_pool.py``); the result's ObjectRef travels with the group."""
+        self.ref_actors = actors
 
     def join(self, *args) -> None:
         """The transport's handshake, receiver side (``dist``: join the trainer's group ``generation``)."""
@@ -198,8 +205,15 @@ class RolloutWorker:
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, _fresh_stats()
         t0 = time.perf_counter()
+        refs = {}
+        if self.ref_actors:  # reference.placement=pool: the reference scores while the rest decodes
+            from rollyard.placement.reference_pool import score_group
+            for rid, group in self._ready:
+                refs[rid] = score_group(self.ref_actors, group, self._target_now(), self._ref_n)
+                self._ref_n += 1
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
-                   "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version})
+                   "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
+                   "reference": refs})
         self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False
         self._ready = []

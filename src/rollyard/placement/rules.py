@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup as env_setup
+from rollyard.placement import reference
 
 PLACEMENTS = ("colocated", "disaggregated", "async")
 
@@ -21,6 +22,7 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
         raise ConfigError(f"placement={cfg.placement!r} is not a placement: expected one of "
                           f"{', '.join(PLACEMENTS)}; set placement=colocated (the default)")
     env_setup.check(cfg)  # tools.*: the tools, and the placements that run them
+    reference.check(cfg)  # reference.placement: where the reference model can run
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "
                           f"{cfg.max_staleness}; set max_staleness=0 (on-policy) or more")

@@ -9,7 +9,6 @@ or Ray actors) and drives them.
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import time
@@ -26,6 +25,7 @@ from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import accuracy_signal, greedy_accuracy, no_signal_reason, train_reward_is_correctness
 from rollyard.model import kernels
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
+from rollyard.placement import reference as reference_placement
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.failures import RewardFailures
@@ -53,7 +53,7 @@ class Roles:
     context: int
     trainer: Trainer
     rewards: RewardDispatcher
-    reference: Any  # frozen copy of the initial policy, or None when kl_coef == 0
+    reference: Any  # the reference scorer by reference.placement (placement/reference.py), None when kl_coef == 0
     feed: PromptFeed
     held_out: list[Prompt]
     held_out_rewards: Any = None  # the held-out eval's correctness signal (roles.eval_rewards); None: no eval
@@ -218,9 +218,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
         model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, scorer or rewards, cfg, context, device, console.print)
     model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
-    reference = None
-    if cfg.algo.kl_coef > 0:
-        reference = copy.deepcopy(model).eval().requires_grad_(False)
+    reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
     trainer = roles.trainer(cfg, model, device)
     r = cfg.rollout
     feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed), PromptLedger(), tokenizer,

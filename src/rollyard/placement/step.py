@@ -51,6 +51,8 @@ def train(run: RunRecord, r: Roles, side) -> dict:
                 grpo_step(run, r, side, step, progress)
     finally:
         side.stop()
+        if r.reference is not None:
+            r.reference.stop()
     return finish(run, r)
 
 
@@ -68,7 +70,8 @@ def grpo_step(run: RunRecord, r: Roles, side, step: int, progress) -> None:
     run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
     checked = publish(run, side, step)
     run.close_step(step, r, progress, got.requests, samples, train_metrics, trained_at,
-                   extra={**got.extra, **side.metrics(), "sync/checked": checked}, extra_rng=side.rng_state)
+                   extra={**got.extra, **side.metrics(), "sync/checked": checked,
+                          **(r.reference.metrics() if r.reference is not None else {})}, extra_rng=side.rng_state)
 
 
 def publish(run: RunRecord, side, step: int) -> int:
@@ -95,11 +98,13 @@ def settle(run: RunRecord, step: int, samples: list[Sample]) -> tuple[list[Sampl
     return samples, run.settle_rewards(step, samples)
 
 
-def add_reference(r: Roles, samples: list[Sample]) -> None:
-    """Reference logprobs for the KL term (none when ``algo.kl_coef == 0``: no reference model)."""
+def add_reference(r: Roles, samples: list[Sample], step: int = 0, telemetry=None) -> None:
+    """Reference logprobs for the KL term (none when ``algo.kl_coef == 0``: no reference model), by the
+    reference's placement (``placement/reference.py``); spans its actors recorded go to ``telemetry``."""
     if r.reference is not None:
-        for s, lp in zip(samples, r.trainer.logprobs(samples, model=r.reference)):
-            s.ref_logprobs = lp.tolist()
+        for span in r.reference.fill(r.trainer, samples, step):
+            if telemetry is not None:
+                telemetry.record(span)
 
 
 def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
@@ -110,8 +115,8 @@ def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[l
         samples, trained = settle(run, step, r.rewards.score(samples))
     tel.traffic(step, "rewards", 4 * len(samples))
     if r.reference is not None:
-        with tel.span("reference", step):
-            add_reference(r, trained)
+        with tel.span("reference", step, placement=cfg.reference.placement):  # the trainer's wait for it
+            add_reference(r, trained, step, tel)
         tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
     with tel.span("algorithm", step):
         assign_advantages(trained, cfg.algo.normalize_std)

@@ -1,0 +1,135 @@
+"""``reference.placement=pool``: Ray actors hold the frozen reference and score groups as they finish.
+
+A rollout worker (``rollout_actor.py``) that has the pool's handles sends every finished group to a
+reference actor (round-robin over the actors, by the group's position) at the moment it ships the
+group, and the group's queue item carries the result's ``ObjectRef``. So the reference's forward
+runs on its own CPU while the rest of the round decodes and while the trainer trains the previous
+step; ``fill`` (the step's ``reference`` span: the only reference time on the critical path)
+waits for results that are not in yet. A group without a result (its worker died and took the
+result's owner with it, or it came from elsewhere) is scored from the driver through the same
+actors. The actors' own compute time is recorded as spans of role ``reference_pool``.
+
+Each actor scores through ``Trainer.logprobs``, the trainer's packed path with the trainer's
+settings, on a copy of the initial policy (a LoRA policy merged: the adapter starts as zero), so
+the KL term equals the inline one within float tolerance (micro-batches are packed per group here,
+per step inline).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import time
+
+import ray
+import torch
+from ray.exceptions import RayError
+
+from rollyard.config import RunConfig
+from rollyard.types import Sample
+
+SPAN_ROLE = "reference_pool"  # the actors' compute (off the critical path); "reference" is the driver's wait
+
+
+class ReferenceWorker:
+    """One reference actor: a frozen copy of the initial policy and a trainer's packed logprob path."""
+
+    def __init__(self, cfg: dict, model, name: str):
+        from rollyard.trainer.trainer import Trainer, trainer_kwargs
+
+        torch.set_num_threads(1)
+        self.name = name
+        # The Trainer builds its AdamW over trainable parameters (an empty list is refused); AdamW allocates
+        # no state before a step, and this one never steps: the copy is frozen right after.
+        model.requires_grad_(True)
+        self.trainer = Trainer(model, **trainer_kwargs(RunConfig.model_validate(cfg)), device="cpu")
+        model.eval().requires_grad_(False)
+
+    def score(self, samples: list[Sample], step: int) -> dict:
+        """``{"logprobs": {sample id: [fp32 per completion token]}, "span": the compute's span}``."""
+        start = time.time()
+        lps = self.trainer.logprobs(samples)
+        span = {"role": SPAN_ROLE, "step": step, "worker": self.name, "pid": os.getpid(), "start": start,
+                "end": time.time(), "samples": len(samples)}
+        return {"logprobs": {s.id: lp.tolist() for s, lp in zip(samples, lps)}, "span": span}
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "time": time.time()}
+
+
+def score_group(actors: list, samples: list[Sample], step: int, index: int):
+    """Send one group to an actor (round-robin by ``index``); returns the result's ``ObjectRef``."""
+    return actors[index % len(actors)].score.remote(samples, step)
+
+
+class ReferencePool:
+    """The driver's side: start the actors, take the results rollout workers requested, fill samples."""
+
+    def __init__(self, cfg: RunConfig, model):
+        plain = copy.deepcopy(model)
+        if hasattr(plain, "merge_and_unload"):  # a PEFT policy: its adapter is the identity at start
+            plain = plain.merge_and_unload()
+        weights = ray.put(plain.eval().requires_grad_(False))
+        del plain
+        actor = ray.remote(num_cpus=1)(ReferenceWorker)
+        cfg_json = cfg.model_dump(mode="json")
+        self.actors = [actor.remote(cfg_json, weights, f"reference-{i}") for i in range(cfg.reference.workers)]
+        self.offsets: dict[str, float] = {}
+        for i, h in enumerate(self.actors):
+            t0 = time.time()
+            info = ray.get(h.info.remote())  # waits for the copy to be built, then measures the clock offset
+            self.offsets[f"reference-{i}"] = info["time"] - (t0 + time.time()) / 2
+        self.pending: dict[str, object] = {}  # request id -> ObjectRef of its group's result
+        self.order = itertools.count()
+        self.stats = {"early": 0, "late": 0, "rescored": 0}
+
+    def adopt(self, refs: dict[str, object]) -> None:
+        """Results a rollout worker requested for the groups it shipped (request id -> ObjectRef)."""
+        self.pending.update(refs)
+
+    def submit(self, samples: list[Sample], step: int = 0) -> None:
+        """Score groups now (those a worker did not send already)."""
+        by_group: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_group.setdefault(s.request_id, []).append(s)
+        for rid, group in by_group.items():
+            if rid not in self.pending:
+                self.pending[rid] = score_group(self.actors, group, step, next(self.order))
+
+    def fill(self, trainer, samples: list[Sample], step: int = 0) -> list[dict]:
+        """Set ``ref_logprobs`` on ``samples``, waiting for what is not scored yet (``trainer``: unused, the
+        actors hold their own path). Returns the actors' spans, on this process's clock."""
+        rids = list(dict.fromkeys(s.request_id for s in samples))
+        asked = [self.pending[r] for r in rids if r in self.pending]
+        early = len(ray.wait(asked, num_returns=len(asked), timeout=0)[0]) if asked else 0
+        self.stats["early"] += early
+        self.stats["late"] += len(rids) - early
+        self.submit(samples, step)
+        got: dict[str, list[float]] = {}
+        spans = []
+        for rid in rids:
+            try:
+                res = ray.get(self.pending.pop(rid))
+            except RayError:  # the worker that asked for it died, and its result with it: score again
+                self.stats["rescored"] += 1
+                res = ray.get(score_group(self.actors, [s for s in samples if s.request_id == rid], step,
+                                          next(self.order)))
+            got.update(res["logprobs"])
+            off = self.offsets.get(res["span"]["worker"], 0.0)
+            spans.append({**res["span"], "step": step, "start": res["span"]["start"] - off,  # the consuming step
+                          "end": res["span"]["end"] - off})
+        for s in samples:
+            s.ref_logprobs = got[s.id]
+        return spans
+
+    def metrics(self) -> dict:
+        """Groups whose reference was scored before the trainer asked (``early``), and rescored ones (reset)."""
+        s, self.stats = self.stats, {"early": 0, "late": 0, "rescored": 0}
+        total = max(s["early"] + s["late"], 1)
+        return {"reference/ready_frac": s["early"] / total, "reference/rescored": s["rescored"]}
+
+    def stop(self) -> None:
+        for h in self.actors:
+            ray.kill(h)
+        self.pending.clear()
