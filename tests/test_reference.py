@@ -138,3 +138,22 @@ def test_async_pool_run_matches_colocated_inline_run(tmp_path):
     assert sum(r["reference/ready_frac"] for r in a) > 0  # some groups were scored before the trainer asked
     spans = list(rundir.read_jsonl(asyn / rundir.SPANS))
     assert any(s["role"] == "reference_pool" for s in spans) and any(s["role"] == "reference" for s in spans)
+
+
+def test_plan_prices_the_reference_placement():
+    """Disaggregated: rollout 30 s, train 20 s, reference 15 s. Inline the trainer's side is 15 + 20 = 35 s, over
+    rollout; on a pool the reference leaves the trainer's path (30 s, rollout-bound) and its memory; fused keeps
+    the time but holds no copy; colocated cannot run a pool, so it keeps the inline price."""
+    from rollyard.plan.inputs import load_plan
+    from rollyard.plan.planner import make_plan
+
+    base = ["placement=disaggregated", "phases.rollout_s=30", "phases.train_s=20", "phases.reference_s=15",
+            "sync.receiver=none", "sync.fixed_s=0"]
+    plans = {w: make_plan(load_plan(None, [*base, f"phases.reference_placement={w}"])) for w in ("inline", "pool", "fused")}
+    period = {w: p.sims["disaggregated"].period_s for w, p in plans.items()}
+    sync = period["inline"] - 35.0
+    assert 0 <= sync < 1
+    assert period["pool"] == pytest.approx(30.0 + sync) and period["fused"] == pytest.approx(period["inline"])
+    assert plans["inline"].sims["colocated"].period_s == pytest.approx(plans["pool"].sims["colocated"].period_s)
+    held = {w: p.memory.reference_per_gpu for w, p in plans.items()}
+    assert held["inline"] > 0 and held["pool"] == 0 and held["fused"] == 0

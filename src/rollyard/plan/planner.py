@@ -120,12 +120,14 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
     (prompt + avg_tokens) each."""
     d = H.decode_on(p, p.rollout.gpus)
     in_flight = min(p.rollout.concurrency, d.sequences)
+    where = p.phases.reference_placement  # the trainer holds a copy inline (and colocated, where no pool runs)
+    ref_held = p.phases.use_reference and (where == "inline" or (where == "pool" and placement == "colocated"))
     mem = M.memory(params=p.policy.params, train_bytes_per_param=p.cluster.train_bytes_per_param,
                    trainer_gpus=H.trainer_gpus(p), sharded=p.trainer.sharding == "fsdp",
                    weight_bytes=H.weight_bytes(p), tp=p.rollout.tp, in_flight=in_flight,
                    kv_bytes_per_token=p.rollout.kv_bytes_per_token,
                    context=p.rollout.prompt_tokens + p.rollout.avg_tokens, gpu_memory=p.cluster.gpu_memory,
-                   model_bytes_per_param=p.policy.bytes_per_param, reference=p.phases.use_reference,
+                   model_bytes_per_param=p.policy.bytes_per_param, reference=ref_held,
                    micro_batch_tokens=p.trainer.micro_batch_tokens if shape_given(p) else 0.0,
                    layers=p.policy.layers or 0, hidden=p.policy.hidden or 0, vocab=p.policy.vocab or 0,
                    checkpointing=p.trainer.activation_checkpointing,
@@ -164,6 +166,8 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
 def _as_placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None) -> Phases:
     """The phases a placement runs: async decodes bubble-free (continuous batching with partial
     rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer."""
+    if p.phases.reference_placement == "pool" and placement != "colocated":  # scored on its own pool, overlapped
+        ph = replace(ph, reference=0.0)
     if placement != "async":
         return ph
     ref = 0.0 if p.phases.async_rollout_logprobs else ph.reference

@@ -295,7 +295,8 @@ def plan_from_run(run: Run) -> PlanInputs:
         # A role with no measurable time is left to the plan's estimate (times must be > 0).
         "phases": {"rollout_s": secs.get("rollout") or None, "reward_s": secs.get("reward", 0.0),
                    "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train") or None,
-                   "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref},
+                   "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref,
+                   "reference_placement": (run.config.get("reference") or {}).get("placement", "inline")},
         "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
     }
     data = _with_shape(run, data)
