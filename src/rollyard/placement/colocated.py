@@ -20,6 +20,7 @@ from rollyard.env.loop import MultiTurn
 from rollyard.placement import step as grpo
 from rollyard.placement.run import Roles, RunRecord, start
 from rollyard.placement.streamed import make_scheduler, streamed_step
+from rollyard.sync import canary
 from rollyard.sync.check import compare_weights
 from rollyard.sync.factory import SyncPlan, resolve
 from rollyard.sync.session import LocalReceiver, SyncSession, rollout_copy
@@ -97,6 +98,12 @@ class LocalRollout:
         with self.run.telemetry.span("sync_check", step, version=version):
             compare_weights(self.session.expected(self.r.model), self.engine.model, self.engine.version)
         self.run.log(f"sync check v{self.engine.version}: the rollout copy equals the trainer")
+
+    def canary(self, version: int, probe, trainer_lp: list[float]) -> dict:
+        """The engine's copy scores the canary probe (none in mode inprocess: the engine reads the trainer's module)."""
+        if self.session.mode == "inprocess" or not canary.scorable(self.engine.model):
+            return {}
+        return canary.compare(version, trainer_lp, {"local": (self.engine.version, canary.score(self.engine.model, probe))})
 
     def metrics(self) -> dict:
         return {}

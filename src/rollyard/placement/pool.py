@@ -33,6 +33,7 @@ from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.placement.rules import RolloutCrashLoop
 from rollyard.placement.run import Roles, RunRecord
 from rollyard.placement.step import Taken, no_turn
+from rollyard.sync import canary
 from rollyard.sync.check import WeightsDiffer
 from rollyard.sync.factory import resolve
 from rollyard.sync.session import SyncSession
@@ -78,6 +79,8 @@ class RolloutPool:
         self.restarts: Counter = Counter()
         self.restart_times: deque[float] = deque()  # when workers were replaced (the crash-loop window)
         self.stats: Counter = Counter()
+        self.canaries: dict[int, tuple] = {}  # version -> (trainer's probe logprobs, {worker: answer}) not complete
+        self.canary_done: dict = {}  # the latest complete canary's metrics, for the next row
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
@@ -239,6 +242,8 @@ class RolloutPool:
             self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
             if rid in item.get("reference", {}):  # reference.placement=pool: its reference logprobs, under way
                 self.r.reference.adopt({rid: item["reference"][rid]})
+        for version, held, logprobs in item.get("canary", ()):
+            self._canary_answer(name, version, held, logprobs)
 
     def _drop_stale(self, version: int) -> None:
         """Consumption: a buffered group older than the bound is not trained on; its prompt is
@@ -327,6 +332,27 @@ class RolloutPool:
             self._check_workers(wait_s=self.session.timeout_s)
         self.stats["checked"] += 1  # run-wide count (rollout/checked); the step's row says sync/checked
         self.run.log(f"sync check v{version}: {checked} worker(s) equal the trainer ({expected[:12]})")
+
+    def canary(self, version: int, probe, trainer_lp: list[float]) -> dict:
+        """Ask every worker to score the canary probe once it holds ``version``: its loop answers through
+        the queue, so the step is not held up. Returns the metrics of the latest canary every live worker
+        has answered since the last call (``canary/version`` says which sync; {} when none)."""
+        self.canaries[version] = (trainer_lp, {})
+        for h in self.workers.values():
+            h.canary.remote(version, probe)
+        out, self.canary_done = self.canary_done, {}
+        return out
+
+    def _canary_answer(self, name: str, version: int, held: int, logprobs) -> None:
+        if version not in self.canaries:
+            return
+        trainer_lp, answers = self.canaries[version]
+        answers[name] = (held, logprobs)
+        if set(answers) >= set(self.workers):
+            scored = {n: a for n, a in answers.items() if a[1] is not None}
+            self.canary_done = {**canary.compare(version, trainer_lp, scored), "canary/version": version}
+            for v in [v for v in self.canaries if v <= version]:  # older ones a replaced worker never answered
+                del self.canaries[v]
 
     def metrics(self) -> dict:
         """This step's pool counters (reset), for the step's metrics row."""

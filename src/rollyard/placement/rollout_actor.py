@@ -38,6 +38,7 @@ from rollyard import roles, staleness
 from rollyard.config import RunConfig
 from rollyard.env import setup as env_setup
 from rollyard.env.loop import MultiTurn
+from rollyard.sync import canary
 from rollyard.sync.check import weights_checksum
 from rollyard.sync.factory import make_receiver, resolve
 from rollyard.sync.session import receive
@@ -84,6 +85,8 @@ class RolloutWorker:
         self._ready: list[tuple[str, list[Sample]]] = []  # finished groups not yet shipped
         self._ready_since = 0.0  # when the oldest of them finished
         self._needs_full = False  # an update was rejected: the driver sends the last full version
+        self._canary_wanted: dict[int, Sample] = {}  # canary probes asked for, by version (``canary``)
+        self._canary_out: list[tuple] = []  # canary answers not yet shipped
         self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
         self.ref_actors: list = []  # reference.placement=pool: its actors (``reference``)
         self._ref_n = 0  # groups sent to them (round-robin)
@@ -131,6 +134,13 @@ class RolloutWorker:
             time.sleep(0.005)
         return self.engine.version, weights_checksum(self.engine.model)
 
+    def canary(self, version: int, probe) -> None:
+        """Score the canary probe (``sync/canary.py``) once the loop holds ``version``; the answer ships with
+        the next queue item as ``canary``: ``[(version asked, version held, logprobs or None)]``."""
+        with self._lock:
+            self._canary_wanted[version] = probe
+        self._wake.set()
+
     def info(self) -> dict:
         import rollyard
         return {"pid": os.getpid(), "node": _node_id(), "time": time.time(), "version": self.engine.version,
@@ -162,6 +172,7 @@ class RolloutWorker:
             self._inbox = []
         for handle in updates:
             self._apply(receive(handle))
+        self._answer_canaries()
         self._admit()
         if not self.engine.num_active and not self.engine.num_queued:
             self._close_span()
@@ -174,6 +185,17 @@ class RolloutWorker:
             self._idle_since = None
         self._open_span()
         self._step()
+        self._ship()
+
+    def _answer_canaries(self) -> None:
+        """Score each canary probe asked for a version this copy now holds, and ship the answers at once."""
+        with self._lock:
+            probes = [(v, self._canary_wanted.pop(v)) for v in sorted(self._canary_wanted) if v <= self.engine.version]
+        if not probes:
+            return
+        model = self.engine.model
+        for v, probe in probes:
+            self._canary_out.append((v, self.engine.version, canary.score(model, probe) if canary.scorable(model) else None))
         self._ship()
 
     def _step(self) -> None:
@@ -192,9 +214,9 @@ class RolloutWorker:
         round finish within a few decode steps of each other: one item per round instead of one per
         decode step, each a serialization and a round trip), at once with a rejection or a request
         for full weights."""
-        if not (self._ready or rejected or self._needs_full):
+        if not (self._ready or rejected or self._needs_full or self._canary_out):
             return
-        if (not rejected and not self._needs_full and self.engine.num_active
+        if (not rejected and not self._needs_full and not self._canary_out and self.engine.num_active
                 and time.perf_counter() - self._ready_since < SHIP_HOLD_S):
             return
         if isinstance(self.engine, MultiTurn):  # tools: their counters, and the tool role's intervals
@@ -213,7 +235,8 @@ class RolloutWorker:
                 self._ref_n += 1
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
-                   "reference": refs})
+                   "reference": refs, "canary": self._canary_out})
+        self._canary_out = []
         self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False
         self._ready = []

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from rollyard.algo.advantages import assign_advantages
 from rollyard.placement.run import Roles, RunRecord, finish
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
+from rollyard.sync import canary
 from rollyard.telemetry.report import StepProgress
 from rollyard.trainer.dp import after_step
 from rollyard.types import Request, Sample
@@ -84,10 +85,20 @@ def publish(run: RunRecord, side, step: int) -> int:
         span.update(bytes=nbytes, values=sum(t.numel() for t in session.last.tensors.values()))
     run.telemetry.traffic(step, "weights", nbytes)
     run.count("sync/bytes", nbytes)
+    run.telemetry.note(step, logprob_canary(side, version))
     if not session.check_due():
         return 0
     side.check(step, version)
     return 1
+
+
+def logprob_canary(side, version: int) -> dict[str, float]:
+    """The trainer's model and the rollout side score the fixed probe right after the sync (``sync/canary.py``):
+    ``canary/logprob_gap`` at equal versions and ``canary/lag`` of the latest answered canary (a Ray side
+    answers without holding the step up: its row may carry the previous sync's); none without a copy."""
+    r = side.r
+    probe = canary.probe(r.model.config.vocab_size, r.context)
+    return side.canary(version, probe, canary.score(r.model, probe))
 
 
 def settle(run: RunRecord, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:

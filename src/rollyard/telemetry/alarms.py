@@ -14,6 +14,11 @@
   proportions over the ``eval/prompts`` held-out prompts, ``sqrt(p_best (1 - p_best) / n + p (1 - p) / n)``
   (at least ``1/n``: two evals at 0% or 100% are not noise-free). Not checked on rows without
   ``eval/prompts`` (runs written before it).
+- ``alarm/logprob_canary``: after a sync, the rollout copy's score of the fixed probe differs from the
+  trainer's at the same version (``canary/logprob_gap``, ``sync/canary.py``) by more than
+  ``canary_ratio`` x the run's first canary (the copy's dtype rounding, measured on the first sync's
+  weights, which the equality check verifies by default) + ``canary_abs``: a copy that stopped
+  taking weights or loaded them wrong. The staleness lag (``canary/lag``) is not part of it.
 
 Both have hysteresis: an alarm is printed once when it fires, the row value stays 1 while the
 condition holds, and it re-arms only after a recovery: a step back under ``recover_ratio`` x the
@@ -36,6 +41,7 @@ from rollyard.telemetry import rundir
 
 EVAL_KEY = "eval/accuracy"
 EVAL_N_KEY = "eval/prompts"  # held-out prompts behind EVAL_KEY (its noise)
+CANARY_KEY = "canary/logprob_gap"
 # Row values: seconds of this step's wall time spent outside the step's own work (see RunRecord)
 OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds", "restart/seconds")
 
@@ -43,10 +49,13 @@ OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds", "restart/seconds")
 class Alarms:
     def __init__(self, window: int = 20, min_history: int = 5, slow_ratio: float = 1.2, recover_ratio: float = 1.1,
                  reward_rise: float = 0.05, accuracy_flat: float = 0.01, regression_z: float = 2.0,
-                 log: Callable[[str], None] | None = None):
+                 canary_ratio: float = 10.0, canary_abs: float = 1e-4, log: Callable[[str], None] | None = None):
         self.window, self.min_history = window, min_history
         self.slow_ratio, self.recover_ratio = slow_ratio, min(recover_ratio, slow_ratio)
         self.reward_rise, self.accuracy_flat, self.regression_z = reward_rise, accuracy_flat, regression_z
+        self.canary_ratio, self.canary_abs = canary_ratio, canary_abs
+        self.canary_floor: float | None = None   # the run's first canary gap
+        self.canary_off = False                  # a canary alarm is active
         self.log = log or (lambda m: print(m, flush=True))
         self.times: list[float] = []              # the step-time baseline
         self.rewards: list[float] = []            # the reward per row, in step order
@@ -70,6 +79,8 @@ class Alarms:
         out = {"alarm/step_time": self._step_time(row)}
         prev = self.evals[-1] if self.evals else None
         self._record(row)
+        if isinstance(row.get(CANARY_KEY), (int, float)):
+            out["alarm/logprob_canary"] = self._canary(row)
         if EVAL_KEY in row:
             out["alarm/reward_hacking"] = self._reward_hacking(row, prev)
             if isinstance(row.get(EVAL_N_KEY), int) and row[EVAL_N_KEY] > 0:
@@ -109,6 +120,24 @@ class Alarms:
                      f"with the train reward again")
         self.hacking = hacking
         return float(hacking)
+
+    def _canary(self, row: dict[str, Any]) -> float:
+        gap = float(row[CANARY_KEY])
+        if self.canary_floor is None:
+            self.canary_floor = gap
+            return 0.0
+        limit = self.canary_ratio * self.canary_floor + self.canary_abs
+        off = gap > limit
+        if off and not self.canary_off:
+            self.log(f"ALARM step {row.get('step')}: logprob canary: the rollout copy's logprobs of the fixed probe "
+                     f"differ from the trainer's at the same version by {gap:.2e} (limit {limit:.2e}: the first "
+                     f"sync's {self.canary_floor:.2e} x {self.canary_ratio:g} + {self.canary_abs:g}); it is not "
+                     f"sampling from the trainer's weights: run with sync.check_every=1 to name the tensor, "
+                     f"stop and resume from the latest checkpoint")
+        elif self.canary_off and not off:
+            self.log(f"alarm cleared at step {row.get('step')}: logprob canary {gap:.2e} back under {limit:.2e}")
+        self.canary_off = off
+        return float(off)
 
     def _regression(self, row: dict[str, Any]) -> float:
         acc, n = float(row[EVAL_KEY]), row[EVAL_N_KEY]
