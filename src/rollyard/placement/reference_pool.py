@@ -1,8 +1,8 @@
 """``reference.placement=pool``: Ray actors hold the frozen reference and score groups as they finish.
 
-A rollout worker (``rollout_actor.py``) that has the pool's handles sends every finished group to a
-reference actor (round-robin over the actors, by the group's position) at the moment it ships the
-group, and the group's queue item carries the result's ``ObjectRef``. So the reference's forward
+A rollout worker (``rollout_actor.py``) that has the pool's handles sends the finished groups of each
+queue item it ships to a reference actor in one call (one packed pass; round-robin over the actors,
+item by item), and the item carries the result's ``ObjectRef`` for each of its groups. So the reference's forward
 runs on its own CPU while the rest of the round decodes and while the trainer trains the previous
 step; ``fill`` (the step's ``reference`` span: the only reference time on the critical path)
 waits for results that are not in yet. A group without a result (its worker died and took the
@@ -11,8 +11,8 @@ actors. The actors' own compute time is recorded as spans of role ``reference_po
 
 Each actor scores through ``Trainer.logprobs``, the trainer's packed path with the trainer's
 settings, on a copy of the initial policy (a LoRA policy merged: the adapter starts as zero), so
-the KL term equals the inline one within float tolerance (micro-batches are packed per group here,
-per step inline).
+the KL term equals the inline one within float tolerance (micro-batches are packed per queue item
+here, per step inline).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class ReferenceWorker:
 
 
 def score_group(actors: list, samples: list[Sample], step: int, index: int):
-    """Send one group to an actor (round-robin by ``index``); returns the result's ``ObjectRef``."""
+    """Send groups to one actor (round-robin by ``index``) for one packed pass; returns the result's ``ObjectRef``."""
     return actors[index % len(actors)].score.remote(samples, step)
 
 
@@ -89,36 +89,38 @@ class ReferencePool:
         self.pending.update(refs)
 
     def submit(self, samples: list[Sample], step: int = 0) -> None:
-        """Score groups now (those a worker did not send already)."""
-        by_group: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_group.setdefault(s.request_id, []).append(s)
-        for rid, group in by_group.items():
-            if rid not in self.pending:
-                self.pending[rid] = score_group(self.actors, group, step, next(self.order))
+        """Score now, in one call, the groups of ``samples`` no rollout worker sent already."""
+        missing = [s for s in samples if s.request_id not in self.pending]
+        if missing:
+            ref = score_group(self.actors, missing, step, next(self.order))
+            self.pending.update(dict.fromkeys((s.request_id for s in missing), ref))
 
     def fill(self, trainer, samples: list[Sample], step: int = 0) -> list[dict]:
         """Set ``ref_logprobs`` on ``samples``, waiting for what is not scored yet (``trainer``: unused, the
         actors hold their own path). Returns the actors' spans, on this process's clock."""
         rids = list(dict.fromkeys(s.request_id for s in samples))
-        asked = [self.pending[r] for r in rids if r in self.pending]
-        early = len(ray.wait(asked, num_returns=len(asked), timeout=0)[0]) if asked else 0
+        asked = list({self.pending[r] for r in rids if r in self.pending})
+        ready = set(ray.wait(asked, num_returns=len(asked), timeout=0)[0]) if asked else set()
+        early = sum(self.pending.get(r) in ready for r in rids)
         self.stats["early"] += early
         self.stats["late"] += len(rids) - early
         self.submit(samples, step)
-        got: dict[str, list[float]] = {}
+        refs = {rid: self.pending.pop(rid) for rid in rids}
+        results: dict = {}  # ObjectRef -> its result (one call may hold several groups)
         spans = []
-        for rid in rids:
+        for ref in dict.fromkeys(refs.values()):
             try:
-                res = ray.get(self.pending.pop(rid))
+                results[ref] = ray.get(ref)
             except RayError:  # the worker that asked for it died, and its result with it: score again
                 self.stats["rescored"] += 1
-                res = ray.get(score_group(self.actors, [s for s in samples if s.request_id == rid], step,
-                                          next(self.order)))
-            got.update(res["logprobs"])
-            off = self.offsets.get(res["span"]["worker"], 0.0)
-            spans.append({**res["span"], "step": step, "start": res["span"]["start"] - off,  # the consuming step
-                          "end": res["span"]["end"] - off})
+                again = [s for s in samples if refs[s.request_id] == ref]
+                results[ref] = ray.get(score_group(self.actors, again, step, next(self.order)))
+            if ref in self.pending.values():  # a later step trains the call's other groups: its span goes there
+                continue
+            span = results[ref]["span"]
+            off = self.offsets.get(span["worker"], 0.0)
+            spans.append({**span, "step": step, "start": span["start"] - off, "end": span["end"] - off})
+        got = {k: v for res in results.values() for k, v in res["logprobs"].items()}
         for s in samples:
             s.ref_logprobs = got[s.id]
         return spans

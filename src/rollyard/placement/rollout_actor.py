@@ -228,11 +228,11 @@ class RolloutWorker:
         stats, self.stats = self.stats, _fresh_stats()
         t0 = time.perf_counter()
         refs = {}
-        if self.ref_actors:  # reference.placement=pool: the reference scores while the rest decodes
+        if self.ref_actors and self._ready:  # reference.placement=pool: scored while the rest decodes
             from rollyard.placement.reference_pool import score_group
-            for rid, group in self._ready:
-                refs[rid] = score_group(self.ref_actors, group, self._target_now(), self._ref_n)
-                self._ref_n += 1
+            ref = score_group(self.ref_actors, [s for _, g in self._ready for s in g], self._target_now(), self._ref_n)
+            refs = {rid: ref for rid, _ in self._ready}  # one call per item: one packed pass over its groups
+            self._ref_n += 1
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
                    "reference": refs, "canary": self._canary_out})
