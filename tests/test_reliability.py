@@ -52,7 +52,7 @@ def _train(run: Path, *extra: str, hook: str = "kill_trainer", fault_at: int | N
         (run.parent / "calls").unlink(missing_ok=True)
     args = (["--resume", str(run), *extra] if resume else
             [*TINY, f"steps={STEPS}", "checkpoint_every=2", f"reward.hook={faults.HOOKS}:{hook}", f"out_dir={run}",
-             *extra])
+             "reward.correctness=true", *extra])  # the hooks score as the arithmetic verifier: the held-out eval runs
     return subprocess.run([sys.executable, "-m", "rollyard.cli", "train", *args], env=env, capture_output=True,
                           text=True, timeout=300, check=False)
 
