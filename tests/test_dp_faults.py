@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import faults
+import pytest
 
 pytestmark = pytest.mark.slow
 
