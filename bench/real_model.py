@@ -187,7 +187,7 @@ def matmul_rate(precision: str, threads: int) -> float:
 def cached_dir(gguf: Path) -> str:
     from rollyard.model import gguf as gguf_model
 
-    return gguf_model.resolve(str(gguf))
+    return str(Path(gguf_model.resolve(str(gguf))).resolve())  # absolute: the TRL side runs in OUT
 
 
 def speed(a) -> int:

@@ -85,7 +85,10 @@ def kv_budget_bytes(cfg: RunConfig, model_config, device: str = "cpu", available
 def cache_tokens(cfg: RunConfig, model, device: str = "cpu") -> int:
     """The engine's KV budget in tokens: the byte budget over the bytes per token, at most ``rollout.max_cache_tokens``."""
     per_token = kv_bytes_per_token(model.config, kv_element_bytes(cfg, device))
-    return max(1, min(cfg.rollout.max_cache_tokens, kv_budget_bytes(cfg, model.config, device) // per_token))
+    tokens = max(1, min(cfg.rollout.max_cache_tokens, kv_budget_bytes(cfg, model.config, device) // per_token))
+    if cfg.rollout.backend == "vllm" and cfg.rollout.kv_memory_gb == 0:
+        tokens = max(tokens, _context(cfg, model.config))  # vLLM refuses a cache smaller than one max_model_len sequence
+    return tokens
 
 
 def _context(cfg: RunConfig, model_config) -> int:
