@@ -9,6 +9,7 @@ import faults
 import pytest
 
 from rollyard import roles
+from rollyard.cli import resume_hint
 from rollyard.config import load_config
 from rollyard.placement import async_, disaggregated
 from rollyard.placement import step as grpo
@@ -57,6 +58,9 @@ def test_colocated_copy_corrupted_after_a_sync_stops_the_run(tmp_path):
     finally:
         r.rewards.close()
     assert "at version 1" in str(e.value) and "\n" not in str(e.value)  # the CLI prints it as one line, exit 1
+    # ... adding where to go on from (cli.cmd_train): stopped in step 0, before any checkpoint
+    assert resume_hint(cfg.out_dir) == (f"no checkpoint was written yet (the run restarts): resume with "
+                                        f"rollyard train --resume {cfg.out_dir}")
 
 
 ray_test = pytest.mark.usefixtures("ray_session")

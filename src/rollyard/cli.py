@@ -43,7 +43,7 @@ def _train_parser(name: str) -> argparse.ArgumentParser:
 
 def cmd_train(argv: list[str]) -> int:
     from rollyard import api
-    from rollyard.config import ConfigError
+    from rollyard.config import ConfigError, load_config
     from rollyard.signals import graceful
 
     p = _train_parser("train")
@@ -51,9 +51,23 @@ def cmd_train(argv: list[str]) -> int:
     args = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     if args.resume and args.config:
         raise ConfigError("--resume uses the run's saved config; pass overrides, not --config")
-    with graceful():
-        api.train(args.config, overrides=args.overrides, resume=args.resume)
+    from rollyard.placement import RolloutCrashLoop
+    from rollyard.sync.check import WeightsDiffer
+    try:
+        with graceful():
+            api.train(args.config, overrides=args.overrides, resume=args.resume)
+    except (RolloutCrashLoop, WeightsDiffer) as e:  # the run stopped itself: say where it can go on from
+        run_dir = args.resume or load_config(args.config, args.overrides).out_dir
+        raise type(e)(f"{e}; {resume_hint(run_dir)}") from None
     return 0
+
+
+def resume_hint(run_dir: str) -> str:
+    """``"the latest checkpoint is step_000004: resume with rollyard train --resume RUN_DIR"``."""
+    from rollyard import checkpoint
+    ckpt = checkpoint.latest(run_dir, log=lambda m: None)
+    where = f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet (the run restarts)"
+    return f"{where}: resume with rollyard train --resume {run_dir}"
 
 
 def cmd_report(argv: list[str]) -> int:
@@ -158,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 1
     except WeightsDiffer as e:  # a rollout copy off the trainer's weights: the run stops rather than sample from it
-        print(f"rollyard {cmd}: error: {e}; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)
+        print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"rollyard {cmd}: interrupted; the latest checkpoint is intact (resume with --resume)", file=sys.stderr)
