@@ -129,7 +129,7 @@ def evaluate(model, tok, schemas, held, tools: bool) -> float:
     from rollyard.types import Request
 
     engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, temperature=0.0)
-    reqs = [Request(f"e{i}", demo(tok, schemas, a, b, tools)[0], 1, 64, {MESSAGES_KEY: question(a, b)})
+    reqs = [Request(f"e{i}", demo(tok, schemas, a, b, tools)[0], 1, 128, {MESSAGES_KEY: question(a, b)})
             for i, (a, b) in enumerate(held)]
     if tools:
         with ToolExecutor(tool_specs([f"{Path(__file__).resolve()}:multiply"]), num_workers=1) as ex:
@@ -148,6 +148,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eval", type=int, default=100, help="held-out problems evaluated")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench-tools")
+    ap.add_argument("--arms", nargs="+", choices=["tools", "no-tools"], default=["tools", "no-tools"])
     args = ap.parse_args(argv)
 
     import rollyard
@@ -165,7 +166,7 @@ def main(argv=None) -> None:
         pad_token_id=ids[0]), dtype=torch.float32)
     rows = [{"prompt": question(a, b), "answer": str(a * b)} for a, b in train]
     results = []
-    for tools in (True, False):
+    for tools in [arm == "tools" for arm in args.arms]:
         name = "tools" if tools else "no tools"
         model = copy.deepcopy(base)
         t0 = time.time()
@@ -174,7 +175,7 @@ def main(argv=None) -> None:
         cfg = {"out_dir": f"{args.out}/{name.replace(' ', '-')}-{int(time.time())}", "steps": args.rl_steps,
                "progress": False, "sft": {"auto": False}, "log": {"plots": False}, "seed": args.seed,
                "trainer": {"lr": 2e-4}, "checkpoint_every": 1000,
-               "rollout": {"prompts_per_step": 8, "samples_per_prompt": 4, "max_new_tokens": 64, "temperature": 1.0},
+               "rollout": {"prompts_per_step": 8, "samples_per_prompt": 4, "max_new_tokens": 128, "temperature": 1.0},
                "reward": {"num_workers": 1}, "tools": {"num_workers": 2, "max_tool_calling_iterations": 2}}
         t0 = time.time()
         run = rollyard.train(cfg, model=model, tokenizer=tok, dataset=rows, reward_funcs=[correct],
