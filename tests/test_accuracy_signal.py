@@ -55,6 +55,7 @@ def test_a_length_hack_trips_the_reward_hacking_alarm_against_a_real_verifier(tm
                  "eval.reward=rollyard.reward.verifiers:arithmetic", f"out_dir={run}"]) == 0
     out = capsys.readouterr().out
     assert "(32 prompts, scored by eval.reward=rollyard.reward.verifiers:arithmetic)" in out
+    assert "eval_every=0" not in out  # evals during the run: the alarms are armed
     rows = _rows(run / rundir.METRICS)
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 4, 8] and all(r["eval/prompts"] == 32 for r in evals)
@@ -86,3 +87,9 @@ def test_held_out_regression_alarms_past_the_noise_of_two_evals():
     assert run([1.0, 0.95])[0] == [0.0, 1.0]  # 5 points: 2.3
     assert run([0.5, 0.3], n=10)[0] == [0.0, 0.0]  # 10 prompts: 20 points is within noise
     assert "alarm/held_out_regression" not in Alarms().check({"step": 0, "eval/accuracy": 0.5})  # no n: not checked
+
+
+def test_a_run_whose_alarms_cannot_fire_says_so(tmp_path, capsys):
+    assert main(["train", *TINY, "steps=2", f"out_dir={tmp_path / 'r'}"]) == 0  # eval_every=0: before and after only
+    assert ("held-out eval only before and after RL (eval_every=0): the reward-hacking and held-out regression alarms"
+            in capsys.readouterr().out)

@@ -50,6 +50,16 @@ def no_signal_reason(cfg: RunConfig) -> str:
             f"or set reward.correctness=true if the training reward is one")
 
 
+def cadence_note(cfg: RunConfig) -> str | None:
+    """A start-up note when held-out accuracy is measured only before and after RL: the reward-hacking and
+    held-out regression alarms compare evals made during the run, so with ``eval_every=0`` they never fire."""
+    if cfg.eval_every:
+        return None
+    return (f"held-out eval only before and after RL (eval_every=0): the reward-hacking and held-out regression "
+            f"alarms compare evals made during the run; set eval_every=N (e.g. {max(1, cfg.steps // 20)}, every 5% "
+            f"of the {cfg.steps} steps) to arm them")
+
+
 def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDispatcher | None,
                     max_new_tokens: int, context: int, max_concurrent: int = 256) -> float | None:
     """Fraction of ``prompts`` whose greedy completion ``rewards`` scores > 0.5; None with no prompts or

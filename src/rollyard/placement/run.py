@@ -22,7 +22,13 @@ import torch
 from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
-from rollyard.evaluate import accuracy_signal, greedy_accuracy, no_signal_reason, train_reward_is_correctness
+from rollyard.evaluate import (
+    accuracy_signal,
+    cadence_note,
+    greedy_accuracy,
+    no_signal_reason,
+    train_reward_is_correctness,
+)
 from rollyard.model import kernels
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.placement import reference as reference_placement
@@ -244,6 +250,8 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         state.extra.update(sft_info)
         console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)}"
                       f", scored by {accuracy_signal(cfg)})" if scorer else no_signal_reason(cfg))
+        if scorer is not None and held_out and (note := cadence_note(cfg)):
+            console.print(note)
     dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
     return rec, handles, extra_rng
 
