@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -45,6 +46,7 @@ CASES = ("colocated/inline", "colocated/fused", "disaggregated/inline", "disaggr
 def run_case(case: str, args, out: Path) -> dict:
     where, ref = case.split("/")
     run = out / case.replace("/", "-")
+    shutil.rmtree(run, ignore_errors=True)  # each case a fresh run
     overrides = [f"steps={args.steps}", f"placement={where}", f"out_dir={run}", "progress=false",
                  "model.lora.r=8", f"algo.kl_coef={args.kl}", f"reference.placement={ref}",
                  f"reference.workers={args.ref_workers}", f"max_staleness={args.staleness}", "checkpoint_every=1000",
