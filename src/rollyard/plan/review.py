@@ -486,10 +486,15 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     if info.get("sharding") == "fsdp" and dp > 1:
         # FSDP = all-gather (k-1)/k + reduce-scatter (k-1)/k: the ring formula. gloo has no reduce-scatter
         # of its own and runs an all-reduce (2(k-1)/k), so over gloo a step costs 3(k-1)/k x message.
+        # Priced here from the run's parameters, not from the plan's gradient_per_rank: the plan prices a
+        # ZeRO-3 step (two all-gathers), while rollyard's FSDP gathers once per step.
         gloo = info.get("dp_backend") == "gloo"
-        out["gradients"] = (plan.bytes.gradient_per_rank * steps * (1.5 if gloo else 1.0),
+        pol, share = plan.inputs.policy, (dp - 1) / dp
+        grad_msg = pol.params * (plan.inputs.trainer.grad_bytes_per_param or pol.bytes_per_param)
+        gather = share * pol.params * pol.bytes_per_param
+        out["gradients"] = ((gather + share * grad_msg * (2 if gloo else 1)) * steps,
                             f"fsdp over dp={dp}: all-gather + reduce-scatter" + (" (an all-reduce on gloo)" if gloo else ""))
-        out["gather"] = (plan.bytes.gradient_per_rank / 2 * steps, f"all-gather of the parameters per sync, (k-1)/k x P, dp={dp}")
+        out["gather"] = (gather * steps, f"all-gather of the parameters per sync, (k-1)/k x P, dp={dp}")
     return out
 
 
