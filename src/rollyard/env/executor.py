@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import pickle
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,15 +37,7 @@ WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker
 class _ToolPool(WorkerPool):
     """The reward pool running ``env/worker.py`` instead of the reward worker (same protocol frames)."""
 
-    def _spawn(self) -> Worker:
-        t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, WORKER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                start_new_session=True, close_fds=True, bufsize=0)
-        self.procs.add(proc)
-        w = Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
-        if not self.send(w, self.init):
-            w.start_deadline = t0
-        return w
+    script = WORKER_SCRIPT
 
 
 @dataclass(eq=False)

@@ -17,6 +17,7 @@ Ray actors hold the copy and score each group as soon as its rollout worker ship
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 from rollyard.config import ConfigError, RunConfig
@@ -33,38 +34,30 @@ class InlineReference:
         return None
 
     def fill(self, trainer, samples: list[Sample], step: int = 0) -> list[dict]:
-        for s, lp in zip(samples, trainer.logprobs(samples, model=self.model)):
-            s.ref_logprobs = lp.tolist()
-        return []
-
-    def metrics(self) -> dict:
-        return {}
-
-    def stop(self) -> None:
-        return None
-
-
-class FusedReference:
-    """The trainer's own LoRA policy with its adapter disabled: the frozen base is the reference."""
-
-    def __init__(self, policy):
-        self.policy = policy
-
-    def submit(self, samples: list[Sample]) -> None:
-        return None
-
-    def fill(self, trainer, samples: list[Sample], step: int = 0) -> list[dict]:
-        with self.policy.disable_adapter():
-            logprobs = trainer.logprobs(samples, model=self.policy)
+        with self._scoring():
+            logprobs = trainer.logprobs(samples, model=self.model)
         for s, lp in zip(samples, logprobs):
             s.ref_logprobs = lp.tolist()
         return []
 
+    def _scoring(self):
+        return contextlib.nullcontext()
+
     def metrics(self) -> dict:
         return {}
 
     def stop(self) -> None:
         return None
+
+
+class FusedReference(InlineReference):
+    """The trainer's own LoRA policy with its adapter disabled: the frozen base is the reference."""
+
+    def __init__(self, policy):
+        self.model = policy  # no copy: the same module, scored with its adapter off
+
+    def _scoring(self):
+        return self.model.disable_adapter()
 
 
 def check(cfg: RunConfig) -> None:

@@ -112,7 +112,10 @@ class WorkerPool:
     ``label`` names what the workers import in error messages (``"reward hook 'm:f'"``). Raises
     :class:`HookError` when an initial worker cannot import it. ``restarts`` counts replacements;
     ``start_s`` is the start time of the slowest initial worker, then of the latest replacement.
+    ``script`` is the worker program (a subclass runs another one that speaks the same frames).
     """
+
+    script = WORKER_SCRIPT
 
     def __init__(self, init: dict, size: int, *, start_timeout_s: float, label: str):
         self.init = init
@@ -235,7 +238,7 @@ class WorkerPool:
     # ------------------------------------------------------------------------------------ starting
     def _spawn(self) -> Worker:
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, WORKER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        proc = subprocess.Popen([sys.executable, self.script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 start_new_session=True, close_fds=True, bufsize=0)
         self.procs.add(proc)
         w = Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
