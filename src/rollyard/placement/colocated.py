@@ -54,6 +54,8 @@ class LocalRollout:
         run.telemetry.traffic(run.state.step, "weights", nbytes)
         compare_weights(self.session.expected(r.model), self.engine.model, run.state.version)
         self.scheduler = make_scheduler(run, r) if cfg.rollout.scheduler == "tail" else None
+        if why := canary.not_measured(self.engine, plan.mode == "inprocess"):
+            run.log(why)
 
     def take(self, step: int, version: int) -> grpo.Taken:
         run, r, engine, tel = self.run, self.r, self.engine, self.run.telemetry
@@ -100,10 +102,10 @@ class LocalRollout:
         self.run.log(f"sync check v{self.engine.version}: the rollout copy equals the trainer")
 
     def canary(self, version: int, probe, trainer_lp: list[float]) -> dict:
-        """The engine's copy scores the canary probe (none in mode inprocess: the engine reads the trainer's module)."""
-        if self.session.mode == "inprocess" or not canary.scorable(self.engine.model):
-            return {}
-        return canary.compare(version, trainer_lp, {"local": (self.engine.version, canary.score(self.engine.model, probe))})
+        """The engine scores the canary probe through what it samples with (``canary.answer``; in mode inprocess
+        the fast path's fused copies of the trainer's module, or vLLM's copy)."""
+        lp = canary.answer(self.engine, probe, shared=self.session.mode == "inprocess")
+        return {} if lp is None else canary.compare(version, trainer_lp, {"local": (self.engine.version, lp)})
 
     def metrics(self) -> dict:
         return {}

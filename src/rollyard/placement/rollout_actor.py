@@ -15,6 +15,11 @@ thread-safe). One loop iteration:
 3. one ``engine.step()``; the groups it finished (all ``n`` samples of a request) go to the bounded
    output queue as one item (a full queue blocks the loop: backpressure), with the spans since.
 
+With ``rollout.scheduler=tail`` a request of a short round carries ``n + extra_samples`` samples and
+is complete at ``rollout.samples_per_prompt`` finished ones (the rest are aborted), and ``cut``
+aborts the prompts of a short round the driver has closed (``placement/pool_tail.py``); the tokens
+both drop are counted as ``cut_tokens``.
+
 This class is a receiver of the driver's ``sync.session.SyncSession``: weights arrive as handles
 (``update``: opened by ``session.receive``) or, for a transport with a handshake, through its
 receiver half (``factory.make_receiver``: ``join`` the group, ``pull`` one broadcast on a control
@@ -59,6 +64,8 @@ class RolloutWorker:
         self.cfg = RunConfig.model_validate(cfg)
         self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
         self.lag = 0  # trainer steps minus trainer versions (skipped optimizer steps), set by ``retarget``
+        # tail batching: a request is complete at this many finished samples (None: at its n)
+        self.keep = self.cfg.rollout.samples_per_prompt if self.cfg.rollout.scheduler == "tail" else None
         model, tokenizer, _ = roles.policy(self.cfg, "cpu")
         plan = resolve(self.cfg, roles.device_of(self.cfg))
         model = model.to(plan.dtype)  # the dtype the trainer publishes in
@@ -72,6 +79,7 @@ class RolloutWorker:
         self._lock = threading.Lock()
         self._inbox: list[tuple[Request, int]] = []
         self._updates: deque[list] = deque()  # weight handles, applied by the loop thread
+        self._cuts: list[tuple[str, int]] = []  # (request id, target) the driver cut (tail), applied by the loop
         self._stop = False
         self._wake = threading.Event()  # set by every control call: the idle loop wakes at once
         self._puts: deque = deque()  # Ray queue puts not yet acknowledged, oldest first
@@ -101,6 +109,13 @@ class RolloutWorker:
     def update(self, handle: list) -> None:
         with self._lock:
             self._updates.append(handle)
+        self._wake.set()
+
+    def cut(self, pairs: list[tuple[str, int]]) -> None:
+        """Tail batching: abort these ``(request id, target)`` (a closed short round's unfinished prompts);
+        the target tells a cut request from the same prompt handed out again for its long round."""
+        with self._lock:
+            self._cuts.extend(pairs)
         self._wake.set()
 
     def retarget(self, lag: int) -> None:
@@ -170,6 +185,9 @@ class RolloutWorker:
             updates, self._updates = list(self._updates), deque()
             self.held += self._inbox
             self._inbox = []
+            cuts, self._cuts = set(self._cuts), []
+        if cuts:
+            self._cut(cuts)
         for handle in updates:
             self._apply(receive(handle))
         self._answer_canaries()
@@ -193,9 +211,8 @@ class RolloutWorker:
             probes = [(v, self._canary_wanted.pop(v)) for v in sorted(self._canary_wanted) if v <= self.engine.version]
         if not probes:
             return
-        model = self.engine.model
-        for v, probe in probes:
-            self._canary_out.append((v, self.engine.version, canary.score(model, probe) if canary.scorable(model) else None))
+        for v, probe in probes:  # through what the engine samples with (vLLM: its own forward)
+            self._canary_out.append((v, self.engine.version, canary.answer(self.engine, probe)))
         self._ship()
 
     def _step(self) -> None:
@@ -277,12 +294,24 @@ class RolloutWorker:
             self.spans.append({**self._busy, "end": time.time()})
             self._busy = None
 
+    def _cut(self, cuts: set[tuple[str, int]]) -> None:
+        self.held = [(q, t) for q, t in self.held if (q.id, t) not in cuts]
+        ids = [rid for rid, (_, t) in self.requests.items() if (rid, t) in cuts]
+        for rid in ids:
+            del self.requests[rid]
+            self.groups.pop(rid, None)
+        self.stats["cut_tokens"] += sum(len(s.completion_ids) for s in self.engine.abort(ids)) if ids else 0
+
     def _admit(self) -> None:
         v = self.engine.version
-        ok = [(q, t) for q, t in self.held if v >= staleness.min_fresh_version(t - self.lag, self.bound)]
+
+        def due(q: Request, t: int) -> bool:  # a prompt still running here (a cut not applied yet) waits
+            return v >= staleness.min_fresh_version(t - self.lag, self.bound) and q.id not in self.requests
+
+        ok = [(q, t) for q, t in self.held if due(q, t)]
         if not ok:
             return
-        self.held = [(q, t) for q, t in self.held if v < staleness.min_fresh_version(t - self.lag, self.bound)]
+        self.held = [(q, t) for q, t in self.held if not due(q, t)]
         rejected = self.engine.submit([q for q, _ in ok])  # one call: admitted together, as colocated does
         bad = {q.id for q, _ in rejected}
         for q, t in ok:
@@ -298,8 +327,13 @@ class RolloutWorker:
         self.stats["tokens"] += len(s.completion_ids)
         group = self.groups.setdefault(s.request_id, [])
         group.append(s)
-        if len(group) == req.n:
+        need = req.n if self.keep is None else min(req.n, self.keep)
+        if len(group) == need:
             del self.requests[s.request_id], self.groups[s.request_id]
+            if need < req.n:  # tail: complete at ``keep``; the group's other samples stop now
+                done = {x.id for x in group}
+                rest = [f"{req.id}#{k}" for k in range(req.n) if f"{req.id}#{k}" not in done]
+                self.stats["cut_tokens"] += sum(len(x.completion_ids) for x in self.engine.abort(rest))
             group.sort(key=lambda x: int(x.id.rsplit("#", 1)[1]))
             if not self._ready:
                 self._ready_since = time.perf_counter()
@@ -352,9 +386,10 @@ def runtime(engine) -> dict:
 def _fresh_stats() -> dict:
     """Counters shipped with each queue item and summed by the driver: groups restarted by an
     abort, seconds holding work the bound did not admit yet, seconds inside ``engine.step()`` (wall
-    clock and this thread's CPU time), the tokens it generated, and seconds the loop spent handing
-    the previous item to the queue."""
-    return {"aborted": 0, "held_s": 0.0, "engine_s": 0.0, "engine_cpu_s": 0.0, "tokens": 0, "ship_s": 0.0}
+    clock and this thread's CPU time), the tokens it generated, seconds the loop spent handing
+    the previous item to the queue, and the tokens tail batching decoded and dropped (``cut_tokens``)."""
+    return {"aborted": 0, "held_s": 0.0, "engine_s": 0.0, "engine_cpu_s": 0.0, "tokens": 0, "ship_s": 0.0,
+            "cut_tokens": 0}
 
 
 def _node_id() -> str | None:

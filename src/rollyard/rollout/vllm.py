@@ -354,6 +354,32 @@ class VllmEngine(EngineBase):
                 reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
                 self._finish(s, reason)
 
+    def score(self, sample) -> list[float]:
+        """The logprob canary (``sync/canary.py``): completion-token logprobs of ``sample`` through vLLM's own
+        forward over the weights inside vLLM, at T = 1: the whole sequence goes in as a prompt with
+        ``prompt_logprobs`` (raw log-softmax: vLLM applies no sampling processor to prompt tokens), one
+        token is generated and dropped. Prompt logprobs skip the prefix cache (vLLM's rule). Samples in
+        flight step along; their outputs are collected as in ``step``."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = list(sample.prompt_ids) + list(sample.completion_ids)
+        sid = f"canary-v{self.version}"
+        params = SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, seed=0, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        restarts = None
+        while True:
+            if restarts != self.restarts:  # a vLLM engine replaced meanwhile lost the probe: again
+                restarts = self.restarts
+                self._engine.add_request(sid, TokensPrompt(prompt_token_ids=ids, cache_salt=f"v{self.version}"), params)
+            outputs = self._vllm_step()
+            mine = [o for o in outputs if o.request_id == sid]
+            self._collect([o for o in outputs if o.request_id != sid])
+            if mine and mine[0].finished:
+                lps = mine[0].prompt_logprobs  # [None, {token: Logprob}, ...]: position i scores ids[i]
+                return [float(lps[i][t].logprob) for i, t in enumerate(ids) if i >= len(sample.prompt_ids)]
+
     def _reload(self) -> None:
         weights = [(n, p.detach()) for n, p in named_params(self.mirror).items() if not self._tied_alias(n)]
         self.llm.collective_rpc(worker_reload, args=(weights,))

@@ -5,11 +5,25 @@ Samples' logprob gap (trainer vs sampling time) mixes two things in the Ray plac
 designed staleness (a sample drawn one version ago) and a real mismatch (a copy that stopped taking
 weights, a wrong load). The canary separates them: it is read only where the rollout copy holds the
 version just published (``canary/logprob_gap``), and the lag is its own metric (``canary/lag``:
-versions the copy is behind when it answers). Both sides score with :func:`score`, one plain forward
-of their own model, so at equal versions the gap is the copy's dtype rounding only (0 for an fp32
-copy), whatever the engine's decode kernels do. It is not the checksum: it runs after every sync
-(one forward of ``PROBE_TOKENS`` tokens) and says how far the copy's outputs are off, not only that
-its bytes differ. vLLM's copy lives inside vLLM; there the canary reads the engine's ``model``.
+versions the copy is behind when it answers). It is not the checksum: it runs after every sync (one
+forward of ``PROBE_TOKENS`` tokens) and says how far the copy's outputs are off, not only that its
+bytes differ.
+
+The trainer scores with :func:`score` (its model's plain forward). The rollout side answers with
+:func:`answer`, through the weights and kernels it *samples with*, which are not always its module:
+
+- vLLM (``rollout/vllm.py``): the engine's own forward over the copy inside vLLM (``engine.score``:
+  prompt logprobs), so a reload that did not reach vLLM shows. The gap at equal versions is the
+  kernels' rounding (fp32: <= ~2e-6 on ``tiny64``), never 0.
+- the native fast path (``rollout/native.py``): its fused weight copies (``engine.backend.fwd``,
+  rebuilt from the module at every load) through its prefill and decode, the path that draws the
+  samples; fp32 reads the kernels' rounding (~1e-6), a bf16 copy its rounding.
+- an HF backend (a model the fast path does not run): the engine's module, :func:`score`.
+
+In mode ``inprocess`` the engine reads the trainer's own module: no version can lag, so a gap is a
+kernel mismatch or fused copies the refresh did not rebuild (the fast path; vLLM's copy is
+reloaded from the module at every sync, so there the canary means what it means elsewhere). An HF
+backend there would score the trainer's module against itself: no canary (``answer`` returns None).
 
 The alarm (``telemetry/alarms.py``) takes the first canary of a run (the first sync, checked by the
 equality check by default) as the copy's noise floor.
@@ -25,16 +39,17 @@ PROBE_TOKENS = 32  # prompt + completion tokens of the probe
 
 
 def probe(vocab_size: int, context: int) -> Sample:
-    """A fixed probe: ``PROBE_TOKENS`` (at most ``context``) token ids spread over the vocabulary, half
-    prompt, half completion; the same on every side and every run, needs no data."""
-    n = max(2, min(PROBE_TOKENS, context))
+    """A fixed probe: ``PROBE_TOKENS`` (at most ``context - 1``: vLLM scores it as a prompt and adds one
+    token) token ids spread over the vocabulary, half prompt, half completion; the same on every side
+    and every run, needs no data."""
+    n = max(2, min(PROBE_TOKENS, context - 1))
     ids = [(7 * i + 3) % vocab_size for i in range(n)]
     return Sample(id="canary", request_id="canary", prompt_ids=ids[: n // 2], completion_ids=ids[n // 2:],
                   logprobs=[0.0] * (n - n // 2), versions=[0] * (n - n // 2), finish_reason="length")
 
 
 def scorable(model) -> bool:
-    """``model`` is a module the canary can run (a vLLM engine's weights live inside vLLM: not scored)."""
+    """``model`` is a module :func:`score` can run (a vLLM engine's ``model`` is a view of its weights)."""
     return isinstance(model, torch.nn.Module) and callable(getattr(model, "forward", None))
 
 
@@ -49,6 +64,45 @@ def score(model, sample: Sample) -> list[float]:
     model.train(was_training)
     lp = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[0, 1:, None])[:, 0]
     return lp[len(sample.prompt_ids) - 1:].cpu().tolist()
+
+
+@torch.no_grad()
+def score_fast(fwd, sample: Sample) -> list[float]:
+    """Completion-token logprobs of ``sample`` through a fast-path forward (``model.llama.LlamaFast``):
+    its prefill over the prompt, then one decode step per completion token, in a cache of its own (the
+    engine's is untouched), as the engine computes the logprobs of what it samples."""
+    P, C = len(sample.prompt_ids), sample.completion_ids
+    dev = fwd.device
+    kv = fwd.new_cache(1, P + len(C))
+    logits = [fwd.prefill(torch.tensor([sample.prompt_ids], device=dev), kv, torch.tensor([0], device=dev),
+                          torch.tensor([P - 1], device=dev))[0]]
+    for i, t in enumerate(C[:-1]):
+        logits.append(fwd.decode(torch.tensor([t], device=dev), torch.tensor([P + i], device=dev), kv, P + i + 1)[0])
+    lp = torch.log_softmax(torch.stack(logits).float(), dim=-1)
+    return lp.gather(1, torch.tensor(C, device=dev)[:, None])[:, 0].cpu().tolist()
+
+
+def answer(engine, sample: Sample, shared: bool = False) -> list[float] | None:
+    """The rollout side's score of ``sample`` through what ``engine`` samples with (module docstring);
+    ``shared``: the engine reads the trainer's module (mode ``inprocess``). None: nothing to compare."""
+    own = getattr(engine, "score", None)
+    if callable(own):  # vLLM: its own forward
+        return own(sample)
+    fwd = getattr(getattr(engine, "backend", None), "fwd", None)
+    if fwd is not None:  # the native fast path: its fused copies
+        return score_fast(fwd, sample)
+    if shared or not scorable(engine.model):
+        return None
+    return score(engine.model, sample)
+
+
+def not_measured(engine, shared: bool) -> str | None:
+    """Why ``answer`` cannot measure anything for ``engine`` (a start-up line), or None."""
+    if shared and not callable(getattr(engine, "score", None)) and getattr(getattr(engine, "backend", None), "fwd", None) is None:
+        return ("logprob canary: off (mode inprocess with an HF rollout backend: the engine decodes with the trainer's "
+                "own module, so the probe would be scored against itself; the fast path or rollout.backend=vllm keep "
+                "a copy the canary can check)")
+    return None
 
 
 def compare(version: int, trainer: list[float], answers: dict[str, tuple[int, list[float]]]) -> dict[str, float]:
