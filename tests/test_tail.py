@@ -274,7 +274,6 @@ def test_colocated_tail_run_resumes_with_its_queue(tmp_path):
 
 @pytest.mark.parametrize("override, words", [
     ("trainer.dp=2", "trainer.dp=2"),
-    ("placement=async", "placement=async"),
 ])
 def test_tail_refuses_what_it_does_not_drive(override, words):
     from rollyard.config import ConfigError, load_config

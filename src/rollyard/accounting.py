@@ -8,7 +8,8 @@
 
 - ``queued``: taken from the stream (or requeued), waiting to be handed to a rollout worker;
 - ``in_flight``: on a worker (its inbox or its engine);
-- ``deferred``: sampled, waiting in the trainer's buffer for a later step;
+- ``deferred``: sampled, waiting in the trainer's buffer for a later step (or, with tail batching,
+  cut from a short round and waiting for a long round: ``defer``);
 - ``trained``: in an optimizer step (final);
 - ``dead``: dead-lettered with a reason (final).
 
@@ -61,6 +62,10 @@ class PromptLedger:
 
     def finished(self, ids: list[str]) -> None:
         self._move(ids, "deferred", ("in_flight",))
+
+    def defer(self, ids: list[str]) -> None:
+        """Tail batching: cut from a short round (or read back from a checkpoint) and held for a long round."""
+        self._move(ids, "deferred", ("queued", "in_flight"))
 
     def trained(self, ids: list[str]) -> None:
         self._move(ids, "trained", ("in_flight", "deferred"))

@@ -14,6 +14,11 @@ restarted with the latest published weights, and the run goes on.
 Weights go through one ``sync.session.SyncSession``: its start-up handle builds every worker, its
 transport reaches all of them (``connect`` again after a restart), its snapshot builds a restarted
 worker and catches up one that missed an update.
+
+With ``rollout.scheduler=tail`` the rounds are RollPacker's short and long rounds across the pool
+(``pool_tail.py``): a short round is cut once ``prompts_per_step`` of its prompts are complete, its
+unfinished prompts are aborted on their workers and queued (ledger ``deferred``) for a long round;
+the queue and each live prompt's round are carried in the checkpoint (``TrainState.extra``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from rich.markup import escape
 import rollyard
 from rollyard import roles, staleness
 from rollyard.config import ConfigError, RunConfig
+from rollyard.placement.pool_tail import STATE_KEY, PoolTail
 from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.placement.rules import RolloutCrashLoop
 from rollyard.placement.run import Roles, RunRecord
@@ -82,12 +88,24 @@ class RolloutPool:
         self.canaries: dict[int, tuple] = {}  # version -> (trainer's probe logprobs, {worker: answer}) not complete
         self.canary_done: dict = {}  # the latest complete canary's metrics, for the next row
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
+        self.target: dict[str, int] = {}  # request id -> the target step it was last handed out with
+        t = cfg.tail
+        self.tail = PoolTail(self.P, cfg.rollout.samples_per_prompt, t.overprovision, t.extra_samples,
+                             t.long_every) if cfg.rollout.scheduler == "tail" else None
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
         self.session.connect(self.workers)
         live = self.ledger.queued()  # a resumed run's live prompts: requeued, meant for the next step
+        round_of = {}
+        if self.tail is not None:  # tail: the long-round queue stays queued; the rest keep their rounds
+            round_of = self.tail.restore(run.state.extra.get(STATE_KEY))
+            waiting = set(self.tail.long)
+            self.ledger.defer([q.id for q in live if q.id in waiting])
+            self.tail.long = deque(i for i in self.tail.long if self.ledger.state.get(i) == "deferred")
+            live = [q for q in live if q.id not in waiting]
+            self.next_round = max(self.next_round, self.tail.next_round)
         for q in live:
-            self.meta[q.id] = (run.state.step, len(self.meta))
+            self.meta[q.id] = (round_of.get(q.id, run.state.step), len(self.meta))
         self._hand_out([(q, run.state.step) for q in live])
 
     # -- workers -----------------------------------------------------------------------------------
@@ -184,14 +202,50 @@ class RolloutPool:
     def fill(self, horizon: int, step: int) -> None:
         """Hand out every round up to ``horizon`` (each round meant for the step of its number)."""
         while self.next_round <= horizon:
-            self._issue(self.next_round, self.P, step)
+            if self.tail is None:
+                self._issue(self.next_round, self.P, step)
+            else:
+                self._issue_tail(self.next_round, step)
             self.next_round += 1
+
+    def _issue_tail(self, round_: int, step: int) -> None:
+        """rollout.scheduler=tail: a short round of fresh prompts, or a long round of queued ones."""
+        kind = self.tail.next_kind()
+        self.tail.issued(round_, kind)
+        if kind == "short":
+            self._issue(round_, self.tail.short_size(), step)
+            return
+        requests = [self._reform(q, self.tail.long_form) for q in self.ledger.requeue(self.tail.take_long())]
+        for q in requests:
+            self.meta[q.id] = (round_, len(self.meta))
+        self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+        self._hand_out([(q, round_) for q in requests])
+
+    def _reform(self, q: Request, form) -> Request:
+        """``q`` as ``form`` makes it (tail: its sample count), recorded in the ledger (a requeue re-issues it)."""
+        self.ledger.requests[q.id] = form(q)
+        return self.ledger.requests[q.id]
+
+    def _cut(self, round_: int) -> None:
+        """Tail: a short round has its P complete prompts; abort the rest on their workers, queue them for a long round."""
+        ids = [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) in ("queued", "in_flight")]
+        per: dict[str, list] = {}
+        for i in ids:
+            per.setdefault(self.ledger.worker.get(i), []).append((i, self.target[i]))
+            del self.meta[i]
+        self.ledger.defer(ids)
+        self.tail.defer(ids)
+        for name, pairs in per.items():
+            if name in self.workers:
+                self.workers[name].cut.remote(pairs)
 
     def _issue(self, round_: int, k: int, step: int) -> None:
         """Hand out ``k`` prompts for ``round_``; dead-lettered ones are replaced, so a round stays
         full (an async trainer waits for ``prompts_per_step`` groups)."""
         for _ in range(MAX_TOP_UPS):
             requests, dead = self.r.feed.take(k, round_)
+            if self.tail is not None:  # a short round's prompts: n + extra samples, complete at n
+                requests = [self._reform(q, self.tail.short_form) for q in requests]
             self.run.dead_letter(dead, step)
             for q in requests:
                 self.meta.setdefault(q.id, (round_, len(self.meta)))
@@ -211,6 +265,7 @@ class RolloutPool:
             load[w] += 1
             per.setdefault(w, []).append((q, target))
             self.ledger.hand_out([q.id], w)
+            self.target[q.id] = target
         for w, batch in per.items():
             self.workers[w].submit.remote(batch)
 
@@ -230,15 +285,24 @@ class RolloutPool:
         if item.get("needs_full") and name in self.workers:
             self._catch_up(name)
         for rid, why in item["rejected"]:
+            cut = self.tail is not None and rid in self.tail.long  # rejected, and cut before the news came
+            if cut:
+                self.tail.long.remove(rid)
             self.ledger.dead([rid])
             self.run.dead_letter([{"source": rid, "reason": why}], step)
-            self._issue(self.meta[rid][0], 1, step)
+            if not cut and (self.tail is None or self.meta[rid][0] in self.tail.done):  # tail: open short rounds only
+                self._issue(self.meta[rid][0], 1, step)
         late = item.get("pid", self.pids.get(name)) != self.pids.get(name)  # sent by a worker since replaced
         for rid, samples in item["groups"]:
             if late or self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
-                self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
+                if self.tail is not None and rid in self.tail.long:  # finished as its round was cut: deferred all the same
+                    self.stats["cut_tokens"] += sum(len(s.completion_ids) for s in samples)
+                else:
+                    self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
                 continue
             self.ledger.finished([rid])
+            if self.tail is not None and self.tail.complete(self.meta[rid][0]):
+                self._cut(self.meta[rid][0])
             self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
             if rid in item.get("reference", {}):  # reference.placement=pool: its reference logprobs, under way
                 self.r.reference.adopt({rid: item["reference"][rid]})
@@ -257,6 +321,8 @@ class RolloutPool:
                 self.stats["dropped"] += 1
                 self.run.log(f"[yellow]dropped stale group {rid}: sampled at v{oldest}, trainer at v{version} "
                              f"accepts v{floor}+ (max staleness {self.bound}); prompt requeued[/yellow]")
+                if self.tail is not None:  # re-rolled whole; an open short round counts it once, when it comes back
+                    self.tail.undo(self.meta[rid][0])
                 self._hand_out([(q, version) for q in self.ledger.requeue([rid])])
 
     def groups(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:
@@ -280,6 +346,8 @@ class RolloutPool:
             self._check_workers()
         self.stats["wait_s"] += time.time() - t0
         chosen.sort(key=lambda i: self.meta[i][1])
+        if self.tail is not None:
+            self.tail.took([self.meta[i][0] for i in chosen])
         groups = [self.buffer.pop(i)[1] for i in chosen]
         # The samples edge counts a group's bytes in the step that consumes it, so the per-step ledger
         # matches the tokens trained; groups that arrive ahead of the last step are reported at stop.
@@ -360,7 +428,14 @@ class RolloutPool:
         for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
         counts = self.ledger.counts()
-        return {"staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
+        tail = {}
+        if self.tail is not None:  # its counters, and its queue into the checkpoint this step may write
+            tail = self.tail.metrics(s["cut_tokens"])
+            waiting = set(self.tail.long)
+            live = [i for i in self.ledger.requests if i not in waiting]
+            self.run.state.extra[STATE_KEY] = self.tail.state({i: self.meta[i][0] for i in live if i in self.meta},
+                                                              Counter(self.meta[i][0] for i in self.buffer))
+        return {**tail, "staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
                 "rollout/held_s": s["held_s"], "rollout/engine_s": s["engine_s"], "rollout/engine_cpu_s": s["engine_cpu_s"],
                 "rollout/ship_s": s["ship_s"],
                 "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),

@@ -31,9 +31,6 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
                           f"set trainer.dp=1 or rollout.scheduler=plain")
     if cfg.placement == "colocated":
         return
-    if cfg.rollout.scheduler == "tail":
-        raise ConfigError(f"rollout.scheduler=tail runs in the colocated placement only, got placement={cfg.placement}; "
-                          f"set placement=colocated or rollout.scheduler=plain")
     if cfg.sync.transport == "inprocess":
         raise ConfigError(f"placement={cfg.placement} runs rollout in other processes, so sync.transport=inprocess "
                           f"cannot reach them; set sync.transport=ray (or auto)")
