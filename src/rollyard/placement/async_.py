@@ -6,7 +6,9 @@ step ``k`` only on weights of version ``>= k - max_staleness`` (admission), and 
 and requeues a group older than that when it takes it (consumption). Weights are published every
 ``sync.every`` steps and applied between decode steps under ``rollout.inflight``. The loss corrects
 the gap with truncated importance sampling on the rollout's logprobs (trainer.step). With
-``max_staleness = 0`` and one worker it trains on exactly the samples colocated would.
+``max_staleness = 0`` and one worker it trains on exactly the samples colocated would. With
+``rollout.scheduler=tail`` the rounds handed out are short and long rounds (``pool_tail.py``); a
+deferred prompt restarts whole in its long round, under the same bound.
 """
 
 from __future__ import annotations

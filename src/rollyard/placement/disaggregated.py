@@ -4,7 +4,9 @@ trainer trains step k.
 Round k+1 is handed out before step k trains; the weights published after step k reach the
 workers before they start round k+2 (a round meant for step b starts only on weights of version
 ``>= b - sync.every``). The trainer takes exactly round k at step k, so every sample lags by at
-most ``sync.every`` versions (1 by default), checked where it is consumed.
+most ``sync.every`` versions (1 by default), checked where it is consumed. With
+``rollout.scheduler=tail`` round k is a short round (its first P complete prompts; the rest deferred)
+or a long round of deferred prompts (``pool_tail.py``).
 """
 
 from __future__ import annotations
