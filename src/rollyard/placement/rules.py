@@ -27,8 +27,9 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
         raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "
                           f"{cfg.max_staleness}; set max_staleness=0 (on-policy) or more")
     if cfg.rollout.scheduler == "tail" and cfg.trainer.dp > 1:
-        raise ConfigError(f"rollout.scheduler=tail streams gradients through one trainer, but trainer.dp={cfg.trainer.dp}; "
-                          f"set trainer.dp=1 or rollout.scheduler=plain")
+        raise ConfigError(f"rollout.scheduler=tail runs with one trainer process (colocated streams each group's gradient "
+                          f"into it; the Ray placements' tail rounds are not tested with trainer ranks), but "
+                          f"trainer.dp={cfg.trainer.dp}; set trainer.dp=1 or rollout.scheduler=plain")
     if cfg.placement == "colocated":
         return
     if cfg.sync.transport == "inprocess":
