@@ -2,11 +2,15 @@
 
 Phase times are functions of the GPUs a pool gets:
 
-- rollout on g GPUs: the decode model of ``mechanisms`` (synchronous round or bubble-free floor) on
-  the real per-replica batch; a measured ``phases.rollout_s`` (taken on ``phases.gpus``) is scaled by
-  the model's ratio between the two GPU counts, so measurement sets the level and the model the shape;
-- trainer on g GPUs: FLOP-bound, so time x GPUs is constant (6 x P_active x tokens for fwd+bwd,
-  2 x P_active x tokens for a reference forward);
+- rollout on g GPUs: the decode model of ``mechanisms`` (synchronous round or bubble-free floor, each
+  the roofline of HBM reads and FLOPs plus the engine's work per step) on the real per-replica batch. A
+  measured ``phases.rollout_s`` (a synchronous round on ``phases.gpus``) sets the level: what it takes
+  beyond the roofline is the engine's work per decode step (``measured_step_overhead``), paid by every
+  decode step on any pool; a measurement faster than the roofline (the stated rates are too low) scales
+  the model instead (measured x model(g) / model(measured GPUs));
+- trainer on g GPUs: estimated from FLOPs (6 x P_active x tokens for fwd+bwd, 2 x P_active x tokens
+  for a reference forward, at peak x MFU); a measured time scales to other pool sizes by Amdahl's law
+  with ``trainer.serial_fraction`` (``mechanisms.amdahl_s``; 0 = time x GPUs constant);
 - reward: CPU verifiers, independent of the GPU split (on the rollout side unless streamed);
 - algorithm (advantages, loss bookkeeping): a given time on the trainer side, independent of the split.
 
@@ -16,6 +20,8 @@ best split of each.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from rollyard.plan import mechanisms as M
 from rollyard.plan.inputs import PlanInputs
@@ -52,29 +58,52 @@ def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.D
     return M.replica_decode(sequences_total=sequences(p), gpus=gpus, tp=ro.tp, mean_len=mean,
                             longest=longest(p, lengths), concurrency=ro.concurrency, weight_bytes=weight_bytes(p),
                             kv_bytes_per_token=ro.kv_bytes_per_token, prompt_tokens=ro.prompt_tokens,
-                            mem_bw=ro.mem_bandwidth)
+                            mem_bw=ro.mem_bandwidth, flops_per_token=2 * active_params(p),
+                            peak_flops=ro.peak_flops or p.trainer.peak_flops, step_overhead_s=ro.step_overhead_s)
 
 
-SCHEDULES = {"round": M.synchronous_round_s, "continuous": M.continuous_s, "balanced": M.balanced_round_s}
+SCHEDULES = {"round": M.round_steps, "continuous": M.continuous_steps, "balanced": M.balanced_steps}
 
 
-def _modelled_rollout(p: PlanInputs, gpus: int, schedule: str, lengths: list[int] | None) -> float:
+def _modelled_rollout(p: PlanInputs, gpus: int, schedule: str, lengths: list[int] | None,
+                      overhead_s: float | None = None) -> float:
+    """The decode model's seconds on ``gpus`` GPUs; ``overhead_s`` replaces ``rollout.step_overhead_s``."""
     ro = p.rollout
     if ro.bytes_per_decoded_token is not None:  # a stated per-token cost: no schedule to model
         return sequences(p) * ro.avg_tokens * ro.bytes_per_decoded_token / (ro.mem_bandwidth * gpus)
-    return SCHEDULES[schedule](decode_on(p, gpus, lengths))
+    d = decode_on(p, gpus, lengths)
+    if overhead_s is not None:
+        d = replace(d, step_overhead_s=overhead_s)
+    return d.round_s(SCHEDULES[schedule](d))
+
+
+def measured_step_overhead(p: PlanInputs, lengths: list[int] | None = None) -> float | None:
+    """The engine's work per decode step that a measured round implies: what ``phases.rollout_s`` takes
+    beyond the decode roofline on its GPUs, over the round's decode steps. None when no round is given,
+    when the model has no steps (a stated per-token cost), or when the measurement is faster than the
+    roofline (then the stated rates are too low, and the model is scaled to the measurement instead)."""
+    ro, given = p.rollout, p.phases.rollout_s
+    if given is None or ro.bytes_per_decoded_token is not None:
+        return None
+    ref = p.phases.gpus or ro.gpus  # the given time is a synchronous round on these GPUs
+    d = replace(decode_on(p, ref, lengths), step_overhead_s=0.0)
+    roofline, steps = d.round_s(M.round_steps(d)), M.round_steps(d)
+    return (given - roofline) / steps if given >= roofline and steps > 0 else None
 
 
 def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, balanced: bool = False,
               lengths: list[int] | None = None) -> float:
     """Rollout seconds per step on ``gpus`` GPUs: a synchronous round (default), the bubble-free
     floor of continuous batching with partial rollout (``continuous``), or a round of mean-length
-    responses (``balanced``)."""
+    responses (``balanced``). A measured round sets the engine's work per step (``measured_step_overhead``)."""
     schedule = "continuous" if continuous else "balanced" if balanced else "round"
-    model = _modelled_rollout(p, gpus, schedule, lengths)
     if p.phases.rollout_s is None:
-        return model
-    ref = p.phases.gpus or p.rollout.gpus  # the given time is a synchronous round on these GPUs
+        return _modelled_rollout(p, gpus, schedule, lengths)
+    overhead = measured_step_overhead(p, lengths)
+    if overhead is not None:
+        return _modelled_rollout(p, gpus, schedule, lengths, overhead)
+    model = _modelled_rollout(p, gpus, schedule, lengths)
+    ref = p.phases.gpus or p.rollout.gpus
     den = _modelled_rollout(p, ref, "round", lengths)
     return p.phases.rollout_s * model / den if den > 0 else p.phases.rollout_s
 
@@ -91,9 +120,8 @@ def trainer_flops(p: PlanInputs) -> float:
 
 
 def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int) -> float:
-    if given is not None:
-        ref = p.phases.gpus or trainer_gpus(p)
-        return given * ref / gpus  # FLOP-bound: time x GPUs is the work
+    if given is not None:  # measured on phases.gpus: Amdahl's law to this pool
+        return M.amdahl_s(given, p.phases.gpus or trainer_gpus(p), gpus, p.trainer.serial_fraction)
     return flops_per_token_param * active_params(p) * train_tokens(p) / (trainer_flops(p) * gpus)
 
 
@@ -101,8 +129,8 @@ def train_s(p: PlanInputs, gpus: int) -> float:
     """Forward + backward + optimizer on ``gpus`` GPUs (6 x P_active x tokens FLOPs).
 
     Measured times at several pool sizes (``phases.train_s_measured`` and the given ``train_s``)
-    win over FLOP scaling: between two measured sizes the time is interpolated linearly, beyond
-    them it scales FLOP-bound (time x GPUs constant) from the nearest end.
+    win over scaling: between two measured sizes the time is interpolated linearly, beyond them it
+    scales from the nearest end by Amdahl's law (``trainer.serial_fraction``).
     """
     points = dict(p.phases.train_s_measured)
     if p.phases.train_s is not None:
@@ -110,10 +138,11 @@ def train_s(p: PlanInputs, gpus: int) -> float:
     if len(points) < 2 and gpus not in points:
         return _flop_seconds(p, 6, p.phases.train_s, gpus)
     gs = sorted(points)
+    s = p.trainer.serial_fraction
     if gpus <= gs[0]:
-        return points[gs[0]] * gs[0] / gpus
+        return M.amdahl_s(points[gs[0]], gs[0], gpus, s)
     if gpus >= gs[-1]:
-        return points[gs[-1]] * gs[-1] / gpus
+        return M.amdahl_s(points[gs[-1]], gs[-1], gpus, s)
     hi = next(g for g in gs if g >= gpus)
     lo = max(g for g in gs if g <= gpus)
     if hi == lo:

@@ -86,6 +86,14 @@ RECEIVERS: tuple[str, ...] = tuple(GPU_SYNC)
 CROSS_NODE_FIXED_S = 0.84 - 63.2e9 / (8 * 50e9) - VLLM_PAUSE_S
 NVLINK_CLASS_BW = 200e9
 
+# Amdahl's serial fraction of an RL trainer's step (trainer.serial_fraction): how a trainer time measured on one
+# pool size scales to another. verl's own figures are far from time x GPUs constant (docs/advance/fully_async.md,
+# Qwen2.5-Math-7B DAPO on H20, FSDP2, the fully_async_policy rows' update_actor: 269.80 s on 16 trainer GPUs,
+# 156.98 s on 32, 113.16 s on 64). Least squares of t = a + b / g over those three rows: a = 56.75 s, b = 3380
+# GPU-seconds, each row within 4%; the serial fraction is a / (a + b) = 0.0165. docs/calibration.md marks the
+# verl rows in sample (same table, same system).
+TRAINER_SERIAL_FRACTION = 0.0165
+
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
 SYNC_MODES: tuple[str, ...] = ("full", "delta", "lora")
@@ -143,6 +151,7 @@ class TrainerSection(Section):
     peak_flops: float = Field(989e12, gt=0, le=1e17, description="dense bf16 peak FLOP/s per trainer GPU [FLOP/s]; 989e12 = H100 SXM (NVIDIA datasheet); H20 1.48e14, H200 989e12, B200 2.25e15")
     mfu: float = Field(0.31, gt=0, le=1, description="model FLOPs utilization of the trainer [fraction]: 6 x P_active x tokens done per second over peak_flops; 0.31 = IBM fms-fsdp's FSDP training on 96 H100 (7B no AC 7,500, 13B selective AC 3,800, 34B full AC 1,550 tokens/s/GPU: 0.32, 0.30, 0.32 of 989 TFLOP/s)")
     flops_per_gpu: float | None = Field(None, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; null = peak_flops x mfu (3.07e14 on the defaults); a stated figure wins (e.g. one measured by --calibrate-from)")
+    serial_fraction: float = Field(TRAINER_SERIAL_FRACTION, ge=0, le=1, description="Amdahl's serial fraction of a trainer step [fraction]: the share of the one-GPU work more GPUs do not divide, so a train or reference time measured on m GPUs takes t x (s + (1-s)/g) / (s + (1-s)/m) on g; 0 = FLOP-bound (time x GPUs constant); 0.0165 = verl's fully-async trainer rows (update_actor 269.80 / 156.98 / 113.16 s on 16 / 32 / 64 H20, least squares; inputs.TRAINER_SERIAL_FRACTION)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
     pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_write)")
     micro_batch_tokens: int = Field(16384, ge=1, le=10**9, description="tokens per micro-batch per trainer GPU [tokens]: the activations held at once; 16384 = verl's ppo_max_token_len_per_gpu default")
@@ -163,6 +172,8 @@ class RolloutSection(Section):
     tp: int = Field(1, ge=1, le=MAX_GPUS, description="GPUs per inference engine replica (tensor parallel) [count]; a replica decodes its sequences in lockstep, and its GPUs each receive 1/tp of a weight sync on their own NIC")
     mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per GPU [bytes/s]; 3.35e12 = H100 SXM (NVIDIA datasheet); 4.0e12 = H20; 4.8e12 = H200")
     concurrency: int = Field(256, ge=1, le=10**9, description="most sequences decoded at once per engine replica [count] (KV-cache slots); one weight read per decode step is shared by those in flight")
+    peak_flops: float | None = Field(None, gt=0, le=1e17, description="dense bf16 peak FLOP/s per rollout GPU [FLOP/s]: a decode step takes the slower of its HBM reads and 2 x P_active FLOPs per sequence in flight at this peak (past ~peak/mem_bandwidth FLOPs per weight byte the batch is compute-bound); null = trainer.peak_flops (the same GPUs)")
+    step_overhead_s: float = Field(0.0, ge=0, le=10, description="the engine's fixed work per decode step [s] (scheduling, sampling, kernel launches; the tail of a synchronous round pays it once per token of its longest response); 0 = not priced (no published figure for vLLM or SGLang); a given phases.rollout_s sets it from the measured round instead")
     kv_bytes_per_token: float = Field(196608, ge=0, le=1e9, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
     bytes_per_decoded_token: float | None = Field(None, gt=0, le=1e15, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
 
@@ -200,7 +211,7 @@ class PhasesSection(Section):
     reference_s: float | None = Field(None, ge=0, le=1e9, description="reference forward per step [s]; null = estimated as 2*P*tokens over trainer FLOP/s (0 when use_reference is false)")
     train_s: float | None = Field(None, gt=0, le=1e9, description="forward + backward + optimizer per step [s]; null = estimated as 6*P_active*tokens over trainer FLOP/s")
     gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs the given phase times were measured on [count] (rollout_s, reference_s and train_s scale from this count); null = the configured pools")
-    train_s_measured: dict[int, float] = Field(default_factory=dict, description="train seconds per step measured on other GPU counts, {gpus = seconds}; a trainer pool of a measured size takes the measured time, other sizes scale FLOP-bound from the nearest measured size")
+    train_s_measured: dict[int, float] = Field(default_factory=dict, description="train seconds per step measured on other GPU counts, {gpus = seconds}; a trainer pool of a measured size takes the measured time, sizes between two measured ones are interpolated, others scale from the nearest measured size by trainer.serial_fraction (Amdahl)")
     algorithm_s: float = Field(0.0, ge=0, le=1e9, description="advantages / loss bookkeeping per step [s]")
     use_reference: bool = Field(True, description="the algorithm needs reference logprobs every step (PPO, GRPO with KL)")
     reference_placement: Literal["inline", "pool", "fused"] = Field("inline", description="where the reference forward runs (rollyard's reference.placement): inline and fused on the trainer's critical path, fused holding no reference copy (LoRA: the base with the adapter off); pool on its own actors overlapped with rollout and training (split placements: off the trainer's path and its memory; colocated keeps it inline)")

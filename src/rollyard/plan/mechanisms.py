@@ -5,10 +5,18 @@ No fitted factors: every input is a stated property of the workload (lengths, ba
 These functions are the plan's own; the runtime never calls them (the runtime measures, the plan
 predicts, ``review`` compares).
 
-Decode (rollout) model. Decode is memory-bound: one decode step of an engine replica on ``tp`` GPUs
-reads the weights once (shared by every sequence in flight) and each sequence's KV cache:
+Decode (rollout) model. One decode step of an engine replica on ``tp`` GPUs with ``b`` sequences in
+flight reads the weights once (shared by every sequence) and each sequence's KV cache, and does
+``2 x P_active`` FLOPs per sequence; it takes the slower of the two (a roofline) plus the engine's fixed
+work per step (scheduling, sampling, kernel launches):
 
-    step_s(b) = (W + b * kv_bytes_per_seq) / (tp * mem_bw)
+    step_s(b) = max((W + b * kv_bytes_per_seq) / (tp * mem_bw), b * 2 * P_active / (tp * peak_flops)) + o
+
+Small batches are memory-bound (the weight read is the step); past the knee
+``b* = W / (tp * mem_bw) / (2 P / (tp * peak) - kv / (tp * mem_bw))`` the step grows with the batch (H20:
+148 TFLOP/s over 4.0 TB/s, a 7B model's knee is ~54 sequences). A round is priced on its totals:
+``max(steps x weight read + KV reads, tokens x FLOPs) + steps x o`` (the roofline of the whole round, exact
+when one bound holds at every step, a lower bound otherwise).
 
 - A **synchronous round** (every response of the step must finish before training) lasts at least as
   many decode steps as its longest response: the weight-read term is paid ``longest`` times even when
@@ -45,9 +53,13 @@ def expected_longest(n: int, *, mean: float, sigma: float, cap: float, lengths: 
     return float(min(math.exp(min(mu + sigma * z, 700.0)), cap))
 
 
-def decode_step_s(weight_bytes: float, in_flight: float, kv_bytes_per_seq: float, tp: int, mem_bw: float) -> float:
-    """One decode step of a replica: weights read once + every in-flight sequence's KV, over tp GPUs' HBM."""
-    return (weight_bytes + in_flight * kv_bytes_per_seq) / (tp * mem_bw)
+def decode_step_s(weight_bytes: float, in_flight: float, kv_bytes_per_seq: float, tp: int, mem_bw: float,
+                  flops_per_token: float = 0.0, peak_flops: float = math.inf, overhead_s: float = 0.0) -> float:
+    """One decode step of a replica: the slower of its HBM reads (weights once + every in-flight
+    sequence's KV, over tp GPUs' bandwidth) and its FLOPs (``flops_per_token`` per sequence over tp
+    GPUs' peak), plus the engine's fixed work per step."""
+    memory = (weight_bytes + in_flight * kv_bytes_per_seq) / (tp * mem_bw)
+    return max(memory, in_flight * flops_per_token / (tp * peak_flops)) + overhead_s
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,9 @@ class Decode:
     kv_bytes_per_seq: float  # KV bytes read per sequence per step (mean context)
     tp: int
     mem_bw: float
+    flops_per_token: float = 0.0  # 2 x P_active: FLOPs per decoded token (0: no compute bound)
+    peak_flops: float = math.inf  # dense peak FLOP/s per GPU
+    step_overhead_s: float = 0.0  # the engine's fixed work per decode step
 
     @property
     def weight_step_s(self) -> float:
@@ -72,9 +87,20 @@ class Decode:
         """KV reads of every token this replica decodes (the same in every schedule)."""
         return self.sequences * self.mean_len * self.kv_bytes_per_seq / (self.tp * self.mem_bw)
 
+    @property
+    def compute_s(self) -> float:
+        """FLOPs of every token this replica decodes at the replica's peak (the same in every schedule)."""
+        return self.sequences * self.mean_len * self.flops_per_token / (self.tp * self.peak_flops)
+
+    def round_s(self, steps: float) -> float:
+        """``steps`` decode steps that decode every token of the replica: the roofline of their totals
+        (weight reads per step + KV reads, against the FLOPs) plus the engine's work per step."""
+        return max(steps * self.weight_step_s + self.kv_s, self.compute_s) + steps * self.step_overhead_s
+
 
 def replica_decode(*, sequences_total: int, gpus: int, tp: int, mean_len: float, longest: float, concurrency: int,
-                   weight_bytes: float, kv_bytes_per_token: float, prompt_tokens: float, mem_bw: float) -> Decode:
+                   weight_bytes: float, kv_bytes_per_token: float, prompt_tokens: float, mem_bw: float,
+                   flops_per_token: float = 0.0, peak_flops: float = math.inf, step_overhead_s: float = 0.0) -> Decode:
     """The per-replica batch on ``gpus`` GPUs: ``gpus // tp`` replicas share the step's sequences.
 
     The rollout estimate uses this real per-replica batch, not a fixed concurrency: with few
@@ -83,30 +109,44 @@ def replica_decode(*, sequences_total: int, gpus: int, tp: int, mean_len: float,
     replicas = max(1, gpus // tp)
     per = math.ceil(sequences_total / replicas)
     ctx = prompt_tokens + mean_len / 2  # mean context while decoding
-    return Decode(per, mean_len, longest, concurrency, weight_bytes, kv_bytes_per_token * ctx, tp, mem_bw)
+    return Decode(per, mean_len, longest, concurrency, weight_bytes, kv_bytes_per_token * ctx, tp, mem_bw,
+                  flops_per_token, peak_flops, step_overhead_s)
 
 
 def synchronous_round_s(d: Decode) -> float:
     """A round that waits for its longest response (plain synchronous RL).
 
-    Weight reads: at least ``longest`` decode steps (the last sequence decodes alone), and at least
-    ``sequences * mean / concurrency`` steps when the replica cannot hold all its sequences at once.
+    Decode steps: at least ``longest`` (the last sequence decodes alone), and at least
+    ``sequences * mean / concurrency`` when the replica cannot hold all its sequences at once.
     """
-    steps = max(d.longest, d.sequences * d.mean_len / d.concurrency)
-    return steps * d.weight_step_s + d.kv_s
+    return d.round_s(round_steps(d))
+
+
+def round_steps(d: Decode) -> float:
+    """Decode steps of a synchronous round: ``max(longest, sequences x mean / concurrency)``."""
+    return max(d.longest, d.sequences * d.mean_len / d.concurrency)
 
 
 def continuous_s(d: Decode) -> float:
     """The bubble-free floor: continuous batching with partial rollout keeps all ``concurrency`` slots
     busy, so the weight read is shared by a full batch on every decode step."""
-    return d.sequences * d.mean_len / d.concurrency * d.weight_step_s + d.kv_s
+    return d.round_s(continuous_steps(d))
+
+
+def continuous_steps(d: Decode) -> float:
+    """Decode steps with every slot busy: ``sequences x mean / concurrency``."""
+    return d.sequences * d.mean_len / d.concurrency
 
 
 def balanced_round_s(d: Decode) -> float:
     """The best a synchronous round can do without working ahead: every response the mean length,
     so no slot idles inside the round (tail batching's limit; it cannot use the next step's prompts)."""
-    steps = max(d.mean_len, d.sequences * d.mean_len / d.concurrency)
-    return steps * d.weight_step_s + d.kv_s
+    return d.round_s(balanced_steps(d))
+
+
+def balanced_steps(d: Decode) -> float:
+    """Decode steps of a round of mean-length responses: ``max(mean, sequences x mean / concurrency)``."""
+    return max(d.mean_len, d.sequences * d.mean_len / d.concurrency)
 
 
 def bubble_fraction(d: Decode) -> float:
@@ -135,6 +175,19 @@ class PoolSplit:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "steps_per_hour": self.steps_per_hour}
+
+
+def amdahl_s(seconds: float, measured_gpus: int, gpus: int, serial_fraction: float) -> float:
+    """A step measured at ``seconds`` on ``measured_gpus`` GPUs, on ``gpus``: Amdahl's law. A share
+    ``serial_fraction`` of the one-GPU work is not divided among GPUs (per optimizer step: the collectives'
+    latency, the optimizer's launch, the driver's dispatch, the rank that holds the longest sequence), the
+    rest is: ``t(g) = t1 x (s + (1 - s) / g)``, so ``t(g) = t(m) x (s + (1 - s) / g) / (s + (1 - s) / m)``.
+    At ``serial_fraction`` 0 it is FLOP-bound (time x GPUs constant)."""
+    if measured_gpus < 1 or gpus < 1 or not 0 <= serial_fraction <= 1:
+        raise ValueError(f"amdahl_s needs GPUs >= 1 and a serial fraction in [0, 1], got {measured_gpus}, {gpus}, "
+                         f"{serial_fraction}")
+    s = serial_fraction
+    return seconds * (s + (1 - s) / gpus) / (s + (1 - s) / measured_gpus)
 
 
 def colocated_step_s(rollout_round_s: float, reward_s: float, trainer_s: float, reload_s: float) -> float:

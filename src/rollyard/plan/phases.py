@@ -2,10 +2,12 @@
 
 - rollout: a synchronous round on ``rollout.gpus`` from the decode model (``mechanisms``): the
   weight read is paid once per decode step for as many steps as the longest response, the KV
-  read once per decoded token; a given ``phases.rollout_s`` is taken as measured (rescaled only
-  when ``phases.gpus`` says it was measured on another GPU count).
-- train: 6 x P_active x tokens FLOPs (forward 2, backward 4) / (sustained FLOP/s x trainer GPUs).
-- reference: forward only, 2 x P_active x tokens on the trainer GPUs.
+  read once per decoded token, against 2 x P_active FLOPs per token (the slower bound holds), plus the
+  engine's work per step; a given ``phases.rollout_s`` is taken as measured (rescaled only
+  when ``phases.gpus`` says it was measured on another GPU count: ``hardware.rollout_s``).
+- train: 6 x P_active x tokens FLOPs (forward 2, backward 4) / (sustained FLOP/s x trainer GPUs); a
+  given time measured on other GPUs scales by Amdahl's law (``trainer.serial_fraction``).
+- reference: forward only, 2 x P_active x tokens on the trainer GPUs (a given one scales like train).
 - sync: the chosen mode's sync time (``mechanisms.sync_time``) per step; colocated: the reload of
   the weights into the engine's buffers at HBM bandwidth.
 """
@@ -55,7 +57,10 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     src: dict[str, str] = {}
     rollout = H.rollout_s(p, p.rollout.gpus, lengths=lengths)
     if ph.rollout_s is not None:
-        src["rollout"] = "given" + (f" on {ph.gpus} GPUs, scaled to {p.rollout.gpus} by the decode model"
+        o = H.measured_step_overhead(p, lengths)
+        how = (f"the decode model with the {o * 1e3:.3g} ms per decode step the measured round takes beyond the "
+               f"roofline" if o is not None else "the decode model's ratio")
+        src["rollout"] = "given" + (f" on {ph.gpus} GPUs, scaled to {p.rollout.gpus} by {how}"
                                     if ph.gpus and ph.gpus != p.rollout.gpus else "")
     elif p.rollout.bytes_per_decoded_token is not None:
         src["rollout"] = (f"estimated: {b.rollout_tokens:.3g} tokens x {p.rollout.bytes_per_decoded_token:.3g} "
@@ -64,10 +69,12 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
         d = H.decode_on(p, p.rollout.gpus, lengths)
         src["rollout"] = (f"estimated: synchronous round of {d.sequences:g} sequences per replica, longest "
                           f"{d.longest:.0f} tokens x {d.weight_step_s * 1e3:.3g} ms weight read per decode step "
-                          f"+ KV {d.kv_s:.3g} s (bubble {H.M.bubble_fraction(d):.0%})")
+                          f"+ KV {d.kv_s:.3g} s, against FLOPs {d.compute_s:.3g} s, + engine "
+                          f"{d.step_overhead_s * 1e3:.3g} ms per step (bubble {H.M.bubble_fraction(d):.0%})")
     train = H.train_s(p, gt)
     src["train"] = ("given" if ph.train_s is not None and not ph.gpus else
-                    f"given on {ph.gpus} GPUs, x {ph.gpus}/{gt} (FLOP-bound)" if ph.train_s is not None else
+                    f"given on {ph.gpus} GPUs, to {gt} by Amdahl's law (serial fraction "
+                    f"{p.trainer.serial_fraction:g})" if ph.train_s is not None else
                     f"estimated: 6 x {H.active_params(p):.3g} x {train_tokens(p):.3g} tokens / "
                     f"({H.trainer_flops(p):.3g} FLOP/s x {gt} GPUs)")
     reference = H.reference_s(p, gt)
