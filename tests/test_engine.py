@@ -413,6 +413,33 @@ def test_inprocess_update_refreshes_fused_weights_and_stale_weights_are_caught(p
     assert s.versions == [7] * 10 and s.completion_ids == _naive_greedy(model, s.prompt_ids, 10, NO_EOS)
 
 
+def test_sleep_frees_cache_and_fused_weights_and_the_engine_resumes_exactly():
+    """Colocated trainer turn: sleep frees the KV cache and fused copies; after a skipped step (module unchanged)
+    the next round rebuilds them and samples what an engine that never slept samples; after a real change the
+    weights must come through load_weights, else the stale-weights error."""
+    model = _model()
+    awake, napper = (_engine(model, temperature=1.0, seed=3, max_concurrent=4) for _ in range(2))
+    first = [(s.completion_ids, s.logprobs) for s in awake.generate(_requests(n=3))[0]]
+    assert [(s.completion_ids, s.logprobs) for s in napper.generate(_requests(n=3))[0]] == first
+    napper.sleep()
+    napper.wake_up()
+    assert napper.backend.kv is None and napper.backend.fwd.layers == [] and napper.backend.asleep
+    again = [(s.completion_ids, s.logprobs) for s in napper.generate(_requests(n=3, prefix="b"))[0]]
+    assert again == [(s.completion_ids, s.logprobs) for s in awake.generate(_requests(n=3, prefix="b"))[0]]
+    napper.sleep()
+    with torch.no_grad():
+        for n, t in _perturbed(model).items():
+            dict(model.named_parameters())[n].copy_(t)
+    with pytest.raises(RuntimeError, match="load_weights"):
+        napper.generate(_requests(n=1, max_new=4, prefix="x"))
+    napper.abort([f"x{i}" for i in range(4)])
+    napper.sleep()
+    napper.load_weights(WeightUpdate(version=2, mode="inprocess"))
+    s = napper.generate([Request("y", _prompt(3, 6), n=1, max_new_tokens=10)])[0][0]
+    assert s.versions == [2] * 10  # and sampled from the changed module's weights:
+    assert (torch.tensor(s.logprobs) - _recompute_logprobs(model, s, 1.0)).abs().max() < 1e-4
+
+
 # --- bounds --------------------------------------------------------------------------------------
 
 

@@ -141,6 +141,14 @@ class LlamaFast:
         self.cos, self.sin = _rope_tables(inner, self.context, torch.zeros(1, device=self.device, dtype=self.dtype))
         self.n_qk = (H + KVH) * hd
 
+    def release(self) -> None:
+        """Drop the fused weight copies (``refresh`` rebuilds them): the colocated engine's sleep."""
+        self.layers, self.lm_head = [], None
+
+    @property
+    def released(self) -> bool:
+        return self.lm_head is None
+
     def _c(self, t: torch.Tensor | None) -> torch.Tensor | None:
         """``t`` in the compute dtype (the module's own tensor when that is its dtype already)."""
         return None if t is None else t.to(self.dtype)

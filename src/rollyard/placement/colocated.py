@@ -81,7 +81,8 @@ class LocalRollout:
 
     @contextlib.contextmanager
     def trainer_turn(self):
-        """rollout.backend=vllm: its GPU memory is the trainer's while the trainer steps."""
+        """The engine's memory is the trainer's while the trainer steps: the native engine frees its KV cache and
+        fused weight copies (SmolLM2-135M: 0.79 + 0.54 GB off the step's peak), vLLM on a GPU sleeps."""
         if hasattr(self.engine, "sleep"):
             self.engine.sleep()
         try:

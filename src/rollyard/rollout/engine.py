@@ -341,7 +341,20 @@ class RolloutEngine(EngineBase):
     def _before_results(self) -> None:
         self._check_weights_unchanged()
 
+    def sleep(self) -> None:
+        """Give the trainer the engine's memory while it steps (colocated): the fast path frees its KV cache
+        and fused weight copies (for SmolLM2-135M 0.79 + 0.54 GB); nothing while sequences are in flight."""
+        if not self._active and hasattr(self.backend, "sleep"):
+            self.backend.sleep()
+
+    def wake_up(self) -> None:
+        """Nothing now: the next ``load_weights`` rebuilds the fused copies, or, if none comes, the next step
+        does from the unchanged module (``_step``)."""
+
     def _step(self, admit: bool = True) -> None:
+        if getattr(self.backend, "asleep", False):  # woke without a weight load: same weights, rebuild them
+            self._check_weights_unchanged()
+            self.backend.refresh()
         if admit:
             self._admit()
         if self._active:

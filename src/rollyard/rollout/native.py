@@ -37,6 +37,16 @@ class NativeBackend:
     def refresh(self) -> None:
         self.fwd.refresh()
 
+    @property
+    def asleep(self) -> bool:
+        return self.fwd.released
+
+    def sleep(self) -> None:
+        """Free the KV cache and the fused weight copies (only while no sequence is active); the next
+        ``reserve`` lays out a new cache, ``refresh`` rebuilds the weights."""
+        self.kv, self.R, self.W, self.free = None, 0, 0, []
+        self.fwd.release()
+
     def _width_for(self, need: int) -> int:
         w = max(need, min(_round_up(need, 16), self.context, self.budget))
         # Prefer the width at which all max_concurrent slots still fit: no re-layout later.
