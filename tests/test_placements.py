@@ -170,6 +170,10 @@ def test_disaggregated_is_one_step_off(tmp_path):
     # the trainer takes exactly round k at step k
     assert [{i.rsplit("@", 1)[1] for i in ids} for ids in _trained(run)] == [{"0"}, {"1"}, {"2"}]
     _assert_accounted(run)
+    # the rollout actor's own process peak (it holds a model copy and imports torch: above 0.2 GB), per row and run
+    peaks = [r["memory/rollout_actor_peak_gb"] for r in _metrics(run) if "memory/rollout_actor_peak_gb" in r]
+    assert peaks and min(peaks) > 0.2  # in the rows of the steps that received the actor's work
+    assert json.loads((run / rundir.SUMMARY).read_text())["memory_peak_gb"]["rollout_actor"] > 0.2
 
 
 @ray_test

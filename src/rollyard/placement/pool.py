@@ -282,6 +282,7 @@ class RolloutPool:
         for span in item["spans"]:
             tel.record(span, self.offsets.get(name, 0.0))
         self.stats.update(item["stats"])
+        tel.memory.observe("rollout_actor", item.get("memory_peak"))  # the actor process's peak RSS so far
         if item.get("needs_full") and name in self.workers:
             self._catch_up(name)
         for rid, why in item["rejected"]:

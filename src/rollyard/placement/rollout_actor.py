@@ -48,6 +48,7 @@ from rollyard.sync.check import weights_checksum
 from rollyard.sync.factory import make_receiver, resolve
 from rollyard.sync.session import receive
 from rollyard.sync.wire import SyncRejected
+from rollyard.telemetry.memory import peak_rss_bytes
 from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
@@ -252,7 +253,7 @@ class RolloutWorker:
             self._ref_n += 1
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
-                   "reference": refs, "canary": self._canary_out})
+                   "reference": refs, "canary": self._canary_out, "memory_peak": peak_rss_bytes()})
         self._canary_out = []
         self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False

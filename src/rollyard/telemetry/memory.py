@@ -74,6 +74,13 @@ class PeakMemory:
             self._credit()
             self.open[role] = self.open.get(role, 1) - 1
 
+    def observe(self, name: str, peak: int | None) -> None:
+        """Another process's peak resident set (bytes), e.g. a Ray rollout actor's, reported with its work."""
+        if peak:
+            with self._lock:
+                self.step[name] = max(self.step.get(name, 0), peak)
+                self.run[name] = max(self.run.get(name, 0), peak)
+
     def step_metrics(self) -> dict[str, float]:
         """``memory/<name>_peak_gb`` for the process and each role spanned since the last call."""
         with self._lock:
