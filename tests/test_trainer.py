@@ -557,7 +557,7 @@ def test_cpu_bf16_precision_matches_fp32_reference_and_keeps_fp32_state(layout):
     samples = _samples(12, n=8)
     want_lp = [_unpacked_logprobs(model, s) for s in samples]
     t = Trainer(model, micro_batch_tokens=4096, layout=layout, precision="bf16")
-    assert t.precision == "bf16" and Trainer(_model(0)).precision == "fp32"  # auto on CPU: fp32
+    assert t.precision == "bf16" and Trainer(_model(0)).precision == "fp32"  # auto, tiny preset on CPU: fp32
     got_lp = t.logprobs(samples)
     # The fast forward's start-up check runs outside the caller's autocast (under it, bf16
     # rounding alone failed the fp32 tolerance and silently switched the fast path off).
@@ -631,3 +631,23 @@ def test_adamw_is_fused_on_plain_parameters_and_keeps_its_own_kernel_on_load():
     assert other.defaults["fused"] is None
     other.load_state_dict(tr.optimizer.state_dict())
     assert all(g["fused"] is None for g in other.param_groups)
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_precision_is_bf16_on_a_native_bf16_cpu_only_for_a_real_size_decoder(native_bf16, monkeypatch):
+    """SmolLM2-135M's shape (30 layers x 576, ~106M decoder matrix parameters) trains in bf16 where the CPU
+    multiplies bf16 natively; the tiny presets and any model on a CPU without it stay fp32; a GPU is bf16."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from rollyard.model import gemm
+    from rollyard.trainer.trainer import auto_precision, decoder_matmul_params
+
+    monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: native_bf16)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True)
+    with torch.device("meta"):
+        smol = AutoModelForCausalLM.from_config(cfg)
+    assert 100e6 < decoder_matmul_params(smol) < 110e6  # 30 x (576 x 576 x 2 + 576 x 192 x 2 + 3 x 576 x 1536)
+    cpu = torch.device("cpu")
+    assert auto_precision(smol, cpu) == ("bf16" if native_bf16 else "fp32")
+    assert auto_precision(_model(0), cpu) == "fp32" and auto_precision(smol, torch.device("cuda")) == "bf16"

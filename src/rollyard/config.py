@@ -140,7 +140,7 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_tokens: int = Field(4096, ge=16, description="tokens per micro-batch, packed or padded, whichever the layout picks (gradient accumulation beyond)")
-    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="trainer matmul precision: bf16 autocast (fp32 weights, optimizer state and log_softmax) or fp32; auto: bf16 on GPU, fp32 on CPU (bf16 pays on CPUs with AVX512-BF16/AMX too)")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="trainer matmul precision: bf16 autocast (fp32 weights, optimizer state and log_softmax) or fp32; auto: bf16 on GPU, and on a CPU with native bf16 (AVX512-BF16/AMX) for models whose decoder matrices hold >= 20M parameters (trainer.BF16_MIN_DECODER_PARAMS, bench/precision.py); fp32 otherwise (the tiny presets)")
     activation_checkpointing: bool = Field(False, description="keep only each decoder layer's input in the forward and recompute the layer in the backward (activations ~ hidden x layers per token instead of ~(10 hidden + 4 intermediate) x layers; ~30% more train compute); HF's gradient_checkpointing")
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")

@@ -57,6 +57,16 @@ def cpu_has_avx512() -> bool:
         return False
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16 in ``/proc/cpuinfo``); without it
+    bf16 autocast on a CPU is emulated and slower than fp32."""
+    try:
+        return any(line.startswith("flags") and (" avx512_bf16" in line or " amx_bf16" in line)
+                   for line in Path("/proc/cpuinfo").read_text().splitlines())
+    except OSError:
+        return False
+
+
 def _agrees() -> bool:
     """oneDNN gives F.linear's result on a fixed trainer-like case (a broken build must not be used)."""
     g = torch.Generator().manual_seed(0)
