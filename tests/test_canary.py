@@ -1,6 +1,6 @@
 """The logprob canary: after every sync the rollout side scores a fixed probe through what it samples with
 (the fast path's fused copies, or vLLM's own forward) and the trainer scores it with its forward, at the
-same version. A healthy fp32 copy reads the kernels' rounding (measured <= 1e-6 on these presets; the tests
+same version. A healthy fp32 copy reads the kernels' rounding (measured <= 3e-6, bench/canary.py; the tests
 allow KERNELS); a copy that stops taking weights (it claims each version, keeps the old weights) trips
 ``alarm/logprob_canary`` with a gap > 1e-4 (one step at lr 5e-3 moves the probe's logprobs by more); the lag
 is its own metric. In mode inprocess the engine reads the trainer's module, and the canary checks the fast
@@ -26,7 +26,7 @@ RUN = ["model.context=64", "data.train_size=64", "data.eval_size=8", "rollout.pr
        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8", "sft.auto=false", "progress=false",
        "reward.num_workers=1", HOOK, "steps=5", "log.plots=false", "trainer.lr=5e-3",
        "sync.check_every=0"]  # the checksum would stop the stale runs first: the canary is what is tested
-KERNELS = 1e-5  # fp32 kernels' rounding, nats (fast path or vLLM vs the trainer's HF forward: <= 1e-6 measured)
+KERNELS = 1e-5  # fp32 kernels' rounding, nats (fast path or vLLM vs the trainer's HF forward: <= 3e-6 measured)
 
 
 class StaleRollout(LocalRollout):
@@ -44,9 +44,10 @@ def _rows(run) -> list[dict]:
     return list(rundir.read_jsonl(Path(run.run_dir) / rundir.METRICS))
 
 
-@pytest.mark.parametrize("stale", [False, True])
-def test_colocated_canary(tmp_path, capsys, stale):
-    cfg = load_config(None, [*RUN, "sync.mode=full", f"out_dir={tmp_path / 'r'}"])
+@pytest.mark.parametrize("mode,stale", [("full", False), ("full", True), ("lora", False)])
+def test_colocated_canary(tmp_path, capsys, mode, stale):
+    lora = ["model.lora.r=4"] if mode == "lora" else []  # the copy holds the merged adapter
+    cfg = load_config(None, [*RUN, *lora, f"sync.mode={mode}", f"out_dir={tmp_path / 'r'}"])
     run, r, extra = start(cfg, cfg.out_dir, False)
     side = (StaleRollout if stale else LocalRollout)(run, r, resolve(cfg, "cpu"), extra)
     grpo.train(run, r, side)

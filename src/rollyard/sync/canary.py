@@ -14,10 +14,13 @@ The trainer scores with :func:`score` (its model's plain forward). The rollout s
 
 - vLLM (``rollout/vllm.py``): the engine's own forward over the copy inside vLLM (``engine.score``:
   prompt logprobs), so a reload that did not reach vLLM shows. The gap at equal versions is the
-  kernels' rounding (fp32: <= ~2e-6 on ``tiny64``), never 0.
+  kernels' rounding (fp32: 4.8e-7 on ``tiny64`` at init; the samples' gap, the same kernels, stays
+  <= 2e-6 over a trained run: ``tests/test_vllm.py``), never exactly 0.
 - the native fast path (``rollout/native.py``): its fused weight copies (``engine.backend.fwd``,
   rebuilt from the module at every load) through its prefill and decode, the path that draws the
-  samples; fp32 reads the kernels' rounding (~1e-6), a bf16 copy its rounding.
+  samples; fp32 reads the kernels' rounding (1.9e-6 to 2.9e-6 over a 20-step ``tiny64`` run,
+  ``bench/canary.py``), a bf16 copy its rounding. Copies freed for the trainer's step and not rebuilt
+  by a load since: the module the engine's next step rebuilds them from.
 - an HF backend (a model the fast path does not run): the engine's module, :func:`score`.
 
 In mode ``inprocess`` the engine reads the trainer's own module: no version can lag, so a gap is a
@@ -36,16 +39,20 @@ import torch
 from rollyard.types import Sample
 
 PROBE_TOKENS = 32  # prompt + completion tokens of the probe
+# Completion tokens scored. The prefill's last position already runs every fused weight; a few decode steps
+# add the decode kernels (cache, RoPE, attention) without costing the engine a rollout's worth of steps.
+PROBE_COMPLETION = 4
 
 
 def probe(vocab_size: int, context: int) -> Sample:
     """A fixed probe: ``PROBE_TOKENS`` (at most ``context - 1``: vLLM scores it as a prompt and adds one
-    token) token ids spread over the vocabulary, half prompt, half completion; the same on every side
-    and every run, needs no data."""
+    token) token ids spread over the vocabulary, the last ``PROBE_COMPLETION`` of them the completion; the
+    same on every side and every run, needs no data."""
     n = max(2, min(PROBE_TOKENS, context - 1))
     ids = [(7 * i + 3) % vocab_size for i in range(n)]
-    return Sample(id="canary", request_id="canary", prompt_ids=ids[: n // 2], completion_ids=ids[n // 2:],
-                  logprobs=[0.0] * (n - n // 2), versions=[0] * (n - n // 2), finish_reason="length")
+    c = min(PROBE_COMPLETION, n - 1)
+    return Sample(id="canary", request_id="canary", prompt_ids=ids[:-c], completion_ids=ids[-c:],
+                  logprobs=[0.0] * c, versions=[0] * c, finish_reason="length")
 
 
 def scorable(model) -> bool:
@@ -88,8 +95,11 @@ def answer(engine, sample: Sample, shared: bool = False) -> list[float] | None:
     own = getattr(engine, "score", None)
     if callable(own):  # vLLM: its own forward
         return own(sample)
-    fwd = getattr(getattr(engine, "backend", None), "fwd", None)
-    if fwd is not None:  # the native fast path: its fused copies
+    backend = getattr(engine, "backend", None)
+    fwd = getattr(backend, "fwd", None)
+    # the native fast path: its fused copies, unless they were freed for the trainer's step (``asleep``) and
+    # no load has rebuilt them since: the engine's next step rebuilds them from its module, scored below
+    if fwd is not None and not getattr(backend, "asleep", False):
         return score_fast(fwd, sample)
     if shared or not scorable(engine.model):
         return None
