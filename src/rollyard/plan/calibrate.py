@@ -6,9 +6,9 @@ rates so that the plan, on the baseline's own shape, prices every phase at the b
 the steps after the first (``review.steady``: the first step carries the engine's start-up, ~5-10 s for
 a vLLM engine here, which no per-step budget prices; review holds runs to the same steady state):
 
-- rollout: the decode model's bandwidth, ``rollout.mem_bandwidth``, solved so the model's
-  synchronous round equals the measured mean (both terms of the round are 1 / bandwidth, so the
-  solution is exact); a plan with more prompts or longer responses then scales by the decode model;
+- rollout: the decode model's rates, ``rollout.mem_bandwidth`` and ``rollout.peak_flops`` by one factor,
+  solved so the model's synchronous round equals the measured mean (every term of the round is 1 / rate,
+  so the solution is exact); a plan with more prompts or longer responses then scales by the decode model;
 - train: ``trainer.flops_per_gpu`` solved from 6 x P x tokens / (train seconds x GPUs), so the train
   estimate scales with tokens;
 - reference, reward, algorithm: the measured seconds, given (the plan has no model to scale them);
@@ -108,7 +108,9 @@ def calibrate(run_dir: str | Path) -> tuple[dict, dict]:
         ph["rollout_s"] = None
         data["rollout"]["bytes_per_decoded_token"] = None
         modelled = H.rollout_s(PlanInputs.model_validate(data), base.rollout.gpus, lengths=lengths)
-        data["rollout"]["mem_bandwidth"] = base.rollout.mem_bandwidth * modelled / rollout
+        scale = modelled / rollout  # the round's HBM and FLOP bounds both go as 1 / rate: scale them together
+        data["rollout"]["mem_bandwidth"] = base.rollout.mem_bandwidth * scale
+        data["rollout"]["peak_flops"] = (base.rollout.peak_flops or base.trainer.peak_flops) * scale
         note["rollout_s"] = rollout
     train = secs.get("train", 0.0)
     if train > 0:
