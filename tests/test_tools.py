@@ -290,6 +290,13 @@ def test_a_trl_tool_calling_script_runs_with_rollyard_train(taught, tmp_path):
         assert row["time/tool"] > 0  # the tool role, timed on its own
     spans = [json.loads(line) for line in (run.run_dir / "spans.jsonl").read_text().splitlines()]
     assert {"rollout", "tool", "train"} <= {s["role"] for s in spans}
+    # the ledger's tools edge: per call "add" + '{"a": 2, "b": 3}' out (3 + 16 B) and "5" back (1 B); 2 calls a step
+    from rollyard.plan.review import review
+    ledger = [json.loads(line) for line in (run.run_dir / "traffic.jsonl").read_text().splitlines()]
+    assert [(r["bytes"], r["count"]) for r in ledger if r["edge"] == "tools"] == [(40, 2), (40, 2)]
+    assert json.loads((run.run_dir / "run.json").read_text())["tools"] == ["tool_fns:add"]
+    row = {t["edge"]: t for t in review(run.run_dir).traffic}["tools"]
+    assert row["measured"] == 80 and row["status"] == "unpriced"  # counted by review; what a model sends has no formula
 
 
 def test_an_environment_factory_run_logs_get_reward_under_the_class_name(taught, tmp_path):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rollyard.env.loop import MultiTurn
 from rollyard.model.loading import eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.rollout.engine import RolloutEngine
@@ -61,9 +62,10 @@ def cadence_note(cfg: RunConfig) -> str | None:
 
 
 def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDispatcher | None,
-                    max_new_tokens: int, context: int, max_concurrent: int = 256) -> float | None:
+                    max_new_tokens: int, context: int, max_concurrent: int = 256, tools=None) -> float | None:
     """Fraction of ``prompts`` whose greedy completion ``rewards`` scores > 0.5; None with no prompts or
-    no correctness signal (``rewards`` None)."""
+    no correctness signal (``rewards`` None). ``tools`` (an ``env.loop.Toolbox``, e.g. ``env.setup.for_eval``'s):
+    the completion is multi-turn with those tools, as the run's rollouts are."""
     if not prompts or rewards is None:
         return None
     requests, _dead = to_requests(prompts, tokenizer, n=1, max_new_tokens=max_new_tokens, context=context, suffix="@eval")
@@ -74,7 +76,7 @@ def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDisp
                            max_cache_tokens=max(64, min(len(requests), max_concurrent) * width))
     was_training = model.training
     model.eval()
-    samples, _rejected = engine.generate(requests)
+    samples, _rejected = (MultiTurn(engine, tools) if tools is not None else engine).generate(requests)
     model.train(was_training)
     scored = rewards.score(samples)
     return sum(s.reward is not None and s.reward > 0.5 for s in scored) / len(prompts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from rollyard.config import ConfigError, RunConfig
+from rollyard.env import setup as env_setup
 from rollyard.evaluate import accuracy_signal
 from rollyard.model import kv_budget, loading
 from rollyard.model.loading import attach_lora, eos_ids
@@ -28,6 +29,7 @@ def policy(cfg: RunConfig, device: str):
     """(model, tokenizer, context) for the run (``model/loading.py``); with ``rollout.backend=vllm`` the model
     is checked against vLLM here, at start-up (``rollout/vllm.py: check``)."""
     model, tokenizer, context = loading.policy(cfg, device)
+    env_setup.chat_template(cfg, tokenizer)  # a built-in task's tools (calculator) bring the template of their turns
     kv_budget.check_fits(cfg, model, device)  # a KV budget or micro-batch that cannot fit: refused here, not OOM
     if cfg.rollout.backend == "vllm":
         from rollyard.rollout.vllm import check

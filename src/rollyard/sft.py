@@ -18,6 +18,7 @@ import torch
 
 from rollyard import signals
 from rollyard.config import ConfigError, RunConfig
+from rollyard.env import setup as env_setup
 from rollyard.evaluate import greedy_accuracy
 from rollyard.model.loading import export, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -78,7 +79,11 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
     g = torch.Generator().manual_seed(cfg.model.seed)  # part of making the initial policy, like the init
     acc, t0, step, loss = 0.0, time.time(), 0, float("nan")
     longest = max(len(c) for _, c in pairs)  # the stop test's budget: the longest demo (EOS included), not RL's
-    evaluate = lambda: greedy_accuracy(model, tokenizer, held, rewards, longest, context)  # noqa: E731
+
+    def evaluate() -> float | None:  # with the run's tools, as the rollouts and the run's held-out eval
+        with env_setup.for_eval(cfg, tokenizer) as tools:
+            return greedy_accuracy(model, tokenizer, held, rewards, longest, context, tools=tools)
+
     for step in range(1, s.steps + 1):
         signals.raise_if_stopping_warm_start()  # SIGTERM / SIGINT: stop within a step, not after the warm start
         idx = torch.randint(len(pairs), (s.batch_size,), generator=g).tolist()

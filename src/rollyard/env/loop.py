@@ -26,6 +26,7 @@ nothing to decode, waiting on tools, is ``tools/wait_s``.
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -283,7 +284,7 @@ class MultiTurn:
                 self._stats["format_errors"] += 1
                 t.results[i] = f"error: {c.error}"
             else:
-                self._stats["bytes"] += len(c.name) + len(str(c.arguments))
+                self._stats["bytes"] += len(c.name.encode()) + len(json.dumps(c.arguments).encode())  # the call, out
                 self.box.executor.submit(Job((t.sid, i), "call", t.sid, c.name, c.arguments))
         if len(t.results) == len(calls):
             self._tool_turn(t)
@@ -309,7 +310,7 @@ class MultiTurn:
     def _tool_turn(self, t: _Traj) -> None:
         tok = self.box.tokenizer
         outs = [(c.name or "error", t.results[i]) for i, c in enumerate(t.calls)]
-        self._stats["bytes"] += sum(len(o.encode()) for _, o in outs)
+        self._stats["bytes"] += sum(len(o.encode()) for _, o in outs)  # the outputs, back in
         eot = tok.decode(t.comp[-1:], skip_special_tokens=False) if t.comp else ""
         ids = template.turn_tokens(tok, outs, eot)[:t.req.max_new_tokens - len(t.comp)]
         t.turns += 1

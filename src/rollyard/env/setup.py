@@ -4,20 +4,40 @@
 :class:`~rollyard.env.loop.Toolbox` whose executor the caller closes. Bad input (a tool without hints
 or docstring, a non-string return annotation, an environment without ``reset``, a chat template
 without tool support, a tool module that does not import) is a ConfigError: one line, exit 2, before
-any worker starts.
+any worker starts. A built-in task with tools (``data.task=calculator``) gives the run its tools when
+``tools.*`` names none, and its chat template when the tokenizer has none (``functions``, ``chat_template``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import template, tools
 from rollyard.env.executor import ToolExecutor
 from rollyard.env.loop import Toolbox
+from rollyard.tasks import builtin_template, builtin_tools
 from rollyard.tasks.base import HookError
 
 
+def functions(cfg: RunConfig) -> list[str]:
+    """The run's tool functions: ``tools.functions``; with neither it nor ``tools.environment`` set, the built-in
+    task's tools (``data.task`` providing the prompts, e.g. ``calculator`` unless ``data.task_options.tools=0``)."""
+    t, d = cfg.tools, cfg.data
+    if t.functions or t.environment or not d.task or d.path:
+        return list(t.functions)
+    return builtin_tools(d.task, d.task_options)
+
+
 def enabled(cfg: RunConfig) -> bool:
-    return bool(cfg.tools.functions or cfg.tools.environment)
+    return bool(functions(cfg) or cfg.tools.environment)
+
+
+def chat_template(cfg: RunConfig, tokenizer) -> None:
+    """Give ``tokenizer`` the built-in task's chat template when the run has tools and the tokenizer has no template
+    (a preset's character tokenizer): the tool turns are rendered with it (``roles.policy`` calls this)."""
+    if enabled(cfg) and cfg.data.task and not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = builtin_template(cfg.data.task)
 
 
 def check(cfg: RunConfig) -> None:
@@ -39,7 +59,7 @@ def specs(cfg: RunConfig) -> tuple[list[tools.ToolSpec], tuple | None, bool]:
     if t.environment:
         target, found, has_reward = tools.environment_specs(t.environment)
     else:
-        target, found, has_reward = None, tools.tool_specs(t.functions), False
+        target, found, has_reward = None, tools.tool_specs(functions(cfg)), False
     tools.check_unique(found)
     return found, target, has_reward
 
@@ -58,3 +78,15 @@ def toolbox(cfg: RunConfig, tokenizer) -> Toolbox | None:
         raise ConfigError(str(e)) from None
     return Toolbox(tokenizer, schemas, executor, t.max_tool_calling_iterations,
                    environment=target[2] if target else None, env_reward=has_reward)
+
+
+@contextlib.contextmanager
+def for_eval(cfg: RunConfig, tokenizer):
+    """The held-out eval's toolbox (its own tool workers, closed on exit), or None for a run without tools: the
+    eval runs the same multi-turn loop with the same tools as the rollouts (``evaluate.greedy_accuracy``)."""
+    box = toolbox(cfg, tokenizer)
+    try:
+        yield box
+    finally:
+        if box is not None:
+            box.executor.close()

@@ -22,6 +22,7 @@ import torch
 from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
+from rollyard.env import setup as env_setup
 from rollyard.evaluate import (
     accuracy_signal,
     cadence_note,
@@ -156,6 +157,8 @@ class RunRecord:
         if every and step % every == 0:
             self.telemetry.completions(step, completion_records(step, samples, r.tokenizer))
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
+        if "tools/bytes" in values:  # counted by the multi-turn loop where calls go out and outputs come back
+            self.telemetry.traffic(step, "tools", int(values["tools/bytes"]), count=int(values.get("tools/calls", 0)))
         return self.telemetry.end_step(step, values)
 
     def close_step(self, step: int, r: Roles, progress, requests: list[Request], samples: list[Sample],
@@ -270,7 +273,9 @@ def evaluate(run: RunRecord, r: Roles) -> float | None:
     Labelled ``run.state.step``, the optimizer steps done so far, i.e. the step that starts from
     this policy: eval.jsonl's ``step`` and the metrics row that holds ``eval/accuracy`` are the same
     (0: before RL; the eval after the last step has no row)."""
-    acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.held_out_rewards, run.cfg.rollout.max_new_tokens, r.context)
+    with env_setup.for_eval(run.cfg, r.tokenizer) as tools:  # a run with tools is evaluated with them (multi-turn)
+        acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.held_out_rewards, run.cfg.rollout.max_new_tokens,
+                              r.context, tools=tools)
     if acc is not None:
         run.telemetry.evaluation(run.state.step, acc)
         if run.state.step < run.cfg.steps:  # eval/prompts: the held-out regression alarm's noise
@@ -306,6 +311,7 @@ def run_info(cfg: RunConfig, model) -> dict:
         "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
         "device": "gpu" if roles.device_of(cfg).startswith("cuda") else "cpu",
         "backend": cfg.rollout.backend, "accuracy_signal": accuracy_signal(cfg),  # what scores the held-out eval (None: no held-out accuracy)
+        "tools": env_setup.functions(cfg) or cfg.tools.environment,  # rollouts and held-out eval run with them (None: single-turn)
     }
 
 

@@ -17,6 +17,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from rollyard.plan import mechanisms as M
+from rollyard.plan import tools as plan_tools
 from rollyard.plan.inputs import CPU_SYNC, CROSS_NODE_FIXED_S, GPU_PAUSE_S, GPU_SYNC, NVLINK_CLASS_BW, PlanInputs
 from rollyard.telemetry import rundir
 
@@ -297,6 +298,7 @@ def edges(p: PlanInputs, b: StepBytes, placement: str, sync_mode: str) -> list[E
         "weights": (weights, wnote),
         "gradients": (b.gradient_per_rank, f"per rank, ring over DP={p.trainer.dp}" if p.trainer.dp > 1 else "DP=1: no all-reduce"),
         "gather": (0.0, "unsharded trainer: nothing to gather (review prices fsdp runs from run.json)"),
+        "tools": plan_tools.edge_bytes(p),
     }
     rows = []
     for name, (src, dst, payload, trigger) in rundir.EDGES.items():

@@ -249,6 +249,16 @@ class SimSection(Section):
     steps: int = Field(6, ge=2, le=200, description="training steps drawn in each placement's timeline [count]; the steps/hour figures come from a longer run to steady state")
 
 
+class ToolsSection(Section):
+    """Multi-turn rollouts with tools (plan/tools.py prices them): tool waits lengthen the rollout round's tail."""
+
+    calls_per_sample: float = Field(0.0, ge=0, le=1000, description="tool calls per sample, mean [count] (a run's tools/calls over its samples); 0 = no tools")
+    latency_s: float = Field(1.0, gt=0, le=1e5, description="median seconds of one tool call [s] (lognormal; a run's tools/latency_p50_s)")
+    latency_sigma: float = Field(1.0, ge=0, le=5, description="lognormal shape of tool latency (0: every call takes latency_s)")
+    latencies: list[Annotated[float, Field(ge=0, le=1e5)]] = Field(default_factory=list, max_length=10**6, description="measured per-call seconds to draw from instead of the lognormal [s]")
+    bytes_per_call: float = Field(0.0, ge=0, le=1e12, description="bytes one call moves, arguments out + output back [bytes]; the tools edge")
+
+
 class PlanInputs(Section):
     name: str = Field("plan", description="a label for the configuration (used in the decision record)")
     placement: Literal["auto", "colocated", "disaggregated", "async"] = Field("auto", description="auto = the lesson's decision tree picks")
@@ -262,6 +272,7 @@ class PlanInputs(Section):
     budget: BudgetSection = Field(default_factory=BudgetSection)
     tail: TailSection = Field(default_factory=TailSection)
     sim: SimSection = Field(default_factory=SimSection)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
 
     @model_validator(mode="after")
     def _cross_checks(self) -> PlanInputs:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from rollyard.plan import bytes as B
 from rollyard.plan import hardware as H
 from rollyard.plan import mechanisms as M
+from rollyard.plan import tools as plan_tools
 from rollyard.plan.decide import Decision, RateMatch, decide, rate_match
 from rollyard.plan.inputs import PLACEMENTS, PlanInputs
 from rollyard.plan.phases import Phases, estimate
@@ -38,6 +39,7 @@ class Plan:
     sync_detail: M.SyncTime | None = None
     memory: M.Memory | None = None
     findings: list[str] = field(default_factory=list)
+    tools: plan_tools.ToolTime | None = None  # tool waits per step (plan/tools.py); None: not priced
 
     @property
     def placement(self) -> str:
@@ -105,6 +107,7 @@ class Plan:
             "rate_matching": self.rate.__dict__,
             "budget_whatif": self.budget.as_dict(),
             "tail_whatif": self.tail.as_dict(),
+            "tools": self.tools.as_dict() if self.tools else None,
         }
 
 
@@ -164,6 +167,14 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
 
 
 def _as_placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None) -> Phases:
+    """The phases a placement runs (``_placed``), the rollout with its tool waits (plan/tools.py: a synchronous
+    round waits for its slowest sample's tools, an async batch for the mean)."""
+    placed = _placed(p, ph, placement, lengths)
+    extra = plan_tools.price(p).rollout_extra(placement) if p.tools.calls_per_sample else 0.0
+    return replace(placed, rollout=placed.rollout + extra) if extra else placed
+
+
+def _placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None) -> Phases:
     """The phases a placement runs: async decodes bubble-free (continuous batching with partial
     rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer."""
     if p.phases.reference_placement == "pool" and placement != "colocated":  # scored on its own pool, overlapped
@@ -228,7 +239,7 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
     mem, findings = memory_findings(p, dec.placement)
     detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
     return Plan(p, b, hourly, times, ph, dec, B.edges(p, b, dec.placement, dec.sync_mode), sims,
-                rate_match(p, ph, equal), budget, tail, equal, detail, mem, findings)
+                rate_match(p, ph, equal), budget, tail, equal, detail, mem, findings, plan_tools.price(p))
 
 
 def _mode(p: PlanInputs, b: B.StepBytes, ph: Phases) -> tuple[str, str]:

@@ -7,6 +7,7 @@ enforced, the overlaps that must hold, the rate-matching plan, the collectives' 
 
 from __future__ import annotations
 
+from rollyard.plan import tools as plan_tools
 from rollyard.plan.bytes import dtype_name, fmt_bytes, fmt_seconds, fmt_tokens
 from rollyard.plan.planner import Plan
 
@@ -88,6 +89,8 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
     t = plan.tail
     L.append(f"Tail batching (seed 003) on this length distribution: rollout {t.plain_rollout_s:.1f} s -> "
              f"{t.tail_rollout_s:.1f} s per step ({t.speedup:.2f}x; idle slots {t.plain_bubble:.0%} -> {t.tail_bubble:.0%}).")
+    if plan.tools is not None and plan.tools.calls_per_sample:  # tool waits: the round's tail, what async hides
+        L.append(plan_tools.note(plan.tools, {k: v.period_s for k, v in plan.sims.items()}, d.placement))
     L.append("")
     L.append("## Collectives and topology fit")
     L.append("")

@@ -483,6 +483,8 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
     out["gradients"] = (plan.bytes.gradient_per_rank * steps,
                         "dp=1: no all-reduce" if dp <= 1 else f"ring all-reduce over dp={dp}")
     out["gather"] = (0.0, "unsharded: nothing to gather")
+    out["tools"] = ((None, "not priced: what a run's tools move is what its model sends them (tools/bytes); "
+                     "`rollyard plan` prices it from tools.bytes_per_call") if info.get("tools") else (0.0, "no tools"))
     if info.get("sharding") == "fsdp" and dp > 1:
         # FSDP = all-gather (k-1)/k + reduce-scatter (k-1)/k: the ring formula. gloo has no reduce-scatter
         # of its own and runs an all-reduce (2(k-1)/k), so over gloo a step costs 3(k-1)/k x message.

@@ -35,3 +35,10 @@ def repeat(completion: str, prompt: str, meta: dict[str, Any]) -> float:
 def countdown(completion: str, prompt: str, meta: dict[str, Any]) -> float:
     """The ``countdown`` task: the whole trace must be right (whitespace between numbers normalized)."""
     return 1.0 if completion.split() == _answer(meta).split() else 0.0
+
+
+def calculator(completion: str, prompt: str, meta: dict[str, Any]) -> float:
+    """The ``calculator`` task: the answer after the last tool response (``</tool_response>``, as the task's chat
+    template renders a tool turn) must be exactly the product's digits; without a tool turn, the whole completion.
+    The tool's own output (inside the tags) never counts: only the model's answer after it."""
+    return exact_match(completion.rsplit("</tool_response>", 1)[-1], prompt, meta)

@@ -7,7 +7,9 @@ function as a ``module:function`` path, ready for :class:`rollyard.reward.dispat
 
 Tasks: ``arithmetic`` (``"23+45="`` -> ``"68"``) and ``repeat`` (``"rep 3 ab:"`` -> ``"ababab"``,
 long-tailed response lengths) and ``countdown`` (``"47-5:"`` -> ``"42 37 ... 2"``, a program trace
-whose length is long-tailed by prompt).
+whose length is long-tailed by prompt) and ``calculator`` (``"47*38="`` -> ``"1786"``, multi-turn: the model
+may call the task's calculator tool). ``builtin_tools`` / ``builtin_template`` are a task's tools and the chat
+template their tool turns need (``env/setup.py`` reads them).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import difflib
 import inspect
 from typing import Any
 
-from rollyard.tasks import arithmetic, countdown, repeat
+from rollyard.tasks import arithmetic, calculator, countdown, repeat
 from rollyard.tasks.base import DataError, Prompt
 
-TASKS = {arithmetic.NAME: arithmetic, repeat.NAME: repeat, countdown.NAME: countdown}
+TASKS = {arithmetic.NAME: arithmetic, repeat.NAME: repeat, countdown.NAME: countdown, calculator.NAME: calculator}
 SPLITS = ("train", "eval")
 
 
@@ -55,4 +57,18 @@ def builtin_verifier(name: str) -> str:
     return _task(name).VERIFIER
 
 
-__all__ = ["TASKS", "load_task", "builtin_verifier", "Prompt"]
+def builtin_tools(name: str, options: dict[str, Any]) -> list[str]:
+    """The tools (import paths) built-in task ``name`` gives a run with these ``options``: its ``TOOLS`` unless
+    its ``tools`` option is 0; none for a task without tools."""
+    task = _task(name)
+    default = inspect.signature(task.generate).parameters.get("tools")
+    on = options.get("tools", default.default if default is not None else 0)
+    return list(getattr(task, "TOOLS", [])) if on else []
+
+
+def builtin_template(name: str) -> str | None:
+    """The chat template built-in task ``name``'s tool turns are rendered with when the tokenizer has none."""
+    return getattr(_task(name), "TEMPLATE", None)
+
+
+__all__ = ["TASKS", "load_task", "builtin_verifier", "builtin_tools", "builtin_template", "Prompt"]

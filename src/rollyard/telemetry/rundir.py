@@ -70,6 +70,7 @@ EDGES: dict[str, tuple[str, str, str, str]] = {
     "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
     "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
     "gather": ("trainer", "trainer", "all-gather of sharded (fsdp) parameters before a sync", "per sync"),
+    "tools": ("rollout", "tools", "tool calls out (name + JSON arguments) and outputs back (UTF-8)", "per tool call"),
 }
 
 # run.json: key -> meaning. Written once at start by the driver; `review` builds its default
@@ -97,6 +98,7 @@ RUN_INFO_EXTRA = {
     "rollout_workers": "rollout worker processes (0 when colocated)",
     "inflight": "what in-flight sequences do when weights arrive: finish | abort | continue",
     "kernels": "numerics-relevant kernel/GEMM choices (rollyard.model.kernels.choices; by shape and CPU features)",
+    "tools": "the run's tools (import paths) or environment class: rollouts and the held-out eval are multi-turn with them (null: single-turn)",
 }
 
 # run.json keys a reader must not require (runs written before them lack them).
