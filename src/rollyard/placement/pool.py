@@ -88,7 +88,7 @@ class RolloutPool:
         self.canaries: dict[int, tuple] = {}  # version -> (trainer's probe logprobs, {worker: answer}) not complete
         self.canary_done: dict = {}  # the latest complete canary's metrics, for the next row
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
-        self.target: dict[str, int] = {}  # request id -> the target step it was last handed out with
+        self.target: dict[str, int] = {}  # tail: request id -> the target step it was last handed out with
         t = cfg.tail
         self.tail = PoolTail(self.P, cfg.rollout.samples_per_prompt, t.overprovision, t.extra_samples,
                              t.long_every) if cfg.rollout.scheduler == "tail" else None
@@ -265,7 +265,8 @@ class RolloutPool:
             load[w] += 1
             per.setdefault(w, []).append((q, target))
             self.ledger.hand_out([q.id], w)
-            self.target[q.id] = target
+            if self.tail is not None:  # what a cut names
+                self.target[q.id] = target
         for w, batch in per.items():
             self.workers[w].submit.remote(batch)
 
@@ -349,6 +350,8 @@ class RolloutPool:
         chosen.sort(key=lambda i: self.meta[i][1])
         if self.tail is not None:
             self.tail.took([self.meta[i][0] for i in chosen])
+            for i in chosen:
+                self.target.pop(i, None)
         groups = [self.buffer.pop(i)[1] for i in chosen]
         # The samples edge counts a group's bytes in the step that consumes it, so the per-step ledger
         # matches the tokens trained; groups that arrive ahead of the last step are reported at stop.
