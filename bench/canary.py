@@ -78,7 +78,7 @@ def gaps(cases: list[tuple[str, str, str]], steps: int, out: Path) -> list[dict]
 
 
 # ``small`` with 4 heads of 64 (vLLM's CPU attention) instead of 8 of 32: the same parameters (16.6 MB fp32)
-SIZES = {"tiny64": {}, "small-hd64": dict(num_attention_heads=4, num_key_value_heads=2)}
+SIZES = {"tiny64": {}, "small-hd64": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=64)}
 
 
 def _timed(repeat: int, fn, *args) -> tuple[float, float]:
@@ -95,7 +95,15 @@ def cost_case(preset: str, backend: str, repeat: int) -> dict:
     """One engine over a copy of ``preset``: the equality check and the canary, timed."""
     from rollyard.rollout.engine import RolloutEngine
 
-    model, tok = load_policy(preset.removesuffix("-hd64"), max_position_embeddings=64, **SIZES[preset])
+    model, tok = load_policy(preset.removesuffix("-hd64"), max_position_embeddings=64)
+    if SIZES[preset]:  # the preset's shape with other heads: a fresh random init of it
+        from transformers import AutoModelForCausalLM
+
+        conf = copy.deepcopy(model.config)
+        for k, v in SIZES[preset].items():
+            setattr(conf, k, v)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(conf, dtype=torch.float32)
     copy_ = copy.deepcopy(model).eval().requires_grad_(False)
     if backend == "vllm":
         from rollyard.rollout.vllm import VllmEngine
