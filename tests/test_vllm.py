@@ -255,6 +255,8 @@ def test_grpo_reward_rises_on_a_built_in_task(warm_run):
     rows = list(rundir.read_jsonl(warm_run / rundir.METRICS))
     assert len(rows) == WARM_STEPS and all(r["sync/checked"] == 1 for r in rows)
     assert max(r["train/logprob_diff_max"] for r in rows) < GAP
+    # the canary through vLLM's own forward at equal versions: the same kernels' rounding, no alarm
+    assert max(r["canary/logprob_gap"] for r in rows) < GAP and not any(r["alarm/logprob_canary"] for r in rows)
     assert json.loads((warm_run / rundir.RUN_INFO).read_text())["sync_mode"] == "full"
     reward = [r["reward"] for r in rows]
     first, last = sum(reward[:WINDOW]) / WINDOW, sum(reward[-WINDOW:]) / WINDOW
@@ -353,6 +355,8 @@ def test_ray_placements_build_vllm_in_the_actor(tmp_path, capsys, placement, syn
     assert [r["sync/checked"] for r in rows] == [1, 1, 1]
     checks = [s for s in rundir.read_jsonl(run / rundir.SPANS) if s["role"] == "sync_check"]
     assert len({c["checksum"] for c in checks}) == 3, "the weights did not change between syncs"
+    canaries = [r for r in rows if "canary/logprob_gap" in r]  # each actor's vLLM forward, at equal versions
+    assert canaries and not any(r.get("alarm/logprob_canary") for r in rows)
     if placement == "disaggregated":  # (the async clean-run gate is left out as in tests/test_review_runs.py)
         assert plan_main(["--calibrate-from", str(run), "--out", str(tmp_path / "plan"), "--json"]) == 0
         capsys.readouterr()
