@@ -191,6 +191,18 @@ def cached_dir(gguf: Path) -> str:
     return str(Path(gguf_model.resolve(str(gguf))).resolve())  # absolute: the TRL side runs in OUT
 
 
+def auto_is_bf16(model_dir: str) -> bool:
+    """What ``trainer.precision=auto`` picks for this model on this machine."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rollyard.trainer.trainer import auto_precision
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    return auto_precision(model, torch.device("cpu")) == "bf16"
+
+
 def speed(a) -> int:
     model_dir = cached_dir(a.gguf)
     from transformers import AutoConfig
@@ -202,15 +214,15 @@ def speed(a) -> int:
     matmul_params = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size
     steps = a.warmup + a.steps
     for precision in a.precisions:
-        rate = matmul_rate(precision, a.threads)
+        rate = matmul_rate("bf16" if precision == "auto" and auto_is_bf16(model_dir) else precision, a.threads)
         res: dict[str, list[dict]] = {s: [] for s in a.sides}
         load = [os.getloadavg()[0]]
         for r in range(a.rounds):
             order = a.sides if r % 2 == 0 else list(reversed(a.sides))
             for side in order:
                 log(f"[{precision} round {r}] {side} ...")
-                if side == "trl":
-                    t = run_trl(model_dir, steps, a.threads, precision == "bf16")
+                if side == "trl":  # auto: TRL at the precision rollyard's auto picks here (bf16 on this CPU)
+                    t = run_trl(model_dir, steps, a.threads, precision == "bf16" or (precision == "auto" and auto_is_bf16(model_dir)))
                     res[side].append({"step": t["step_seconds"][a.warmup:], "train": t["train_seconds"][a.warmup:],
                                       "rollout": t["generate_seconds"][a.warmup:]})
                 else:
@@ -343,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra rollyard override")
     s = sub.add_parser("speed", parents=[common])
     s.add_argument("--sides", nargs="+", default=["native", "vllm", "trl"], choices=["native", "vllm", "trl"])
-    s.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
+    s.add_argument("--precisions", nargs="+", default=["auto"], choices=["auto", "fp32", "bf16"],
+                   help="trainer.precision per pass (auto: the default, bf16 on this CPU for SmolLM2; bf16 also "
+                        "puts the native rollout copy in bf16)")
     s.add_argument("--steps", type=int, default=3)
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--rounds", type=int, default=1)
