@@ -13,7 +13,7 @@ Each arm is one ``rollyard.train`` run (its own warm start, cached in ``--cache`
 run's summary.json (held-out greedy accuracy after the warm start and after RL, on the same
 ``data.eval_size`` problems) and metrics.jsonl. Not a test: it prints a table.
 
-    .venv/bin/python bench/tools.py                                   # defaults below
+    .venv/bin/python bench/tools.py                                   # defaults below (~20 min per arm, loaded 2 cores)
     .venv/bin/python bench/tools.py --sft-steps 40 --rl-steps 2 --eval 20   # a smoke run
 """
 
@@ -48,11 +48,11 @@ def arm(tools: bool, args) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sft-steps", type=int, default=400)
+    ap.add_argument("--sft-steps", type=int, default=800)
     ap.add_argument("--sft-batch", type=int, default=32)
-    ap.add_argument("--rl-steps", type=int, default=10)
+    ap.add_argument("--rl-steps", type=int, default=4)
     ap.add_argument("--lr", type=float, default=2e-4, help="GRPO learning rate (trainer.lr)")
-    ap.add_argument("--eval", type=int, default=100, help="held-out problems (data.eval_size)")
+    ap.add_argument("--eval", type=int, default=50, help="held-out problems (data.eval_size)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench-tools")
     ap.add_argument("--cache", default=".cache/warmstart")
