@@ -119,7 +119,7 @@ def test_a_vllm_engine_that_stops_taking_weights_trips_the_canary(tmp_path, caps
     (Mode full with a healthy copy: tests/test_vllm.py's warm run; the Ray actors: its Ray placements test.)"""
     pytest.importorskip("vllm")
     cfg = load_config(None, [*RUN, "model.name=tiny64", "rollout.backend=vllm", "sync.mode=inprocess",
-                             f"out_dir={tmp_path / 'r'}"])
+                             "sync.check_every=10", f"out_dir={tmp_path / 'r'}"])  # one check: the first sync
     run, r, extra = start(cfg, cfg.out_dir, False)
     side = StaleRollout(run, r, resolve(cfg, "cpu"), extra)
     try:
@@ -131,5 +131,7 @@ def test_a_vllm_engine_that_stops_taking_weights_trips_the_canary(tmp_path, caps
     gaps = [row["canary/logprob_gap"] for row in rows]
     assert [row["canary/lag"] for row in rows] == [0.0] * 5
     assert max(gaps[:2]) < KERNELS and min(gaps[2:]) > 1e-4, gaps  # versions 3-5 never reached vLLM
+    # mode inprocess, yet vLLM holds a copy: the equality check reads it (first sync, still healthy)
+    assert [row["sync/checked"] for row in rows] == [1, 0, 0, 0, 0]
     assert [row["alarm/logprob_canary"] for row in rows] == [0.0, 0.0, 1.0, 1.0, 1.0]
     assert sum(line.startswith("ALARM step 2: logprob canary") for line in capsys.readouterr().out.splitlines()) == 1

@@ -43,6 +43,7 @@ class LocalRollout:
         # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
         model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
         self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)
+        self.session.shared = self.engine.model is r.model  # vLLM in mode inprocess still holds a copy: checked
         if "engine" in extra_rng:
             self.engine.generator.set_state(extra_rng["engine"])
         box = env_setup.toolbox(cfg, r.tokenizer)  # tools.*: multi-turn trajectories over the engine (rollyard.env)

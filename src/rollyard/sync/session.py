@@ -52,6 +52,9 @@ class SyncSession:
         self.last: WeightUpdate | None = None
         self.missed: list[str] = []
         self.syncs = 0
+        # mode inprocess: whether the engine reads the trainer's module itself (native) or holds a copy of it
+        # anyway (vLLM keeps its weights inside its worker): only a copy can be checked
+        self.shared = plan.mode == "inprocess"
 
     @property
     def mode(self) -> str:
@@ -78,8 +81,8 @@ class SyncSession:
 
     def check_due(self) -> bool:
         """The equality check runs after the first publish, then every ``sync.check_every``-th (0: never).
-        Not in mode ``inprocess``: the engine reads the trainer's own module, there is no copy to compare."""
-        if not self.check_every or self.mode == "inprocess":
+        Not where the engine reads the trainer's own module (mode ``inprocess``, native): no copy to compare."""
+        if not self.check_every or self.shared:
             return False
         return self.syncs == 1 or self.syncs % self.check_every == 0
 
