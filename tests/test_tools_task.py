@@ -50,6 +50,40 @@ def test_a_calculator_demo_is_the_token_sequence_the_multi_turn_loop_builds():
     assert template.parse_calls(calculator.call_text(expr))[0].arguments == {"expr": expr}
 
 
+def test_sft_demos_mask_the_tool_turn_as_the_grpo_loss_does_and_train_only_the_models_tokens():
+    """A calculator demo's mask is the multi-turn loop's (call + EOS trained, the tool turn context only, the copied
+    answer + EOS trained); sft_step's loss is the NLL over exactly those tokens (HF's loss with the tool turn's
+    labels at -100), and not the loss over every token."""
+    from rollyard import sft
+    from rollyard.trainer.trainer import Trainer
+
+    cfg = RunConfig(**CALC)
+    tok = char_tokenizer()
+    setup.chat_template(cfg, tok)
+    (p,) = load_task("calculator", "eval", 1, seed=0)
+    expr, answer = p.text[:-1], p.meta["answer"]
+    ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call = ids(calculator.call_text(expr)) + [tok.eos_token_id]
+    turn = template.turn_tokens(tok, [("calc", calculator.calc(expr))], "<eos>")
+    ((prompt, comp, mask),) = sft.demos([p], tok, sft.tool_turn_of(cfg, tok))
+    assert comp == call + turn + ids(answer) + [tok.eos_token_id]
+    assert mask == [1] * len(call) + [0] * len(turn) + [1] * (len(answer) + 1)
+    off = RunConfig(data={"task": "calculator", "task_options": {"tools": 0}})
+    assert sft.tool_turn_of(off, tok) is None and sft.cache_key(off) != sft.cache_key(cfg)
+
+    torch.manual_seed(0)
+    model = build_preset("tiny", tok, max_position_embeddings=192)
+    x = torch.tensor([prompt + comp])
+    labels = torch.tensor([[-100] * len(prompt) + [c if m else -100 for c, m in zip(comp, mask)]])
+    with torch.no_grad():
+        want = float(model(input_ids=x, labels=labels).loss)  # HF's shifted cross-entropy, mean over kept labels
+        every = float(model(input_ids=x, labels=torch.tensor([[-100] * len(prompt) + comp])).loss)
+    trainer = Trainer(model, lr=0.0, micro_batch_tokens=4096)
+    assert trainer.sft_step([(prompt, comp, mask)])["loss"] == pytest.approx(want, rel=1e-5)
+    assert trainer.sft_step([(prompt, comp)])["loss"] == pytest.approx(every, rel=1e-5)  # no mask: every token
+    assert abs(want - every) > 1e-3
+
+
 def test_the_held_out_eval_runs_with_the_runs_tools():
     """A tiny preset taught one demonstration: greedy, it calls calc and copies the output. The eval with the
     run's tools scores it correct; the single-turn eval (no tools) sees only the call."""

@@ -19,6 +19,7 @@ import torch
 from rollyard import signals
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup as env_setup
+from rollyard.env import template as env_template
 from rollyard.evaluate import greedy_accuracy
 from rollyard.model.loading import export, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -39,7 +40,9 @@ def cache_key(cfg: RunConfig) -> str:
     files = {k: _stamp(getattr(d, k)) for k in ("path", "eval_path") if getattr(d, k)}
     blob = json.dumps({"model": cfg.model.model_dump(exclude={"lora"}), "data": d.model_dump(include=set(DATA_KEYS)),
                        "files": files, "sft": cfg.sft.model_dump(exclude={"cache_dir", "auto"}),
-                       "trainer": cfg.trainer.model_dump(include={"micro_batch_tokens", "logprob_chunk"}), "v": 2},
+                       "trainer": cfg.trainer.model_dump(include={"micro_batch_tokens", "logprob_chunk"}), "v": 2,
+                       # tools: demos' tool turns are masked out of the loss (a warm start cached before that differs)
+                       **({"tool_mask": 1} if env_setup.enabled(cfg) else {})},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -53,23 +56,42 @@ def _stamp(path: str) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
-def demos(prompts: list[Prompt], tokenizer) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, completion ids + EOS) per prompt with a ``demo``, or else a string ``meta["answer"]``."""
+def demos(prompts: list[Prompt], tokenizer, tool_turn: tuple[str, str] | None = None
+          ) -> list[tuple[list[int], list[int], list[int]]]:
+    """(prompt ids, completion ids + EOS, loss mask) per prompt with a ``demo``, or else a string ``meta["answer"]``.
+
+    With ``tool_turn`` (the template's ``(head, tail)`` around a tool's output, ``template.tool_turn_bounds``), each
+    tool turn of a demo is tokenized on its own and masked out of the loss (0), as the multi-turn rollout builds
+    and the GRPO loss masks it (env/loop.py): the model learns its calls and answers, never the tool's output."""
     out = []
     for p in prompts:
         demo = p.demo if p.demo is not None else (p.meta or {}).get("answer")
         if not isinstance(demo, str) or not demo:
             continue
         ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]  # as to_requests
-        out.append((ids, tokenizer(demo, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]))
+        comp: list[int] = []
+        mask: list[int] = []
+        for text, model in env_template.demo_turns(demo, *tool_turn) if tool_turn else [(demo, True)]:
+            part = tokenizer(text, add_special_tokens=False)["input_ids"]
+            comp += part
+            mask += [int(model)] * len(part)
+        out.append((ids, comp + [tokenizer.eos_token_id], mask + [1]))
     return out
+
+
+def tool_turn_of(cfg: RunConfig, tokenizer) -> tuple[str, str] | None:
+    """The tool turn's bounds in demonstrations when the run has tools (their output is context only), else None."""
+    if not env_setup.enabled(cfg):
+        return None
+    eos = tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=False)  # what ends a model turn
+    return env_template.tool_turn_bounds(tokenizer, eos)
 
 
 def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards: RewardDispatcher, cfg: RunConfig,
               context: int, device: str, log: Callable[[str], None] = print) -> dict:
     """SFT ``model`` in place until eval accuracy >= target or ``cfg.sft.steps``; return a summary."""
     s = cfg.sft
-    pairs = demos(train, tokenizer)
+    pairs = demos(train, tokenizer, tool_turn_of(cfg, tokenizer))
     if not pairs:
         raise ConfigError("sft.auto=true warm-starts a preset on demonstrations, but no prompt has one nor a string "
                           "`answer` (map a column with data.fields={demo: <column>}); set sft.auto=false or "
@@ -78,7 +100,7 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
                       logprob_chunk=cfg.trainer.logprob_chunk, device=device)
     g = torch.Generator().manual_seed(cfg.model.seed)  # part of making the initial policy, like the init
     acc, t0, step, loss = 0.0, time.time(), 0, float("nan")
-    longest = max(len(c) for _, c in pairs)  # the stop test's budget: the longest demo (EOS included), not RL's
+    longest = max(len(c) for _, c, _ in pairs)  # the stop test's budget: the longest demo (EOS included), not RL's
 
     def evaluate() -> float | None:  # with the run's tools, as the rollouts and the run's held-out eval
         with env_setup.for_eval(cfg, tokenizer) as tools:

@@ -113,6 +113,40 @@ def turn_tokens(tokenizer, results: list[tuple[str, str]], ended_with: str) -> l
     return tokenizer(suffix, add_special_tokens=False)["input_ids"]
 
 
+def tool_turn_bounds(tokenizer, ended_with: str) -> tuple[str, str]:
+    """``(head, tail)``: the text of a tool turn before and after the tool's output, as :func:`turn_tokens` renders
+    it after a model turn whose last token was ``ended_with`` (calculator: ``<tool_response>``, ``</tool_response>``)."""
+    suffix = tool_suffix(tokenizer, [("probe", _PROBE_OUT)])
+    if ended_with and suffix.startswith(ended_with):
+        suffix = suffix[len(ended_with):]
+    cut = suffix.find(_PROBE_OUT)
+    if cut < 0:
+        raise ConfigError("the chat template does not render a tool message's content; use a template with tool "
+                          "support (Qwen2/Hermes style: 'tool' role messages)")
+    return suffix[:cut], suffix[cut + len(_PROBE_OUT):]
+
+
+def demo_turns(text: str, head: str, tail: str) -> list[tuple[str, bool]]:
+    """A demonstration split into ``(text, is the model's)`` pieces: each tool turn (``head`` ... ``tail``, the
+    template's rendering of tool messages, as :func:`tool_turn_bounds` gives them) is the environment's, the rest
+    the model's. Only a whole tool turn counts; a ``head`` without its ``tail`` stays the model's text."""
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    while head and tail:
+        start = text.find(head, pos)
+        end = text.find(tail, start + len(head)) if start >= 0 else -1
+        if end < 0:
+            break
+        end += len(tail)
+        if start > pos:
+            out.append((text[pos:start], True))
+        out.append((text[start:end], False))
+        pos = end
+    if pos < len(text):
+        out.append((text[pos:], True))
+    return out
+
+
 def prompt_with_tools(tokenizer, messages: list[dict], schemas: list[dict]) -> list[int]:
     """The chat prompt's token ids with the tools' schemas rendered in, ending at the assistant turn."""
     return tokenizer(_render(tokenizer, messages, schemas, gen=True), add_special_tokens=False)["input_ids"]

@@ -448,15 +448,19 @@ class Trainer:
 
     # -- supervised warm start --------------------------------------------------------------------
 
-    def sft_step(self, sequences: list[tuple[list[int], list[int]]]) -> dict[str, float]:
-        """One optimizer step on the mean NLL of all completion tokens of ``(prompt, completion)`` pairs."""
+    def sft_step(self, sequences: list[tuple]) -> dict[str, float]:
+        """One optimizer step on the mean NLL of the completion tokens of ``(prompt, completion[, mask])``: every
+        token, or those where ``mask`` is 1 (0: context only, a tool's output in a multi-turn demonstration, as
+        the GRPO loss masks it)."""
         self.optimizer.zero_grad(set_to_none=True)
-        num_tokens = sum(len(c) for _, c in sequences)
+        masks = [s[2] if len(s) > 2 else [1] * len(s[1]) for s in sequences]
+        num_tokens = sum(sum(m) for m in masks)
         total = torch.zeros((), device=self.device)
-        mbs = self._pack(sequences)
+        mbs = self._pack([(s[0], s[1]) for s in sequences])
         for mb in mbs:
             logp, _ = self._forward(self.model, mb)
-            loss = -logp.sum() / max(num_tokens, 1)
+            keep = torch.tensor([x for i in mb.members for x in masks[i]], dtype=logp.dtype, device=logp.device)
+            loss = -(logp * keep).sum() / max(num_tokens, 1)
             loss.backward()
             total += loss.detach()
         grad_norm = self._optimizer_step(float(total))[0] if num_tokens else 0.0
