@@ -531,6 +531,40 @@ def test_a_measured_round_sets_the_engine_work_per_step():
     assert "10 ms per decode step" in make_plan(load_plan(None, [*argv, "rollout.gpus=4", "cluster.gpus=8"])).phases.source["rollout"]
 
 
+def test_a_stated_mean_is_bounded_by_the_measured_phases(capsys):
+    # 10 x 10 = 100 sequences of 100 prompt tokens, a 1e9-parameter policy (2e9 FLOP per token forward, 6e9
+    # forward + backward), 1e14 FLOP/s per GPU, phases measured on 2 GPUs. At peak: the reference forward of
+    # 10 s does 2e15 FLOPs = 1e6 tokens = 10,000 per sequence, 9,900 of them generated; the train step of 60 s
+    # 1.2e16 FLOPs = 2e6 tokens, 19,900 generated; the rollout round of 100 s 1e7 tokens = 100,000 generated.
+    base = ["policy.params=1e9", "trainer.peak_flops=1e14", "rollout.prompts=10", "rollout.samples=10",
+            "rollout.prompt_tokens=100", "rollout.avg_tokens=20000", "tail.max_tokens=30000", "phases.gpus=2",
+            "phases.reference_s=10", "phases.train_s=60", "phases.rollout_s=100"]
+    assert M.tokens_at_peak(10, 2, 1e14, 2e9) == pytest.approx(1e6)
+    p = load_plan(None, base)
+    assert [round(b) for _, b in H.mean_bounds(p)] == [100000, 9900, 19900]
+    plan = make_plan(p)
+    assert plan.inputs.rollout.avg_tokens == pytest.approx(9900)
+    assert "rollout.avg_tokens = 20000 is more than the measured phases allow" in plan.findings[0]
+    assert "phases.reference_s = 10 s on 2 GPUs" in plan.findings[0] and "9900" in plan.findings[0]
+    # A faster train step binds instead: 20 s -> 4e15 / 6e9 = 666,667 tokens, 6,566.7 generated per sequence;
+    # a faster round binds on generated tokens alone (no prompt): 3 s -> 3e5 tokens = 3,000 per sequence.
+    assert make_plan(load_plan(None, [*base, "phases.train_s=20"])).inputs.rollout.avg_tokens == pytest.approx(
+        6566.667, abs=1e-3)
+    assert make_plan(load_plan(None, [*base, "phases.rollout_s=3"])).inputs.rollout.avg_tokens == pytest.approx(3000)
+    # Without a reference forward its time bounds nothing; a mean within every bound, or measured lengths,
+    # are priced as given (no finding).
+    q = make_plan(load_plan(None, [*base, "phases.use_reference=false"]))
+    assert q.inputs.rollout.avg_tokens == pytest.approx(19900)
+    for extra, mean in ((["rollout.avg_tokens=5000"], 5000), (["tail.lengths=[20000, 20000]"], 20000)):
+        r = make_plan(load_plan(None, [*base, *extra]))
+        assert r.inputs.rollout.avg_tokens == mean
+        assert not any("measured phases allow" in f for f in r.findings)
+    # A time too short for even the prompts is a bad input: one line, exit 2.
+    code, out, err = run_plan(capsys, *base, "phases.reference_s=0.01")
+    assert code == 2 and out == "" and "Traceback" not in err and err.count("\n") == 1
+    assert "phases.reference_s = 0.01 s on 2 GPUs" in err and "no GPU runs above its peak" in err and "fix" in err
+
+
 def test_steady_state_horizon_and_sync_bound():
     # A 100 s sync on a 60 s / 30 s pipeline: the link carries one version per 100 s, so async runs
     # at 100 s/step and disaggregated (the sync holds both pools) at 60 + 100 = 160 s/step.
@@ -614,6 +648,7 @@ def test_stable_entry_points_for_benches():
     (["trainer.flops_per_gpu=.inf"], ["trainer.flops_per_gpu", "finite"]),
     (["policy.lora=true", "policy.lora_fraction=0"], ["lora_fraction = 0 with policy.lora = true"]),
     (["policy.active_params=2e10"], ["active_params", "exceeds"]),
+    (["phases.reference_s=1e-6"], ["phases.reference_s = 1e-06 s on 8 GPUs", "no GPU runs above its peak"]),
 ])
 def test_bad_numbers_are_one_line_errors(capsys, argv, words):
     code, out, err = run_plan(capsys, *argv)
@@ -693,12 +728,20 @@ def test_calibration_rows_hold_their_figures(capsys):
     # 2,048 x 4,096 x 15.2e9 / (4 x 1.48e14) = 215.4 s over HBM 88.8 s), and the 4-GPU pool is compute-bound:
     # 861.6 s of FLOPs + 32,768 steps x 5.16 ms = 1030.5 s (measured 458 s; the file's 4,096-token mean is
     # an ASSUMPTION the published time rules out: docs/calibration.md).
-    one = doc("plan_verl_one_step_off_16.toml")["equal_hardware"]["disaggregated"]
-    assert one["configured"]["rollout_s"] == pytest.approx(1030.5, abs=0.5)
-    assert one["configured"]["vs_colocated"] == pytest.approx(0.67, abs=0.005)
-    # bench/calibration_rows.py's speed-up table: 2 of the 4 within 25% at the published split.
+    # The file's 4,096-token mean is an ASSUMPTION its own colocated old_log_prob rules out: 88 s on 16 H20 at
+    # 1.48e14 FLOP/s is at most 2.0838e17 / 1.52e10 = 1.3709e7 tokens = 1,673.5 per sequence, 1,417.5 generated
+    # (hardware.bounded_mean). At that mean the longest of 8,192 is 10,697 tokens, and the 16-GPU round (321 s)
+    # is 23.0 ms per decode step beyond its roofline (FLOPs 2,048 x 1,417.5 x 15.2e9 / 5.92e14 = 74.5 s). The
+    # 4-GPU pool: 8,192 x 1,417.5 / 1,024 = 11,340 steps x 23.0 ms + 298.2 s of FLOPs = 559.4 s (measured 458).
+    one = doc("plan_verl_one_step_off_16.toml")
+    assert one["inputs"]["rollout"]["avg_tokens"] == pytest.approx(1417.52, abs=0.01)
+    assert one["findings"][0].startswith("rollout.avg_tokens = 4096 is more than the measured phases allow")
+    one = one["equal_hardware"]["disaggregated"]
+    assert one["configured"]["rollout_s"] == pytest.approx(559.4, abs=0.5)
+    assert one["configured"]["vs_colocated"] == pytest.approx(1.24, abs=0.005)  # published 1.44x
+    # bench/calibration_rows.py's speed-up table: 3 of the 4 within 25% at the published split.
     speed = {r["id"]: r for r in rows.speedup_table()}
-    assert [k for k, r in speed.items() if r["within_25"]] == ["7", "8"]
+    assert [k for k, r in speed.items() if r["within_25"]] == ["7", "8", "A5"]
 
 
 def _numeric_fields():

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rollyard.plan import mechanisms as M
-from rollyard.plan.inputs import PlanInputs
+from rollyard.plan.inputs import PlanError, PlanInputs
 
 
 def active_params(p: PlanInputs) -> float:
@@ -43,6 +43,50 @@ def sequences(p: PlanInputs) -> int:
 
 def trainer_gpus(p: PlanInputs) -> int:
     return p.trainer.gpus or p.trainer.dp
+
+
+def mean_bounds(p: PlanInputs) -> list[tuple[str, float]]:
+    """The most generated tokens per response each measured phase allows, as (what, tokens): a phase
+    measured at t s on g GPUs did at most t x g x peak FLOPs (``M.tokens_at_peak``), at the plan's own
+    FLOPs per token (decode and reference forward 2 x P_active, train 6 x P_active: forward + backward
+    without recompute, the fewest a train step does). The trainer's phases process every sequence's
+    prompt and response, so their bound less ``rollout.prompt_tokens`` is the response's; the rollout
+    round's counts generated tokens only (a prompt's prefill may be shared by its samples)."""
+    ph, tr, ro = p.phases, p.trainer, p.rollout
+    seqs, fpt = sequences(p), 2 * active_params(p)
+    tg, rg = ph.gpus or trainer_gpus(p), ph.gpus or ro.gpus
+    measured = [("phases.rollout_s", ph.rollout_s, 1, rg, ro.peak_flops or tr.peak_flops, 0.0),
+                ("phases.reference_s", ph.reference_s if ph.use_reference else None, 1, tg, tr.peak_flops,
+                 ro.prompt_tokens),
+                ("phases.train_s", ph.train_s, 3, tg, tr.peak_flops, ro.prompt_tokens)]
+    measured += [(f"phases.train_s_measured[{g}]", t, 3, g, tr.peak_flops, ro.prompt_tokens)
+                 for g, t in sorted(ph.train_s_measured.items())]
+    return [(f"{what} = {t:g} s on {g} GPUs at {peak:.3g} FLOP/s", M.tokens_at_peak(t, g, peak, k * fpt) / seqs - prompt)
+            for what, t, k, g, peak, prompt in measured if t]
+
+
+def bounded_mean(p: PlanInputs) -> tuple[PlanInputs, str | None]:
+    """``p`` with ``rollout.avg_tokens`` no larger than the tightest of ``mean_bounds``, and the finding
+    that says so (None when the stated mean fits every measured phase). A stated mean above a bound
+    cannot have run in the measured time at the GPUs' peak, so the plan prices the bound: the longest
+    mean the measurements allow. Raises PlanError when a bound leaves no room for one response token."""
+    bounds = mean_bounds(p)
+    if not bounds:
+        return p, None
+    what, cap = min(bounds, key=lambda b: b[1])
+    ro = p.rollout
+    if cap >= ro.avg_tokens:
+        return p, None
+    if cap < 1:
+        raise PlanError(f"{what} leaves {cap:.3g} generated tokens per response for "
+                        f"{sequences(p)} sequences of {ro.prompt_tokens:g} prompt tokens: no GPU runs above its peak; "
+                        f"fix: check that phase time, phases.gpus, trainer.peak_flops and the batch "
+                        f"(rollout.prompts, rollout.samples, rollout.prompt_tokens)")
+    note = (f"rollout.avg_tokens = {ro.avg_tokens:g} is more than the measured phases allow: {what} "
+            f"holds at most {cap:.0f} generated tokens per response ({sequences(p)} sequences of "
+            f"{ro.prompt_tokens:g} prompt tokens at {2 * active_params(p):.3g} FLOP per token forward); the plan "
+            f"prices {cap:.0f} (state a mean the measurements allow, or a run's lengths with --lengths-from)")
+    return p.model_copy(update={"rollout": ro.model_copy(update={"avg_tokens": cap})}), note
 
 
 def longest(p: PlanInputs, lengths: list[int] | None = None) -> float:

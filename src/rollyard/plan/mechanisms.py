@@ -155,6 +155,16 @@ def bubble_fraction(d: Decode) -> float:
     return 1 - continuous_s(d) / r if r > 0 else 0.0
 
 
+def tokens_at_peak(seconds: float, gpus: int, peak_flops: float, flops_per_token: float) -> float:
+    """The most tokens a phase measured at ``seconds`` on ``gpus`` GPUs can have processed: no GPU does
+    more than its peak FLOP/s, so ``tokens <= seconds x gpus x peak_flops / flops_per_token`` (the
+    compute roofline read backwards; at any efficiency below 100% of peak the phase processed fewer)."""
+    if not (seconds >= 0 and gpus >= 1 and peak_flops > 0 and flops_per_token > 0):
+        raise ValueError(f"tokens_at_peak needs seconds >= 0, GPUs >= 1, peak and FLOPs per token > 0, got "
+                         f"{seconds}, {gpus}, {peak_flops}, {flops_per_token}")
+    return seconds * gpus * peak_flops / flops_per_token
+
+
 # ---- placements at equal hardware ----
 
 @dataclass(frozen=True)

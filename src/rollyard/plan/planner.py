@@ -200,6 +200,9 @@ def critical_path(p: PlanInputs, ph: Phases, placement: str, budget: BudgetWhatI
 def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: str | None = None) -> Plan:
     """Price ``p``. ``lengths`` (e.g. a run's lengths.jsonl) feed the bubble and the tail what-if."""
     lengths = lengths or p.tail.lengths or None
+    # A stated mean the measured phases cannot hold at peak is priced at the most they allow; measured
+    # lengths win over both.
+    p, mean_note = (p, None) if lengths else H.bounded_mean(p)
     b = B.step_bytes(p)
     hourly = B.per_hour(p, b)
     times = B.sync_times(p, b)
@@ -237,6 +240,7 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
         with_tail = replace(placed, rollout=placed.rollout * tail.tail_rollout_s / tail.plain_rollout_s)
         tail = replace(tail, step_speedup=sims[dec.placement].period_s / run_sim(p, with_tail, dec.placement, sync_s).period_s)
     mem, findings = memory_findings(p, dec.placement)
+    findings = [mean_note, *findings] if mean_note else findings
     detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
     return Plan(p, b, hourly, times, ph, dec, B.edges(p, b, dec.placement, dec.sync_mode), sims,
                 rate_match(p, ph, equal), budget, tail, equal, detail, mem, findings, plan_tools.price(p))
