@@ -35,6 +35,26 @@ def test_the_task_gives_its_tool_and_chat_template_and_tools_0_takes_them_away()
     assert p.demo == p.meta["answer"] and p.text.endswith("=")  # tools=0: the answer, single-turn
 
 
+@pytest.mark.parametrize("name, split, n, seed, options, digest", [
+    ("arithmetic", "train", 3000, 0, {}, "5e85e2f0d078abb5"),  # cycles the 1319-problem train split
+    ("arithmetic", "eval", 500, 3, {}, "a37b09b0159bffea"),  # all 138 held-out problems, none twice
+    ("arithmetic", "train", 50, 7, {"max_operand": 9, "ops": "+"}, "81e88cf6207297b6"),
+    ("calculator", "train", 9000, 0, {}, "3e2329aa26b845e6"),
+    ("calculator", "eval", 64, 1, {}, "d114f0b3f8c2065c"),
+    ("calculator", "train", 40, 2, {"tools": 0, "digits": 1}, "ecc448b8d3b79945"),
+])
+def test_arithmetic_and_calculator_draw_the_same_prompts_as_before_their_shared_draw(name, split, n, seed, options,
+                                                                                      digest):
+    """tasks.base.draw_problems replaced the draw loop both tasks had: every prompt (id, text, meta, demo) is the
+    one each task drew before it, for the same seed (digests taken from the code before the change)."""
+    import hashlib
+    import json
+
+    prompts = load_task(name, split, n, seed=seed, **options)
+    blob = json.dumps([[p.id, p.text, p.meta, p.demo] for p in prompts])
+    assert hashlib.sha256(blob.encode()).hexdigest()[:16] == digest
+
+
 def test_a_calculator_demo_is_the_token_sequence_the_multi_turn_loop_builds():
     tok = char_tokenizer()
     setup.chat_template(RunConfig(**CALC), tok)  # a preset's character tokenizer gets the task's template

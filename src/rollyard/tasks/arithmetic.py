@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from rollyard.tasks.base import Prompt, stable_bucket
+from rollyard.tasks.base import Prompt, draw_problems
 
 NAME = "arithmetic"
 VERIFIER = "rollyard.reward.verifiers:arithmetic"
@@ -43,18 +43,8 @@ def problems(max_operand: int = DEFAULT_MAX_OPERAND, ops: str = "+-") -> list[tu
 
 
 def generate(split: str, n: int, seed: int, max_operand: int = DEFAULT_MAX_OPERAND, ops: str = "+-") -> list[Prompt]:
-    want_eval = split == "eval"
-    pool = [p for p in problems(max_operand, ops) if (stable_bucket(p[0], EVAL_BUCKETS) == 0) == want_eval]
-    if not pool:
-        raise ValueError(f"arithmetic: max_operand={max_operand} leaves the {split} split empty; raise max_operand")
     rng = random.Random(f"{NAME}/{split}/{seed}/{max_operand}/{ops}")
-    if want_eval:
-        n = min(n, len(pool))  # an eval set never repeats a problem
-    out: list[Prompt] = []
-    while len(out) < n:
-        order = pool[:]
-        rng.shuffle(order)
-        for text, answer in order[: n - len(out)]:
-            out.append(Prompt(id=f"{NAME}/{split}/{len(out)}", text=text,
-                              meta={"task": NAME, "answer": answer}, demo=answer))
-    return out
+    drawn = draw_problems(problems(max_operand, ops), split, n, EVAL_BUCKETS, rng,
+                          f"arithmetic: max_operand={max_operand} leaves the {split} split empty; raise max_operand")
+    return [Prompt(id=f"{NAME}/{split}/{i}", text=text, meta={"task": NAME, "answer": answer}, demo=answer)
+            for i, (text, answer) in enumerate(drawn)]

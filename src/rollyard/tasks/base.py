@@ -9,6 +9,7 @@ layer; the CLI maps both to exit code 2 and prints their message, so each messag
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -70,4 +71,26 @@ def draw_split(name: str, split: str, n: int, buckets: int,
         seen.add(text)
         out.append(Prompt(id=f"{name}/{split}/{len(out)}", text=text,
                           meta={"task": name, "answer": answer, **extra}, demo=answer))
+    return out
+
+
+def draw_problems(problems: list[tuple[str, str]], split: str, n: int, buckets: int, rng: random.Random,
+                  empty: str) -> list[tuple[str, str]]:
+    """``n`` ``(text, answer)`` problems of ``split`` from a task's whole problem space (in a fixed order).
+
+    The split's problems are those :func:`stable_bucket` puts in it (bucket 0: eval); each pass over them is
+    a fresh ``rng`` shuffle, so the train split cycles when ``n`` exceeds it, and the eval split never repeats
+    a problem (asking for more returns all of it). ``ValueError(empty)`` when the split holds none.
+    """
+    want_eval = split == "eval"
+    pool = [p for p in problems if (stable_bucket(p[0], buckets) == 0) == want_eval]
+    if not pool:
+        raise ValueError(empty)
+    if want_eval:
+        n = min(n, len(pool))
+    out: list[tuple[str, str]] = []
+    while len(out) < n:
+        order = pool[:]
+        rng.shuffle(order)
+        out += order[: n - len(out)]
     return out

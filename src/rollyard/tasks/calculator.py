@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import random
 
-from rollyard.tasks.base import Prompt, stable_bucket
+from rollyard.tasks.base import Prompt, draw_problems
 
 NAME = "calculator"
 VERIFIER = "rollyard.reward.verifiers:calculator"
@@ -87,18 +87,8 @@ def generate(split: str, n: int, seed: int, digits: int = 2, tools: int = 1) -> 
     """``n`` prompts; ``tools`` (1 or 0) decides the demonstrations and whether the run gets :func:`calc`."""
     if tools not in (0, 1):
         raise ValueError(f"calculator: tools must be 1 (the run gets the calc tool) or 0 (no tool), got {tools!r}")
-    want_eval = split == "eval"
-    pool = [p for p in problems(digits) if (stable_bucket(p[0], EVAL_BUCKETS) == 0) == want_eval]
-    if not pool:
-        raise ValueError(f"calculator: digits={digits} leaves the {split} split empty; raise digits")
     rng = random.Random(f"{NAME}/{split}/{seed}/{digits}")
-    if want_eval:
-        n = min(n, len(pool))  # an eval set never repeats a problem
-    out: list[Prompt] = []
-    while len(out) < n:
-        order = pool[:]
-        rng.shuffle(order)
-        for expr, answer in order[: n - len(out)]:
-            out.append(Prompt(id=f"{NAME}/{split}/{len(out)}", text=f"{expr}=",
-                              meta={"task": NAME, "answer": answer}, demo=demo(expr, answer, bool(tools))))
-    return out
+    drawn = draw_problems(problems(digits), split, n, EVAL_BUCKETS, rng,
+                          f"calculator: digits={digits} leaves the {split} split empty; raise digits")
+    return [Prompt(id=f"{NAME}/{split}/{i}", text=f"{expr}=", meta={"task": NAME, "answer": answer},
+                   demo=demo(expr, answer, bool(tools))) for i, (expr, answer) in enumerate(drawn)]
