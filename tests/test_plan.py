@@ -742,6 +742,7 @@ def test_calibration_rows_hold_their_figures(capsys):
     # bench/calibration_rows.py's speed-up table: 3 of the 4 within 25% at the published split.
     speed = {r["id"]: r for r in rows.speedup_table()}
     assert [k for k, r in speed.items() if r["within_25"]] == ["7", "8", "A5"]
+    assert [round(r["mean_tokens"]) for r in speed.values()] == [4096, 3127, 3723, 1418]
 
 
 def _numeric_fields():
