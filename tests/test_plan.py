@@ -722,6 +722,8 @@ def test_calibration_rows_hold_their_figures(capsys):
     eq = doc("plan_verl_async_128.toml", "phases.train_s_measured={64: 133.41}")["equal_hardware"]["async"]
     assert eq["configured"]["trainer_s"] == pytest.approx(133.41)
     assert eq["configured"]["vs_colocated"] == pytest.approx(2.59, abs=0.005)
+    eq = doc("plan_verl_async_32.toml", "phases.train_s_measured={16: 269.80}")["equal_hardware"]["async"]
+    assert (eq["configured"]["trainer_s"], eq["configured"]["vs_colocated"]) == pytest.approx((269.80, 2.89), abs=0.005)
     assert doc("plan_rollpacker_tail.toml")["tail_whatif"]["step_speedup"] == pytest.approx(1.39, abs=0.005)
     # verl one-step-off (A5), 4 rollout GPUs (one TP-4 replica of 8,192 sequences): the measured 16-GPU round
     # (321 s) is 5.16 ms per decode step beyond its roofline (4 replicas of 2,048: 20,480 steps; FLOPs
