@@ -47,6 +47,32 @@ def test_freed_blocks_are_reused_without_page_faults():
     assert kept["faults"] < pages // 4, kept
 
 
+# Fragments: 400 one-MiB blocks filled, every other one freed (the kept ones pin the heap, so its top cannot
+# shrink); the 200 MiB of holes stay resident until release_freed_memory hands their pages back.
+_TRIM = """
+import json, re, torch
+from rollyard.model.memory import keep_freed_memory, release_freed_memory
+def rss():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) << 10
+keep_freed_memory()
+ts = [torch.empty(1 << 18).fill_(1.0) for _ in range(400)]
+del ts[::2]
+before = rss()
+done = release_freed_memory()
+print(json.dumps({"done": done, "released": before - rss(), "kept": len(ts)}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning")
+def test_release_hands_the_kept_heaps_free_pages_back():
+    out = subprocess.run([sys.executable, "-c", _TRIM], env={**os.environ, "ROLLYARD_KEEP_FREED": "1"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["done"] and got["kept"] == 200
+    assert got["released"] > 150 << 20, got  # most of the 200 MiB of holes
+
+
 @pytest.mark.parametrize("name, value, rule, reader", [
     ("ROLLYARD_ONEDNN", "yes", "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'", "rollyard.model.gemm:enabled"),
     ("ROLLYARD_KEEP_FREED", "on", "ROLLYARD_KEEP_FREED must be one of 0, 1: got 'on'",

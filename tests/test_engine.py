@@ -455,6 +455,17 @@ def test_oversize_requests_rejected_with_reason():
     assert [s.id for s in eng.results()] == ["ok#0", "ok#1"]
 
 
+def test_kv_cache_holds_the_admitted_sequences_not_the_whole_budget():
+    """A budget is an upper bound: 12 sequences under a 100k-token budget get 16 slots (the next power of two),
+    not budget // width; more sequences later grow the layout, and all of them finish."""
+    eng = _engine(_model(), temperature=1.0, max_concurrent=256, max_cache_tokens=100_000)
+    out = eng.generate([Request("a", _prompt(0, 6), n=12, max_new_tokens=8)])[0]
+    b = eng.backend
+    assert len(out) == 12 and b.R == 16 and b.R * b.W < 100_000 // 10
+    out = eng.generate([Request(f"b{i}", _prompt(i, 6), n=10, max_new_tokens=8) for i in range(4)])[0]
+    assert len(out) == 40 and b.R == 64
+
+
 def test_kv_cache_stays_within_budget():
     model = _model()
     budget = 200

@@ -17,6 +17,7 @@ from rollyard import roles
 from rollyard.config import RunConfig
 from rollyard.env import setup as env_setup
 from rollyard.env.loop import MultiTurn
+from rollyard.model import memory as cpu_memory
 from rollyard.placement import step as grpo
 from rollyard.placement.run import Roles, RunRecord, start
 from rollyard.placement.streamed import make_scheduler, streamed_step
@@ -89,6 +90,7 @@ class LocalRollout:
         try:
             yield
         finally:
+            cpu_memory.release_freed_memory()  # the step's activations and gradients, before the engine wakes
             if hasattr(self.engine, "wake_up"):
                 self.engine.wake_up()
 

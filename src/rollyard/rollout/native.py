@@ -2,7 +2,8 @@
 (``rollyard.model.llama``), the embedded default. Contract: ``rollout/backend.py``.
 
 Memory: one cache ``[layers, 2, slots, kv_heads, width, head_dim]`` with ``slots * width <=
-max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted).
+max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted), slots grown in powers of two
+with the sequences admitted (the budget bounds the cache; it is not reserved up front).
 """
 
 from __future__ import annotations
@@ -75,13 +76,20 @@ class NativeBackend:
             base = max([s.req.prompt_ids.__len__() + s.max_new for s in active], default=0)
             for m in range(len(needs), k, -1):
                 W = self._width_for(max(base, max(needs[:m])))
-                R = min(self.max_concurrent, self.budget // W)
+                R = min(self.max_concurrent, self.budget // W, self._slots_for(len(active) + m, W))
                 if len(active) + m <= R:
                     if (R, W) != (self.R, self.W) or len(self.free) < m:
                         self._relayout(R, W, active)
                     k = m
                     break
         return [heapq.heappop(self.free) for _ in range(k)]
+
+    def _slots_for(self, n: int, W: int) -> int:
+        """Slots to lay out for ``n`` sequences: the next power of two (at least 8), never fewer than the
+        current layout's at the same width (no shrinking re-layout). The budget is an upper bound, not a
+        size: SmolLM2-135M's auto budget (32 sequences x 536 tokens) laid out at its 80-token width held
+        214 slots, 0.79 GB of fp32 cache, for 32 sequences (0.12 GB)."""
+        return max(1 << max(n - 1, 7).bit_length(), self.R if W == self.W else 0)
 
     def release(self, slot: int) -> None:
         heapq.heappush(self.free, slot)
