@@ -4,6 +4,7 @@ tool workers, the multi-turn loop over the real engine, and the trainer keeping 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import tool_chat
@@ -63,6 +64,37 @@ def test_a_chat_template_without_tool_support_is_refused():
     tok.chat_template = None
     with pytest.raises(ConfigError, match="tools need a chat template"):
         template.check_template(tok, [ADD_SCHEMA])
+
+
+# SmolLM2-135M-Instruct's own chat template (its tokenizer_config): ChatML, no tools, no tool_call format
+SMOLLM2_CHAT = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+                "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+                "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+SMOLLM2_TOOLS = str(Path(__file__).resolve().parents[1] / "examples" / "smollm2_tools.jinja")
+
+
+def test_smollm2s_template_is_refused_for_tools_and_the_shipped_override_makes_it_usable():
+    """SmolLM2's template renders no tools: refused in one line that names data.chat_template. With
+    data.chat_template=examples/smollm2_tools.jinja the run's tokenizer gets a template that passes the check,
+    renders a chat without tools exactly as SmolLM2's own, and puts the calls' JSON schema in the system turn."""
+    tok = tool_chat.tokenizer()  # ChatML specials, as SmolLM2's tokenizer
+    tok.chat_template = SMOLLM2_CHAT
+    with pytest.raises(ConfigError, match="no tool support.*set data.chat_template") as e:
+        template.check_template(tok, [ADD_SCHEMA])
+    assert "\n" not in str(e.value)
+    plain = [{"role": "user", "content": "What is 2 plus 3?"}, {"role": "assistant", "content": "5"}]
+    own = tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    setup.chat_template(RunConfig(data={"chat_template": SMOLLM2_TOOLS}, tools={"functions": ["tool_fns:add"]}), tok)
+    template.check_template(tok, [ADD_SCHEMA])
+    assert tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True) == own
+    prompt = tok.decode(template.prompt_with_tools(tok, tool_chat.QUESTION, [ADD_SCHEMA]))
+    assert '"name": "add"' in prompt and "<tool_call>" in prompt and prompt.endswith("<|im_start|>assistant\n")
+    assert template.tool_turn_bounds(tok, "<|im_end|>") == ("\n<|im_start|>user\n<tool_response>\n",
+                                                            "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    other = tool_chat.tokenizer()  # a run without tools keeps the tokenizer's own template
+    setup.chat_template(RunConfig(data={"chat_template": SMOLLM2_TOOLS}), other)
+    assert other.chat_template == tool_chat.TOOL_CHAT
 
 
 def test_tool_calls_are_parsed_and_a_malformed_one_is_an_error_for_the_model():
@@ -320,6 +352,8 @@ def test_an_environment_factory_run_logs_get_reward_under_the_class_name(taught,
     (["tools.functions=[tool_fns:no_hints]"], "missing a type hint"),
     (["tools.functions=[tool_fns:add]", "rollout.scheduler=tail"], "tools with rollout.scheduler=tail"),
     (["tools.environment=tool_fns:NoReset"], "has no reset() method"),
+    (["tools.functions=[tool_fns:add]"], "tools need a chat template"),  # the preset's tokenizer has none
+    (["tools.functions=[tool_fns:add]", f"data.chat_template={SMOLLM2_CHAT!r}"], "no tool support"),
 ])
 def test_bad_tool_settings_stop_the_cli_in_one_line(tmp_path, capsys, args, says):
     from rollyard.cli import main

@@ -16,8 +16,8 @@ from rollyard.config import ConfigError, RunConfig
 from rollyard.env import template, tools
 from rollyard.env.executor import ToolExecutor
 from rollyard.env.loop import Toolbox
-from rollyard.tasks import builtin_template, builtin_tools
-from rollyard.tasks.base import HookError
+from rollyard.tasks import builtin_template, builtin_tools, chat
+from rollyard.tasks.base import DataError, HookError
 
 
 def functions(cfg: RunConfig) -> list[str]:
@@ -34,10 +34,21 @@ def enabled(cfg: RunConfig) -> bool:
 
 
 def chat_template(cfg: RunConfig, tokenizer) -> None:
-    """Give ``tokenizer`` the built-in task's chat template when the run has tools and the tokenizer has no template
-    (a preset's character tokenizer): the tool turns are rendered with it (``roles.policy`` calls this)."""
-    if enabled(cfg) and cfg.data.task and not getattr(tokenizer, "chat_template", None):
+    """The chat template a run with tools renders its prompts, tools and tool turns with (``roles.policy`` calls
+    this): ``data.chat_template`` when set (a model whose own template has no tool support, e.g. SmolLM2's, gets
+    one: ``examples/smollm2_tools.jinja``), else the built-in task's when the tokenizer has none (a preset's
+    character tokenizer). A run without tools keeps the tokenizer's (``data.chat_template`` renders its prompts).
+    ConfigError (one line) when the template cannot hold a tool conversation."""
+    if not enabled(cfg):
+        return
+    if cfg.data.chat_template:
+        try:
+            tokenizer.chat_template = chat.template_of(cfg.data.chat_template, tokenizer)
+        except DataError as e:
+            raise ConfigError(str(e)) from None
+    elif cfg.data.task and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = builtin_template(cfg.data.task)
+    template.check_template(tokenizer, [s.schema for s in specs(cfg)[0]])  # at start-up: before a warm start uses it
 
 
 def check(cfg: RunConfig) -> None:

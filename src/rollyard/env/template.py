@@ -72,7 +72,8 @@ def check_template(tokenizer, schemas: list[dict]) -> None:
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         raise ConfigError("tools need a chat template (the tools and the tool turns are rendered by it), but the "
-                          "tokenizer has none; use a chat model's tokenizer or set tokenizer.chat_template")
+                          "tokenizer has none; use a chat model's tokenizer or set data.chat_template (a Jinja template "
+                          "or .jinja file)")
     name = schemas[0]["function"]["name"]
     try:
         prompt = _render(tokenizer, [{"role": "user", "content": _PROBE_USER}], schemas, gen=True)
@@ -86,9 +87,10 @@ def check_template(tokenizer, schemas: list[dict]) -> None:
                                      ("tool messages", _PROBE_OUT in suffix),
                                      ("the <tool_call> format", OPEN in template)) if not ok]
     if missing:
-        raise ConfigError(f"the chat template has no tool support: it lacks {', '.join(missing)}; use a "
-                          f"template with tool support (Qwen2/Hermes style: tools in the system turn, "
-                          f"<tool_call>{{json}}</tool_call>, 'tool' role messages)")
+        raise ConfigError(f"the chat template has no tool support: it lacks {', '.join(missing)}; set "
+                          f"data.chat_template to a template with tool support (Qwen2/Hermes style: tools in the "
+                          f"system turn, <tool_call>{{json}}</tool_call>, 'tool' role messages; SmolLM2: "
+                          f"examples/smollm2_tools.jinja)")
 
 
 def tool_suffix(tokenizer, results: list[tuple[str, str]]) -> str:
