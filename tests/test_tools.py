@@ -304,6 +304,18 @@ SMALL = {"steps": 2, "checkpoint_every": 2, "progress": False, "sft": {"auto": F
          "reward": {"num_workers": 1}, "tools": {"num_workers": 1}}
 
 
+def _tool_latency_reaches_metrics_and_summary(run) -> None:
+    """Every step's row has the tool calls' latency percentiles and the summary those over the run's calls."""
+    called = [r for r in run.metrics if r.get("tools/calls", 0) > 0]  # async: a step may see no worker's item
+    for row in run.metrics:
+        p = [row[f"tools/latency_{q}_s"] for q in ("p50", "p90", "p99", "max")]
+        assert (0 < p[0] <= p[1] <= p[2] <= p[3] < 30) if row in called else p == [0.0] * 4, row
+    total = run.summary["tool_latency_s"]
+    assert total["calls"] == sum(r["tools/calls"] for r in called) > 0
+    assert total["max_s"] == max(r["tools/latency_max_s"] for r in called)
+    assert min(r["tools/latency_p50_s"] for r in called) <= total["p50_s"] <= total["p90_s"] <= total["p99_s"]
+
+
 def test_a_trl_tool_calling_script_runs_with_rollyard_train(taught, tmp_path):
     import json
 
@@ -320,6 +332,7 @@ def test_a_trl_tool_calling_script_runs_with_rollyard_train(taught, tmp_path):
     for row in run.metrics:  # greedy: each sample calls add(2, 3), reads "5" and says so
         assert row["tools/calls"] == 2 and row["tools/errors"] == 0 and row["reward"] == 1.0
         assert row["time/tool"] > 0  # the tool role, timed on its own
+    _tool_latency_reaches_metrics_and_summary(run)
     spans = [json.loads(line) for line in (run.run_dir / "spans.jsonl").read_text().splitlines()]
     assert {"rollout", "tool", "train"} <= {s["role"] for s in spans}
     # the ledger's tools edge: per call "add" + '{"a": 2, "b": 3}' out (3 + 16 B) and "5" back (1 B); 2 calls a step
@@ -382,6 +395,7 @@ def test_ray_placements_run_tools_in_their_rollout_workers(taught, tmp_path, pla
     assert len(run.metrics) == 2
     assert sum(r.get("tools/calls", 0) for r in run.metrics) >= 4  # 2 samples x 2 steps, counted by the workers
     assert all(r["reward"] == 1.0 for r in run.metrics)  # each sample called add(2, 3) in a worker and said 5
+    _tool_latency_reaches_metrics_and_summary(run)  # the workers ship each call's seconds; the driver takes percentiles
     spans = (run.run_dir / "spans.jsonl").read_text()
     assert '"role": "tool"' in spans
 

@@ -27,6 +27,7 @@ nothing to decode, waiting on tools, is ``tools/wait_s``.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -89,6 +90,18 @@ def _prompt(req: Request, box: Toolbox, observation: str | None) -> list[int]:
         last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
         messages[last]["content"] = f"{messages[last]['content']}\n\n{observation}"
     return template.prompt_with_tools(box.tokenizer, messages, box.schemas)
+
+
+TOOL_SECONDS = "tools/seconds"  # a step's per-call latencies, placement -> run record (popped there, never a metric)
+
+
+def latency_metrics(seconds: list[float], prefix: str = "tools/latency_") -> dict[str, float]:
+    """Tool-call latency percentiles (nearest rank) and maximum, in seconds: ``tools/latency_p50_s``, ``_p90_s``,
+    ``_p99_s``, ``_max_s``; all 0.0 without calls."""
+    lat = sorted(seconds)
+    at = lambda q: lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else 0.0  # noqa: E731
+    return {f"{prefix}p50_s": at(0.5), f"{prefix}p90_s": at(0.9), f"{prefix}p99_s": at(0.99),
+            f"{prefix}max_s": lat[-1] if lat else 0.0}
 
 
 class Turns(NamedTuple):
@@ -229,17 +242,21 @@ class MultiTurn:
         return self._abort(list(self._trajs.values()))
 
     def metrics(self) -> dict[str, float]:
-        """The ``tools/*`` metrics since the last call (counts, latencies, waits, bytes, turns)."""
+        """The ``tools/*`` metrics since the last call (counts, latency percentiles, waits, bytes, turns)."""
+        counts, seconds = self.drain()
+        return {**counts, **latency_metrics(seconds)}
+
+    def drain(self) -> tuple[dict[str, float], list[float]]:
+        """``(the tools/* counts and turns_mean, every call's wall seconds)`` since the last drain: a Ray rollout
+        worker ships both, and the driver takes percentiles over all workers' calls (``latency_metrics``)."""
         ex = self.box.executor
-        lat = sorted(ex.seconds[self._lat0:])
+        seconds = list(ex.seconds[self._lat0:])
         m = {f"tools/{k}": float(ex.stats[k] - self._calls0[k]) for k in ("calls", "errors", "timeouts", "crashes")}
         m.update({f"tools/{k}": float(v) for k, v in self._stats.items()})
         m["tools/turns_mean"] = statistics.fmean(self._turns) if self._turns else 0.0
-        m["tools/latency_p50_s"] = lat[len(lat) // 2] if lat else 0.0
-        m["tools/latency_max_s"] = lat[-1] if lat else 0.0
         self._calls0, self._lat0, self._turns = dict(ex.stats), len(ex.seconds), []
         self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
-        return m
+        return m, seconds
 
     def busy(self) -> list[tuple[float, float]]:
         """The tool role's wall-clock intervals since the last call."""

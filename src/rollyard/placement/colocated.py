@@ -16,7 +16,7 @@ from pathlib import Path
 from rollyard import roles
 from rollyard.config import RunConfig
 from rollyard.env import setup as env_setup
-from rollyard.env.loop import MultiTurn
+from rollyard.env.loop import TOOL_SECONDS, MultiTurn
 from rollyard.model import memory as cpu_memory
 from rollyard.placement import step as grpo
 from rollyard.placement.run import Roles, RunRecord, start
@@ -72,8 +72,9 @@ class LocalRollout:
         with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
             samples, rejected = self.rollout.generate(requests)
         extra = {"rollout/engine_cpu_s": time.process_time() - cpu}
-        if self.rollout is not engine:  # tools: their counters, and the tool role's wall-clock intervals
-            extra.update(self.rollout.metrics())
+        if self.rollout is not engine:  # tools: their counters and calls' latencies, the tool role's intervals
+            counts, seconds = self.rollout.drain()
+            extra.update({**counts, TOOL_SECONDS: seconds})  # the run record takes the percentiles (run.py)
             for a, b in self.rollout.busy():
                 tel.record({"role": "tool", "step": step, "worker": "tools", "start": a, "end": b})
         run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)

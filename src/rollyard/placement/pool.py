@@ -34,6 +34,8 @@ from rich.markup import escape
 import rollyard
 from rollyard import roles, staleness
 from rollyard.config import ConfigError, RunConfig
+from rollyard.env import setup as env_setup
+from rollyard.env.loop import TOOL_SECONDS
 from rollyard.placement.pool_tail import STATE_KEY, PoolTail
 from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.placement.rules import RolloutCrashLoop
@@ -85,6 +87,7 @@ class RolloutPool:
         self.restarts: Counter = Counter()
         self.restart_times: deque[float] = deque()  # when workers were replaced (the crash-loop window)
         self.stats: Counter = Counter()
+        self.tool_seconds: list[float] = []  # this step's tool calls' latencies, from every worker (metrics())
         self.canaries: dict[int, tuple] = {}  # version -> (trainer's probe logprobs, {worker: answer}) not complete
         self.canary_done: dict = {}  # the latest complete canary's metrics, for the next row
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
@@ -284,6 +287,7 @@ class RolloutPool:
             tel.record(span, self.offsets.get(name, 0.0))
         self.stats.update(item["stats"])
         tel.memory.observe("rollout_actor", item.get("memory_peak"))  # the actor process's peak RSS so far
+        self.tool_seconds += item.get("tool_seconds", [])
         if item.get("needs_full") and name in self.workers:
             self._catch_up(name)
         for rid, why in item["rejected"]:
@@ -429,6 +433,7 @@ class RolloutPool:
     def metrics(self) -> dict:
         """This step's pool counters (reset), for the step's metrics row."""
         s, self.stats = self.stats, Counter()
+        seconds, self.tool_seconds = self.tool_seconds, []
         for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
         counts = self.ledger.counts()
@@ -445,6 +450,7 @@ class RolloutPool:
                 "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
                 **{f"prompts/{k}": v for k, v in counts.items()},
                 **{k: v for k, v in s.items() if k.startswith("tools/")},  # tools.*: the workers' tool counters
+                **({TOOL_SECONDS: seconds} if env_setup.enabled(self.cfg) else {}),  # their calls' latencies
                 **({"restart/seconds": s["restart_s"]} if s["restart_s"] else {})}  # the step-time alarm skips it
 
     def stop(self) -> None:

@@ -237,11 +237,13 @@ class RolloutWorker:
         if (not rejected and not self._needs_full and not self._canary_out and self.engine.num_active
                 and time.perf_counter() - self._ready_since < SHIP_HOLD_S):
             return
-        if isinstance(self.engine, MultiTurn):  # tools: their counters, and the tool role's intervals
+        tool_seconds: list[float] = []  # each tool call's wall seconds: the driver takes percentiles over all workers
+        if isinstance(self.engine, MultiTurn):  # tools: their counters and latencies, and the tool role's intervals
             step = self._busy["step"] if self._busy else self._target_now()
             self.spans += [{"role": "tool", "step": step, "worker": self.name, "pid": os.getpid(), "start": a, "end": b}
                            for a, b in self.engine.busy()]
-            self.stats.update({k: v for k, v in self.engine.metrics().items() if k in SUMMED_TOOL_METRICS})
+            counts, tool_seconds = self.engine.drain()
+            self.stats.update({k: v for k, v in counts.items() if k in SUMMED_TOOL_METRICS})
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, _fresh_stats()
         t0 = time.perf_counter()
@@ -253,7 +255,8 @@ class RolloutWorker:
             self._ref_n += 1
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
-                   "reference": refs, "canary": self._canary_out, "memory_peak": peak_rss_bytes()})
+                   "reference": refs, "canary": self._canary_out, "memory_peak": peak_rss_bytes(),
+                   "tool_seconds": tool_seconds})
         self._canary_out = []
         self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False

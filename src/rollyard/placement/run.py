@@ -23,6 +23,7 @@ from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
 from rollyard.env import setup as env_setup
+from rollyard.env.loop import TOOL_SECONDS, latency_metrics
 from rollyard.evaluate import (
     accuracy_signal,
     cadence_note,
@@ -76,6 +77,7 @@ class RunRecord:
     deadletters: int = 0
     flags: dict[str, int] = field(default_factory=lambda: {"timeouts": 0, "errors": 0})
     totals: dict[str, float] = field(default_factory=dict)  # run-wide counters a placement adds to the summary
+    tool_seconds: list[float] = field(default_factory=list)  # every tool call's latency this session (summary)
     reward_failures: RewardFailures | None = None
     _clock: float = field(default_factory=time.time)
 
@@ -120,6 +122,10 @@ class RunRecord:
         """Write the step's metrics and ledger; return the row. ``trained_at``: the trainer version
         that consumed ``samples`` (their staleness is measured against it, here, where they are used)."""
         now = time.time()
+        extra = dict(extra or {})
+        if (seconds := extra.pop(TOOL_SECONDS, None)) is not None:  # tools: the step's calls, from any placement
+            self.tool_seconds += seconds
+            extra.update(latency_metrics(seconds))
         rewards = [s.reward for s in samples if s.reward is not None] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
         flags = [s.reward_flag or "" for s in samples]
@@ -332,6 +338,8 @@ def finish(run: RunRecord, r: Roles) -> dict:
         **run.totals, **run.state.extra,
         "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
         "memory_peak_gb": run.telemetry.memory.run_peaks_gb(),  # this session's measured peak RSS per role (GB)
+        **({"tool_latency_s": {**latency_metrics(run.tool_seconds, prefix=""), "calls": len(run.tool_seconds)}}
+           if run.tool_seconds else {}),  # this session's tool calls, every worker's (p50_s, p90_s, p99_s, max_s)
     }
     summary.update(sessions.whole_run(run.run_dir))  # totals over every session of the run, not just this one
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
