@@ -97,6 +97,27 @@ def test_smollm2s_template_is_refused_for_tools_and_the_shipped_override_makes_i
     assert other.chat_template == tool_chat.TOOL_CHAT
 
 
+def test_a_chat_demo_for_sft_is_the_multi_turn_rollouts_sequence_and_mask():
+    """A chat dataset's demonstration (call, the template's tool turn, the answer) is, for the warm start, the
+    prompt with the tools' schemas and token for token the trajectory the loop builds, tool turn masked."""
+    from rollyard import sft
+    from rollyard.tasks.base import Prompt
+
+    tok = tool_chat.tokenizer()
+    cfg = RunConfig(tools={"functions": ["tool_fns:add"]})
+    setup.chat_template(cfg, tok)  # keeps the tokenizer's template (it has tool support)
+    tools_ = sft.tool_demos(cfg, tok)
+    prompt, turn1, tool, turn2 = tool_chat.conversation(tok, [ADD_SCHEMA])
+    demo = f"{tool_chat.CALL}<|im_end|>{tools_.head}5{tools_.tail}The answer is 5."
+    p = Prompt("q", tok.apply_chat_template(tool_chat.QUESTION, tokenize=False, add_generation_prompt=True),
+               {"answer": "5"}, demo=demo, messages=tool_chat.QUESTION)
+    ((ids, comp, mask),) = sft.demos([p], tok, tools_)
+    assert ids == prompt and comp == turn1 + tool + turn2
+    assert mask == [1] * len(turn1) + [0] * len(tool) + [1] * len(turn2)  # the loop's completion_mask
+    ((plain_ids, plain, plain_mask),) = sft.demos([p], tok)  # a run without tools: the rendered text, all trained
+    assert plain_ids != prompt and plain_mask == [1] * len(plain)
+
+
 def test_tool_calls_are_parsed_and_a_malformed_one_is_an_error_for_the_model():
     text = ('x <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call> y '
             '<tool_call>{"name": "nap", "arguments": "{\\"seconds\\": 0}"}</tool_call>'

@@ -85,11 +85,11 @@ def test_sft_demos_mask_the_tool_turn_as_the_grpo_loss_does_and_train_only_the_m
     ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     call = ids(calculator.call_text(expr)) + [tok.eos_token_id]
     turn = template.turn_tokens(tok, [("calc", calculator.calc(expr))], "<eos>")
-    ((prompt, comp, mask),) = sft.demos([p], tok, sft.tool_turn_of(cfg, tok))
+    ((prompt, comp, mask),) = sft.demos([p], tok, sft.tool_demos(cfg, tok))
     assert comp == call + turn + ids(answer) + [tok.eos_token_id]
     assert mask == [1] * len(call) + [0] * len(turn) + [1] * (len(answer) + 1)
     off = RunConfig(data={"task": "calculator", "task_options": {"tools": 0}})
-    assert sft.tool_turn_of(off, tok) is None and sft.cache_key(off) != sft.cache_key(cfg)
+    assert sft.tool_demos(off, tok) is None and sft.cache_key(off) != sft.cache_key(cfg)
 
     torch.manual_seed(0)
     model = build_preset("tiny", tok, max_position_embeddings=192)

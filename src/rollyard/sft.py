@@ -12,7 +12,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -56,22 +56,34 @@ def _stamp(path: str) -> list[int] | None:
     return [st.st_size, st.st_mtime_ns]
 
 
-def demos(prompts: list[Prompt], tokenizer, tool_turn: tuple[str, str] | None = None
+class ToolDemos(NamedTuple):
+    """What demonstrations of a run with tools need: the schemas its chat prompts are rendered with (as the
+    rollouts render them, ``env/loop.py``), and the template's text around a tool's output (``tool_turn_bounds``)."""
+
+    schemas: list[dict]
+    head: str
+    tail: str
+
+
+def demos(prompts: list[Prompt], tokenizer, tools: ToolDemos | None = None
           ) -> list[tuple[list[int], list[int], list[int]]]:
     """(prompt ids, completion ids + EOS, loss mask) per prompt with a ``demo``, or else a string ``meta["answer"]``.
 
-    With ``tool_turn`` (the template's ``(head, tail)`` around a tool's output, ``template.tool_turn_bounds``), each
-    tool turn of a demo is tokenized on its own and masked out of the loss (0), as the multi-turn rollout builds
-    and the GRPO loss masks it (env/loop.py): the model learns its calls and answers, never the tool's output."""
+    With ``tools``, a chat prompt is rendered with the tools' schemas in it, and each tool turn of a demo is
+    tokenized on its own and masked out of the loss (0), as the multi-turn rollout builds it and the GRPO loss
+    masks it (env/loop.py): the model learns its calls and answers, never the tool's output."""
     out = []
     for p in prompts:
         demo = p.demo if p.demo is not None else (p.meta or {}).get("answer")
         if not isinstance(demo, str) or not demo:
             continue
-        ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]  # as to_requests
+        if tools and p.messages:
+            ids = env_template.prompt_with_tools(tokenizer, p.messages, tools.schemas)
+        else:
+            ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]  # as to_requests
         comp: list[int] = []
         mask: list[int] = []
-        for text, model in env_template.demo_turns(demo, *tool_turn) if tool_turn else [(demo, True)]:
+        for text, model in env_template.demo_turns(demo, tools.head, tools.tail) if tools else [(demo, True)]:
             part = tokenizer(text, add_special_tokens=False)["input_ids"]
             comp += part
             mask += [int(model)] * len(part)
@@ -79,19 +91,19 @@ def demos(prompts: list[Prompt], tokenizer, tool_turn: tuple[str, str] | None = 
     return out
 
 
-def tool_turn_of(cfg: RunConfig, tokenizer) -> tuple[str, str] | None:
-    """The tool turn's bounds in demonstrations when the run has tools (their output is context only), else None."""
+def tool_demos(cfg: RunConfig, tokenizer) -> ToolDemos | None:
+    """The run's :class:`ToolDemos` when it has tools, else None."""
     if not env_setup.enabled(cfg):
         return None
     eos = tokenizer.decode([tokenizer.eos_token_id], skip_special_tokens=False)  # what ends a model turn
-    return env_template.tool_turn_bounds(tokenizer, eos)
+    return ToolDemos([t.schema for t in env_setup.specs(cfg)[0]], *env_template.tool_turn_bounds(tokenizer, eos))
 
 
 def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards: RewardDispatcher, cfg: RunConfig,
               context: int, device: str, log: Callable[[str], None] = print) -> dict:
     """SFT ``model`` in place until eval accuracy >= target or ``cfg.sft.steps``; return a summary."""
     s = cfg.sft
-    pairs = demos(train, tokenizer, tool_turn_of(cfg, tokenizer))
+    pairs = demos(train, tokenizer, tool_demos(cfg, tokenizer))
     if not pairs:
         raise ConfigError("sft.auto=true warm-starts a preset on demonstrations, but no prompt has one nor a string "
                           "`answer` (map a column with data.fields={demo: <column>}); set sft.auto=false or "
