@@ -142,6 +142,7 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(4096, ge=16, description="tokens per micro-batch, packed or padded, whichever the layout picks (gradient accumulation beyond)")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="trainer matmul precision: bf16 autocast (fp32 weights, optimizer state and log_softmax) or fp32; auto: bf16 on GPU, and on a CPU with native bf16 (AVX512-BF16/AMX) for models whose decoder matrices hold >= 20M parameters (trainer.BF16_MIN_DECODER_PARAMS, bench/precision.py); fp32 otherwise (the tiny presets)")
     activation_checkpointing: bool = Field(False, description="keep only each decoder layer's input in the forward and recompute the layer in the backward (activations ~ hidden x layers per token instead of ~(10 hidden + 4 intermediate) x layers; ~30% more train compute); HF's gradient_checkpointing")
+    optimizer_state: Literal["fp32", "bf16"] = Field("fp32", description="AdamW's two moments: fp32 (torch.optim.AdamW, fused) or bf16 (4 bytes per trainable parameter instead of 8; the update in fp32, the moments stored with stochastic rounding: rollyard/trainer/adamw_bf16.py); not with trainer.sharding=fsdp")
     logprob_chunk: int = Field(1024, ge=1, description="rows per chunk of the chunked log-softmax")
     device: str = Field("auto", description="auto | cpu | cuda")
     max_skipped_steps: int = Field(3, ge=1, le=1000, description="consecutive optimizer steps with a non-finite loss or gradient (each skipped and counted in train/skipped_steps) before the run stops with an error")
@@ -238,6 +239,9 @@ class RunConfig(Section):
                 f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
                 f"{self.rollout.samples_per_prompt}; set rollout.samples_per_prompt=8"
             )
+        if self.trainer.sharding == "fsdp" and self.trainer.optimizer_state == "bf16":
+            raise ValueError("trainer.optimizer_state=bf16 steps plain tensors but trainer.sharding=fsdp shards them "
+                             "(DTensor); set trainer.optimizer_state=fp32 or trainer.sharding=none")
         if self.trainer.sharding == "fsdp" and self.trainer.dp < 2:
             raise ValueError(f"trainer.sharding=fsdp shards over data-parallel ranks but trainer.dp={self.trainer.dp}; "
                              f"set trainer.dp=2 (or more) or trainer.sharding=none")

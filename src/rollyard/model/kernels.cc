@@ -409,3 +409,45 @@ void rollyard_decode_rope_write_f32(const float* y, int64_t sy, int B, int H, in
 }
 
 }  // extern "C"
+
+// ---- AdamW with bf16 moments (trainer.optimizer_state=bf16) -------------------------------------------
+// One pass per parameter: m and v are read from bf16, updated in fp32 exactly as torch.optim.AdamW does
+// (decoupled weight decay, bias corrections), the fp32 weight is updated, and the moments are written back
+// rounded stochastically: v's increment per step, (1 - beta2) g^2 ~ 1e-3 of v, is below bf16's resolution
+// (2^-8), so round-to-nearest would freeze v. The random bits are a counter hash (splitmix64) of
+// (seed, index): reproducible, different per step and per parameter (the caller's seed), no state.
+static inline uint64_t splitmix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t b = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+}
+// Adds 16 random bits below bf16's last mantissa bit and truncates: rounds up with probability equal to the
+// dropped fraction (a carry into the exponent is the correct rounding). Finite inputs only (moments are).
+static inline uint16_t f32_to_bf16_sr(float f, uint32_t r16) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    return (uint16_t)((b + r16) >> 16);
+}
+
+extern "C" void rollyard_adamw_bf16_state(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                                          float lr, float beta1, float beta2, float eps, float wd,
+                                          float bc1, float bc2, uint64_t seed, int threads) {
+    const float step = lr / bc1, decay = 1.f - lr * wd, inv_sqrt_bc2 = 1.f / std::sqrt(bc2);
+#pragma omp parallel for schedule(static) num_threads(threads) if (n >= (1 << 16))
+    for (int64_t i = 0; i < n; i++) {
+        const float gi = g[i];
+        const float mi = beta1 * bf16_to_f32(m[i]) + (1.f - beta1) * gi;
+        const float vi = beta2 * bf16_to_f32(v[i]) + (1.f - beta2) * gi * gi;
+        p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+        const uint64_t r = splitmix(seed ^ (uint64_t)i * 0xd1b54a32d192ed03ULL);
+        m[i] = f32_to_bf16_sr(mi, (uint32_t)(r & 0xffff));
+        v[i] = f32_to_bf16_sr(vi, (uint32_t)((r >> 16) & 0xffff));
+    }
+}

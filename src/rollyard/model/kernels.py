@@ -127,6 +127,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_qkv_rope_bwd_f32.restype = None
     lib.rollyard_decode_rope_write_f32.argtypes = [P, L, I, I, I, I, P, P, P, L, P, P, P, L, L, L]
     lib.rollyard_decode_rope_write_f32.restype = None
+    F32 = ctypes.c_float
+    lib.rollyard_adamw_bf16_state.argtypes = [P, P, P, P, L, F32, F32, F32, F32, F32, F32, F32, ctypes.c_uint64, I]
+    lib.rollyard_adamw_bf16_state.restype = None
     return lib
 
 
@@ -243,6 +246,22 @@ def decode_rope_write(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos
         None if pos is None else pos.data_ptr(), same_pos, q.data_ptr(), K.data_ptr(), V.data_ptr(),
         K.stride(0), K.stride(1), K.stride(2))
     return q
+
+
+def adamw_bf16_state(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, lr: float,
+                     beta1: float, beta2: float, eps: float, weight_decay: float, bc1: float, bc2: float,
+                     seed: int) -> bool:
+    """One AdamW update of the fp32 CPU weight ``p`` (in place) from its gradient ``g``, with bf16 moments ``m``,
+    ``v`` read and written back stochastically rounded, in one pass (``kernels.cc``); ``False`` (nothing done) when
+    the kernel is not loaded or a tensor is not contiguous CPU data of those dtypes."""
+    lib = _STATE.get("lib")
+    if (lib is None or p.device.type != "cpu" or p.dtype != torch.float32 or g.dtype != torch.float32
+            or m.dtype != torch.bfloat16 or v.dtype != torch.bfloat16
+            or not all(t.is_contiguous() for t in (p, g, m, v))):
+        return False
+    lib.rollyard_adamw_bf16_state(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), lr, beta1,
+                                  beta2, eps, weight_decay, bc1, bc2, seed & (2 ** 64 - 1), torch.get_num_threads())
+    return True
 
 
 def kernel() -> ctypes.CDLL | None:

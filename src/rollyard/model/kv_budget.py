@@ -105,13 +105,15 @@ def activation_bytes(model_config, tokens: int, row_length: int, checkpointing: 
 
 
 def trainer_bytes(cfg: RunConfig, model) -> int:
-    """Weights, gradients and AdamW's two moments in fp32 for the trainable parameters, plus the frozen
-    weights and one micro-batch's activations (rows of max_new_tokens + 512 tokens, at most the context)."""
+    """Weights, gradients and AdamW's two moments (fp32, or bf16 with trainer.optimizer_state=bf16) for the
+    trainable parameters, plus the frozen weights and one micro-batch's activations (rows of max_new_tokens
+    + 512 tokens, at most the context)."""
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if cfg.model.lora.r == 0 else 0
     tokens = cfg.trainer.micro_batch_tokens
-    return 4 * params + 12 * trainable + activation_bytes(model.config, tokens, _row(cfg, model.config),
-                                                          cfg.trainer.activation_checkpointing)
+    moments = 4 if cfg.trainer.optimizer_state == "bf16" else 8  # AdamW's two moments per trainable parameter
+    return 4 * params + (4 + moments) * trainable + activation_bytes(
+        model.config, tokens, _row(cfg, model.config), cfg.trainer.activation_checkpointing)
 
 
 def _row(cfg: RunConfig, model_config) -> int:

@@ -47,11 +47,13 @@ from rollyard.config import RunConfig
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import llama as llama_forward
 from rollyard.model import memory as cpu_memory
+from rollyard.trainer.adamw_bf16 import AdamWBf16
 from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan
 from rollyard.types import Sample
 
 PRECISIONS = ("auto", "fp32", "bf16")
+OPTIMIZER_STATES = ("fp32", "bf16")  # AdamW moments: torch.optim.AdamW, or bf16 (trainer/adamw_bf16.py)
 
 
 def chunked_token_logprobs(
@@ -212,7 +214,7 @@ class Trainer:
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
                  clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
                  max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto",
-                 activation_checkpointing=False):
+                 activation_checkpointing=False, optimizer_state="fp32"):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
         if temperature <= 0:
@@ -246,7 +248,12 @@ class Trainer:
         self.group_cost = micro_batch_cost(model, self.device)
         self.skips = SkipGuard(max_skipped_steps)  # non-finite loss/gradient: skip loudly, stop if it repeats
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = adamw(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+        if optimizer_state not in OPTIMIZER_STATES:
+            raise ValueError(f"optimizer_state={optimizer_state!r}: expected one of {OPTIMIZER_STATES}")
+        if optimizer_state == "bf16":  # bf16 moments, stochastically rounded (trainer/adamw_bf16.py)
+            self.optimizer = AdamWBf16(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+        else:
+            self.optimizer = adamw(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
         # Fail over at start-up, not silently an hour in: if this model's attention does not turn
         # restarting position_ids into sequence boundaries, train one sequence per micro-batch.
         self.packing = packing_is_isolated(self.model)
@@ -499,4 +506,4 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
             "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
             "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
             "max_skipped_steps": t.max_skipped_steps, "precision": t.precision,
-            "activation_checkpointing": t.activation_checkpointing}
+            "activation_checkpointing": t.activation_checkpointing, "optimizer_state": t.optimizer_state}
