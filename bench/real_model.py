@@ -268,13 +268,15 @@ def learn(a) -> int:
         for seed in a.seeds:
             log(f"[learn] backend={backend} seed={seed} ...")
             o = [f"steps={a.steps}", f"seed={seed}", f"rollout.backend={backend}",
-                 f"trainer.precision={a.precision}", *a.set]
-            run = run_rollyard(f"learn-{backend}-{a.precision}-s{seed}", str(a.gguf), o, a.threads)
+                 f"trainer.precision={a.precision}", f"trainer.optimizer_state={a.optimizer_state}", *a.set]
+            moments = "-bf16m" if a.optimizer_state == "bf16" else ""  # fp32 moments: the runs published first
+            run = run_rollyard(f"learn-{backend}-{a.precision}{moments}-s{seed}", str(a.gguf), o, a.threads)
             s = run["summary"]
             rows.append((backend, seed, s["eval_before"], s["eval_after"], run["wall_s"],
                          statistics.median(r["time/step"] for r in run["rows"]), s.get("memory_peak_gb", {}),
                          [round(r["reward"], 2) for r in run["rows"]], run["run"]))
-    log(f"\n== learn: {a.steps} steps, 4 prompts x 8 samples, 24 new tokens, lr 5e-6, {a.precision}; held-out greedy "
+    log(f"\n== learn: {a.steps} steps, 4 prompts x 8 samples, 24 new tokens, lr 5e-6, {a.precision}, "
+        f"{a.optimizer_state} AdamW moments; held-out greedy "
         f"accuracy on 64 prompts; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for backend, seed, before, after, wall, step, mem, rewards, run in rows:
         log(f"{backend:6} seed {seed}: {before:.1%} -> {after:.1%}  wall {wall:.0f} s, median step {step:.1f} s, "
@@ -366,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--backends", nargs="+", default=["native", "vllm"], choices=["native", "vllm"])
     s.add_argument("--steps", type=int, default=20)
     s.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
+    s.add_argument("--optimizer-state", default="bf16", choices=["fp32", "bf16"],
+                   help="trainer.optimizer_state (the example's bf16; fp32: the runs published first)")
     sub.add_parser("memory", parents=[common])
     s = sub.add_parser("plot")
     s.add_argument("--out", type=Path, default=ROOT / "docs" / "real_model_learn.png")

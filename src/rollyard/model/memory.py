@@ -5,7 +5,7 @@ above a (moving) threshold come from ``mmap`` and go back to the kernel when fre
 top of the heap is trimmed, so the next step touches fresh pages again: on the ``small`` preset's
 fp32 trainer step (2 threads, 32 x 80 tokens) this machine counted ~20-45k minor page faults per
 step and the trainer's step ran ~20% slower than with the thresholds set here (~250 faults).
-:func:`keep_freed_memory` sets glibc's mmap threshold to 64 MiB and turns trimming off, once per
+:func:`keep_freed_memory` sets glibc's mmap threshold to 16 MiB and turns trimming off, once per
 process; the trainer calls it when it trains on the CPU. The cost: the process keeps its peak
 heap, as PyTorch's caching allocator does on a GPU. ``ROLLYARD_KEEP_FREED=0`` leaves malloc
 alone; on a C library other than glibc this does nothing.
@@ -22,8 +22,10 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 # Blocks below this come from the heap and are reused; larger ones are mmap-ed and returned when freed.
 # 1 GiB kept every block in the heap: on a real model (SmolLM2-135M, 4 x 8 samples of 24 tokens, logits
 # chunks of 50 MB and larger activations) the fragmented heap grew ~0.4 GB per step (4.3 -> 12.3 GB over
-# 20 steps) at the same step time as malloc left alone (4.1 -> 5.4 GB over 8 steps).
-MMAP_THRESHOLD = 64 << 20
+# 20 steps) at the same step time as malloc left alone (4.1 -> 5.4 GB over 8 steps). 64 MiB still kept
+# those logits chunks in the heap: 4.55 GB peak by step 11 against 4.05 GB at 16 MiB (the tiny presets'
+# tensors are all below it), at the same train-step time (8.2 vs 8.1 s; with a trim per step, 2026-11-26).
+MMAP_THRESHOLD = 16 << 20
 TRIM_THRESHOLD = (1 << 31) - 1  # the largest accepted: never trim the heap's top
 _STATE: list[bool] = []  # [whether the thresholds were set], once per process
 
