@@ -90,8 +90,15 @@ def test_smollm2s_template_is_refused_for_tools_and_the_shipped_override_makes_i
     assert tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=True) == own
     prompt = tok.decode(template.prompt_with_tools(tok, tool_chat.QUESTION, [ADD_SCHEMA]))
     assert '"name": "add"' in prompt and "<tool_call>" in prompt and prompt.endswith("<|im_start|>assistant\n")
-    assert template.tool_turn_bounds(tok, "<|im_end|>") == ("\n<|im_start|>user\n<tool_response>\n",
-                                                            "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    import importlib.util  # the example's demonstrations split where this template's tool turn is
+    spec = importlib.util.spec_from_file_location("smollm2_tools", SMOLLM2_TOOLS.replace(".jinja", ".py"))
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    head, tail = template.tool_turn_bounds(tok, "<|im_end|>")
+    assert (example.TOOL_HEAD, example.TOOL_TAIL) == (head, tail)
+    assert template.demo_turns(example.demo("2+3", "5"), head, tail) == [
+        ('<tool_call>{"name": "calc", "arguments": {"expr": "2+3"}}</tool_call><|im_end|>', True),
+        (f"{head}5{tail}", False), ("5", True)]
     other = tool_chat.tokenizer()  # a run without tools keeps the tokenizer's own template
     setup.chat_template(RunConfig(data={"chat_template": SMOLLM2_TOOLS}), other)
     assert other.chat_template == tool_chat.TOOL_CHAT
