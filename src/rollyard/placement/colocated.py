@@ -121,3 +121,5 @@ class LocalRollout:
     def stop(self) -> None:
         if self.rollout is not self.engine:
             self.rollout.box.executor.close()
+        if hasattr(self.engine, "sleep"):  # the run's eval after builds its own engine: this one's memory first
+            self.engine.sleep()

@@ -32,6 +32,7 @@ from rollyard.evaluate import (
     train_reward_is_correctness,
 )
 from rollyard.model import kernels
+from rollyard.model import memory as cpu_memory
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.placement import reference as reference_placement
 from rollyard.reward import metrics as reward_metrics
@@ -323,6 +324,7 @@ def run_info(cfg: RunConfig, model) -> dict:
 
 def finish(run: RunRecord, r: Roles) -> dict:
     """Eval after, export the policy, write summary.json and trace.json, print the tables."""
+    cpu_memory.release_freed_memory()  # the last step's freed pages, before the eval's engine (model/memory.py)
     after = evaluate(run, r)
     export(r.model, r.tokenizer, run.run_dir / rundir.MODEL, dtype=source_dtype(run.cfg.model.name))
     run.telemetry.close()
