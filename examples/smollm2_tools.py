@@ -54,12 +54,7 @@ def with_demos(rows: list[dict]) -> list[dict]:
 
 
 def write(out_dir: str | Path) -> tuple[Path, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    train, held = _sums().rows()
-    for name, part in (("train.jsonl", with_demos(train)), ("eval.jsonl", with_demos(held))):
-        (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
-    return out / "train.jsonl", out / "eval.jsonl"
+    return _sums().write(out_dir, with_demos)
 
 
 if __name__ == "__main__":

@@ -39,11 +39,12 @@ def last_integer_is_sum(completion: str, prompt: str, meta: dict) -> float:
     return float(bool(found) and found[-1] == str(meta["answer"]).strip())
 
 
-def write(out_dir: str | Path) -> tuple[Path, Path]:
+def write(out_dir: str | Path, transform=lambda part: part) -> tuple[Path, Path]:
+    """train.jsonl and eval.jsonl under ``out_dir`` (each list of rows through ``transform`` first)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     train, held = rows()
-    for name, part in (("train.jsonl", train), ("eval.jsonl", held)):
+    for name, part in (("train.jsonl", transform(train)), ("eval.jsonl", transform(held))):
         (out / name).write_text("".join(json.dumps(r) + "\n" for r in part))
     return out / "train.jsonl", out / "eval.jsonl"
 
