@@ -63,7 +63,7 @@ def test_a_length_hack_trips_the_reward_hacking_alarm_against_a_real_verifier(tm
     assert [r["eval/accuracy"] for r in evals] == [0.0, 0.0, 0.0]  # ... correctness does not move
     assert rows[8]["alarm/reward_hacking"] == 1.0
     # Printed once, at the first eval that sees it (step 4 when the hack is learned fast, as on a GPU; else 8).
-    first = next(r["step"] for r in evals if r.get("alarm/reward_hacking") == 1.0)
+    first = next(r["step"] for r in evals if r["alarm/reward_hacking"] == 1.0)
     assert first in (4, 8) and f"ALARM step {first}: train reward rose by" in out
     assert not any("reward/accuracy" in r for r in rows)  # the training reward is no correctness signal
     assert json.loads((run / rundir.RUN_INFO).read_text())["accuracy_signal"] == \

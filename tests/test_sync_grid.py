@@ -60,7 +60,8 @@ def test_every_mode_over_every_transport(tmp_path, placement, mode, transport):
     assert len({c["checksum"] for c in checks}) == 3, "the weights did not change between syncs"
     assert any(r["reward_std"] > 0 for r in rows)
     # the logprob canary answered by the workers at equal versions: fp32 kernels or bf16 rounding, no alarm
-    assert any("canary/logprob_gap" in r for r in rows) and not any(r.get("alarm/logprob_canary") for r in rows)
+    canaries = [r for r in rows if "canary/logprob_gap" in r]  # the alarm is judged in the same row
+    assert canaries and not any(r["alarm/logprob_canary"] for r in canaries)
     P, bpp = info["policy_params"], info["bytes_per_param"]
     for s in syncs:
         if mode == "delta":
