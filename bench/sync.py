@@ -37,7 +37,6 @@ import argparse
 import copy
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -117,7 +116,7 @@ def _is_full_like(upd) -> torch.dtype | None:
 
 def rollout_rank(port: int, spec: dict, bucket_bytes: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 2, False), rank=1, world_size=2)
     tx = DistTransport(bucket_bytes, src=0)
     model, rx = build(spec, seed=99).requires_grad_(False), None
     while True:
@@ -267,11 +266,12 @@ def fmt(row: dict) -> str:
 HEADER = ("mode  dtype    transport   bytes MB    plan MB  ratio    frac  s/sync wireGB/s flatGB/s vsflat")
 
 
-def bench_model(name: str, spec: dict, args, port: int) -> list[dict]:
+def bench_model(name: str, spec: dict, args) -> list[dict]:
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)  # listening before the child starts
     ctx = mp.get_context("spawn")
-    child = ctx.Process(target=rollout_rank, args=(port, spec, int(args.bucket_mb * 1e6)))
+    child = ctx.Process(target=rollout_rank, args=(store.port, spec, int(args.bucket_mb * 1e6)))
     child.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=2)
     rows = []
     try:
         trainer = build(spec, seed=0)
@@ -328,10 +328,7 @@ def main() -> None:
     rows = []
     for name, spec in (("small", {"preset": "small"}),
                        (f"synthetic-{args.layers}L", {"config": synthetic_config(args.layers)})):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        rows += bench_model(name, spec, args, port)
+        rows += bench_model(name, spec, args)
     worst = max((abs(r["bytes"] / r["plan"] - 1) for r in rows if r["plan"]), default=0.0)
     print(f"\nlargest |measured / plan - 1| over byte-moving transports: {worst:.2%} (target: within 5%)")
     if args.json:

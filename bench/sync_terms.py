@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
@@ -123,7 +122,7 @@ def engine_side(engine, trainer, repeats: int) -> float:
 
 def _receiver(port: int, rounds: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, 2, False), rank=1, world_size=2)
     for _ in range(rounds):
         spec = torch.zeros(1, dtype=torch.int64)
         dist.broadcast(spec, src=0)
@@ -135,12 +134,10 @@ def _receiver(port: int, rounds: int) -> None:
 def per_bucket(repeats: int) -> dict:
     """Seconds of one update over gloo at each (payload, bucket size): per bucket and per byte."""
     plan = [(PAYLOAD, b) for b in BUCKETS] + [(PAYLOAD // 4, BUCKETS[0])]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    child = mp.get_context("spawn").Process(target=_receiver, args=(port, len(plan) * (repeats + 1)))
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)  # listening before the child starts
+    child = mp.get_context("spawn").Process(target=_receiver, args=(store.port, len(plan) * (repeats + 1)))
     child.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=2)
     rows = []
     try:
         for nbytes, bucket in plan:

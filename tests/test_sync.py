@@ -186,13 +186,14 @@ def test_equality_check_names_a_planted_one_element_difference():
         compare_weights(pub.expected(trainer), rollout, 0)
 
 
-def _dist_worker(rank: int, port: int, out: str) -> None:
+def _dist_worker(rank: int, port: int, out: str, store=None) -> None:
     import torch.distributed as dist
 
     from rollyard.sync.transport_dist import DistTransport
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    store = store or dist.TCPStore("127.0.0.1", port, 2, False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
     tx = DistTransport(bucket_bytes=4096, src=0)  # ~100 buckets for the tiny model
     result = {}
     if rank == 0:
@@ -211,14 +212,12 @@ def _dist_worker(rank: int, port: int, out: str) -> None:
 
 
 def test_bucketed_gloo_broadcast_between_two_processes(tmp_path):
-    import socket
+    import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    rollout = mp.get_context("spawn").Process(target=_dist_worker, args=(1, port, str(tmp_path / "r")))
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)  # listening before the child starts
+    rollout = mp.get_context("spawn").Process(target=_dist_worker, args=(1, store.port, str(tmp_path / "r")))
     rollout.start()
-    _dist_worker(0, port, str(tmp_path / "r"))  # the trainer rank runs here
+    _dist_worker(0, store.port, str(tmp_path / "r"), store)  # the trainer rank runs here
     rollout.join(timeout=120)
     assert rollout.exitcode == 0
     sent, got = (json.loads((tmp_path / f"r.{r}").read_text()) for r in (0, 1))

@@ -31,7 +31,6 @@ import contextlib
 import copy
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -248,27 +247,29 @@ def _receive(payloads: list | None = None):
     return out[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _host_store(k: int) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening from now on a port the OS picked: a port found free and
+    closed again until the ranks start can be taken meanwhile (EADDRINUSE; Ray's sockets take ports
+    from the same range)."""
+    return dist.TCPStore("127.0.0.1", 0, k, True, timeout=timedelta(minutes=10), wait_for_workers=False)
 
 
-def _join_group(rank: int, k: int, port: int, device: str) -> None:
+def _join_group(rank: int, k: int, port: int, device: str, store: dist.TCPStore | None = None) -> None:
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=k,
-                            timeout=timedelta(minutes=10))
+    if store is None:  # ranks 1..k-1 join rank 0's store
+        store = dist.TCPStore("127.0.0.1", port, k, False, timeout=timedelta(minutes=10))
+    dist.init_process_group(backend, store=store, rank=rank, world_size=k, timeout=timedelta(minutes=10))
 
 
-def _join_watching(procs: list, port: int, device: str) -> None:
+def _join_watching(procs: list, store: dist.TCPStore, device: str) -> None:
     """Rank 0 joins the group; a rank that dies before joining is an error now, not a 10-minute hang."""
     joined: list[BaseException | None] = []
 
     def join() -> None:
         try:
-            _join_group(0, len(procs) + 1, port, device)
+            _join_group(0, len(procs) + 1, store.port, device, store)
             joined.append(None)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
             joined.append(e)
@@ -378,13 +379,14 @@ class DataParallelTrainer:
         check_ranks(self.k, device)
         self.run_dir = Path(cfg.out_dir)
         self.model, self.device = model, device
-        port = _free_port()
+        self.store = _host_store(self.k)
+        port = self.store.port
         ctx = mp.get_context("spawn")
         self.procs = [ctx.Process(target=rank_main, args=(r, self.k, port, cfg.model_dump(), device), daemon=True,
                                   name=f"rollyard-dp-rank{r}") for r in range(1, self.k)]
         for p in self.procs:
             p.start()
-        _join_watching(self.procs, port, device)
+        _join_watching(self.procs, self.store, device)
         self.rank = Rank(cfg, model, device)
         self.optimizer = _Optimizer(self)
         self.pending_optimizer: list | None = None
