@@ -356,8 +356,9 @@ def validate_plan(data: dict) -> PlanInputs:
         return PlanInputs.model_validate(data)
     except ValidationError as e:
         lines = [ln.strip() for ln in describe_errors(e).splitlines() if ln.strip()]
-        raise PlanError("invalid plan: " + "; ".join(lines)
-                        + "; fix: correct the value in the plan file or override it with key.sub=value") from None
+        said = "; ".join(lines)
+        fix = "" if "fix:" in said else "; fix: correct the value in the plan file or override it with key.sub=value"
+        raise PlanError("invalid plan: " + said + fix) from None
 
 
 def load_plan(path: str | Path | None = None, overrides: list[str] = (), defaults: bool = True) -> PlanInputs:
