@@ -42,6 +42,26 @@ def setup():
                         max_cache_tokens=2048, seed=0)
     yield model, tok, engine
     engine.close()
+    assert not Path(engine._dir).exists()  # the rollout copy vLLM started from goes with the engine
+
+
+def test_the_rollout_copy_directory_is_removed_by_close_or_after_its_process_dies(setup, tmp_path):
+    import os
+    import subprocess
+
+    from rollyard.rollout.vllm import DIR_PREFIX, sweep_model_dirs
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # reaped: its pid names no process
+    (tmp_path / f"{DIR_PREFIX}{dead.pid}-abc").mkdir()
+    (tmp_path / f"{DIR_PREFIX}{dead.pid}-abc" / "model.safetensors").write_bytes(b"x" * 10)
+    (tmp_path / f"{DIR_PREFIX}{os.getpid()}-live").mkdir()  # this process's: in use
+    (tmp_path / "rollyard-vllm-old").mkdir()  # no pid in the name: not ours to judge
+    assert sweep_model_dirs(str(tmp_path)) == [str(tmp_path / f"{DIR_PREFIX}{dead.pid}-abc")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{DIR_PREFIX}{os.getpid()}-live", "rollyard-vllm-old"])
+
+    where = Path(setup[2]._dir)  # the module's engine: removed by its close() (the fixture checks)
+    assert where.name.startswith(f"{DIR_PREFIX}{os.getpid()}-") and (where / "config.json").exists()
 
 
 def gap(model, samples) -> float:

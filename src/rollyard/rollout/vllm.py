@@ -58,6 +58,7 @@ import os
 import shutil
 import tempfile
 import warnings
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -67,6 +68,7 @@ from rollyard.rollout.engine import EngineBase
 from rollyard.sync.apply import named_params
 from rollyard.types import Request, WeightUpdate
 
+DIR_PREFIX = "rollyard-vllm-"  # + the owning process's pid: the rollout copy vLLM starts from, in the temp dir
 MAX_RESTARTS = 3  # vLLM engines replaced in one worker before it gives up (a crash loop)
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention kernels work on blocks of a multiple of 32 tokens
 # vllm.LLM arguments rollyard derives from the run's config: setting them in rollout.vllm conflicts.
@@ -222,6 +224,31 @@ class _Seq:
     versions: list[int] = field(default_factory=list)
 
 
+def sweep_model_dirs(root: str | None = None) -> list[str]:
+    """Remove the rollout-copy directories whose owning process is gone (a killed Ray actor or driver cannot
+    remove its own; SmolLM2's copy is 0.5 GB). Returns the removed paths."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name[len(DIR_PREFIX):].split("-", 1)[0]
+            if not (name.startswith(DIR_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+                continue
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            removed.append(os.path.join(root, name))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class VllmEngine(EngineBase):
     """The ``RolloutEngine`` contract over one in-process vLLM engine (see the module docstring)."""
 
@@ -236,7 +263,9 @@ class VllmEngine(EngineBase):
         _import_vllm()  # MissingPackage (one line, naming the extra) before any work
         self.mirror = model
         self._said_sleep = False
-        self._dir = tempfile.mkdtemp(prefix="rollyard-vllm-")
+        sweep_model_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self._dir, True)  # also at exit without close()
         model.save_pretrained(self._dir)  # vLLM starts from a directory (its dummy load leaves buffers unset)
         opts = dict(options or {})
         if not torch.cuda.is_available():
@@ -403,4 +432,4 @@ class VllmEngine(EngineBase):
 
     def close(self) -> None:
         self._shutdown()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_dir()
