@@ -17,7 +17,7 @@ nvidia-smi -L
 $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
 
 echo "== 1. tests marked gpu"
-timeout 100 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_trainer.py tests/test_vllm.py -rs 2>&1 | tail -15
+timeout 100 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_trainer.py tests/test_vllm.py tests/test_memory_peaks.py -rs 2>&1 | tail -15
 
 echo "== 2. demo config on CUDA, 30 GRPO steps"
 timeout 110 $PY -m rollyard.cli train --config examples/demo.toml out_dir="$OUT/demo" steps=30 progress=false \

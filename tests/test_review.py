@@ -297,13 +297,15 @@ def test_missing_staleness_metric_is_not_checked(tmp_path):
 
 # ---- memory per role (issue 35 item 3): a measured peak against the plan's prediction ----
 
-def _with_peaks(path, peaks, device="cpu", key="summary"):
+def _with_peaks(path, peaks, device="cpu", key="summary", gpu_peaks=None):
     run = make_run(path, info_extra={"device": device})
     if key == "summary":
-        (path / rundir.SUMMARY).write_text(json.dumps({"steps": 3, "placement": "colocated", "memory_peak_gb": peaks}))
+        (path / rundir.SUMMARY).write_text(json.dumps({"steps": 3, "placement": "colocated", "memory_peak_gb": peaks,
+                                                       **({"memory_gpu_peak_gb": gpu_peaks} if gpu_peaks else {})}))
     else:  # per-step metrics only (a run that stopped before its summary)
         rows = [json.loads(x) for x in (path / rundir.METRICS).read_text().splitlines()]
-        rows = [{**r, **{f"memory/{k}_peak_gb": v for k, v in peaks.items()}} for r in rows]
+        rows = [{**r, **{f"memory/{k}_peak_gb": v for k, v in peaks.items()},
+                 **{f"memory/{k}_gpu_peak_gb": v for k, v in (gpu_peaks or {}).items()}} for r in rows]
         (path / rundir.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run
 
@@ -324,6 +326,18 @@ def test_memory_peaks_are_held_against_the_plan(tmp_path):
     small = review(_with_peaks(tmp_path / "small", {"trainer": planned_gb / 3, "rollout": planned_gb}))
     ev = {v["item"]: v for v in small.verification}[item]
     assert ev["result"] == FAIL and ev["evidence"].count("measured vs") == 1 and "trainer" in ev["evidence"], ev
-    # On a GPU the run measures host memory, the plan GPU memory: shown, not judged.
-    gpu = review(_with_peaks(tmp_path / "gpu", {"trainer": planned_gb / 3}, device="gpu"))
+    # A GPU run with host memory only (RSS; a Ray actor's, an older run): the plan prices GPU memory, not judged.
+    gpu = review(_with_peaks(tmp_path / "gpu", {"trainer": planned_gb / 3}, device="cuda"))
     assert items(gpu)[item] == NOT_CHECKED
+    # With PyTorch's device-memory peaks (telemetry/memory.py on CUDA) the GPU figures are judged, not the RSS.
+    for key in ("summary", "metrics"):
+        held = review(_with_peaks(tmp_path / f"gpu-ok-{key}", {"trainer": planned_gb / 9}, device="cuda", key=key,
+                                  gpu_peaks={"trainer": 1.1 * planned_gb, "driver": 2 * planned_gb}))
+        ev = {v["item"]: v for v in held.verification}[item]
+        assert ev["result"] == PASS and "GB of GPU memory measured" in ev["evidence"], ev
+        low = review(_with_peaks(tmp_path / f"gpu-low-{key}", {"trainer": 5 * planned_gb}, device="cuda", key=key,
+                                 gpu_peaks={"trainer": planned_gb / 4}))
+        assert items(low)[item] == FAIL
+    # A CPU run's metrics rows never read a GPU key as a role named 'trainer_gpu'.
+    mixed = review(_with_peaks(tmp_path / "mixed", {"trainer": planned_gb}, key="metrics", gpu_peaks={"trainer": 1.0}))
+    assert "trainer_gpu" not in {v["item"]: v for v in mixed.verification}[item]["evidence"]

@@ -340,6 +340,7 @@ def finish(run: RunRecord, r: Roles) -> dict:
         **run.totals, **run.state.extra,
         "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
         "memory_peak_gb": run.telemetry.memory.run_peaks_gb(),  # this session's measured peak RSS per role (GB)
+        **({"memory_gpu_peak_gb": gpu} if (gpu := run.telemetry.memory.run_peaks_gb(gpu=True)) else {}),  # on CUDA
         **({"tool_latency_s": {**latency_metrics(run.tool_seconds, prefix=""), "calls": len(run.tool_seconds)}}
            if run.tool_seconds else {}),  # this session's tool calls, every worker's (p50_s, p90_s, p99_s, max_s)
     }

@@ -350,20 +350,23 @@ def _with_shape(run: Run, data: dict) -> dict:
 # price, so there is no upper bound. On a GPU the tensors are in device memory, which RSS does not see.
 MEMORY_TOLERANCE = 0.5
 MEMORY_KEY = "memory_peak_gb"  # summary.json: {role: GB}; metrics.jsonl: memory/<role>_peak_gb per step
+GPU_MEMORY_KEY = "memory_gpu_peak_gb"  # on CUDA: PyTorch's device memory; memory/<role>_gpu_peak_gb per step
 TRAINER_ROLES = ("train", "trainer", "reference", "algorithm")
 
 
-def measured_memory(run: Run) -> dict[str, float]:
-    """role -> peak GB over the run: summary.json's memory_peak_gb, else the largest
-    ``memory/<role>_peak_gb`` in metrics.jsonl; {} when the run measured none (older runs)."""
-    got = (run.summary or {}).get(MEMORY_KEY)
+def measured_memory(run: Run, gpu: bool = False) -> dict[str, float]:
+    """role -> peak GB over the run: summary.json's memory_peak_gb (``gpu``: memory_gpu_peak_gb), else the
+    largest ``memory/<role>_peak_gb`` (``_gpu_peak_gb``) in metrics.jsonl; {} when the run measured none."""
+    got = (run.summary or {}).get(GPU_MEMORY_KEY if gpu else MEMORY_KEY)
     if isinstance(got, dict):
         return {str(k): float(v) for k, v in got.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     out: dict[str, float] = {}
+    suffix = "_gpu_peak_gb" if gpu else "_peak_gb"
     for m in run.metrics:
         for k, v in m.items():
-            if k.startswith("memory/") and k.endswith("_peak_gb") and isinstance(v, (int, float)):
-                role = k[len("memory/"):-len("_peak_gb")]
+            if (k.startswith("memory/") and k.endswith(suffix) and (gpu or not k.endswith("_gpu_peak_gb"))
+                    and isinstance(v, (int, float))):
+                role = k[len("memory/"):-len(suffix)]
                 out[role] = max(out.get(role, 0.0), float(v))
     return out
 
@@ -371,22 +374,28 @@ def measured_memory(run: Run) -> dict[str, float]:
 def memory_item(run: Run, plan: Plan) -> dict | None:
     """'Memory per role holds what the plan prices': each trainer or rollout role's measured peak against
     the bytes its pool holds per the plan (trainer roles: model + optimizer + reference + activations;
-    rollout: weights + KV cache; colocated: both pools in one process, so their sum). On a CPU a peak
-    below the prediction by more than the tolerance FAILs (the plan prices tensors the process never
-    held); on a GPU the measured peak is host memory: NOT CHECKED. None when the run measured no peak."""
-    measured = measured_memory(run)
+    rollout: weights + KV cache; colocated: both pools in one process, so their sum). A peak below the
+    prediction by more than the tolerance FAILs (the plan prices tensors the process never held). On a CPU
+    the peak is the resident set; on a GPU PyTorch's allocated device memory (telemetry/memory.py), and
+    where a GPU run has only host RSS (a Ray actor's, an older run): NOT CHECKED. None when nothing was measured."""
+    on_gpu = run.info.get("device") not in (None, "cpu")
+    measured = measured_memory(run, gpu=on_gpu) if on_gpu else measured_memory(run)
+    if on_gpu and not measured and measured_memory(run):
+        return {"item": "Memory per role holds what the plan prices", "result": NOT_CHECKED,
+                "evidence": "the run measured host memory (RSS) only; the plan prices the tensors in GPU memory"}
     if not measured or plan.memory is None:
         return None
     pools = plan.memory.roles()
     colocated = (run.info.get("placement") or plan.placement) == "colocated"
+    what = "GB of GPU memory" if on_gpu else "GB"
     rows, bad, other = [], [], []
     for role, gb in sorted(measured.items()):
         pool = "trainer" if role in TRAINER_ROLES else ("rollout" if role.startswith("rollout") else None)
         if pool is None:
-            other.append(f"{role} {gb:.3g} GB")
+            other.append(f"{role} {gb:.3g} {what}")
             continue
         pred = (pools["trainer"] + pools["rollout"] if colocated else pools[pool]) / 1e9
-        rows.append(f"{role} {gb:.3g} GB measured vs {pred:.3g} GB of tensors planned"
+        rows.append(f"{role} {gb:.3g} {what} measured vs {pred:.3g} GB of tensors planned"
                     + (f" (+{gb - pred:.3g} GB the process holds beyond them)" if gb >= pred else ""))
         if gb < pred / (1 + MEMORY_TOLERANCE):
             bad.append(rows[-1])
@@ -394,9 +403,6 @@ def memory_item(run: Run, plan: Plan) -> dict | None:
     tail = f"; not priced: {', '.join(other)}" if other else ""
     if not rows:
         return {"item": item, "result": NOT_CHECKED, "evidence": "no trainer or rollout peak measured" + tail}
-    if run.info.get("device") != "cpu":
-        return {"item": item, "result": NOT_CHECKED, "evidence": "the run measured host memory (RSS); the plan "
-                "prices the tensors in GPU memory: " + "; ".join(rows) + tail}
     if bad:
         return {"item": item, "result": FAIL, "evidence": f"a peak below the plan's tensors by more than "
                 f"{1 + MEMORY_TOLERANCE:g}x, so the plan does not describe this run: " + "; ".join(bad) + tail}

@@ -11,11 +11,18 @@ memory). ``train`` is reported as ``trainer``. Where the reset is refused (not L
 The reset also resets what ``getrusage``'s ``ru_maxrss`` reports for this process; ``/usr/bin/time`` and
 ``ru_maxrss`` read after a run are therefore only the peak since the last span; the run's own peak is
 ``summary.json``'s ``memory_peak_gb`` (role ``driver``).
+
+On a GPU the tensors live in device memory, which RSS does not see: where the process has initialized CUDA,
+the same per-role peaks are taken from PyTorch's allocator (``torch.cuda.max_memory_allocated``, summed over
+the process's devices, reset with ``reset_peak_memory_stats`` at the same boundaries) as
+``memory/<name>_gpu_peak_gb`` and ``summary.json``'s ``memory_gpu_peak_gb``. Memory allocated outside
+PyTorch's allocator (vLLM's sleep-mode pool, NCCL's buffers) is not in it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import threading
 
 GB = 1e9
@@ -42,6 +49,32 @@ def reset_peak() -> bool:
         return False
 
 
+def _cuda():
+    """``torch.cuda`` where this process has initialized CUDA (never initializes it), else None."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        return cuda if cuda is not None and cuda.is_initialized() else None
+    except Exception:  # noqa: BLE001 - a half-initialized or broken CUDA: no GPU figure
+        return None
+
+
+def gpu_peak_bytes() -> int | None:
+    """PyTorch's peak allocated device memory since the last reset, summed over this process's devices; None
+    where the process has not initialized CUDA."""
+    cuda = _cuda()
+    if cuda is None:
+        return None
+    return sum(cuda.max_memory_allocated(d) for d in range(cuda.device_count()))
+
+
+def reset_gpu_peak() -> None:
+    cuda = _cuda()
+    if cuda is not None:
+        for d in range(cuda.device_count()):
+            cuda.reset_peak_memory_stats(d)
+
+
 class PeakMemory:
     """Per-role peaks for one process: ``enter(role)`` / ``exit(role)`` around each span; ``step_metrics()``
     (the peaks since the last call, as ``memory/<name>_peak_gb``) and ``run_peaks_gb()`` (over the run)."""
@@ -51,22 +84,26 @@ class PeakMemory:
         self.open: dict[str, int] = {}
         self.step: dict[str, int] = {}
         self.run: dict[str, int] = {}
+        self.gpu_step: dict[str, int] = {}
+        self.gpu_run: dict[str, int] = {}
         self.exact = True
         self._lock = threading.Lock()
 
     def _credit(self) -> None:
-        peak = peak_rss_bytes()
-        if peak is None:
-            return
-        for name in [self.process, *(NAMES.get(r, r) for r, n in self.open.items() if n > 0)]:
-            self.step[name] = max(self.step.get(name, 0), peak)
-            self.run[name] = max(self.run.get(name, 0), peak)
+        names = [self.process, *(NAMES.get(r, r) for r, n in self.open.items() if n > 0)]
+        for peak, step, run in ((peak_rss_bytes(), self.step, self.run), (gpu_peak_bytes(), self.gpu_step, self.gpu_run)):
+            if peak is None:
+                continue
+            for name in names:
+                step[name] = max(step.get(name, 0), peak)
+                run[name] = max(run.get(name, 0), peak)
 
     def enter(self, role: str) -> None:
         with self._lock:
             self._credit()
             if self.exact:
                 self.exact = reset_peak()
+            reset_gpu_peak()
             self.open[role] = self.open.get(role, 0) + 1
 
     def exit(self, role: str) -> None:
@@ -86,10 +123,12 @@ class PeakMemory:
         with self._lock:
             self._credit()
             out = {f"memory/{name}_peak_gb": b / GB for name, b in self.step.items()}
-            self.step = {}
+            out.update({f"memory/{name}_gpu_peak_gb": b / GB for name, b in self.gpu_step.items()})
+            self.step, self.gpu_step = {}, {}
         return out
 
-    def run_peaks_gb(self) -> dict[str, float]:
+    def run_peaks_gb(self, gpu: bool = False) -> dict[str, float]:
+        """Peak per process/role over the run: resident set, or with ``gpu`` PyTorch's device memory ({} without CUDA)."""
         with self._lock:
             self._credit()
-            return {name: b / GB for name, b in sorted(self.run.items())}
+            return {name: b / GB for name, b in sorted((self.gpu_run if gpu else self.run).items())}
