@@ -90,7 +90,19 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
         raise SystemExit(f"[{name}] rollyard train failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
-    return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run)}
+    return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run),
+            "real_positions": real_positions(run / "lengths.jsonl")}
+
+
+def real_positions(path: Path) -> dict[int, int]:
+    """step -> the positions the trainer's work is about: each sample's prompt and completion but its last token
+    (``train/packed_tokens`` counts the micro-batches' pad positions as well)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        k = max(1, len(r["response_lengths"]) // max(1, len(r["prompt_lengths"])))  # samples per prompt
+        out[r["step"]] = sum(r["prompt_lengths"][i // k] + n - 1 for i, n in enumerate(r["response_lengths"]) if n)
+    return out
 
 
 # ------------------------------------------------------------------------------------------ TRL side
@@ -232,7 +244,8 @@ def speed(a) -> int:
                     rows = run["rows"][a.warmup:]
                     res[side].append({"step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
                                       "rollout": [x["time/rollout"] for x in rows],
-                                      "positions": [x["train/packed_tokens"] for x in rows],
+                                      "positions": [run["real_positions"][x["step"]] for x in rows],
+                                      "computed": [x["train/packed_tokens"] for x in rows],
                                       "memory": run["summary"].get("memory_peak_gb", {})})
                 load.append(os.getloadavg()[0])
         log(f"\n== speed, {precision}: {a.warmup} warm-up + {a.steps} timed steps per side and round, {a.rounds} "
@@ -246,8 +259,10 @@ def speed(a) -> int:
                     f"{med[side]['train']:6.2f} s (medians; steps: {' '.join(f'{x:.1f}' for x in flat['step'])})")
             if side != "trl":
                 pos = statistics.median(x for rd in rounds for x in rd["positions"])
+                computed = statistics.median(x for rd in rounds for x in rd["computed"])
                 floor = 6 * matmul_params * pos / rate
-                line += (f"\n        train floor 6 x {matmul_params / 1e6:.0f}M matmul params x {pos:.0f} positions at "
+                line += (f"\n        train floor 6 x {matmul_params / 1e6:.0f}M matmul params x {pos:.0f} positions "
+                         f"(the micro-batches computed {computed:.0f} with their padding) at "
                          f"{rate / 1e9:.0f} GFLOP/s = {floor:.2f} s: train is {med[side]['train'] / floor:.2f}x it; "
                          f"peak RSS GB {rounds[-1]['memory']}")
             log(line)

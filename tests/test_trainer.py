@@ -199,6 +199,21 @@ def test_trainer_splits_uneven_batches_and_keeps_even_ones_whole():
     assert [tuple(mb.input_ids.shape) for mb in tr._pack(even)] == [(32, 79)]
 
 
+def test_a_bf16_cpu_trainer_cuts_fewer_micro_batches_each_one_recasts_the_weights():
+    """Under bf16 autocast every micro-batch casts the weights and their gradients (AUTOCAST_POSITIONS_PER_MICRO_BATCH):
+    the uneven batch that an fp32 trainer of a 14M-parameter model cuts into several groups stays in one or two."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=704, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg)
+    lengths = torch.randint(3, 25, (32,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch = [([1] * (44 + i % 4), [2] * n) for i, n in enumerate(lengths)]  # the real-model example's shape
+    groups = {p: len(Trainer(model, micro_batch_tokens=4096, precision=p)._pack(batch)) for p in ("fp32", "bf16")}
+    assert groups["fp32"] >= 3 and groups["bf16"] <= 2, groups
+
+
 # (layout, fast functional forward for padded rows): every way a micro-batch can be computed
 LAYOUTS = [("packed", False), ("padded", False), ("padded", True), ("auto", False), ("auto", True)]
 
