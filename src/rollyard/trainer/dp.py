@@ -462,6 +462,7 @@ class DataParallelTrainer:
         self.procs = []
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.store = None  # the rendezvous store stops listening with its last reference
 
 
 def _first_dead(procs: list, wait_s: float):
