@@ -207,5 +207,9 @@ def test_the_kv_budget_is_memory_and_impossible_settings_are_refused_up_front(ti
     free_gb = kv_budget.available_bytes() / 1e9
     line = _one_line_exit_2(capsys, ["train", f"model.name={path}", f"rollout.kv_memory_gb={free_gb * 2:.0f}", "steps=1"])
     assert "rollout.kv_memory_gb=" in line and "available" in line
-    line = _one_line_exit_2(capsys, ["train", f"model.name={path}", "trainer.micro_batch_tokens=2000000000", "steps=1"])
+    # A micro-batch bound far above one step's batch means 'one micro-batch': priced as the batch, not refused.
+    assert kv_budget.micro_batch_tokens(cfg.model_copy(update={"trainer": cfg.trainer.model_copy(
+        update={"micro_batch_tokens": 2_000_000_000})}), c) == 32 * c.max_position_embeddings
+    line = _one_line_exit_2(capsys, ["train", f"model.name={path}", "trainer.micro_batch_tokens=2000000000",
+                                     "rollout.prompts_per_step=4096", "rollout.samples_per_prompt=64", "steps=1"])
     assert "micro-batch" in line and "trainer.activation_checkpointing=true" in line

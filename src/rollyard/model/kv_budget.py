@@ -110,10 +110,18 @@ def trainer_bytes(cfg: RunConfig, model) -> int:
     + 512 tokens, at most the context)."""
     params = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad) if cfg.model.lora.r == 0 else 0
-    tokens = cfg.trainer.micro_batch_tokens
+    tokens = micro_batch_tokens(cfg, model.config)
     moments = 4 if cfg.trainer.optimizer_state == "bf16" else 8  # AdamW's two moments per trainable parameter
     return 4 * params + (4 + moments) * trainable + activation_bytes(
         model.config, tokens, _row(cfg, model.config), cfg.trainer.activation_checkpointing)
+
+
+def micro_batch_tokens(cfg: RunConfig, model_config) -> int:
+    """The most tokens one training micro-batch holds: ``trainer.micro_batch_tokens``, at most one step's whole
+    batch (its sequences at the context length), so that a large bound meaning 'one micro-batch' is not priced
+    as if it were filled."""
+    batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt * _context(cfg, model_config)
+    return max(1, min(cfg.trainer.micro_batch_tokens, batch))
 
 
 def _row(cfg: RunConfig, model_config) -> int:
@@ -135,11 +143,11 @@ def check_fits(cfg: RunConfig, model, device: str = "cpu", available: int | None
                           f"kB per token)")
     train = trainer_bytes(cfg, model)
     if kv + train > avail:
-        act = activation_bytes(model.config, cfg.trainer.micro_batch_tokens, _row(cfg, model.config),
-                               cfg.trainer.activation_checkpointing)
+        tokens = micro_batch_tokens(cfg, model.config)
+        act = activation_bytes(model.config, tokens, _row(cfg, model.config), cfg.trainer.activation_checkpointing)
         fix = ("lower trainer.micro_batch_tokens" if cfg.trainer.activation_checkpointing
                else "set trainer.activation_checkpointing=true or lower trainer.micro_batch_tokens")
         raise ConfigError(f"the run needs ~{(kv + train) / GB:.1f} GB (KV cache {kv / GB:.1f} GB, trainer "
                           f"{(train - act) / GB:.1f} GB weights + gradients + AdamW, {act / GB:.1f} GB activations of a "
-                          f"{cfg.trainer.micro_batch_tokens}-token micro-batch) but {avail / GB:.1f} GB is available; "
+                          f"{tokens}-token micro-batch) but {avail / GB:.1f} GB is available; "
                           f"{fix}, or lower rollout.kv_memory_gb")
