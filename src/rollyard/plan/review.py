@@ -333,10 +333,15 @@ def _with_shape(run: Run, data: dict) -> dict:
         data["rollout"]["kv_bytes_per_token"] = shape["kv_bytes_per_token"]
     tr = run.config.get("trainer") or {}
     if isinstance(tr.get("micro_batch_tokens"), int) and tr["micro_batch_tokens"] >= 1:
-        data["trainer"]["micro_batch_tokens"] = tr["micro_batch_tokens"]
+        # a micro-batch holds at most a step's batch: the largest the run computed (train/packed_tokens)
+        held = [m["train/packed_tokens"] for m in run.metrics if isinstance(m.get("train/packed_tokens"), (int, float))]
+        data["trainer"]["micro_batch_tokens"] = min(tr["micro_batch_tokens"], int(max(held))) if held and max(held) >= 1 \
+            else tr["micro_batch_tokens"]
     if isinstance(tr.get("logprob_chunk"), int) and tr["logprob_chunk"] >= 1:
         data["trainer"]["logits_tokens"] = tr["logprob_chunk"]
-    data["trainer"]["activation_checkpointing"] = False  # rollyard's trainer recomputes only its logit chunks
+    # trainer.activation_checkpointing keeps each layer's input only (the plan's checkpointing); the logit chunks
+    # are recomputed either way
+    data["trainer"]["activation_checkpointing"] = tr.get("activation_checkpointing") is True
     if run.info.get("sharding") == "fsdp":
         data["trainer"]["sharding"] = "fsdp"
     return data
