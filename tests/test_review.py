@@ -341,3 +341,23 @@ def test_memory_peaks_are_held_against_the_plan(tmp_path):
     # A CPU run's metrics rows never read a GPU key as a role named 'trainer_gpu'.
     mixed = review(_with_peaks(tmp_path / "mixed", {"trainer": planned_gb}, key="metrics", gpu_peaks={"trainer": 1.0}))
     assert "trainer_gpu" not in {v["item"]: v for v in mixed.verification}[item]["evidence"]
+
+
+def test_the_run_implied_plan_prices_the_runs_checkpointing_and_its_largest_batch(tmp_path):
+    """A run's own settings drive the plan it is held against: activation checkpointing as it ran, and a
+    micro-batch no larger than the largest step the run computed (a bound of 1e6 tokens means 'one micro-batch')."""
+    pools = {}
+    for name, trainer in (("off", {"micro_batch_tokens": 4096, "activation_checkpointing": False}),
+                          ("on", {"micro_batch_tokens": 4096, "activation_checkpointing": True}),
+                          ("huge", {"micro_batch_tokens": 1_000_000, "activation_checkpointing": False})):
+        run = make_run(tmp_path / name, info_extra={"device": "cpu"})
+        (run / rundir.MODEL).mkdir(exist_ok=True)
+        (run / rundir.MODEL / "config.json").write_text(json.dumps(
+            {"num_hidden_layers": 30, "hidden_size": 576, "vocab_size": 49152, "num_attention_heads": 9,
+             "num_key_value_heads": 3, "head_dim": 64}))
+        (run / rundir.CONFIG).write_text(json.dumps({"algo": {"kl_coef": 0.0}, "trainer": trainer}))
+        rows = [json.loads(x) for x in (run / rundir.METRICS).read_text().splitlines()]
+        (run / rundir.METRICS).write_text("".join(json.dumps({**r, "train/packed_tokens": 4096.0}) + "\n" for r in rows))
+        pools[name] = review(run).plan.memory.roles()["trainer"]
+    assert pools["on"] < pools["off"] / 2  # 30 layers' activations -> their inputs only
+    assert pools["huge"] == pools["off"]  # priced at the 4096 tokens the steps computed, not 1e6
