@@ -334,9 +334,9 @@ def _with_shape(run: Run, data: dict) -> dict:
     tr = run.config.get("trainer") or {}
     if isinstance(tr.get("micro_batch_tokens"), int) and tr["micro_batch_tokens"] >= 1:
         # a micro-batch holds at most a step's batch: the largest the run computed (train/packed_tokens)
-        held = [m["train/packed_tokens"] for m in run.metrics if isinstance(m.get("train/packed_tokens"), (int, float))]
-        data["trainer"]["micro_batch_tokens"] = min(tr["micro_batch_tokens"], int(max(held))) if held and max(held) >= 1 \
-            else tr["micro_batch_tokens"]
+        held = max((int(m["train/packed_tokens"]) for m in run.metrics
+                    if isinstance(m.get("train/packed_tokens"), (int, float))), default=0)
+        data["trainer"]["micro_batch_tokens"] = min(tr["micro_batch_tokens"], held) if held >= 1 else tr["micro_batch_tokens"]
     if isinstance(tr.get("logprob_chunk"), int) and tr["logprob_chunk"] >= 1:
         data["trainer"]["logits_tokens"] = tr["logprob_chunk"]
     # trainer.activation_checkpointing keeps each layer's input only (the plan's checkpointing); the logit chunks

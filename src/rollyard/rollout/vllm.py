@@ -227,26 +227,18 @@ class _Seq:
 def sweep_model_dirs(root: str | None = None) -> list[str]:
     """Remove the rollout-copy directories whose owning process is gone (a killed Ray actor or driver cannot
     remove its own; SmolLM2's copy is 0.5 GB). Returns the removed paths."""
+    import psutil  # a vLLM dependency
+
     root = root or tempfile.gettempdir()
     removed = []
     with contextlib.suppress(OSError):
         for name in os.listdir(root):
             pid = name[len(DIR_PREFIX):].split("-", 1)[0]
-            if not (name.startswith(DIR_PREFIX) and pid.isdigit()) or _alive(int(pid)):
+            if not (name.startswith(DIR_PREFIX) and pid.isdigit()) or psutil.pid_exists(int(pid)):
                 continue
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             removed.append(os.path.join(root, name))
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class VllmEngine(EngineBase):
