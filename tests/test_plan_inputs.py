@@ -33,6 +33,11 @@ def run_plan(capsys, *argv):
     (["rollout.tp=3", "rollout.gpus=8"], ["rollout.tp = 3", "rollout.gpus = 9"]),
     (["rollout.tp=4", "rollout.gpus=4", "cluster.gpus=2"], ["cluster.gpus = 2", "at least 4"]),
     (["network.custom={roce", "=", "25e9}"], ["cut short", "quote the whole override"]),
+    # issue 48 item 6: pp = 1024 on an 8-rank trainer divided the per-tensor reshard by 1024 stages
+    (["trainer.pp=1024"], ["trainer.pp x trainer.tp = 1024 x 1 = 1024 exceeds the trainer's 8 GPUs", "at least 1024"]),
+    (["trainer.pp=2", "trainer.tp=8"], ["2 x 8 = 16 exceeds the trainer's 8 GPUs", "lower trainer.pp or trainer.tp"]),
+    (["trainer.ep=16", "trainer.gpus=12"], ["1 x 16 = 16 exceeds the trainer's 12 GPUs", "trainer.ep"]),
+    (["trainer.pp=8", "policy.layers=4"], ["trainer.pp = 8 exceeds policy.layers = 4", "trainer.pp <= 4"]),
 ])
 def test_bad_plan_inputs_are_one_line_with_the_fix(capsys, argv, words):
     code, out, err = run_plan(capsys, "--defaults", *argv)
@@ -63,6 +68,12 @@ def test_options_and_overrides_in_any_order(capsys):
         docs.append(json.loads(out))
     assert all(d["inputs"]["rollout"]["prompts"] == 10 for d in docs)
     assert len({json.dumps(d["bytes"], sort_keys=True) for d in docs}) == 1
+
+
+def test_trainer_parallelism_at_its_bounds_prices():
+    # pp x tp and pp x ep equal to the trainer's GPUs, pp equal to the layers: accepted
+    p = load_plan(None, ["trainer.pp=4", "trainer.tp=2", "trainer.ep=2", "policy.layers=4"])
+    assert (p.trainer.pp, p.trainer.tp, p.trainer.ep) == (4, 2, 2)
 
 
 def test_scientific_notation_reaches_integer_fields():

@@ -153,7 +153,9 @@ class TrainerSection(Section):
     flops_per_gpu: float | None = Field(None, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; null = peak_flops x mfu (3.07e14 on the defaults); a stated figure wins (e.g. one measured by --calibrate-from)")
     serial_fraction: float = Field(TRAINER_SERIAL_FRACTION, ge=0, le=1, description="Amdahl's serial fraction of a trainer step [fraction]: the share of the one-GPU work more GPUs do not divide, so a train or reference time measured on m GPUs takes t x (s + (1-s)/g) / (s + (1-s)/m) on g; 0 = FLOP-bound (time x GPUs constant); 0.0165 = verl's fully-async trainer rows (update_actor 269.80 / 156.98 / 113.16 s on 16 / 32 / 64 H20, least squares; inputs.TRAINER_SERIAL_FRACTION)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
-    pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_write)")
+    pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_write); at most policy.layers (a stage holds >= 1 layer) and pp x tp and pp x ep at most the trainer's GPUs")
+    tp: int = Field(1, ge=1, le=MAX_GPUS, description="tensor-parallel width of the trainer [ranks] (Megatron TP): the GPUs of one pipeline stage that each hold 1/tp of every layer; pp x tp at most the trainer's GPUs")
+    ep: int = Field(1, ge=1, le=MAX_GPUS, description="expert-parallel width of the trainer [ranks] (Megatron EP, carved from a stage's GPUs): the ranks one MoE layer's experts are spread over; pp x ep at most the trainer's GPUs")
     micro_batch_tokens: int = Field(16384, ge=1, le=10**9, description="tokens per micro-batch per trainer GPU [tokens]: the activations held at once; 16384 = verl's ppo_max_token_len_per_gpu default")
     logits_tokens: int | None = Field(None, ge=1, le=10**9, description="tokens whose fp32 logits are held at once [tokens] (a chunked log-softmax: rollyard's trainer.logprob_chunk); null = micro_batch_tokens (whole micro-batch)")
     activation_checkpointing: bool = Field(True, description="recompute each layer in the backward pass: a layer keeps only its input (2 x hidden bytes per token) instead of ~34 x hidden (Korthikanti et al. 2022, bf16, flash attention)")
@@ -336,9 +338,24 @@ class PlanInputs(Section):
             raise ValueError(f"phases.train_s_measured has {len(self.phases.train_s_measured)} entries, GPUs up to "
                              f"{max(self.phases.train_s_measured)}: expected at most 1000 entries of at most {MAX_GPUS} "
                              f"GPUs; fix: give the pool sizes you measured, e.g. {{64 = 133.4}}")
+        self._trainer_parallelism_fits()
         if self.sync.mode == "lora" and not self.policy.lora:
             raise ValueError("sync.mode = 'lora' needs policy.lora = true (only adapters can sync when only adapters train)")
         return self
+
+    def _trainer_parallelism_fits(self) -> None:
+        """trainer.pp, tp and ep partition the trainer's GPUs (a stage holds >= 1 layer): a width above them
+        would divide per-stage work by stages that do not exist (pp = 1024 on 8 ranks)."""
+        tr, ranks, layers = self.trainer, self.trainer.gpus or self.trainer.dp, self.policy.layers
+        if layers is not None and tr.pp > layers:
+            raise ValueError(f"trainer.pp = {tr.pp} exceeds policy.layers = {layers}: a pipeline stage holds at least "
+                             f"one layer; fix: set trainer.pp <= {layers}")
+        for name, width in (("tp", tr.tp), ("ep", tr.ep)):
+            if tr.pp * width > ranks:
+                raise ValueError(f"trainer.pp x trainer.{name} = {tr.pp} x {width} = {tr.pp * width} exceeds the trainer's "
+                                 f"{ranks} GPUs (trainer.gpus, else trainer.dp): each stage's {name.upper()} group needs its "
+                                 f"own GPUs; fix: lower trainer.pp or trainer.{name}, or raise trainer.gpus to at least "
+                                 f"{tr.pp * width}")
 
     def tiers(self) -> dict[str, float]:
         """Every network tier by name -> bandwidth in bytes/s (presets, then custom)."""
