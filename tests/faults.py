@@ -282,3 +282,27 @@ def stale_worker(from_version: int = 1) -> type:
 
     Stale.__name__ = Stale.__qualname__ = f"RolloutWorker_stale_from_v{from_version}"
     return Stale
+
+
+# ------------------------------------------------------------------------------ a disk that fills
+def disk_fills_after(monkeypatch, saves: int) -> None:
+    """The disk fills after ``saves`` calls of ``torch.save``: every later call writes into ``/dev/full``,
+    so the kernel answers ENOSPC and torch raises what it raises on a real full disk (a RuntimeError
+    that does not name ENOSPC), and ``shutil.disk_usage`` reports 4096 bytes free. Entered through
+    the two library calls a real full disk goes through; ``monkeypatch.undo()`` frees the space."""
+    import shutil
+
+    import torch
+
+    real_save, real_usage, calls = torch.save, shutil.disk_usage, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        return real_save(obj, "/dev/full" if len(calls) > saves else f, *args, **kwargs)
+
+    def usage(path):
+        total, used, _ = real_usage(path)
+        return shutil._ntuple_diskusage(total, used, 4096) if len(calls) > saves else real_usage(path)
+
+    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(shutil, "disk_usage", usage)

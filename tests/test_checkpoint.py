@@ -52,8 +52,10 @@ def test_crash_mid_write_keeps_previous(tmp_path, monkeypatch):
         checkpoint.save(tmp_path, checkpoint.TrainState(step=2), model, opt)
     except OSError:
         pass
-    assert checkpoint.latest(tmp_path) == first  # the half-written step_000002.tmp is ignored
-    assert (tmp_path / "checkpoints" / "step_000002.tmp").exists()
+    assert checkpoint.latest(tmp_path) == first
+    assert not (tmp_path / "checkpoints" / "step_000002.tmp").exists()  # a failed write cleans up after itself
+    (tmp_path / "checkpoints" / "step_000002.tmp").mkdir()  # what a process killed mid-write leaves
+    assert checkpoint.latest(tmp_path) == first  # ... is never read
     monkeypatch.undo()
     second = checkpoint.save(tmp_path, checkpoint.TrainState(step=2), model, opt)
     assert checkpoint.latest(tmp_path) == second

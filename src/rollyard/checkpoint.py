@@ -8,13 +8,22 @@ Every checkpoint carries ``manifest.json`` (size and SHA-256 of each file), writ
 resume :func:`latest` checks the newest checkpoint against it; a corrupt or incomplete one (a
 truncated model, optimizer or state file, a missing manifest) is reported and the previous valid
 checkpoint is used instead.
+
+A checkpoint is data, never code: the model is safetensors, the state JSON, and the optimizer and
+RNG files (tensors, numbers, strings and containers of them) are read with torch's ``weights_only``
+unpickler, which refuses any other object before constructing it. The manifest has no key, so it
+guards against damage, not against a planted file; the safe loader is what makes a planted
+``optimizer.pt`` or ``rng.pt`` harmless (:class:`UnsafeCheckpoint`, one line, nothing runs).
+Checkpoints written by older rollyard versions hold the same plain types and load unchanged.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -58,6 +67,25 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class UnsafeCheckpoint(ConfigError):
+    """A checkpoint file holds an object the safe loader refuses to construct (it could run code)."""
+
+
+def _load_data(path: Path) -> Any:
+    """A ``.pt`` file of tensors and plain containers, read with torch's weights-only unpickler: a
+    file naming any other class or function (``os.system`` in a planted ``__reduce__``) is refused
+    before anything is called. UnsafeCheckpoint (one line) when refused or unreadable."""
+    try:
+        return torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        what = next((ln for ln in lines if "GLOBAL" in ln or "Unsupported" in ln), lines[-1] if lines else type(e).__name__)
+        raise UnsafeCheckpoint(
+            f"refused to load {path}: it holds more than tensors and plain data ({what.rstrip('.')}), and loading it "
+            f"could run code; nothing from it was run. Resume only from checkpoints rollyard wrote (delete this "
+            f"checkpoint directory to fall back to an earlier one, or start the run again)") from None
+
+
 class CheckpointWriteError(OSError):
     """A checkpoint could not be written (a read-only or full disk); the message names the fix (the
     CLI prints it as one line, exit 2)."""
@@ -66,31 +94,94 @@ class CheckpointWriteError(OSError):
 def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2,
          extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint ``state.step`` atomically; keep the newest ``keep``; return its path.
-    CheckpointWriteError when the disk refuses it (the previous checkpoint stays the latest valid one)."""
-    try:
-        return _save(run_dir, state, model, optimizer, keep, extra_rng)
-    except OSError as e:
-        root = Path(run_dir) / rundir.CHECKPOINTS
-        prev = latest(run_dir, log=lambda m: None) if root.is_dir() else None
-        resume = (f"then resume from {prev.name} with --resume {run_dir}" if prev is not None
-                  else "then start the run again")
-        raise CheckpointWriteError(f"cannot write checkpoint step {state.step} under {root} "
-                                   f"({e.strerror or e}{f': {e.filename}' if e.filename else ''}); make the run "
-                                   f"directory writable (permissions, free space), {resume}") from None
 
-
-def _save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int,
-          extra_rng: dict[str, torch.Tensor] | None) -> Path:
+    CheckpointWriteError when the disk refuses it: a full disk (torch.save says so as a RuntimeError,
+    safetensors as its own error, plain writes as ENOSPC) names the directory, the bytes the checkpoint
+    needs and the bytes free. Whatever failed, ``step_N.tmp`` is removed and the previous checkpoint
+    stays the latest valid one."""
     root = Path(run_dir) / rundir.CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{state.step:06d}"
     tmp = root / f"step_{state.step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    optim = optimizer.state_dict()  # once: with trainer.dp > 1 it is gathered from the ranks
+    try:
+        return _save(root, tmp, state, model, optim, keep, extra_rng)
+    except Exception as e:  # any write failure is classified below, anything else re-raised
+        written = _tree_bytes(tmp)
+        free = _free_bytes(root)  # before the partial write is removed: what was left when it failed
+        shutil.rmtree(tmp, ignore_errors=True)
+        need = _needed_bytes(model, optim, extra_rng)
+        full = _is_disk_full(e) or (free is not None and free < need - written)
+        if not full and not isinstance(e, OSError):
+            raise
+        raise CheckpointWriteError(_write_error_line(run_dir, root, state.step, e, full, need)) from None
+
+
+def _write_error_line(run_dir, root: Path, step: int, err: BaseException, full: bool, need: int) -> str:
+    prev = latest(run_dir, log=lambda m: None) if root.is_dir() else None
+    resume = (f"then resume from {prev.name} with --resume {run_dir}" if prev is not None
+              else "then start the run again")
+    if full:
+        free = _free_bytes(root)
+        return (f"the disk is full: checkpoint step {step} needs about {_mb(need)} under {root}, "
+                f"{_mb(free) if free is not None else 'an unknown amount'} is free; free space there (or set "
+                f"keep_checkpoints lower, or out_dir on a larger disk), {resume}")
+    e = err if isinstance(err, OSError) else OSError(str(err))
+    return (f"cannot write checkpoint step {step} under {root} "
+            f"({e.strerror or e}{f': {e.filename}' if e.filename else ''}); make the run "
+            f"directory writable (permissions, free space), {resume}")
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB ({n} bytes)"
+
+
+def _is_disk_full(e: BaseException) -> bool:
+    """ENOSPC / EDQUOT, or a library that wraps it in its own error text (safetensors' "No space left")."""
+    return ((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT))
+            or "No space left on device" in str(e) or "Disk quota exceeded" in str(e))
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes free to this process under ``path`` (its nearest existing ancestor), None if unknown."""
+    for p in (path, *path.parents):
+        if p.exists():
+            try:
+                return shutil.disk_usage(p).free
+            except OSError:
+                return None
+    return None
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if torch.is_tensor(obj):
+        return obj.nelement() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _needed_bytes(model, optim: dict, extra_rng) -> int:
+    """What a checkpoint takes on disk: its tensors (model, optimizer state, RNG) plus 1 MB for the
+    headers, the JSON files and the filesystem's block rounding. An estimate, not a measurement."""
+    return _tensor_bytes(dict(model.state_dict())) + _tensor_bytes(optim) + _tensor_bytes(extra_rng or {}) + (1 << 20)
+
+
+def _save(root: Path, tmp: Path, state: TrainState, model, optim: dict, keep: int,
+          extra_rng: dict[str, torch.Tensor] | None) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / tmp.name.removesuffix(".tmp")
+    for stale in root.glob("step_*.tmp"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
     tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     # Tied embeddings share storage; safetensors refuses shared tensors, so clone them apart.
     save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / MODEL))
-    torch.save(optimizer.state_dict(), tmp / OPTIM)
+    torch.save(optim, tmp / OPTIM)
     torch.save({**_rng_state(), "extra": extra_rng or {}}, tmp / RNG)
     (tmp / STATE).write_text(json.dumps(asdict(state), indent=1))
     (tmp / MANIFEST).write_text(json.dumps({f.name: _fingerprint(f) for f in sorted(tmp.iterdir())}, indent=1))
@@ -168,12 +259,12 @@ def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
                           f"resume with the run's own model settings (drop model.* overrides)")
     if "lm_head.weight" not in tensors and hasattr(model, "tie_weights"):
         model.tie_weights()
-    optim = torch.load(p / OPTIM, weights_only=False)
+    optim = _load_data(p / OPTIM)
     shards = optim.get("rollyard_fsdp_ranks") if isinstance(optim, dict) else None  # trainer/dp.py SHARDED_KEY
     if shards is not None and not getattr(optimizer, "loads_sharded", False):
         raise ConfigError(f"checkpoint {p} holds optimizer state sharded over {len(shards)} FSDP ranks; resume with "
                           f"trainer.dp={len(shards)} trainer.sharding=fsdp")
     optimizer.load_state_dict(optim)
-    rng = torch.load(p / RNG, weights_only=False)
+    rng = _load_data(p / RNG)
     _set_rng_state(rng)
     return state, rng.get("extra", {})
