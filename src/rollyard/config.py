@@ -60,8 +60,8 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...); off when `path` is set, unless named")
-    task_options: dict[str, int | str] = Field(default_factory=dict, description="built-in task knobs, e.g. {max_operand: 30} (arithmetic) or {max_times: 8} (repeat)")
+    task: str | None = Field("arithmetic", description="built-in task name (arithmetic, ...) or reasoning_gym:<task> (pip install 'rollyard[reasoning-gym]'); off when `path` is set, unless named")
+    task_options: dict[str, int | float | bool | str | list] = Field(default_factory=dict, description="task knobs, e.g. {max_operand: 30} (arithmetic), {max_times: 8} (repeat), or a reasoning-gym task's create_dataset options ({min_terms: 2} for chain_sum)")
     path: str | None = Field(None, description="prompt dataset file (.jsonl or .parquet); replaces `task`")
     fields: dict[str, str] = Field(default_factory=dict, description="rollyard name -> dataset column, e.g. {prompt: question, answer: solution}")
     on_error: Literal["raise", "deadletter"] = Field("raise", description="a malformed dataset line stops the run (raise) or goes to deadletter.jsonl")

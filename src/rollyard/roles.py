@@ -17,7 +17,7 @@ from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.tasks import builtin_verifier, chat, load_task
+from rollyard.tasks import builtin_verifier, chat, load_task, render_task
 from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 
@@ -78,9 +78,12 @@ def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Pro
                              key="data.eval_path") if d.eval_path else [])
         if not held and d.task:
             held = _task_prompts(cfg, "eval", d.eval_size)
+            render_task(d.task, held, tokenizer, d.chat_template)
         chat.render(train + held, tokenizer, d.chat_template)
         return train, held
-    return _task_prompts(cfg, "train", d.train_size), _task_prompts(cfg, "eval", d.eval_size)
+    train, held = _task_prompts(cfg, "train", d.train_size), _task_prompts(cfg, "eval", d.eval_size)
+    render_task(d.task, train + held, tokenizer, d.chat_template)  # reasoning_gym: chat or plain by the template
+    return train, held
 
 
 def _task_prompts(cfg: RunConfig, split: str, n: int) -> list[Prompt]:
