@@ -40,7 +40,6 @@ def test_a_tool_schema_is_what_trl_builds_from_hints_and_docstring():
 @pytest.mark.parametrize("cfg, says", [
     ({"functions": ["tool_fns:no_hints"]}, "missing a type hint"),
     ({"functions": ["tool_fns:no_docstring"]}, "no docstring"),
-    ({"functions": ["tool_fns:returns_int"]}, "annotate it '-> str'"),
     ({"functions": ["tool_fns:nothing_here"]}, "cannot be imported"),
     ({"functions": ["no_colon"]}, "malformed"),
     ({"functions": ["tool_fns:Counter"]}, "not a function"),
@@ -150,10 +149,10 @@ def test_tool_failures_are_that_calls_error_and_counted_never_the_runs():
         assert got[1] == ("ok", "5")
         assert got[2][0] == "error" and got[2][1].startswith("TimeoutError") and jobs[1].seconds < 10
         assert got[3] == ("error", "RuntimeError: the tool's worker died (exit code 3)")
-        assert got[4] == ("error", "TypeError: tool 'number' returned a int, expected str")
+        assert got[4] == ("ok", "7")  # a non-string output goes back as str(value), as TRL sends it
         assert got[5][1].startswith("ZeroDivisionError") and got[6][1].startswith("LookupError: unknown tool 'nope'")
         assert "missing 1 required positional argument" in got[7][1]
-        assert ex.stats == {"calls": 7, "errors": 6, "timeouts": 1, "crashes": 1}
+        assert ex.stats == {"calls": 7, "errors": 5, "timeouts": 1, "crashes": 1}
         # the replaced workers serve the next calls
         assert [j.value for j in ex.run([Job(8, "call", "s8", "add", {"a": 4, "b": 5}),
                                          Job(9, "call", "s9", "add", {"a": 1, "b": 1})])] == ["9", "2"]

@@ -11,8 +11,8 @@ status ``"error"`` and a one-line reason, and the run goes on. With an environme
 sample's instance lives in one worker (the one its ``reset`` ran on); when that worker is replaced
 the instance is gone, and the sample's later jobs fail with ``"environment lost"``.
 
-``stats`` counts tool ``calls`` and ``errors`` (every failed call: the tool raised, returned a
-non-string, was called wrongly, timed out or crashed), ``timeouts`` and ``crashes`` (worker deaths);
+``stats`` counts tool ``calls`` and ``errors`` (every failed call: the tool raised, was called
+wrongly, timed out or crashed), ``timeouts`` and ``crashes`` (worker deaths);
 ``seconds`` holds the wall time of each finished call (the tool latency distribution).
 """
 

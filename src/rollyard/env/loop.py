@@ -16,7 +16,9 @@ as the engine sampled them, tool tokens as the chat template renders the tool me
 (``template.turn_tokens``); nothing is re-tokenized. ``completion_mask`` marks the model's tokens;
 ``logprobs`` / ``versions`` are per token (the tool tokens carry 0.0 and the version of the model token
 before them). A model turn that ends with end-of-turn and holds ``<tool_call>`` blocks is followed by a
-tool turn (at most ``max_iterations`` tool turns); the next model turn is one engine request whose
+tool turn holding each call's output as TRL's loop sends it (``str(value)``, a list of content blocks as
+it is, ``{'error': ...}`` for a call that raised, timed out or was malformed: ``tools/errors``,
+``tools/format_errors``) (at most ``max_iterations`` tool turns); the next model turn is one engine request whose
 prompt is the whole context so far, with the rest of the ``max_new_tokens`` budget (which counts
 model and tool tokens, as TRL's ``max_completion_length`` does).
 
@@ -36,6 +38,7 @@ from typing import NamedTuple
 from rollyard.env import template
 from rollyard.env.executor import Job, ToolExecutor
 from rollyard.env.rewards import ENV_REWARD_KEY
+from rollyard.env.tools import error_content
 from rollyard.reward.hooks import MESSAGES_KEY, PROMPT_KEY
 from rollyard.types import Request, Sample
 
@@ -90,6 +93,11 @@ def _prompt(req: Request, box: Toolbox, observation: str | None) -> list[int]:
         last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
         messages[last]["content"] = f"{messages[last]['content']}\n\n{observation}"
     return template.prompt_with_tools(box.tokenizer, messages, box.schemas)
+
+
+def _text(content) -> str:
+    """A tool message's content as text, for counting its bytes (a list of content blocks as JSON)."""
+    return content if isinstance(content, str) else json.dumps(content, default=str)
 
 
 TOOL_SECONDS = "tools/seconds"  # a step's per-call latencies, placement -> run record (popped there, never a metric)
@@ -263,6 +271,11 @@ class MultiTurn:
         jobs, self._jobs = self._jobs, []
         return busy_intervals(jobs)
 
+    def close(self) -> None:
+        """The engine contract's ``close``: the tool executor's processes, then the engine's own."""
+        self.box.executor.close()
+        self.engine.close()
+
     # ------------------------------------------------------------------------------ trajectories
     def _absorb(self, s: Sample) -> _Traj | None:
         """Append an engine sample (one model turn) to its trajectory."""
@@ -299,7 +312,7 @@ class MultiTurn:
         for i, c in enumerate(calls):
             if c.error:
                 self._stats["format_errors"] += 1
-                t.results[i] = f"error: {c.error}"
+                t.results[i] = str({"error": c.error})  # TRL's form of a failed call's turn
             else:
                 self._stats["bytes"] += len(c.name.encode()) + len(json.dumps(c.arguments).encode())  # the call, out
                 self.box.executor.submit(Job((t.sid, i), "call", t.sid, c.name, c.arguments))
@@ -320,14 +333,14 @@ class MultiTurn:
         t = self._trajs.get(sid)
         if t is None or t.finish:  # aborted while its tool ran
             return
-        t.results[i] = j.value if j.status == "ok" else f"error: {j.value}"
+        t.results[i] = j.value if j.status == "ok" else error_content(j.value)
         if len(t.results) == len(t.calls):
             self._tool_turn(t)
 
     def _tool_turn(self, t: _Traj) -> None:
         tok = self.box.tokenizer
         outs = [(c.name or "error", t.results[i]) for i, c in enumerate(t.calls)]
-        self._stats["bytes"] += sum(len(o.encode()) for _, o in outs)  # the outputs, back in
+        self._stats["bytes"] += sum(len(_text(o).encode()) for _, o in outs)  # the outputs, back in
         eot = tok.decode(t.comp[-1:], skip_special_tokens=False) if t.comp else ""
         ids = template.turn_tokens(tok, outs, eot)[:t.req.max_new_tokens - len(t.comp)]
         t.turns += 1

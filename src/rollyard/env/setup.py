@@ -2,7 +2,7 @@
 
 ``toolbox(cfg, tokenizer)`` returns None when ``tools`` is empty (single-turn rollouts, as before), else a
 :class:`~rollyard.env.loop.Toolbox` whose executor the caller closes. Bad input (a tool without hints
-or docstring, a non-string return annotation, an environment without ``reset``, a chat template
+or docstring, an environment without ``reset``, a chat template
 without tool support, a tool module that does not import) is a ConfigError: one line, exit 2, before
 any worker starts. A built-in task with tools (``data.task=calculator``) gives the run its tools when
 ``tools.*`` names none, and its chat template when the tokenizer has none (``functions``, ``chat_template``).

@@ -1,8 +1,11 @@
 """Tools and environments as TRL names them, checked at start-up.
 
-A tool is a plain module-level function with type hints and a Google-style docstring (``Args:``
-describing every parameter); its JSON schema is what ``transformers.utils.get_json_schema`` builds
-from them, the schema TRL puts in the chat template's ``tools``. An environment is a class
+A tool is a plain module-level function (sync or async) with type hints and a Google-style docstring
+(``Args:`` describing every parameter); its JSON schema is what ``transformers.utils.get_json_schema``
+builds from them, the schema TRL puts in the chat template's ``tools``. It may return anything, as in
+TRL: the value goes back to the model as ``str(value)``, a list of content blocks as it is
+(``env/worker.py``); a call that raises goes back as TRL's ``{'error': ...}`` turn
+(:func:`error_content`) and counts as a failed call (``tools/errors``). An environment is a class
 (TRL's ``environment_factory``): one instance per sample, ``reset(**row)`` before the first turn,
 every other public method a tool, an optional ``get_reward()`` read when the sample ends.
 
@@ -71,11 +74,14 @@ def schema_of(fn, what: str) -> dict:
     except Exception as e:  # noqa: BLE001 - TypeHintParsingException / DocstringParsingException and kin
         raise ConfigError(f"{what}: {e}; a tool needs a type hint on every parameter and a docstring with a "
                           f"description and an 'Args:' line per parameter (as TRL requires)") from None
-    ret = inspect.signature(fn).return_annotation
-    if ret is not inspect.Signature.empty and ret not in (str, "str"):
-        raise ConfigError(f"{what}: returns {getattr(ret, '__name__', ret)!s}, but a tool's output goes back to "
-                          f"the model as text: annotate it '-> str' and return a string")
-    return schema
+    return schema  # any return type: the worker sends the value back as TRL does (env/worker.py)
+
+
+def error_content(message: str) -> str:
+    """The tool turn of a call that raised, as TRL writes it: ``str({"error": str(exception)})``. ``message`` is the
+    worker's ``"ExcType: text"``; TRL shows the exception's text only."""
+    head, sep, text = message.partition(": ")
+    return str({"error": text if sep and head.isidentifier() else message})
 
 
 def tool_specs(functions: list[str]) -> list[ToolSpec]:

@@ -15,16 +15,18 @@ Protocol (4-byte big-endian length + pickle frames):
                     ``"reward"`` ``get_reward()`` of ``sid``'s environment, which is then dropped;
                     ``"drop"``  forget ``sid``'s environment.
   worker -> parent: ``("ready", pid)`` or ``("init_error", message)``, then
-                    ``(job_id, "ok" | "error", value, seconds)``: a call's value is its string
-                    output, a reset's the string it returned (or None), a reward's a float;
-                    ``"error"``'s value is ``"ExcType: message"`` (a tool's exception, a non-string
-                    output, an unknown tool or bad arguments: all the model's or the tool's, never
-                    the run's).
+                    ``(job_id, "ok" | "error", value, seconds)``: a call's value is its output as
+                    TRL sends it (``str(value)``, a list of content blocks as is; an async tool's
+                    awaited), a reset's the string it returned (or None), a reward's a float;
+                    ``"error"``'s value is ``"ExcType: message"`` (a tool's exception, an unknown
+                    tool or bad arguments: all the model's or the tool's, never the run's).
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import math
 import os
 import sys
@@ -55,7 +57,8 @@ def _run(op: str, sid: str, name: str, args: dict, tools: dict, env_cls, envs: d
         env = envs.pop(sid, None)
         if env is None:
             raise LookupError(f"no environment for sample {sid} (lost with a replaced worker)")
-        value = float(env.get_reward())
+        value = env.get_reward()
+        value = float(asyncio.run(value) if inspect.iscoroutine(value) else value)
         if not math.isfinite(value):
             raise ValueError(f"get_reward() returned {value}, expected a finite number")
         return value
@@ -71,9 +74,9 @@ def _run(op: str, sid: str, name: str, args: dict, tools: dict, env_cls, envs: d
         if fn is None:
             raise LookupError(f"unknown tool {name!r}; the tools are {sorted(tools)}")
     out = fn(**args)
-    if not isinstance(out, str):
-        raise TypeError(f"tool {name!r} returned a {type(out).__name__}, expected str")
-    return out
+    if inspect.iscoroutine(out):  # an async tool (TRL takes both)
+        out = asyncio.run(out)
+    return out if isinstance(out, list) else str(out)  # as TRL sends it: str(value), content blocks as they are
 
 
 def _serve() -> None:
