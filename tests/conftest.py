@@ -7,7 +7,7 @@ import pytest
 import torch
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-# Memory: the suite's peak is measured with bench/suite_memory.py (README, beside its time). Ray sizes its
+# Memory: the suite's peak is measured with bench/suite_memory.py (docs/benchmarks.md, beside its time). Ray sizes its
 # shared-memory object store from the machine (30% of the available memory) and its memory monitor kills
 # workers once the machine passes 95% used, whoever holds the rest. The suite's objects are a few MB (tiny
 # models' weights): a 512 MB store bounds what Ray may take whatever the machine, leaving the monitor's
