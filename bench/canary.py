@@ -17,7 +17,7 @@ mean step.
 weights vs the engine's, sha256 over both, ``sync/check.py``) repeated ``--repeat`` times, best and
 median, for the native engine (its module) and the vLLM engine (the weights read inside the vLLM
 worker: one ``collective_rpc`` that clones every parameter and splits the fused projections), on
-``tiny64`` and on ``small`` (the preset of the README's native figure) with 4 heads of 64 instead of 8 of
+``tiny64`` and on ``small`` (the preset of docs/weight-sync.md's native figure) with 4 heads of 64 instead of 8 of
 32 (vLLM's CPU attention; the same 16.6 MB); and the canary (trainer forward + the engine's answer) on
 the same engines.
 

@@ -1,4 +1,4 @@
-"""Two-digit sums with a calculator tool, for SmolLM2-135M-Instruct (README "Tools and multi-turn").
+"""Two-digit sums with a calculator tool, for SmolLM2-135M-Instruct (docs/tools.md).
 
     python examples/smollm2_tools.py OUT_DIR     # OUT_DIR/train.jsonl (2000) and OUT_DIR/eval.jsonl (64), with a demo column
 
