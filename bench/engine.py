@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
+from rollyard.model import cpu
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model.loading import PRESETS, build_preset, char_tokenizer, num_params
 from rollyard.rollout.engine import RolloutEngine
@@ -116,24 +117,30 @@ def run_engine(model, prompts, lengths, n, batch, pad_id, seed):
     return tokens, computed[0] + len(samples), dt
 
 
-def matmul_flops(seconds: float = 0.5, dtype: torch.dtype = torch.float32) -> float:
+def matmul_flops(seconds: float = 0.5, dtype: torch.dtype = torch.float32, size: int = 1024) -> float:
     """FLOP/s of a 1024^3 matmul in ``dtype`` on the current threads (the physical limit reported
     against): the faster of torch's default kernel (``a @ b``; MKL in fp32 on x86) and oneDNN's
     (``rollyard.model.gemm``, which rollyard uses where it is the faster one; on this project's AMD
     EPYC ~2.2x MKL in fp32), so a limit is never one kernel's shortfall."""
-    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     kernels = [lambda: a @ b]
-    if cpu_gemm._op_available():
+    # oneDNN only where the product would call it for this dtype (bf16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT:
+    # on an AVX2-only CPU oneDNN refuses to create the primitive)
+    if cpu_gemm._op_available() and (dtype == torch.float32 or cpu.onednn_bf16()):
         bt = b.t().contiguous()
         kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, bt, None, "none", [], ""))
     best = 0.0
     for k in kernels:
-        k()
+        try:
+            k()
+        except RuntimeError as e:  # a kernel this CPU cannot run is not a limit: said, then skipped
+            print(f"matmul limit: {getattr(k, '__name__', 'kernel')} skipped on this CPU ({str(e).splitlines()[0][:120]})")
+            continue
         reps, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds / len(kernels):
             k()
             reps += 1
-        best = max(best, 2 * 1024 ** 3 * reps / (time.perf_counter() - t0))
+        best = max(best, 2 * size ** 3 * reps / (time.perf_counter() - t0))
     return best
 
 

@@ -187,14 +187,14 @@ def run_trl(model_dir: str, steps: int, threads: int, bf16: bool) -> dict:
 
 
 # ---------------------------------------------------------------------------------------- commands
-def matmul_rate(precision: str, threads: int) -> float:
+def matmul_rate(precision: str, threads: int, size: int = 1024) -> float:
     import torch
 
     sys.path.insert(0, str(BENCH))
     from engine import matmul_flops
 
     torch.set_num_threads(threads)
-    return matmul_flops(dtype=torch.bfloat16 if precision == "bf16" else torch.float32)
+    return matmul_flops(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, size=size)
 
 
 def cached_dir(gguf: Path) -> str:

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rollyard.model import cpu
 from rollyard.model import gemm as cpu_gemm
 
 pytestmark = pytest.mark.skipif(not cpu_gemm._op_available(), reason="torch built without oneDNN")
@@ -64,6 +65,9 @@ def test_switched_off_by_env(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_with_fused_residual(onednn, dtype):
+    if dtype == torch.bfloat16 and not cpu.onednn_bf16():
+        pytest.skip("oneDNN's bf16 packing needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT, which this CPU "
+                    f"(feature set {sorted(cpu.features())}) lacks: test_bf16_pack_falls_back covers it")
     w = (torch.randn(512, 256) * 0.05).to(dtype)
     b = torch.randn(512).to(dtype)
     p = cpu_gemm.pack(w)
@@ -76,3 +80,19 @@ def test_packed_linear_with_fused_residual(onednn, dtype):
         assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < tol
     small = torch.randn(64, 96)  # under MIN_MACS at PACK_ROWS rows: left to MKL, plain tensor
     assert cpu_gemm.pack(small) is small
+
+
+def test_bf16_pack_falls_back_where_onednn_bf16_cannot_run(onednn, monkeypatch):
+    """With ROLLYARD_CPU_ISA=avx2 (as on an AVX2-only CPU) a bf16 weight is not packed for oneDNN, which
+    would refuse it there, even with ROLLYARD_ONEDNN=1; the product still multiplies it (plain F.linear)."""
+    monkeypatch.setenv("ROLLYARD_CPU_ISA", "avx2")
+    assert not cpu.onednn_bf16() and not cpu.avx512() and not cpu.native_bf16()
+    w = (torch.randn(512, 256) * 0.05).bfloat16()
+    p = cpu_gemm.pack(w)
+    assert p is w and not p.is_mkldnn
+    x, r = torch.randn(32, 256).bfloat16(), torch.randn(32, 512).bfloat16()
+    got = cpu_gemm.packed_linear(x, p, add=r)
+    ref = r.double() + F.linear(x.double(), w.double())
+    assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+    w32 = torch.randn(512, 256) * 0.05  # fp32 packing runs on every x86 CPU oneDNN supports
+    assert cpu_gemm.pack(w32).is_mkldnn

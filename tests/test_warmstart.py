@@ -34,7 +34,7 @@ def test_settings_that_do_not_change_the_warm_start_keep_its_key(override):
 
 @pytest.mark.parametrize("override", ["model.context=64", "model.seed=1", "model.name=small", "data.train_size=100",
                                       "data.eval_size=50", "data.seed=2", "data.task_options={max_operand: 20}",
-                                      "sft.steps=10", "sft.lr=1e-3", "sft.target_accuracy=0.5",
+                                      "sft.steps=10", "sft.lr=1e-3", "sft.target_accuracy=0.5", "sft.target_evals=3",
                                       "trainer.micro_batch_tokens=512"])
 def test_settings_that_change_the_warm_start_change_its_key(override):
     assert _key(override) != _key()
@@ -82,3 +82,31 @@ def test_a_signal_during_the_warm_start_stops_it_with_one_line(tmp_path, signum)
                     f"began (nothing cached, no checkpoint); run the command again"), err
     assert "Traceback" not in err
     assert not any(p.is_dir() and not p.name.endswith(".tmp") for p in cache.iterdir())  # nothing cached
+
+
+def test_the_cpu_class_is_part_of_the_key(monkeypatch):
+    """Another CPU class (or ROLLYARD_CPU_ISA narrowing this one) computes another warm start: not reused."""
+    from rollyard.model import cpu
+
+    monkeypatch.setattr(cpu, "reported", lambda: frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq"}))
+    monkeypatch.delenv("ROLLYARD_CPU_ISA", raising=False)
+    wide = _key()
+    monkeypatch.setenv("ROLLYARD_CPU_ISA", "avx2")
+    assert _key() != wide
+
+
+@pytest.mark.parametrize("evals, stop", [(1, 1), (2, 4), (3, 5)])
+def test_the_stop_needs_target_evals_in_a_row(tmp_path, monkeypatch, evals, stop):
+    """A held-out eval that crosses the target once (noise) does not stop the warm start when target_evals > 1:
+    scripted evals 50%, 10%, 50%, 50%, 50% ... against a 40% target stop it at the 1st, 4th or 5th."""
+    import json
+
+    import rollyard.sft as sft
+
+    script = iter([0.5, 0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5])
+    monkeypatch.setattr(sft, "greedy_accuracy", lambda *a, **k: next(script))
+    cache = tmp_path / "cache"
+    assert main(["train", *SFT, "sft.steps=8", "sft.target_accuracy=0.4", f"sft.target_evals={evals}",
+                 f"sft.cache_dir={cache}", "steps=1", f"out_dir={tmp_path / 'run'}"]) == 0
+    (done,) = list(cache.iterdir())
+    assert json.loads((done / "sft.json").read_text())["sft_steps"] == stop

@@ -181,7 +181,8 @@ class SFTConfig(Section):
     steps: int = Field(1200, ge=0, description="maximum SFT steps")
     batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
     lr: float = Field(3e-3, gt=0.0, description="SFT learning rate")
-    target_accuracy: float = Field(0.3, ge=0.0, le=1.0, description="stop SFT once greedy eval accuracy reaches this")
+    target_accuracy: float = Field(0.3, ge=0.0, le=1.0, description="stop SFT once greedy eval accuracy reaches this (in target_evals evals in a row)")
+    target_evals: int = Field(1, ge=1, le=100, description="consecutive evals that must reach target_accuracy before SFT stops: more than 1 makes the stop robust to one eval's noise (a held-out set of ~150 prompts swings a few points between evals, and with another CPU's rounding the stop would fire at another step)")
     eval_every: int = Field(100, ge=1, description="SFT steps between evals")
     cache_dir: str = Field(".cache/warmstart", description="where warm-started models are cached, keyed by model+task+sft config")
 
@@ -520,6 +521,9 @@ ENV_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
                                "use 0 (torch's ops), 1 (the compiled kernels, an error if they cannot be "
                                "built) or auto (the default: the kernels where they build and check out)"),
     # rollyard.model.kernels
+    "ROLLYARD_CPU_ISA": (("native", "avx512", "avx2", "generic"), "native",
+                         "use native (the default: every feature the CPU reports), avx512, avx2 or generic to make "
+                         "the CPU-specific choices as a CPU of that class would"),  # rollyard.model.cpu
 }
 
 

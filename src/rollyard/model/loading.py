@@ -140,7 +140,7 @@ def source_dtype(name_or_path: str) -> torch.dtype | None:
     """The dtype a local model directory was saved in (its config.json), or None (a preset, a GGUF, or unstated)."""
     if gguf.gguf_file(name_or_path) is not None:
         return None  # dequantized to fp32; the export stays fp32
-    path = Path(name_or_path) / "config.json"
+    path = Path(gguf.package_path(name_or_path)) / "config.json"
     if not path.is_file():
         return None
     cfg = json.loads(path.read_text())
