@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rollyard.model import gemm as cpu_gemm
+from rollyard.model import gemma3
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.gemm import pack, packed_linear
 
@@ -53,6 +54,8 @@ CPU_BF16_MIN_HIDDEN = 256
 
 def unsupported_reason(model) -> str | None:
     """``None`` if ``model`` can use the fast path, else why not."""
+    if gemma3.is_gemma3(model):  # Gemma 3: its own fast forward (model/gemma3.py)
+        return gemma3.unsupported_reason(model)
     cfg = getattr(model, "config", None)
     mtype = getattr(cfg, "model_type", None)
     if mtype not in SUPPORTED:
@@ -389,6 +392,8 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     half swap as one cat; on CPU :func:`causal_attention`; on CPU in fp32 the RMSNorms, SwiGLU
     and q|k|v split + RoPE through ``rollyard.model.kernels``). No dropout (the family has none in training).
     """
+    if gemma3.is_gemma3(model):  # Gemma 3: model/gemma3.py
+        return gemma3.train_hidden(model, input_ids)
     inner = model.model
     x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
     cos, sin = _rope_tables(inner, input_ids.shape[1], x)
