@@ -86,6 +86,29 @@ def test_dp2_update_equals_dp1_and_gradient_bytes_follow_the_ring(tmp_path):
         dp.close()
 
 
+def test_dp2_skips_zero_advantage_and_a_rank_with_nothing_to_train_still_joins():
+    """The ranks skip samples that cannot move the weights; the update equals an unskipped single rank's:
+    with one rank left with nothing to train (it joins the all-reduce with zeros), then with a batch that is
+    zero everywhere (no forward anywhere; the optimizer still steps, Adam's moments move the weights)."""
+    cfg = _cfg()
+    model, _, _ = roles.policy(cfg, "cpu")
+    single = Trainer(copy.deepcopy(model), **{**roles.trainer_kwargs(cfg), "skip_zero_advantage": False}, device="cpu")
+    dp = DataParallelTrainer(cfg, model, "cpu")
+    try:
+        for step, nonzero in enumerate((1, 0)):
+            batch = _samples(30 + step)
+            for s in batch[nonzero:]:
+                s.advantage = 0.0
+            m1, m2 = single.step(copy.deepcopy(batch)), dp.step(copy.deepcopy(batch))
+            assert m2["skipped_frac"] == pytest.approx(1 - nonzero / len(batch)) and m1["skipped_frac"] == 0.0
+            assert m2["micro_batches"] == nonzero and m1["micro_batches"] >= 1
+            for key in ("loss", "grad_norm", "tokens"):
+                assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+            assert _max_diff(dp.model, single.model) < 2e-5
+    finally:
+        dp.close()
+
+
 def test_fsdp_gather_then_publish_equals_unsharded_and_resumes_on_same_k_only(tmp_path):
     cfg = _cfg("trainer.sharding=fsdp")
     dp, single = _pair(cfg)

@@ -307,8 +307,20 @@ def _rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
 
 
-def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
-    """One layer's attention (fused q|k|v matmul, RoPE, :func:`causal_attention`), with autograd."""
+def _qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, KVH: int):
+    """The compiled split + RoPE (``cpu_kernels.train_qkv_rope``) for ``cos, sin [T, hd]``, or per row for
+    per-row positions (``[B, T, hd]``: the prefix-shared layout); ``None`` where it cannot run."""
+    if cos.dim() == 2:
+        return cpu_kernels.train_qkv_rope(y, cos, sin, H, KVH)
+    parts = [cpu_kernels.train_qkv_rope(y[r:r + 1], cos[r], sin[r], H, KVH) for r in range(y.shape[0])]
+    if any(p is None for p in parts):
+        return None
+    return tuple(torch.cat(t) for t in zip(*parts))
+
+
+def _attention_block(x: torch.Tensor, layer, cos, sin, mask=None) -> torch.Tensor:
+    """One layer's attention (fused q|k|v matmul, RoPE, :func:`causal_attention`), with autograd.
+    ``cos, sin``: ``[T, hd]``, or ``[B, T, hd]`` with per-row positions; ``mask``: see :func:`train_hidden`."""
     a = layer.self_attn
     B, T, _ = x.shape
     hd = a.head_dim
@@ -317,19 +329,31 @@ def _attention_block(x: torch.Tensor, layer, cos, sin) -> torch.Tensor:
     w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
     b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
     y = cpu_gemm.linear(h, w, b)
-    fused = None if hasattr(a, "q_norm") else cpu_kernels.train_qkv_rope(y, cos, sin, H, KVH)
+    fused = None if hasattr(a, "q_norm") else _qkv_rope(y, cos, sin, H, KVH)
     if fused is not None:  # q already [B, KVH, G * T, hd]
-        o = grouped_causal_attention(*fused, float(a.scaling)).view(B, H, T, hd)
+        o = grouped_causal_attention(*fused, float(a.scaling), mask).view(B, H, T, hd)
     else:
         qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
         if hasattr(a, "q_norm"):
             nw = torch.cat((a.q_norm.weight.expand(H, hd), a.k_norm.weight.expand(KVH, hd)))
             qk = F.rms_norm(qk, (hd,), eps=a.q_norm.variance_epsilon) * nw
-        qk = _rope(qk, cos[:, None], sin[:, None])
+        qk = _rope(qk, cos.unsqueeze(-2), sin.unsqueeze(-2))
         q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
         v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
-        o = causal_attention(q, k, v, float(a.scaling))
+        o = causal_attention(q, k, v, float(a.scaling), mask)
     return x + cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
+
+
+def prefix_shared_mask(segments: torch.Tensor) -> torch.Tensor:
+    """Which keys each query may see in the prefix-shared layout (``trainer/packing.py``), ``[B, 1, T, T]``
+    bool from ``segments [B, T]`` (0: the row's shared prompt prefix, k > 0: member k's suffix, -1: pad):
+    causal, and only the prefix's keys or the query's own segment's. So a member's token sees the one copy
+    of the prompt and its own earlier tokens, as it would alone; every row sees at least itself."""
+    T = segments.shape[1]
+    ar = torch.arange(T, device=segments.device)
+    causal = ar[None, :] <= ar[:, None]  # [query, key]
+    same = (segments[:, None, :] == 0) | (segments[:, None, :] == segments[:, :, None])
+    return (causal & same)[:, None]
 
 
 _MASKS: dict[tuple, torch.Tensor] = {}
@@ -347,7 +371,8 @@ def _grouped_causal_mask(T: int, G: int, device) -> torch.Tensor:
     return m
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention ``q [B, H, T, hd]`` over ``k, v [B, KVH, T, hd]`` (GQA), with autograd.
 
     On CUDA this is SDPA (flash). On CPU, SDPA's kernels are slow at the short rows RL trains on
@@ -355,22 +380,29 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     "safe" softmax with extra passes), so the CPU path is three plain ops: the query heads that
     share a K/V head are stacked along the query axis (``[B, KVH, G * T, hd]``: no K/V copies),
     one matmul for the scores, an fp32 softmax under a cached additive causal mask, one matmul.
-    Every row sees at least its own key, so no row is fully masked.
+    Every row sees at least its own key, so no row is fully masked. ``mask``: instead of the causal
+    mask, the train forward's (:func:`train_hidden`): ``[B, 1, T, T]`` bool on CUDA, additive fp32 on CPU.
     """
     B, H, T, hd = q.shape
     KVH = k.shape[1]
     if q.device.type != "cpu":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=KVH != H)
-    return grouped_causal_attention(q.reshape(B, KVH, H // KVH * T, hd), k, v, scale).view(B, H, T, hd)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=KVH != H)
+    return grouped_causal_attention(q.reshape(B, KVH, H // KVH * T, hd), k, v, scale, mask).view(B, H, T, hd)
 
 
-def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                             mask: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`causal_attention`'s CPU path with the query heads already stacked: ``q [B, KVH, G * T,
     hd]`` (row ``g * T + i``: head ``kv * G + g`` at position ``i``), ``k, v [B, KVH, T, hd]``;
-    returns ``[B, KVH, G * T, hd]``."""
+    returns ``[B, KVH, G * T, hd]``. ``mask``: an additive fp32 ``[B, 1, T, T]`` instead of the causal one."""
+    B, KVH, GT, _ = q.shape
     T = k.shape[2]
     s = torch.matmul(q, k.transpose(-1, -2))
-    s = torch.add(_grouped_causal_mask(T, q.shape[2] // T, q.device), s, alpha=scale)  # mask + scale * s, fp32
+    if mask is None:
+        s = torch.add(_grouped_causal_mask(T, GT // T, q.device), s, alpha=scale)  # mask + scale * s, fp32
+    else:  # the same per row for each of the G stacked query heads
+        s = torch.add(mask[:, :, None], s.view(B, KVH, GT // T, T, T), alpha=scale).view(B, KVH, GT, T)
     p = torch.softmax(s, dim=-1).to(v.dtype)
     return torch.matmul(p, v)
 
@@ -382,9 +414,12 @@ def _mlp_block(x: torch.Tensor, layer) -> torch.Tensor:
     return x + cpu_gemm.linear(cpu_kernels.train_swiglu(gu), m.down_proj.weight)
 
 
-def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
+def train_hidden(model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                 segments: torch.Tensor | None = None) -> torch.Tensor:
     """Final-norm hidden states ``[B, T, D]`` of right-padded rows ``input_ids [B, T]`` (positions
-    0..T-1, causal), differentiable w.r.t. the module's own parameters.
+    0..T-1, causal), differentiable w.r.t. the module's own parameters. Or, the prefix-shared layout
+    (``trainer/packing.py``): ``position_ids [B, T]`` per token and ``segments [B, T]`` for the
+    attention mask (:func:`prefix_shared_mask`).
 
     The trainer's padded micro-batches run through this instead of the HF module forward when
     :func:`train_forward_matches` holds: the same math in fewer ops (q|k|v and gate|up
@@ -393,23 +428,32 @@ def train_hidden(model, input_ids: torch.Tensor) -> torch.Tensor:
     and q|k|v split + RoPE through ``rollyard.model.kernels``). No dropout (the family has none in training).
     """
     if gemma3.is_gemma3(model):  # Gemma 3: model/gemma3.py
-        return gemma3.train_hidden(model, input_ids)
+        return gemma3.train_hidden(model, input_ids, position_ids, segments)
     inner = model.model
     x = F.embedding(input_ids, inner.embed_tokens.weight, inner.embed_tokens.padding_idx)
-    cos, sin = _rope_tables(inner, input_ids.shape[1], x)
+    mask = None
+    if position_ids is None:
+        cos, sin = _rope_tables(inner, input_ids.shape[1], x)
+    else:
+        cos, sin = _rope_tables(inner, int(position_ids.max()) + 1, x)
+        cos, sin = cos[position_ids], sin[position_ids]  # [B, T, hd]
+    if segments is not None:
+        mask = prefix_shared_mask(segments)
+        if x.device.type == "cpu":  # additive, once for all layers (grouped_causal_attention)
+            mask = torch.zeros(mask.shape, device=x.device).masked_fill_(~mask, float("-inf"))
     # The module's gradient checkpointing (``model.gradient_checkpointing_enable()``; the trainer's
     # ``activation_checkpointing``): keep each layer's input only and recompute the layer in the backward.
     recompute = getattr(inner, "gradient_checkpointing", False) and torch.is_grad_enabled()
     for layer in inner.layers:
         if recompute:
-            x = checkpoint(_layer, x, layer, cos, sin, use_reentrant=False)
+            x = checkpoint(_layer, x, layer, cos, sin, mask, use_reentrant=False)
         else:
-            x = _layer(x, layer, cos, sin)
+            x = _layer(x, layer, cos, sin, mask)
     return cpu_kernels.train_rms_norm(x, inner.norm.weight, inner.norm.variance_epsilon)
 
 
-def _layer(x: torch.Tensor, layer, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return _mlp_block(_attention_block(x, layer, cos, sin), layer)
+def _layer(x: torch.Tensor, layer, cos: torch.Tensor, sin: torch.Tensor, mask=None) -> torch.Tensor:
+    return _mlp_block(_attention_block(x, layer, cos, sin, mask), layer)
 
 
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

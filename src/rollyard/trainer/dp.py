@@ -141,7 +141,7 @@ class RankTrainer(Trainer):
         counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), sum(1 for s in samples if s.completion_ids)],
                               dtype=torch.float64, device=self.device)
         dist.all_reduce(counts)
-        n_micro = len(self._pack([(s.prompt_ids, s.completion_ids) for s in samples]))
+        n_micro = len(self.micro_batches([samples[i] for i in self.trained_indices(samples)]))
         before, t0 = sent_bytes(), time.perf_counter()
         with fsdp.one_sync_per_step(self.model, self.units, max(n_micro, 1)) if self.units else contextlib.nullcontext():
             acc = super().accumulate_gradients(samples, old_logprobs, denominators=(int(counts[0]), int(counts[1])))
@@ -177,16 +177,22 @@ class RankTrainer(Trainer):
         return norm, skipped
 
 
+_COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions")
+
+
 def _reduce_metrics(acc: dict, device) -> None:
     """Sum (max for diff_max) the accumulators over ranks; gather the log ratios for the quantiles."""
     names = ["loss", "pg_loss", "kl_sum", "entropy_sum", "clipped", "capped", "diff_sum"]
     vec = torch.stack([acc[n].detach().double().reshape(()) for n in names]
                       + [torch.tensor(float(acc["micro_batches"]), dtype=torch.float64, device=device),
-                         torch.tensor(float(acc["packed_tokens"]), dtype=torch.float64, device=device)])
+                         torch.tensor(float(acc["packed_tokens"]), dtype=torch.float64, device=device)]
+                      + [torch.tensor(float(acc[n]), dtype=torch.float64, device=device) for n in _COUNTS])
     dist.all_reduce(vec)
     for i, n in enumerate(names):
         acc[n] = vec[i].float()
-    acc["micro_batches"], acc["packed_tokens"] = int(vec[-2]), int(vec[-1])
+    acc["micro_batches"], acc["packed_tokens"] = int(vec[len(names)]), int(vec[len(names) + 1])
+    for i, n in enumerate(_COUNTS):  # the skipped share (Trainer.moves_weights), summed over ranks
+        acc[n] = int(vec[len(names) + 2 + i])
     top = torch.stack([acc["diff_max"].detach().float().reshape(()),
                        torch.tensor(float(acc["want_kl"]), device=device)])
     dist.all_reduce(top, op=dist.ReduceOp.MAX)

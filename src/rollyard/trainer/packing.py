@@ -59,9 +59,12 @@ class MicroBatch:
     seq_index: torch.Tensor
     members: list[int]
     lengths: list[int]
+    segments: torch.Tensor | None = None  # [B, T] "shared" layout (prefix_shared): 0 prompt, k member k's suffix, -1 pad
 
     @property
     def layout(self) -> str:
+        if self.segments is not None:
+            return "shared"
         return "padded" if self.position_ids is None else "packed"
 
     @property
@@ -196,6 +199,109 @@ def _padded(sequences, members: list[int], pad_id: int = 0) -> MicroBatch:
         members=list(members),
         lengths=[len(sequences[i][1]) for i in members],
     )
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """Length of the longest token-for-token common prefix of ``prompts``."""
+    n = min(len(p) for p in prompts)
+    first = prompts[0]
+    for other in prompts[1:]:
+        k = 0
+        while k < n and other[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+def prompt_units(sequences, keys: list, max_tokens: int) -> list[tuple[int, list[int]]]:
+    """``(shared length S, member indices)`` per unit: the sequences of one key (a GRPO group) that share
+    their prompts' common prefix (``S >= 1`` tokens, token for token: multi-turn prompts that differ after
+    the first turn share only what is identical). A unit longer than ``max_tokens`` is cut into several,
+    each with its own copy of the prefix; sequences whose group shares nothing are units of their own
+    (``S`` = their prompt). Empty completions are left out."""
+    by_key: dict = {}
+    for i, (_, c) in enumerate(sequences):
+        if c:
+            by_key.setdefault(keys[i], []).append(i)
+    units = []
+    for members in by_key.values():
+        S = common_prefix([sequences[i][0] for i in members])
+        if S == 0 or len(members) == 1:
+            units += [(len(sequences[i][0]), [i]) for i in members]
+            continue
+        unit, size = [], S
+        for i in members:
+            n = len(_sequence(*sequences[i])) - S
+            if unit and size + n > max_tokens:
+                units.append((S, unit))
+                unit, size = [], S
+            unit.append(i)
+            size += n
+        units.append((S, unit))
+    return units
+
+
+def _unit_length(sequences, S: int, members: list[int]) -> int:
+    return S + sum(len(_sequence(*sequences[i])) - S for i in members)
+
+
+def _shared(sequences, units: list[tuple[int, list[int]]], pad_id: int = 0) -> MicroBatch:
+    """Rows ``[B, T]``, one unit each: the shared prefix once (positions 0..S-1), then each member's
+    suffix (its sequence after the prefix, positions S..); ``segments`` says which is which. A
+    member's completion token ``j`` is predicted at its sequence position ``len(prompt) - 1 + j``:
+    in the prefix (the last shared token, for the first completion token of a member whose prompt is
+    the prefix itself) or in its suffix."""
+    T = max(_unit_length(sequences, S, m) for S, m in units)
+    ids, pos, seg = [], [], []
+    rows: list[int] = []
+    targets: list[int] = []
+    seq_index: list[int] = []
+    members: list[int] = []
+    for b, (S, unit) in enumerate(units):
+        row_ids = list(sequences[unit[0]][0][:S])
+        row_pos, row_seg = list(range(S)), [0] * S
+        for k, i in enumerate(unit, start=1):
+            p, c = sequences[i]
+            seq = _sequence(p, c)
+            start = len(row_ids)  # where the suffix (sequence position S) lands in the row
+            row_ids += seq[S:]
+            row_pos += range(S, len(seq))
+            row_seg += [k] * (len(seq) - S)
+            for j in range(len(c)):
+                at = len(p) - 1 + j
+                rows.append(b * T + (at if at < S else start + at - S))
+            targets.extend(c)
+            seq_index.extend([len(members)] * len(c))
+            members.append(i)
+        pad = T - len(row_ids)
+        ids.append(row_ids + [pad_id] * pad)
+        pos.append(row_pos + [0] * pad)
+        seg.append(row_seg + [-1] * pad)
+    return MicroBatch(
+        input_ids=torch.tensor(ids, dtype=torch.long),
+        position_ids=torch.tensor(pos, dtype=torch.long),
+        rows=torch.tensor(rows, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        seq_index=torch.tensor(seq_index, dtype=torch.long),
+        members=members,
+        lengths=[len(sequences[i][1]) for i in members],
+        segments=torch.tensor(seg, dtype=torch.long),
+    )
+
+
+def prefix_shared(sequences: list[tuple[list[int], list[int]]], keys: list, max_tokens: int,
+                  attn_weight: float = 0.0, group_cost: float | None = None) -> list[MicroBatch]:
+    """Micro-batches in the ``shared`` layout: each row one group's prompt prefix followed by its members'
+    completions (:func:`prompt_units`; ``keys[i]``: sequence ``i``'s group, e.g. its request id), so the
+    prompt's positions are computed once per group; the rows are cut into micro-batches as padded rows
+    are (:func:`plan_padded_bins` over the units' lengths). The attention a row needs (each suffix sees
+    the prefix and itself, causally; ``rollyard.model.llama.prefix_shared_mask``) is a dense mask, so only
+    a forward that takes one (the fast Llama-family training forward) can run this layout."""
+    _check(sequences)
+    units = prompt_units(sequences, keys, max_tokens)
+    lengths = [_unit_length(sequences, S, m) for S, m in units]
+    return [_shared(sequences, [units[u] for u in group])
+            for group in plan_padded_bins(lengths, max_tokens, attn_weight, group_cost)]
 
 
 def _check(sequences) -> list[int]:

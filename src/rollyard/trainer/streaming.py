@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rollyard.trainer.trainer import Trainer, _quantiles
+from rollyard.trainer.trainer import Trainer, _quantiles, step_metrics
 from rollyard.types import Sample
 
 
@@ -56,24 +56,17 @@ class StreamingStep:
             t.optimizer.zero_grad(set_to_none=True)
             grad_norm = 0.0
         else:
+            if not any(a["micro_batches"] for a in accs):
+                t.zero_missing_grads()  # every sample skipped (zero advantage): the step still runs on zeros
             with torch.no_grad():
                 for p in t.params:
                     if p.grad is not None:
                         p.grad.div_(den)
             grad_norm, skipped = t._optimizer_step(total("loss") / den)  # clip, non-finite guard, step
-        n = max(tokens, 1)
         ratio = torch.cat([x for a in accs for x in a["log_ratio"]]).exp() if tokens else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
-        metrics = {
-            "loss": total("loss") / den, "pg_loss": total("pg_loss") / den, "grad_norm": grad_norm,
-            "clip_frac": total("clipped") / n, "entropy": total("entropy_sum") / n,
-            "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95,
-            "tis_capped_frac": total("capped") / n, "logprob_diff": total("diff_sum") / n,
-            "logprob_diff_max": max((float(a["diff_max"]) for a in accs), default=0.0),
-            "tokens": float(tokens), "packed_tokens": total("packed_tokens"), "micro_batches": total("micro_batches"),
-            "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total),
-        }
-        if accs and all(a["want_kl"] for a in accs):
-            metrics["kl"] = total("kl_sum") / n
+        metrics = {"loss": total("loss") / den, "pg_loss": total("pg_loss") / den, "grad_norm": grad_norm,
+                   "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95, **step_metrics(accs),
+                   "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total)}
         self.accs, self.groups = [], 0
         return metrics

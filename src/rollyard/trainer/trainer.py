@@ -49,7 +49,7 @@ from rollyard.model import llama as llama_forward
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer.adamw_bf16 import AdamWBf16
 from rollyard.trainer.numerics import SkipGuard
-from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan
+from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan, prefix_shared
 from rollyard.types import Sample
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -216,14 +216,17 @@ class Trainer:
     ``micro_batch_tokens`` bounds the packed row length of one forward/backward (a longer single
     sequence gets a micro-batch of its own); gradients accumulate over all micro-batches of a
     call, with loss denominators taken over the whole call, so the update does not depend on how
-    the batch was split.
+    the batch was split. Only useful work is computed: a sample that cannot move the weights
+    (:meth:`moves_weights`: advantage exactly 0 and no KL term) is left out of the forward/backward
+    (``skip_zero_advantage``), its tokens kept in the denominators.
     """
 
     def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
                  clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
                  max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto",
-                 activation_checkpointing=False, optimizer_state="fp32"):
+                 activation_checkpointing=False, optimizer_state="fp32", skip_zero_advantage=True,
+                 share_prompts=True):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
         if temperature <= 0:
@@ -248,6 +251,12 @@ class Trainer:
         self.clip_low, self.clip_high = clip_low, clip_high
         self.kl_coef = kl_coef
         self.tis_cap = tis_cap
+        # Leave samples that cannot move the weights out of the forward/backward (moves_weights); off only
+        # to measure or test against the unskipped step.
+        self.skip_zero_advantage = skip_zero_advantage
+        # Each group's prompt computed once in training and scoring (micro_batches); off only to measure or test.
+        self.share_prompts = share_prompts
+        self._said_unshared: dict[int, object] = {}
         if layout not in LAYOUTS:
             raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
         self.layout = layout
@@ -289,7 +298,9 @@ class Trainer:
         ids = mb.input_ids.to(self.device, non_blocking=True)
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
         with self._autocast():
-            if pos is None and self._use_fast(model):
+            if mb.segments is not None:  # prefix-shared rows (only planned for a model on the fast forward)
+                hidden = llama_forward.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True))
+            elif pos is None and self._use_fast(model):
                 hidden = llama_forward.train_hidden(model, ids)  # padded rows, Llama family: fewer ops
             else:
                 # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
@@ -319,6 +330,50 @@ class Trainer:
         layout = self.layout if self.packing else "padded"
         return plan(pairs, self.micro_batch_tokens, layout, self.attn_weight, self.group_cost)
 
+    def micro_batches(self, samples: list[Sample], model=None) -> list[MicroBatch]:
+        """``samples``' micro-batches for ``model`` (default: the policy): a group's prompt once, followed by
+        its completions (``packing.prefix_shared``; groups by ``request_id``), where the model runs on the fast
+        training forward and some group has several samples; else :meth:`_pack`'s unshared layouts."""
+        pairs = [(s.prompt_ids, s.completion_ids) for s in samples]
+        keys = [s.request_id for s in samples]
+        if self.share_prompts and self.layout == "auto" and len(set(keys)) < len(keys) and self._shares(model):
+            return prefix_shared(pairs, keys, self.micro_batch_tokens, self.attn_weight, self.group_cost)
+        return self._pack(pairs)
+
+    def _shares(self, model) -> bool:
+        """Whether ``model`` can take the prefix-shared layout (it needs the fast forward's attention mask);
+        a model on the HF fallback keeps the unshared packing, said once per model."""
+        model = self.model if model is None else model
+        if self._use_fast(model):
+            return True
+        if id(model) not in self._said_unshared:
+            self._said_unshared[id(model)] = model
+            why = ("trainer fast_forward=False" if not self.fast_forward
+                   else llama_forward.train_unsupported_reason(model) or "its output differs from the HF decoder's")
+            warnings.warn(f"{type(model).__name__}: each prompt is computed once per sample, not once per group "
+                          f"(prefix sharing needs the fast Llama-family training forward: {why})", stacklevel=3)
+        return False
+
+    def moves_weights(self, s: Sample) -> bool:
+        """Whether ``s`` can change the update: it has completion tokens, and a nonzero advantage or
+        a KL term. With ``kl_coef == 0`` (and the loss has no entropy term) a sample whose advantage is
+        exactly 0 contributes exactly 0 to every parameter's gradient (each token's surrogate is
+        ``-min(r * 0, clip(r) * 0) = 0``), so its forward and backward are left out; its tokens still
+        count in the loss denominators of the whole batch, so the update is unchanged."""
+        return bool(s.completion_ids) and (s.advantage != 0.0 or self.kl_coef > 0 or not self.skip_zero_advantage)
+
+    def trained_indices(self, samples: list[Sample]) -> list[int]:
+        """Indices of the samples the forward/backward computes (:meth:`moves_weights`)."""
+        return [i for i, s in enumerate(samples) if self.moves_weights(s)]
+
+    def zero_missing_grads(self) -> None:
+        """Give every trainable parameter a zero gradient where it has none: a step that computed nothing
+        (every sample skipped) still takes its optimizer step, as the unskipped step would on its exactly
+        zero gradient (AdamW's moments decay and move the weights)."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
     @torch.no_grad()
     def logprobs(self, samples: list[Sample], model=None) -> list[torch.Tensor]:
         """Per-sample completion-token logprobs (fp32, CPU) under ``log_softmax(logits / T)``.
@@ -328,7 +383,7 @@ class Trainer:
         """
         model = self.model if model is None else model
         out: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
-        for mb in self._pack([(s.prompt_ids, s.completion_ids) for s in samples]):
+        for mb in self.micro_batches(samples, model):
             lp, _ = self._forward(model, mb)
             for i, part in zip(mb.members, lp.float().cpu().split(mb.lengths)):
                 out[i] = part
@@ -368,20 +423,28 @@ class Trainer:
         num_seqs = sum(1 for s in samples if s.completion_ids)
         den_tokens, den_seqs = denominators if denominators is not None else (num_tokens, num_seqs)
         want_kl = self.kl_coef > 0 or (num_seqs > 0 and all(s.ref_logprobs is not None for s in samples if s.completion_ids))
+        # Only what moves the weights is computed (moves_weights); the denominators above stay the whole batch's.
+        trained = self.trained_indices(samples)
+        positions = [len(s.prompt_ids) + len(s.completion_ids) - 1 if s.completion_ids else 0 for s in samples]
         dev = self.device
         zero = torch.zeros((), device=dev)
         acc = {"loss": zero.clone(), "pg_loss": zero.clone(), "kl_sum": zero.clone(), "entropy_sum": zero.clone(),
                "clipped": zero.clone(), "capped": zero.clone(), "diff_sum": zero.clone(), "diff_max": zero.clone(),
                "log_ratio": [], "tokens": num_tokens, "seqs": num_seqs, "micro_batches": 0, "packed_tokens": 0,
-               "want_kl": want_kl}
-        for mb in self._pack([(s.prompt_ids, s.completion_ids) for s in samples]):
-            members = [samples[i] for i in mb.members]
+               "want_kl": want_kl,
+               # the computed share: diagnostics (entropy, logprob gap, KL) are means over the computed tokens
+               "computed_tokens": sum(sum(samples[i].loss_mask) for i in trained),
+               "skipped_seqs": num_seqs - len(trained),
+               "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained)}
+        for mb in self.micro_batches([samples[i] for i in trained]):
+            idx = [trained[k] for k in mb.members]  # into ``samples``
+            members = [samples[i] for i in idx]
             cat = lambda rows: torch.tensor([x for r in rows for x in r], dtype=torch.float32).to(dev, non_blocking=True)  # noqa: E731
             logp, ent = self._forward(self.model, mb, with_entropy=True)
             if old_logprobs is None:
                 old = logp.detach()  # single update per batch: pi_old is the current policy
             else:
-                old = torch.cat([old_logprobs[i].reshape(-1).float() for i in mb.members]).to(dev)
+                old = torch.cat([old_logprobs[i].reshape(-1).float() for i in idx]).to(dev)
             mu = cat(s.logprobs for s in members)
             adv = torch.tensor([s.advantage for s in members], dtype=torch.float32).repeat_interleave(
                 torch.tensor(mb.lengths)).to(dev, non_blocking=True)
@@ -434,33 +497,19 @@ class Trainer:
         """
         self.optimizer.zero_grad(set_to_none=True)
         acc = self.accumulate_gradients(samples, old_logprobs)
-        n = max(acc["tokens"], 1)
         skipped = False
         if acc["tokens"] == 0:
             grad_norm = 0.0  # nothing to learn from; leave the weights (and Adam's moments) alone
             self.optimizer.zero_grad(set_to_none=True)
         else:
+            if acc["micro_batches"] == 0:
+                self.zero_missing_grads()  # every sample skipped: the step on the zero gradient still runs
             grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
         ratio = torch.cat(acc["log_ratio"]).exp() if acc["log_ratio"] else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
-        metrics = {
-            "loss": float(acc["loss"]),
-            "pg_loss": float(acc["pg_loss"]),
-            "grad_norm": grad_norm,
-            "clip_frac": float(acc["clipped"]) / n,
-            "entropy": float(acc["entropy_sum"]) / n,
-            "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95,
-            "tis_capped_frac": float(acc["capped"]) / n,
-            "logprob_diff": float(acc["diff_sum"]) / n,
-            "logprob_diff_max": float(acc["diff_max"]),
-            "tokens": float(acc["tokens"]),
-            "packed_tokens": float(acc["packed_tokens"]),
-            "micro_batches": float(acc["micro_batches"]),
-            "skipped": float(skipped), "skipped_steps": float(self.skips.total),
-        }
-        if acc["want_kl"]:
-            metrics["kl"] = float(acc["kl_sum"]) / n
-        return metrics
+        return {"loss": float(acc["loss"]), "pg_loss": float(acc["pg_loss"]), "grad_norm": grad_norm,
+                "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95,
+                **step_metrics([acc]), "skipped": float(skipped), "skipped_steps": float(self.skips.total)}
 
     # -- supervised warm start --------------------------------------------------------------------
 
@@ -482,6 +531,30 @@ class Trainer:
         grad_norm = self._optimizer_step(float(total))[0] if num_tokens else 0.0
         return {"loss": float(total), "grad_norm": grad_norm, "tokens": float(num_tokens),
                 "micro_batches": float(len(mbs))}
+
+
+def step_metrics(accs: list[dict]) -> dict[str, float]:
+    """The counting metrics of one step from its accumulators (one per ``accumulate_gradients`` call).
+
+    ``clip_frac`` is over every loss token (a skipped sample's tokens are never clipped); ``entropy``,
+    ``tis_capped_frac``, ``logprob_diff`` and ``kl`` are means over the tokens the forward computed.
+    ``skipped_frac``: the share of the step's sequences left out of the forward/backward because they
+    cannot move the weights (:meth:`Trainer.moves_weights`); ``skipped_positions_frac``: their share of
+    the step's positions (``len(prompt) + len(completion) - 1`` per sequence, before any packing).
+    """
+    def total(key: str) -> float:
+        return float(sum(float(a[key]) for a in accs))
+
+    n, computed = max(total("tokens"), 1.0), max(total("computed_tokens"), 1.0)
+    out = {"clip_frac": total("clipped") / n, "entropy": total("entropy_sum") / computed,
+           "tis_capped_frac": total("capped") / computed, "logprob_diff": total("diff_sum") / computed,
+           "logprob_diff_max": max((float(a["diff_max"]) for a in accs), default=0.0),
+           "tokens": total("tokens"), "packed_tokens": total("packed_tokens"), "micro_batches": total("micro_batches"),
+           "skipped_frac": total("skipped_seqs") / max(total("seqs"), 1.0),
+           "skipped_positions_frac": total("skipped_positions") / max(total("positions"), 1.0)}
+    if accs and all(a["want_kl"] for a in accs):
+        out["kl"] = total("kl_sum") / computed
+    return out
 
 
 # bench/precision.py on this 2-core AVX512-BF16 CPU (30 layers, SmolLM2's 49152 vocabulary, one 32 x 64-token
@@ -512,7 +585,9 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
     t, a = cfg.trainer, cfg.algo
     return {"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
             "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
+            # greedy rollouts record full logprobs (top-k / top-p do not change an argmax): the trainer's too
             "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
             "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
             "max_skipped_steps": t.max_skipped_steps, "precision": t.precision,
-            "activation_checkpointing": t.activation_checkpointing, "optimizer_state": t.optimizer_state}
+            "activation_checkpointing": t.activation_checkpointing, "optimizer_state": t.optimizer_state,
+            "skip_zero_advantage": t.useful_work, "share_prompts": t.useful_work}
