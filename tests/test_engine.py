@@ -63,10 +63,16 @@ def _naive_greedy(model, prompt, max_new, eos):
 
 
 @torch.no_grad()
-def _recompute_logprobs(model, sample, T):
+def _recompute_logprobs(model, sample, T, top_p=1.0):
+    """log softmax(logits / T) of the completion tokens; top_p < 1: renormalised over the top-p support (the
+    smallest set of top tokens whose mass reaches top_p), the distribution the engine sampled from."""
     ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
-    logits = model(ids).logits[0, len(sample.prompt_ids) - 1:-1].float()
-    return torch.log_softmax(logits / T, -1).gather(1, torch.tensor(sample.completion_ids)[:, None]).squeeze(1)
+    logits = model(ids).logits[0, len(sample.prompt_ids) - 1:-1].float() / T
+    if top_p < 1.0:
+        p, order = torch.softmax(logits, -1).sort(-1, descending=True)
+        cut = (p.cumsum(-1) - p) >= top_p
+        logits = logits.scatter(-1, order, logits.gather(-1, order).masked_fill(cut, float("-inf")))
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(sample.completion_ids)[:, None]).squeeze(1)
 
 
 # --- fast forward vs the HF forward ------------------------------------------------------------
@@ -256,9 +262,9 @@ def test_sampling_logprobs_match_full_forward(temperature, top_p):
     T = temperature or 1.0
     for s in samples:
         assert len(s.logprobs) == len(s.completion_ids) == 15
-        ref = _recompute_logprobs(model, s, T)
+        ref = _recompute_logprobs(model, s, T, top_p if temperature else 1.0)
         err = (torch.tensor(s.logprobs) - ref).abs().max().item()
-        assert err < 1e-4, f"sampling-time logprobs of {s.id} differ from log_softmax(logits/T) by {err:.2e}"
+        assert err < 1e-4, f"sampling-time logprobs of {s.id} differ from the sampled distribution's by {err:.2e}"
 
 
 

@@ -76,6 +76,24 @@ def gap(model, samples) -> float:
     return worst
 
 
+@pytest.mark.parametrize("top_p, top_k", [(0.9, 0), (1.0, 20)])
+def test_top_p_and_top_k_logprobs_are_the_truncated_distributions_the_trainers(setup, top_p, top_k):
+    """vLLM's processed logprobs at top_p < 1 / top_k: the trainer's, over the same support (algo/support.py)."""
+    from rollyard.trainer.trainer import Trainer
+
+    model, tok, engine = setup
+    engine.top_p, engine.top_k = top_p, top_k  # what VllmEngine(top_p=, top_k=) sets; the module's one engine
+    try:
+        out, _ = engine.generate([Request(f"p{i}", tok(f"{i}+{i}=")["input_ids"], n=4, max_new_tokens=8)
+                                  for i in range(3)])
+    finally:
+        engine.top_p, engine.top_k = 1.0, 0
+    trainer = Trainer(copy.deepcopy(model), micro_batch_tokens=4096, top_p=top_p, top_k=top_k)
+    d = torch.cat([(torch.tensor(s.logprobs) - lp).abs() for s, lp in zip(out, trainer.logprobs(out))])
+    assert d.max().item() < GAP, d.max().item()  # kernels' rounding (measured in the module docstring's range)
+    assert gap(model, out) > 1e-2  # against the full distribution: the bias the support removes
+
+
 def perturbed(model, scale=0.02, seed=0):
     out = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
@@ -212,7 +230,6 @@ ARGS = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.p
 
 @pytest.mark.parametrize("override,words", [
     pytest.param("model.name=tiny", "head_dim 24 is not supported by vLLM's CPU attention", marks=CPU_ONLY),
-    ("rollout.top_p=0.9", "set rollout.top_p=1.0"),
     ("rollout.vllm.seed=3", "rollout.vllm.seed conflicts"),
     ("rollout.vllm.max_num_seq=3", "did you mean max_num_seqs"),
     pytest.param("rollout.vllm.block_size=16", "multiple of 32", marks=CPU_ONLY),

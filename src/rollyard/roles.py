@@ -144,11 +144,11 @@ def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None 
     if r.backend == "vllm":
         from rollyard.rollout.vllm import VllmEngine
         return VllmEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
-                          temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
+                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_concurrent=r.max_concurrent,
                           max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
                           version=version, options=r.vllm)
     return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
-                         temperature=r.temperature, top_p=r.top_p, max_concurrent=r.max_concurrent,
+                         temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_concurrent=r.max_concurrent,
                          max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
                          version=version)
 

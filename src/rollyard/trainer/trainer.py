@@ -42,6 +42,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
+from rollyard.algo import support
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
 from rollyard.config import RunConfig
 from rollyard.model import gemm as cpu_gemm
@@ -64,6 +65,8 @@ def chunked_token_logprobs(
     chunk: int = 1024,
     softcap: float | None = None,
     with_entropy: bool = False,
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log_softmax(lm_head(hidden) / temperature)[i, targets[i]]`` for ``hidden [N, H]``.
 
@@ -81,6 +84,8 @@ def chunked_token_logprobs(
             logits = torch.tanh(logits / softcap) * softcap
         if temperature != 1.0:
             logits = logits / temperature
+        if support.active(top_p, top_k):  # the support the rollout sampled from, renormalised (algo/support.py)
+            logits = support.restrict(logits, top_p, top_k, y)
         logz = torch.logsumexp(logits, dim=-1)
         lp = logits.gather(-1, y[:, None]).squeeze(-1) - logz
         ent = None
@@ -225,7 +230,7 @@ class Trainer:
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
                  clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
                  max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto",
-                 activation_checkpointing=False, optimizer_state="fp32", skip_zero_advantage=True,
+                 activation_checkpointing=False, optimizer_state="fp32", top_p=1.0, top_k=0, skip_zero_advantage=True,
                  share_prompts=True):
         if loss_agg not in ("token-mean", "seq-mean"):
             raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
@@ -245,7 +250,7 @@ class Trainer:
         self.precision = auto_precision(model, self.device) if precision == "auto" else precision
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
-        self.temperature = temperature
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.logprob_chunk = logprob_chunk
         self.loss_agg = loss_agg
         self.clip_low, self.clip_high = clip_low, clip_high
@@ -309,7 +314,7 @@ class Trainer:
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.rows.to(self.device, non_blocking=True))
             return chunked_token_logprobs(
                 hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
-                temperature=self.temperature, chunk=self.logprob_chunk,
+                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, chunk=self.logprob_chunk,
                 softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
 
     def _use_fast(self, model) -> bool:
@@ -585,6 +590,9 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
     t, a = cfg.trainer, cfg.algo
     return {"lr": t.lr, "weight_decay": t.weight_decay, "max_grad_norm": t.max_grad_norm,
             "micro_batch_tokens": t.micro_batch_tokens, "temperature": cfg.rollout.temperature or 1.0,
+            # greedy rollouts record full logprobs (top-k / top-p do not change an argmax): the trainer's too
+            "top_p": cfg.rollout.top_p if cfg.rollout.temperature else 1.0,
+            "top_k": cfg.rollout.top_k if cfg.rollout.temperature else 0,
             # greedy rollouts record full logprobs (top-k / top-p do not change an argmax): the trainer's too
             "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
             "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
