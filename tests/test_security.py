@@ -109,3 +109,115 @@ def test_a_full_tmpfs_at_a_checkpoint_is_one_line_and_resume_continues(tmp_path,
         _full_disk_line_then_resume(capsys, run, filler.unlink)
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# ------------------------------------------------------------------ nothing listens beyond the machine
+class _Listening:
+    """Every listening TCP socket of this process's tree (itself, its children and theirs), sampled every
+    0.1 s from a thread while a run goes on: ``(address, port, process name)``."""
+
+    def __init__(self):
+        import threading
+        self.seen: set[tuple[str, int, str]] = set()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        import psutil
+        me = psutil.Process()
+        while not self.done.is_set():
+            tree = {me.pid}
+            try:
+                tree |= {c.pid for c in me.children(recursive=True)}
+            except psutil.Error:
+                pass
+            for c in psutil.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN and c.pid in tree:
+                    try:
+                        name = psutil.Process(c.pid).name()
+                    except psutil.Error:
+                        name = "?"
+                    self.seen.add((c.laddr.ip, c.laddr.port, name))
+            self.done.wait(0.1)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+
+def _beyond_loopback(seen) -> list:
+    import ipaddress
+    def loopback(ip: str) -> bool:
+        ip = ip.removeprefix("::ffff:")
+        return ipaddress.ip_address(ip).is_loopback
+    return sorted(s for s in seen if not loopback(s[0]))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 and not Path("/proc/net/tcp").exists(), reason="needs /proc/net/tcp")
+def test_a_dp2_run_listens_on_loopback_only(tmp_path):
+    with _Listening() as probe:
+        assert main(["train", *TINY, "steps=1", "trainer.dp=2", "trainer.micro_batch_tokens=64",
+                     f"out_dir={tmp_path / 'run'}"]) == 0
+    assert probe.seen, "the probe saw no listening socket at all: it cannot have seen the dp store"
+    assert _beyond_loopback(probe.seen) == [], _beyond_loopback(probe.seen)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_an_async_run_listens_on_loopback_only(tmp_path):
+    """The run's own Ray session (GCS, raylet, agents, workers: children of this process), the trainer's
+    sync store and gloo: everything the run listens on, sampled while it runs."""
+    with _Listening() as probe:
+        assert main(["train", *TINY, "steps=2", "placement=async", "sync.transport=dist",
+                     f"out_dir={tmp_path / 'run'}"]) == 0
+    names = {s[2] for s in probe.seen}
+    assert "gcs_server" in names and "raylet" in names, names  # the probe saw Ray's own services
+    assert _beyond_loopback(probe.seen) == [], _beyond_loopback(probe.seen)
+
+
+def _machine_addresses() -> list[str]:
+    import ipaddress
+
+    import psutil
+    return [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family.name == "AF_INET" and not ipaddress.ip_address(a.address).is_loopback]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_the_gcs_refuses_a_wrong_or_missing_token_and_the_network():
+    """What the probe did from outside (a client that knows the GCS address) is refused: by the network
+    (nothing listens on the machine's addresses) and by Ray's token check (wrong or no token on loopback)."""
+    import socket
+
+    import grpc
+    import ray
+    try:
+        from ray._raylet import AuthenticationTokenLoader  # noqa: F401 - only whether this Ray has token auth
+    except ImportError:
+        pytest.skip(f"Ray {ray.__version__} has no token authentication (the GCS is on loopback only)")
+    from ray.core.generated import gcs_service_pb2 as pb
+    from ray.core.generated import gcs_service_pb2_grpc as pbg
+
+    gcs = ray.get_runtime_context().gcs_address
+    host, port = gcs.rsplit(":", 1)
+    assert host == "127.0.0.1", gcs
+    for ip in _machine_addresses():
+        with pytest.raises(ConnectionRefusedError), socket.create_connection((ip, int(port)), timeout=5):
+            pass
+    stub = pbg.InternalKVGcsServiceStub(grpc.insecure_channel(gcs))
+
+    def keys(token: str | None):
+        md = [("authorization", f"Bearer {token}")] if token is not None else []
+        return stub.InternalKVKeys(pb.InternalKVKeysRequest(prefix=b""), metadata=md, timeout=20)
+
+    for token in ("0" * 64, None):
+        with pytest.raises(grpc.RpcError) as refused:
+            keys(token)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
+    assert keys(os.environ["RAY_AUTH_TOKEN"]).status.code == 0  # the run's own token: the probe reaches the GCS

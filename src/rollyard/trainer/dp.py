@@ -46,6 +46,7 @@ from torch.distributed.tensor import DTensor
 from rollyard import checkpoint
 from rollyard.config import ConfigError, RunConfig
 from rollyard.model.loading import policy
+from rollyard.sync.group import admit, listening_store, new_secret, open_to
 from rollyard.telemetry import rundir
 from rollyard.trainer import fsdp
 from rollyard.trainer.trainer import Trainer, trainer_kwargs
@@ -254,28 +255,31 @@ def _receive(payloads: list | None = None):
 
 
 def _host_store(k: int) -> dist.TCPStore:
-    """Rank 0's rendezvous store, listening from now on a port the OS picked: a port found free and
-    closed again until the ranks start can be taken meanwhile (EADDRINUSE; Ray's sockets take ports
-    from the same range)."""
-    return dist.TCPStore("127.0.0.1", 0, k, True, timeout=timedelta(minutes=10), wait_for_workers=False)
+    """Rank 0's rendezvous store, listening from now on a port the OS picked (a port found free and
+    closed again until the ranks start can be taken meanwhile: EADDRINUSE), on 127.0.0.1 only (the
+    ranks are this machine's processes; sync/group.py: TCPStore alone would listen on every interface)."""
+    return listening_store("127.0.0.1", k, timedelta(minutes=10))
 
 
-def _join_group(rank: int, k: int, port: int, device: str, store: dist.TCPStore | None = None) -> None:
+def _join_group(rank: int, k: int, port: int, device: str, store: dist.Store | None = None,
+                secret: str = "") -> None:
+    """Join the dp group; every key lives under the run's ``secret`` (checked first by ranks 1..k-1)."""
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     if store is None:  # ranks 1..k-1 join rank 0's store
-        store = dist.TCPStore("127.0.0.1", port, k, False, timeout=timedelta(minutes=10))
+        store = admit(dist.TCPStore("127.0.0.1", port, k, False, timeout=timedelta(minutes=10)), secret,
+                      f"127.0.0.1:{port}")
     dist.init_process_group(backend, store=store, rank=rank, world_size=k, timeout=timedelta(minutes=10))
 
 
-def _join_watching(procs: list, store: dist.TCPStore, device: str) -> None:
+def _join_watching(procs: list, store: dist.Store, port: int, device: str) -> None:
     """Rank 0 joins the group; a rank that dies before joining is an error now, not a 10-minute hang."""
     joined: list[BaseException | None] = []
 
     def join() -> None:
         try:
-            _join_group(0, len(procs) + 1, store.port, device, store)
+            _join_group(0, len(procs) + 1, port, device, store)
             joined.append(None)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
             joined.append(e)
@@ -298,7 +302,7 @@ def _in_collective(e: BaseException) -> bool:
         "torch/distributed" in f.filename.replace(os.sep, "/") for f in traceback.extract_tb(e.__traceback__))
 
 
-def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None:
+def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str, secret: str) -> None:
     """A spawned rank (1..k-1): join the group, build the policy, serve rank 0's commands until 'stop'.
 
     It never prints a traceback: a collective that fails because a peer died exits quietly (rank 0
@@ -309,7 +313,7 @@ def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str) -> None
         torch.set_num_threads(max(1, available_ranks("cpu") // k))
         cfg = RunConfig.model_validate(cfg_data)
         dev = f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
-        _join_group(rank, k, port, device)
+        _join_group(rank, k, port, device, secret=secret)
         model, _, _ = policy(cfg, dev)
         me = Rank(cfg, model, dev)
         while True:
@@ -386,13 +390,14 @@ class DataParallelTrainer:
         self.run_dir = Path(cfg.out_dir)
         self.model, self.device = model, device
         self.store = _host_store(self.k)
-        port = self.store.port
+        port, secret = self.store.port, new_secret()  # the secret goes to the ranks by spawn's pipe, not argv
+        scoped = open_to(self.store, secret)
         ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=rank_main, args=(r, self.k, port, cfg.model_dump(), device), daemon=True,
-                                  name=f"rollyard-dp-rank{r}") for r in range(1, self.k)]
+        self.procs = [ctx.Process(target=rank_main, args=(r, self.k, port, cfg.model_dump(), device, secret),
+                                  daemon=True, name=f"rollyard-dp-rank{r}") for r in range(1, self.k)]
         for p in self.procs:
             p.start()
-        _join_watching(self.procs, self.store, device)
+        _join_watching(self.procs, scoped, port, device)
         self.rank = Rank(cfg, model, device)
         self.optimizer = _Optimizer(self)
         self.pending_optimizer: list | None = None
