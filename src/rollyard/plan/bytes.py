@@ -18,7 +18,20 @@ from dataclasses import asdict, dataclass
 
 from rollyard.plan import mechanisms as M
 from rollyard.plan import tools as plan_tools
-from rollyard.plan.inputs import CPU_SYNC, CROSS_NODE_FIXED_S, GPU_PAUSE_S, GPU_SYNC, NVLINK_CLASS_BW, PlanInputs
+from rollyard.plan.inputs import (
+    CPU_SYNC,
+    CROSS_NODE_FIXED_S,
+    FLOOR_MECHANISMS,
+    GPU_PAUSE_S,
+    GPU_SYNC,
+    MISC_TENSORS_PER_LAYER,
+    MISC_TENSORS_PER_MODEL,
+    NVLINK_CLASS_BW,
+    PCIE5_X16_BW,
+    ZSTD1_DECODE_BW,
+    ZSTD1_ENCODE_BW,
+    PlanInputs,
+)
 from rollyard.telemetry import rundir
 
 GB = 1e9
@@ -133,15 +146,34 @@ def sync_costs(p: PlanInputs) -> SyncCosts:
         src = f"measured on a CPU for backend {backend} (inputs.CPU_SYNC)"
     else:
         rule = receiver(p)
-        defaults = {**GPU_SYNC[rule], **({"pause_s": GPU_PAUSE_S[ro.backend]} if rule in ("load_weights", "copy") else {})}
+        paused = rule in ("load_weights", "direct_write", "receiver_reshard", "copy")
+        defaults = {**GPU_SYNC[rule], **({"pause_s": GPU_PAUSE_S[ro.backend]} if paused else {})}
         src = f"GPU: receiver {rule} (inputs.GPU_SYNC; pause of {ro.backend}), rates = rollout.mem_bandwidth"
-        if not within_node(p):
+        floor = has_floor(p, rule)
+        if floor:
             defaults = {**defaults, "fixed_s": CROSS_NODE_FIXED_S}
-        src += f"; fixed {'0 (within a node)' if within_node(p) else f'{CROSS_NODE_FIXED_S:.2f} s (between nodes)'}"
+        src += (f"; fixed {CROSS_NODE_FIXED_S:.2f} s (between nodes, {rule})" if floor else
+                f"; fixed 0 ({'within a node' if within_node(p) else f'{rule} publishes no floor'})")
     base["fixed_s"] = 0.0
     pick = {k: getattr(s, k) if getattr(s, k) is not None else defaults.get(k, v) for k, v in base.items()}
     whole = s.reload_whole_model if s.reload_whole_model is not None else ro.backend == "vllm"
     return SyncCosts(**pick, reload_whole_model=whole, source=src)
+
+
+def has_floor(p: PlanInputs, rule: str, tier: str | None = None) -> bool:
+    """The cross-node control floor applies: a GPU sync between nodes whose mechanism has one
+    (``inputs.FLOOR_MECHANISMS``: the anchor it comes from measured that mechanism)."""
+    return p.rollout.device == "gpu" and rule in FLOOR_MECHANISMS and not within_node(p, tier)
+
+
+def misc_tensors(p: PlanInputs) -> tuple[float, str]:
+    """Tensors that ride load_weights under direct writes, and where the count comes from."""
+    if p.sync.misc_tensors is not None:
+        return float(p.sync.misc_tensors), "sync.misc_tensors"
+    if p.policy.layers is not None:
+        n = p.policy.layers * MISC_TENSORS_PER_LAYER + MISC_TENSORS_PER_MODEL
+        return float(min(n, p.policy.weight_tensors)), f"policy.layers x {MISC_TENSORS_PER_LAYER} + {MISC_TENSORS_PER_MODEL}"
+    return float(p.policy.weight_tensors), "every tensor (policy.layers not given)"
 
 
 def within_node(p: PlanInputs, tier: str | None = None) -> bool:
@@ -175,22 +207,59 @@ def _sync(p: PlanInputs, b: StepBytes, mode: str, link_bw: float, links: int) ->
     compare = M.delta_compare_s(b.full_sync, gpus_t, c.cast_bw) if mode == "delta" else 0.0
     synced_params = {"full": pol.params, "delta": pol.params * pol.delta_fraction,
                      "lora": pol.params * pol.lora_fraction}[mode]
-    # RDMA writes land in the engine's weights: no copy on the receiver; the sender reshards every tensor
-    # of its pipeline stage into the receivers' layout, whatever share of the bytes each stream carries.
-    p2p = receiver(p) == "rdma_write"
-    # Control once per update: the plan's figure, else the GPU default for the link priced (CROSS_NODE_FIXED_S
-    # between nodes, none within one).
+    rule = receiver(p) if p.rollout.device == "gpu" else "copy" if p.rollout.backend != "vllm" else "load_weights"
+    # Control once per update: the plan's figure, else the GPU default where the mechanism has a floor and the
+    # link priced crosses nodes (CROSS_NODE_FIXED_S; colocated prices an infinite link), none otherwise.
+    crosses = not (p.placement == "colocated" or link_bw >= NVLINK_CLASS_BW)
     fixed = c.fixed_s if p.sync.fixed_s is not None or p.rollout.device == "cpu" else (
-        0.0 if p.placement == "colocated" or link_bw >= NVLINK_CLASS_BW else CROSS_NODE_FIXED_S)
+        CROSS_NODE_FIXED_S if rule in FLOOR_MECHANISMS and crosses else 0.0)
+    nbytes, tensors = b.sync(mode), sync_tensors(p, mode)
+    load_t = pol.weight_tensors if c.reload_whole_model else tensors
+    load_b = b.full_sync if c.reload_whole_model else nbytes
+    engine, sender = _mechanism_terms(p, rule, c, nbytes, tensors, load_t, load_b)
+    wire = None
+    if rule == "direct_write":  # the bulk shard to shard, the misc broadcast whole to every GPU
+        bulk = M.bulk_fraction(pol.active_params is not None and pol.active_params < pol.params) * nbytes
+        wire = M.direct_write_wire_s(bulk, nbytes - bulk, links, link_bw)
+    # A compressed path's producers are the trainer ranks (NeMo-RL: every policy rank owns export chunks); each
+    # receiving replica decodes every payload in one stream.
+    producers = gpus_t
+    codec = M.codec_terms(nbytes, producers, 1, ZSTD1_ENCODE_BW, ZSTD1_DECODE_BW) if p.sync.codec == "zstd1" else (0.0, 0.0)
+    trips = M.round_trips_s(M.buckets_of(nbytes, p.sync.bucket_bytes), producers, p.sync.round_trip_s)
     return M.sync_time(
-        b.sync(mode), link_bw=link_bw, links=links, gather_bw=p.tiers()[p.network.gather_link], load_bw=c.load_bw,
+        nbytes, link_bw=link_bw, links=links, gather_bw=p.tiers()[p.network.gather_link], load_bw=c.load_bw,
         receivers=p.rollout.tp, fixed_s=fixed, pause_s=c.pause_s, compare_s=compare,
-        tensors=sync_tensors(p, mode), load_tensors=pol.weight_tensors if c.reload_whole_model else None,
-        load_bytes=0.0 if p2p else (b.full_sync if c.reload_whole_model else None), send_per_tensor_s=c.send_per_tensor_s,
-        load_per_tensor_s=c.load_per_tensor_s, per_bucket_s=c.per_bucket_s, bucket_bytes=p.sync.bucket_bytes,
-        shards=p.trainer.dp if p.trainer.sharding == "fsdp" else 1, params=synced_params,
+        tensors=tensors, per_bucket_s=c.per_bucket_s, bucket_bytes=p.sync.bucket_bytes,
+        # direct writes send each rank's local shard: nothing is gathered into whole tensors first
+        shards=p.trainer.dp if p.trainer.sharding == "fsdp" and rule != "direct_write" else 1, params=synced_params,
         source_bpp=p.sync.source_bytes_per_param or pol.bytes_per_param, dest_bpp=pol.bytes_per_param,
-        cast_bw=c.cast_bw, overlap=p.sync.bucket_overlap, send_streams=p.trainer.pp if p2p else None)
+        cast_bw=c.cast_bw, overlap=p.sync.bucket_overlap, engine_terms=engine, sender_terms=sender, codec=codec,
+        round_trip_s=trips, mechanism=rule, wire_s=wire)
+
+
+def _mechanism_terms(p: PlanInputs, rule: str, c: SyncCosts, nbytes: float, tensors: float, load_tensors: float,
+                     load_bytes: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """(engine per-tensor s, engine byte s), (sender per-tensor s per stream, sender staging s) of one update
+    under the receive mechanism ``rule``, each from its own rule in ``mechanisms``."""
+    tp, links = p.rollout.tp, p.network.senders or p.rollout.tp
+    send = (tensors / links * c.send_per_tensor_s, 0.0)  # a stated per-tensor sender cost, split over the streams
+    if rule == "rdma_pinned":
+        # Each pipeline stage's sources reshard that stage's tensors; a source serves ceil(tp / sources) of the
+        # engine's TP layouts (each its own CPU reshard), staging each layout's shard to pinned host memory.
+        pp = p.trainer.pp
+        sources = max(1, (p.trainer.gpus or p.trainer.dp) // pp)
+        layouts = math.ceil(tp / min(sources, tp))
+        host = p.sync.host_bw or PCIE5_X16_BW
+        return (0.0, 0.0), M.pinned_rdma_terms(tensors / pp, nbytes / pp / tp, layouts, c.send_per_tensor_s, host)
+    if rule == "direct_write":
+        misc, _ = misc_tensors(p)
+        pol = p.policy
+        bulk = M.bulk_fraction(pol.active_params is not None and pol.active_params < pol.params) * load_bytes
+        return M.direct_write_terms(min(misc, load_tensors), bulk, load_bytes - bulk, tp, c.load_per_tensor_s,
+                                    c.load_bw), send
+    if rule == "receiver_reshard":
+        return M.receiver_reshard_terms(load_tensors, load_bytes, tp, c.load_per_tensor_s, c.load_bw), send
+    return M.load_weights_terms(load_tensors, load_bytes, tp, c.load_per_tensor_s, c.load_bw), send
 
 
 def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rollyard.plan import mechanisms as M
-from rollyard.plan.inputs import PlanError, PlanInputs
+from rollyard.plan.inputs import STEP_OVERHEAD_S, PlanError, PlanInputs
 
 
 def active_params(p: PlanInputs) -> float:
@@ -55,11 +55,14 @@ def mean_bounds(p: PlanInputs) -> list[tuple[str, float]]:
     ph, tr, ro = p.phases, p.trainer, p.rollout
     seqs, fpt = sequences(p), 2 * active_params(p)
     tg, rg = ph.gpus or trainer_gpus(p), ph.gpus or ro.gpus
+    # Positions the trainer computes (train_tokens): the prompt per sample or once per group; a train step
+    # computes the share of samples it does not skip (so its FLOPs per sequence are k x fpt x that share).
+    prompt = ro.prompt_tokens * (ro.prompts / seqs if tr.prefix_shared else 1.0)
+    kept = 1.0 - tr.zero_advantage_share
     measured = [("phases.rollout_s", ph.rollout_s, 1, rg, ro.peak_flops or tr.peak_flops, 0.0),
-                ("phases.reference_s", ph.reference_s if ph.use_reference else None, 1, tg, tr.peak_flops,
-                 ro.prompt_tokens),
-                ("phases.train_s", ph.train_s, 3, tg, tr.peak_flops, ro.prompt_tokens)]
-    measured += [(f"phases.train_s_measured[{g}]", t, 3, g, tr.peak_flops, ro.prompt_tokens)
+                ("phases.reference_s", ph.reference_s if ph.use_reference else None, 1, tg, tr.peak_flops, prompt),
+                ("phases.train_s", ph.train_s, 3 * kept, tg, tr.peak_flops, prompt)]
+    measured += [(f"phases.train_s_measured[{g}]", t, 3 * kept, g, tr.peak_flops, prompt)
                  for g, t in sorted(ph.train_s_measured.items())]
     return [(f"{what} = {t:g} s on {g} GPUs at {peak:.3g} FLOP/s", M.tokens_at_peak(t, g, peak, k * fpt) / seqs - prompt)
             for what, t, k, g, peak, prompt in measured if t]
@@ -95,6 +98,15 @@ def longest(p: PlanInputs, lengths: list[int] | None = None) -> float:
                               cap=p.tail.max_tokens, lengths=lengths)
 
 
+def step_overhead(p: PlanInputs) -> float:
+    """The engine's work per decode step: the plan's figure, else the backend's published one on a GPU
+    (``inputs.STEP_OVERHEAD_S``), 0 on a CPU."""
+    ro = p.rollout
+    if ro.step_overhead_s is not None:
+        return ro.step_overhead_s
+    return STEP_OVERHEAD_S[ro.backend] if ro.device == "gpu" else 0.0
+
+
 def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.Decode:
     ro = p.rollout
     # Measured lengths may hold empty responses; a decode of zero mean tokens has nothing to price.
@@ -103,7 +115,7 @@ def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.D
                             longest=longest(p, lengths), concurrency=ro.concurrency, weight_bytes=weight_bytes(p),
                             kv_bytes_per_token=ro.kv_bytes_per_token, prompt_tokens=ro.prompt_tokens,
                             mem_bw=ro.mem_bandwidth, flops_per_token=2 * active_params(p),
-                            peak_flops=ro.peak_flops or p.trainer.peak_flops, step_overhead_s=ro.step_overhead_s)
+                            peak_flops=ro.peak_flops or p.trainer.peak_flops, step_overhead_s=step_overhead(p))
 
 
 SCHEDULES = {"round": M.round_steps, "continuous": M.continuous_steps, "balanced": M.balanced_steps}
@@ -152,9 +164,14 @@ def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, balanced: b
     return p.phases.rollout_s * model / den if den > 0 else p.phases.rollout_s
 
 
-def train_tokens(p: PlanInputs) -> float:
-    """Tokens the trainer processes per step: prompt + response for every sample."""
-    return sequences(p) * (p.rollout.prompt_tokens + p.rollout.avg_tokens)
+def train_tokens(p: PlanInputs, skipping: bool = True) -> float:
+    """Positions the trainer computes per step: every sample's response, and each prompt once per group
+    (``trainer.prefix_shared``) or once per sample; ``skipping``: less the samples it leaves out
+    (``trainer.zero_advantage_share``; a reference or old-logprob forward scores every sample)."""
+    t, ro = p.trainer, p.rollout
+    prompts = ro.prompts if t.prefix_shared else sequences(p)
+    kept = 1.0 - t.zero_advantage_share if skipping else 1.0
+    return kept * (prompts * ro.prompt_tokens + sequences(p) * ro.avg_tokens)
 
 
 def trainer_flops(p: PlanInputs) -> float:
@@ -163,10 +180,11 @@ def trainer_flops(p: PlanInputs) -> float:
     return t.flops_per_gpu if t.flops_per_gpu is not None else t.peak_flops * t.mfu
 
 
-def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int) -> float:
+def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int,
+                  skipping: bool = True) -> float:
     if given is not None:  # measured on phases.gpus: Amdahl's law to this pool
         return M.amdahl_s(given, p.phases.gpus or trainer_gpus(p), gpus, p.trainer.serial_fraction)
-    return flops_per_token_param * active_params(p) * train_tokens(p) / (trainer_flops(p) * gpus)
+    return flops_per_token_param * active_params(p) * train_tokens(p, skipping) / (trainer_flops(p) * gpus)
 
 
 def train_s(p: PlanInputs, gpus: int) -> float:
@@ -198,7 +216,7 @@ def reference_s(p: PlanInputs, gpus: int) -> float:
     """Reference (or old-logprob) forward on ``gpus`` GPUs (2 x P_active x tokens FLOPs); 0 when unused."""
     if not p.phases.use_reference:
         return 0.0
-    return _flop_seconds(p, 2, p.phases.reference_s, gpus)
+    return _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False)
 
 
 def reward_on_rollout_side(p: PlanInputs) -> float:

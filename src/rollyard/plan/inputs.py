@@ -59,20 +59,44 @@ LOAD_WEIGHTS_PER_TENSOR_S = 127e-6  # SGLang load_weights per tensor on H100: th
 # rebuild 5 + load_weights 12 + close 0.2 ms) of ~157 tensors (Qwen3-30B-A3B: 18,867 tensors in ~120 buckets)
 VLLM_PAUSE_S = 0.14  # vLLM's native update lifecycle (pause -> start_weight_update -> finish -> resume):
 # huggingface/trl PR #5892, Qwen3-0.6B whole sync 0.18 s on H100, less its 310 tensors x 127 us and 1.5 GB of wire
+# Each receive mechanism's own rule (plan/mechanisms.py: load_weights_terms, direct_write_terms,
+# receiver_reshard_terms, pinned_rdma_terms); these are its software constants on a GPU (issue 48; rules
+# written 2026-11-27). A mechanism prices only the terms it has: no per-tensor receiver cost where the bytes
+# land in place, no fixed floor where none is published for it.
 GPU_SYNC: dict[str, dict[str, float]] = {
     # load_weights per tensor: name resolution, the weight loader slicing its TP/EP shard, a copy launch
     "load_weights": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    # direct writes (NeMo-RL nccl_reshard: bulk FFN/expert shards received in place): only the misc tensors
+    # (attention, norms, router, embeddings) ride load_weights, at its per-tensor cost
+    "direct_write": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    # a reshard on the receiver (a broadcast of whole tensors): load_weights per tensor, and the read of the
+    # whole tensor for its slice (mechanisms.receiver_reshard_terms)
+    "receiver_reshard": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
     # rollyard's native engine: a name lookup and one copy_ per tensor; the Python work per tensor that
     # bench/sync.py --terms measured on a CPU (CPU_SYNC native), which a GPU host's driver process runs too
     "copy": {"load_per_tensor_s": CPU_SYNC["native"]["load_per_tensor_s"], "pause_s": CPU_SYNC["native"]["pause_s"]},
-    # RDMA writes into the engine's preallocated, registered weight buffers: nothing runs per tensor on the
-    # receiver, but the sender reshards every tensor into the receiver's layout with the engine's own weight
-    # loader (miles p2p: a CPU replica of the SGLang model "provides the correct weight_loader functions to
-    # re-shard"), so load_weights' per-tensor cost moves to the sending stream
-    "rdma_write": {"send_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    # RDMA from pinned host memory (miles P2P, checkpoint-engine P2P): nothing runs per tensor on the receiver;
+    # the sender reshards each tensor on the CPU with the engine's own weight loader (miles p2p: a CPU replica
+    # of the SGLang model "provides the correct weight_loader functions to re-shard"), so load_weights'
+    # per-tensor cost moves to the sending stream, once per receiver layout it serves
+    "rdma_pinned": {"send_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
     # the transfer alone (a benchmark that stops at the receiving buffer): no software term
     "none": {},
 }
+# Mechanisms that pay the cross-node control floor (CROSS_NODE_FIXED_S): the one NeMo-RL's anchor measured,
+# a collective of whole tensors into load_weights. Direct writes and P2P publish no floor of their own.
+FLOOR_MECHANISMS: tuple[str, ...] = ("load_weights", "receiver_reshard")
+# Tensors per transformer layer that ride load_weights under direct writes (NeMo-RL's misc path): Qwen3's
+# q, k, v, o, q_norm, k_norm, two layer norms and the MoE router (Hugging Face names), + 3 per model
+# (embedding, final norm, lm_head) in MISC_TENSORS_PER_MODEL.
+MISC_TENSORS_PER_LAYER, MISC_TENSORS_PER_MODEL = 9, 3
+# Device -> pinned host memory: PCIe Gen5 x16, 32 GT/s x 16 lanes = 64 GB/s per direction (PCI-SIG; the
+# H100 SXM's host link), the staging rate of RDMA from host memory.
+PCIE5_X16_BW = 64e9
+# A compressed payload (a sparse refit: NeMo-RL applies zstd level 1 to every payload): zstd 1.5.6 -1 on
+# one core, 510 MB/s compress, 1580 MB/s decompress (facebook.github.io/zstd benchmark table, Core i7-9700K,
+# Silesia; read 2026-11-27).
+ZSTD1_ENCODE_BW, ZSTD1_DECODE_BW = 510e6, 1580e6
 # The engine's pause and resume around an update, by backend (a receiver that pauses an engine):
 # vLLM's from TRL; SGLang's is not published (miles and slime time their updates after pause_generation
 # returns), so it is not priced; rollyard's native engine pauses at a step boundary (CPU_SYNC).
@@ -88,11 +112,19 @@ NVLINK_CLASS_BW = 200e9
 
 # Amdahl's serial fraction of an RL trainer's step (trainer.serial_fraction): how a trainer time measured on one
 # pool size scales to another. verl's own figures are far from time x GPUs constant (docs/advance/fully_async.md,
-# Qwen2.5-Math-7B DAPO on H20, FSDP2, the fully_async_policy rows' update_actor: 269.80 s on 16 trainer GPUs,
-# 156.98 s on 32, 113.16 s on 64). Least squares of t = a + b / g over those three rows: a = 56.75 s, b = 3380
-# GPU-seconds, each row within 4%; the serial fraction is a / (a + b) = 0.0165. docs/calibration.md marks the
-# verl rows in sample (same table, same system).
-TRAINER_SERIAL_FRACTION = 0.0165
+# Qwen2.5-Math-7B DAPO on H20, FSDP2, the fully_async_policy rows' update_actor as corrected after 2025-12 (read
+# 2026-11-27 at volcengine/verl b178a3cd): 313.81 s on 16 trainer GPUs, 156.98 s on 32, 113.16 s on 64). Least
+# squares of t = a + b / g over those three rows: a = 34.74 s, b = 4386 GPU-seconds (rows at 0.98 / 1.09 / 0.91 of
+# the fit); the serial fraction is a / (a + b) = 0.0079. (Fitted 2026-11-27, issue 48; before, 0.0165 from the
+# table's earlier 269.80 s for 16:16, which the table now gives to colocate sync on 32.) docs/calibration.md marks
+# the verl rows in sample (same table, same system).
+TRAINER_SERIAL_FRACTION = 0.0079
+# The engine's fixed work per decode step (rollout.step_overhead_s) when no round is measured, per backend:
+# vLLM's from a published single-request decode: Llama-3.1-8B fp16 on one H100-80GB-HBM3, vLLM 0.21.0, TPOT p50
+# 6.48 ms at concurrency 1 (yobitelcomm.github.io/bench recipes/concurrency-sweep, read 2026-11-27), less its
+# roofline, the weight read 16.06e9 B / 3.35e12 B/s = 4.79 ms: 1.69 ms. SGLang's is not published (0); the
+# native engine's is not measured on a GPU (0). Written 2026-11-27 (issue 48).
+STEP_OVERHEAD_S: dict[str, float] = {"vllm": 6.48e-3 - 16.06e9 / 3.35e12, "sglang": 0.0, "native": 0.0}
 
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
@@ -151,15 +183,17 @@ class TrainerSection(Section):
     peak_flops: float = Field(989e12, gt=0, le=1e17, description="dense bf16 peak FLOP/s per trainer GPU [FLOP/s]; 989e12 = H100 SXM (NVIDIA datasheet); H20 1.48e14, H200 989e12, B200 2.25e15")
     mfu: float = Field(0.31, gt=0, le=1, description="model FLOPs utilization of the trainer [fraction]: 6 x P_active x tokens done per second over peak_flops; 0.31 = IBM fms-fsdp's FSDP training on 96 H100 (7B no AC 7,500, 13B selective AC 3,800, 34B full AC 1,550 tokens/s/GPU: 0.32, 0.30, 0.32 of 989 TFLOP/s)")
     flops_per_gpu: float | None = Field(None, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; null = peak_flops x mfu (3.07e14 on the defaults); a stated figure wins (e.g. one measured by --calibrate-from)")
-    serial_fraction: float = Field(TRAINER_SERIAL_FRACTION, ge=0, le=1, description="Amdahl's serial fraction of a trainer step [fraction]: the share of the one-GPU work more GPUs do not divide, so a train or reference time measured on m GPUs takes t x (s + (1-s)/g) / (s + (1-s)/m) on g; 0 = FLOP-bound (time x GPUs constant); 0.0165 = verl's fully-async trainer rows (update_actor 269.80 / 156.98 / 113.16 s on 16 / 32 / 64 H20, least squares; inputs.TRAINER_SERIAL_FRACTION)")
+    serial_fraction: float = Field(TRAINER_SERIAL_FRACTION, ge=0, le=1, description="Amdahl's serial fraction of a trainer step [fraction]: the share of the one-GPU work more GPUs do not divide, so a train or reference time measured on m GPUs takes t x (s + (1-s)/g) / (s + (1-s)/m) on g; 0 = FLOP-bound (time x GPUs constant); 0.0079 = verl's fully-async trainer rows (update_actor 313.81 / 156.98 / 113.16 s on 16 / 32 / 64 H20, least squares; inputs.TRAINER_SERIAL_FRACTION)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
-    pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_write); at most policy.layers (a stage holds >= 1 layer) and pp x tp and pp x ep at most the trainer's GPUs")
+    pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_pinned); at most policy.layers (a stage holds >= 1 layer) and pp x tp and pp x ep at most the trainer's GPUs")
     tp: int = Field(1, ge=1, le=MAX_GPUS, description="tensor-parallel width of the trainer [ranks] (Megatron TP): the GPUs of one pipeline stage that each hold 1/tp of every layer; pp x tp at most the trainer's GPUs")
     ep: int = Field(1, ge=1, le=MAX_GPUS, description="expert-parallel width of the trainer [ranks] (Megatron EP, carved from a stage's GPUs): the ranks one MoE layer's experts are spread over; pp x ep at most the trainer's GPUs")
     micro_batch_tokens: int = Field(16384, ge=1, le=10**9, description="tokens per micro-batch per trainer GPU [tokens]: the activations held at once; 16384 = verl's ppo_max_token_len_per_gpu default")
     logits_tokens: int | None = Field(None, ge=1, le=10**9, description="tokens whose fp32 logits are held at once [tokens] (a chunked log-softmax: rollyard's trainer.logprob_chunk); null = micro_batch_tokens (whole micro-batch)")
     activation_checkpointing: bool = Field(True, description="recompute each layer in the backward pass: a layer keeps only its input (2 x hidden bytes per token) instead of ~34 x hidden (Korthikanti et al. 2022, bf16, flash attention)")
     sharding: Literal["ddp", "fsdp"] = Field("ddp", description="ddp: every rank holds all training state and ring-all-reduces gradients (the runbook); fsdp: state sharded over dp ranks, gradients reduce-scattered and parameters all-gathered twice per step (forward, backward)")
+    prefix_shared: bool = Field(False, description="the trainer computes each group's prompt once, followed by its samples' responses (rollyard's trainer.useful_work, its default, on a Llama-family model: prefix-shared attention), so a step's positions are prompts x prompt_tokens + sequences x avg_tokens; false (the runbook's model, and most trainers'): every sample carries its prompt, sequences x (prompt_tokens + avg_tokens); a plan of a rollyard run sets true (review's run-implied plan reads it from the run)")
+    zero_advantage_share: float = Field(0.0, ge=0, lt=1, description="expected share of samples whose advantage is exactly 0 (groups whose rewards are all equal: TRL's frac_reward_zero_std) that the trainer leaves out of the forward/backward (rollyard's trainer.useful_work with no KL term) [fraction]; 0 = every sample computed (the conservative default; keep 0 with a KL term, which needs every sample); a run's mean train/skipped_frac measures it")
 
 
 class RolloutSection(Section):
@@ -175,7 +209,7 @@ class RolloutSection(Section):
     mem_bandwidth: float = Field(3.35e12, gt=0, description="HBM bandwidth per GPU [bytes/s]; 3.35e12 = H100 SXM (NVIDIA datasheet); 4.0e12 = H20; 4.8e12 = H200")
     concurrency: int = Field(256, ge=1, le=10**9, description="most sequences decoded at once per engine replica [count] (KV-cache slots); one weight read per decode step is shared by those in flight")
     peak_flops: float | None = Field(None, gt=0, le=1e17, description="dense bf16 peak FLOP/s per rollout GPU [FLOP/s]: a decode step takes the slower of its HBM reads and 2 x P_active FLOPs per sequence in flight at this peak (past ~peak/mem_bandwidth FLOPs per weight byte the batch is compute-bound); null = trainer.peak_flops (the same GPUs)")
-    step_overhead_s: float = Field(0.0, ge=0, le=10, description="the engine's fixed work per decode step [s] (scheduling, sampling, kernel launches; the tail of a synchronous round pays it once per token of its longest response); 0 = not priced (no published figure for vLLM or SGLang); a given phases.rollout_s sets it from the measured round instead")
+    step_overhead_s: float | None = Field(None, ge=0, le=10, description="the engine's fixed work per decode step [s] (scheduling, sampling, kernel launches; the tail of a synchronous round pays it once per token of its longest response); null = the backend's published figure on a GPU (inputs.STEP_OVERHEAD_S: vLLM 1.69 ms from a single-request TPOT on H100, SGLang and native 0: not published) and 0 on a CPU; a given phases.rollout_s sets it from the measured round instead")
     kv_bytes_per_token: float = Field(196608, ge=0, le=1e9, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
     bytes_per_decoded_token: float | None = Field(None, gt=0, le=1e15, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
 
@@ -185,11 +219,15 @@ class SyncSection(Section):
     per_hour: float = Field(60, gt=0, le=1e6, description="weight syncs per hour [1/h]; with every_steps it also sets the stated step cadence for per-hour figures; runbook: 60")
     every_steps: int = Field(1, ge=1, le=MAX_STEPS, description="optimizer steps between weight syncs [steps]")
     staleness_bound: int = Field(1, ge=0, le=MAX_STEPS, description="largest allowed (trainer version - sample version) [steps]; 0 = on-policy (a barrier every step)")
-    fixed_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: metadata gather, process-group setup, the control calls around a transfer; null = the GPU default: 0.54 s for a sync that crosses nodes (inputs.CROSS_NODE_FIXED_S, from NeMo-RL's refit anchor), 0 within a node (colocated, or a sync link of 200 GB/s or more) and on a CPU")
-    receiver: Literal["auto", "load_weights", "copy", "rdma_write", "none"] = Field("auto", description="what the receiving engine does with each tensor, which sets the GPU defaults of the software terms (inputs.GPU_SYNC): load_weights (vLLM/SGLang: name resolution, reshard, copy per tensor), copy (rollyard's native engine), rdma_write (writes into preallocated registered buffers: the reshard moves to the sender), none (the transfer alone); auto = load_weights for vllm and sglang, copy for native")
+    fixed_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: metadata gather, process-group setup, the control calls around a transfer; null = the GPU default: 0.54 s for a load_weights or receiver_reshard sync that crosses nodes (inputs.CROSS_NODE_FIXED_S, from NeMo-RL's refit anchor of that mechanism), 0 for direct_write and rdma_pinned (none published), 0 within a node (colocated, or a sync link of 200 GB/s or more) and on a CPU")
+    receiver: Literal["auto", "load_weights", "direct_write", "receiver_reshard", "rdma_pinned", "copy", "none"] = Field("auto", description="how the receiving engine takes the update, each priced by its own rule (plan/mechanisms.py; constants inputs.GPU_SYNC): load_weights (vLLM/SGLang: load_weights per tensor + its shard copied), direct_write (NeMo-RL nccl_reshard: bulk shards written into the engine's buffers, only sync.misc_tensors through load_weights), receiver_reshard (a broadcast of whole tensors: each GPU reads all and keeps its slice), rdma_pinned (P2P: RDMA writes from pinned host memory, the sender stages to the host and reshards per tensor on the CPU for each peer layout; nothing on the receiver), copy (rollyard's native engine), none (the transfer alone); auto = load_weights for vllm and sglang, copy for native")
+    misc_tensors: int | None = Field(None, ge=0, le=10**8, description="tensors that still go through load_weights under sync.receiver = direct_write [count] (attention, norms, router, embeddings, lm_head); null = policy.layers x 9 + 3 (Qwen3's names), or every weight tensor when policy.layers is not given")
+    host_bw: float | None = Field(None, gt=0, le=1e15, description="device -> pinned host memory per sending GPU [bytes/s], the staging of sync.receiver = rdma_pinned; null = 64e9 (PCIe Gen5 x16 per direction)")
+    codec: Literal["none", "zstd1"] = Field("none", description="compression of every payload (a sparse refit): zstd1 = zstd level 1, encoded by each sending stream at 510 MB/s and decoded by each receiving replica at 1580 MB/s (zstd's published single-core figures); none = raw bytes")
+    round_trip_s: float = Field(0.0, ge=0, le=1e3, description="a request/acknowledge round trip each sending stream waits for per payload (sync.bucket_bytes) [s]: an object store's PUT and the receivers' GET (AWS S3: 100-200 ms first-byte latency), a relay's acknowledgement; 0 = a collective (no per-payload round trip)")
     pause_s: float | None = Field(None, ge=0, le=1e6, description="once per sync [s]: the engine's pause before the load and resume after it; null = the backend's default (rollout.backend, rollout.device; GPU: vLLM 0.14 s from TRL, SGLang not published: 0)")
-    send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part, a reshard into the receiver's layout; null = the default for sync.receiver (GPU: rdma_write 127 us, else 0)")
-    load_per_tensor_s: float | None = Field(None, ge=0, le=10, description="engine side, per tensor each receiving GPU loads [s]: load_weights' name resolution, the weight loader slicing its shard, a copy launch; null = the default for sync.receiver (GPU: load_weights 127 us, copy 34 us, rdma_write and none 0)")
+    send_per_tensor_s: float | None = Field(None, ge=0, le=10, description="trainer side, per tensor a sending stream handles [s]: name/metadata, serialization, an IPC handle, the checksum's per-tensor part, a reshard into the receiver's layout; null = the default for sync.receiver (GPU: rdma_pinned 127 us per tensor per peer layout, else 0)")
+    load_per_tensor_s: float | None = Field(None, ge=0, le=10, description="engine side, per tensor each receiving GPU loads [s]: load_weights' name resolution, the weight loader slicing its shard, a copy launch; null = the default for sync.receiver (GPU: load_weights, direct_write (its misc tensors) and receiver_reshard 127 us, copy 34 us, rdma_pinned and none 0)")
     per_bucket_s: float | None = Field(None, ge=0, le=1e3, description="per bucket, a handshake every side waits for [s]: a collective launch and synchronize, the bucket's metadata message or IPC handle, the receiver's reply; null = the backend's default (0 on a GPU)")
     bucket_bytes: float = Field(1e9, gt=0, le=1e15, description="bytes per bucket a sending stream cuts the update into [bytes]; 1e9: vLLM's packed weight transfer (1 GiB), slime/miles --update-weight-buffer-size 0.5-1 GB")
     source_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per parameter of the trainer's weights a sync reads [bytes] (4 = fp32 master weights cast to the rollout dtype); null = policy.bytes_per_param (a plain copy)")

@@ -295,21 +295,31 @@ class SyncTime:
     buckets: int  # buckets per stream
     tensors: float  # tensors the update carries
     overlap: bool
+    stage_s: float = 0.0  # trainer: device -> pinned host staging (P2P from host memory)
+    encode_s: float = 0.0  # trainer: a compressed payload's encode (sparse refit)
+    decode_s: float = 0.0  # engine: the payload's decode
+    round_trip_s: float = 0.0  # serial: request/acknowledge round trips per payload
+    mechanism: str = "load_weights"  # the receive path priced (RECEIVE_WORDS)
 
     @property
     def trainer_s(self) -> float:
-        return self.gather_s + self.cast_s + self.send_tensor_s
+        return self.gather_s + self.cast_s + self.send_tensor_s + self.stage_s + self.encode_s
 
     @property
     def engine_s(self) -> float:
-        return self.load_tensor_s + self.copy_s
+        return self.load_tensor_s + self.copy_s + self.decode_s
+
+    @property
+    def words(self) -> str:
+        """The receive mechanism, in words."""
+        return RECEIVE_WORDS.get(self.mechanism, self.mechanism)
 
     @property
     def moving_s(self) -> float:
         """The three sides over the buckets, pipelined (slowest side + fill/drain) or added, plus the
         per-bucket handshakes."""
         sides = (self.trainer_s, self.wire_s, self.engine_s)
-        return (pipelined_s(sides, self.buckets) if self.overlap else sum(sides)) + self.bucket_s
+        return (pipelined_s(sides, self.buckets) if self.overlap else sum(sides)) + self.bucket_s + self.round_trip_s
 
     @property
     def total(self) -> float:
@@ -317,7 +327,7 @@ class SyncTime:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "trainer_s": self.trainer_s, "engine_s": self.engine_s,
-                "moving_s": self.moving_s, "total": self.total}
+                "moving_s": self.moving_s, "total": self.total, "mechanism_words": self.words}
 
 
 def pipelined_s(stages: tuple[float, ...], buckets: int) -> float:
@@ -358,12 +368,105 @@ def copy_s(nbytes: float, receivers: int, load_bw: float) -> float:
     return 2 * nbytes / (receivers * load_bw)
 
 
+# ---- the receive path: one rule per mechanism (issue 48) ----
+#
+# What an update costs on the receiving side depends on how the engine takes it, not on one constant per
+# tensor. Each rule below prices (per-tensor seconds, byte seconds) for one receiving GPU, or, for P2P, the
+# sending stream that took the receiver's work over. ``RECEIVE_WORDS`` says each in words for the plan's output.
+
+RECEIVE_WORDS = {
+    "load_weights": "the engine's load_weights per tensor (name lookup, weight loader slices its shard, copy)",
+    "direct_write": "bulk bytes written straight into the engine's buffers; only the misc tensors go through "
+                    "load_weights",
+    "receiver_reshard": "every receiving GPU takes whole tensors and reshards them (reads all, keeps its slice)",
+    "rdma_pinned": "RDMA writes from pinned host memory: the sender reshards each tensor on the CPU into a host "
+                   "replica of every peer layout it serves; nothing runs on the receiver",
+    "copy": "rollyard's native engine: a name lookup and one copy per tensor",
+    "none": "the transfer alone (no engine)",
+}
+
+
+def load_weights_terms(tensors: float, nbytes: float, receivers: int, per_tensor_s: float,
+                       copy_bw: float) -> tuple[float, float]:
+    """load_weights (and rollyard's copy): every tensor each receiving GPU loads pays the per-tensor cost,
+    and its 1/receivers share of the bytes is copied into the weights (one read + one write)."""
+    return tensors * per_tensor_s, copy_s(nbytes, receivers, copy_bw)
+
+
+def direct_write_terms(misc_tensors: float, bulk_bytes: float, misc_bytes: float, receivers: int,
+                       per_tensor_s: float, copy_bw: float) -> tuple[float, float]:
+    """Direct writes (NeMo-RL's NCCL reshard refit): the bulk (FFN/expert) bytes are received shard to shard
+    into the engine's storage and fused slices copied back once (one read + one write of the GPU's share);
+    the misc tensors (attention, norms, router, embeddings) arrive whole by broadcast and ride load_weights:
+    ``misc_tensors`` x the per-tensor cost, and a reshard pass over ``misc_bytes`` (``receiver_reshard_terms``)."""
+    misc_t, misc_copy = receiver_reshard_terms(misc_tensors, misc_bytes, receivers, per_tensor_s, copy_bw)
+    return misc_t, copy_s(bulk_bytes, receivers, copy_bw) + misc_copy
+
+
+def direct_write_wire_s(bulk_bytes: float, misc_bytes: float, links: int, link_bw: float) -> float:
+    """The wire of a direct-write update per receiving GPU: its share of the bulk over ``links`` streams, plus
+    the whole misc broadcast on its own link (every generation rank takes every misc tensor)."""
+    return bulk_bytes / (links * link_bw) + misc_bytes / link_bw
+
+
+def bulk_fraction(moe: bool) -> float:
+    """Share of a model's bytes in its FFN/expert weights (the direct-write bulk path). MoE: 0.975, NeMo-RL's
+    profiling ("the MoE FFN layers account for 97%-98% of the model weights", nccl-reshard-refit.md). Dense:
+    2/3, a SwiGLU FFN of width 8h/3 (3 x h x 8h/3 = 8h^2 per layer) against attention's 4h^2 (embeddings
+    left out)."""
+    return 0.975 if moe else 2 / 3
+
+
+def receiver_reshard_terms(tensors: float, nbytes: float, receivers: int, per_tensor_s: float,
+                           copy_bw: float) -> tuple[float, float]:
+    """A reshard on the receiver: a broadcast hands every receiving GPU each whole tensor; its loader reads
+    all of it and writes its 1/receivers slice: ``(nbytes + nbytes / receivers) / copy_bw``, plus the
+    per-tensor loader cost for every tensor."""
+    if receivers < 1:
+        raise ValueError(f"a reshard needs >= 1 receiving GPUs, got {receivers}")
+    return tensors * per_tensor_s, (nbytes + nbytes / receivers) / copy_bw
+
+
+def pinned_rdma_terms(stage_tensors: float, shard_bytes: float, layouts: int, per_tensor_s: float,
+                      host_bw: float) -> tuple[float, float]:
+    """RDMA from pinned host memory (P2P; miles, checkpoint-engine P2P): a sending stream serves ``layouts``
+    distinct receiver layouts (the peers' TP ranks it writes, at least 1); for each it reshards every tensor of
+    its pipeline stage on the CPU with the engine's weight loader (``stage_tensors`` x ``per_tensor_s``) into a
+    pinned host replica of that rank, copying the rank's ``shard_bytes`` device -> host at ``host_bw``; the
+    RDMA writes then go from there. Returns (CPU reshard seconds, staging seconds), both on the sender."""
+    if layouts < 1 or not host_bw > 0:
+        raise ValueError(f"pinned RDMA needs >= 1 layouts and a host link > 0 bytes/s, got {layouts}, {host_bw}")
+    return stage_tensors * layouts * per_tensor_s, shard_bytes * layouts / host_bw
+
+
+def codec_terms(nbytes: float, producers: int, receivers: int, encode_bw: float,
+                decode_bw: float) -> tuple[float, float]:
+    """A compressed payload (a sparse refit's zstd): each producer encodes its 1/producers share at
+    ``encode_bw``; each receiving node decodes every payload at ``decode_bw`` (it applies the whole update),
+    spread over its ``receivers`` GPUs' host threads. Returns (encode seconds, decode seconds)."""
+    if producers < 1 or receivers < 1 or not (encode_bw > 0 and decode_bw > 0):
+        raise ValueError(f"codec needs producers, receivers >= 1 and rates > 0, got {producers}, {receivers}, "
+                         f"{encode_bw}, {decode_bw}")
+    return nbytes / producers / encode_bw, nbytes / receivers / decode_bw
+
+
+def round_trips_s(payloads: float, producers: int, rtt_s: float) -> float:
+    """Requests a producer waits on, one after another: ``ceil(payloads / producers)`` round trips of
+    ``rtt_s`` (an object store's PUT and the receivers' GET, a relay's acknowledgement)."""
+    if producers < 1:
+        raise ValueError(f"round trips need >= 1 producers, got {producers}")
+    return math.ceil(payloads / producers) * rtt_s if payloads > 0 else 0.0
+
+
 def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, load_bw: float, receivers: int,
               fixed_s: float = 0.0, pause_s: float = 0.0, compare_s: float = 0.0, tensors: float = 0.0,
               load_tensors: float | None = None, load_bytes: float | None = None, send_per_tensor_s: float = 0.0,
               load_per_tensor_s: float = 0.0, per_bucket_s: float = 0.0, bucket_bytes: float = math.inf,
               shards: int = 1, params: float = 0.0, source_bpp: float = 0.0, dest_bpp: float = 0.0,
-              cast_bw: float = math.inf, overlap: bool = True, send_streams: int | None = None) -> SyncTime:
+              cast_bw: float = math.inf, overlap: bool = True, send_streams: int | None = None,
+              engine_terms: tuple[float, float] | None = None, sender_terms: tuple[float, float] | None = None,
+              codec: tuple[float, float] = (0.0, 0.0), round_trip_s: float = 0.0,
+              mechanism: str = "load_weights", wire_s: float | None = None) -> SyncTime:
     """Seconds to move one sync of ``nbytes`` (``tensors`` tensors) from the trainer into a rollout
     replica, term by term (the rule above):
 
@@ -377,7 +480,12 @@ def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, lo
     - engine side per receiving GPU: ``load_tensors`` (default: the update's tensors) x
       ``load_per_tensor_s`` and ``copy_s`` of ``load_bytes`` (default: ``nbytes``); an engine that
       reloads its whole model on every update loads more than the update carries;
-    - once: ``fixed_s``, ``pause_s``, ``compare_s``.
+    - once: ``fixed_s``, ``pause_s``, ``compare_s``;
+    - a receive mechanism's own rule (``load_weights_terms`` and its siblings) replaces the engine side with
+      ``engine_terms`` (per-tensor s, byte s) and adds ``sender_terms`` (per-tensor s, staging s) to each
+      sending stream; ``codec`` (encode s per producer, decode s per receiver) and ``round_trip_s`` (serial)
+      price a compressed, request/acknowledge path (a sparse refit); ``wire_s`` replaces the link term where
+      the mechanism moves other bytes than ``nbytes / links`` per stream (``direct_write_wire_s``).
     """
     for name, v in (("link_bw", link_bw), ("gather_bw", gather_bw), ("load_bw", load_bw), ("cast_bw", cast_bw)):
         if not v > 0:
@@ -387,14 +495,17 @@ def sync_time(nbytes: float, *, link_bw: float, links: int, gather_bw: float, lo
     buckets = buckets_of(nbytes, bucket_bytes, links)
     load_tensors = tensors if load_tensors is None else load_tensors
     load_bytes = nbytes if load_bytes is None else load_bytes
+    load_t, copy_t = engine_terms or (load_tensors * load_per_tensor_s, copy_s(load_bytes, receivers, load_bw))
+    send_t, stage_t = sender_terms or (tensors / (send_streams or links) * send_per_tensor_s, 0.0)
     return SyncTime(
         fixed_s=fixed_s, pause_s=pause_s, compare_s=compare_s,
         gather_s=gather_s(nbytes, shards, links, gather_bw),
         cast_s=cast_s(params, source_bpp, dest_bpp, links, cast_bw),
-        send_tensor_s=tensors / (send_streams or links) * send_per_tensor_s, bucket_s=buckets * per_bucket_s,
-        wire_s=nbytes / (links * link_bw),
-        load_tensor_s=load_tensors * load_per_tensor_s, copy_s=copy_s(load_bytes, receivers, load_bw),
-        buckets=buckets, tensors=tensors, overlap=overlap)
+        send_tensor_s=send_t, bucket_s=buckets * per_bucket_s,
+        wire_s=nbytes / (links * link_bw) if wire_s is None else wire_s,
+        load_tensor_s=load_t, copy_s=copy_t,
+        buckets=buckets, tensors=tensors, overlap=overlap, stage_s=stage_t, encode_s=codec[0], decode_s=codec[1],
+        round_trip_s=round_trip_s, mechanism=mechanism)
 
 
 def delta_compare_s(full_bytes: float, trainer_gpus: int, mem_bw: float) -> float:

@@ -241,9 +241,26 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
         tail = replace(tail, step_speedup=sims[dec.placement].period_s / run_sim(p, with_tail, dec.placement, sync_s).period_s)
     mem, findings = memory_findings(p, dec.placement)
     findings = [mean_note, *findings] if mean_note else findings
+    stated = stated_phases_note(p, ph, lengths)
+    findings = [stated, *findings] if stated else findings
     detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
     return Plan(p, b, hourly, times, ph, dec, B.edges(p, b, dec.placement, dec.sync_mode), sims,
                 rate_match(p, ph, equal), budget, tail, equal, detail, mem, findings, plan_tools.price(p))
+
+
+def stated_phases_note(p: PlanInputs, ph: Phases, lengths: list[int] | None) -> str | None:
+    """The finding that says the placement speed-ups rest on stated (modelled) phases, naming each one and
+    the rule it came from; None when every GPU phase the speed-ups price is measured (phases.rollout_s,
+    phases.train_s, and phases.reference_s when a reference runs)."""
+    ps = p.phases
+    missing = [("rollout", ps.rollout_s is None and not lengths), ("train", ps.train_s is None and not ps.train_s_measured),
+               ("reference", ps.use_reference and ps.reference_s is None)]
+    named = [f"{role} ({ph.source.get(role, 'estimated')})" for role, gone in missing if gone]
+    if not named:
+        return None
+    return ("the placement speed-ups rest on stated, not measured, phases: " + "; ".join(named)
+            + "; give phases.rollout_s, phases.train_s (and phases.reference_s) measured on phases.gpus to price "
+              "them from measurements")
 
 
 def _mode(p: PlanInputs, b: B.StepBytes, ph: Phases) -> tuple[str, str]:

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollyard.plan import bytes as B
+from rollyard.plan.inputs import FLOOR_MECHANISMS
 from rollyard.plan.planner import Plan
 from rollyard.plan.simulate import timeline_text
 
@@ -60,7 +61,7 @@ def print_plan(plan: Plan, c: Console) -> None:
         mark = " (sync)" if name == p.network.sync_link else " (trainer)" if name == p.network.trainer_link else ""
         t.add_column(f"{name}{mark}\n{B.fmt_bytes(bw)}/s", justify="right")
     for mode in ("full", "delta", "lora"):
-        t.add_row(f"{mode} sync", *(B.fmt_seconds(plan.sync_times[mode][n]) for n in tiers))
+        t.add_row(f"{mode} sync ({B.receiver(p)})", *(B.fmt_seconds(plan.sync_times[mode][n]) for n in tiers))
     t.add_row("gradient all-reduce", *(B.fmt_seconds(b.gradient_per_rank / bw) for bw in tiers.values()))
     c.print(t)
 
@@ -173,16 +174,25 @@ def sync_lines(plan: Plan) -> list[str]:
              else f"{plan.decision.sync_mode} over {p.network.sync_link}")
     rule = (f"pipelined over {s.buckets} bucket(s) of {B.fmt_bytes(p.sync.bucket_bytes)}: slowest side + the "
             f"others' share of one bucket" if s.overlap else "not bucketed: the sides add")
+    m = s.mechanism
+    floor = "" if s.fixed_s else f" (none: {m} publishes no floor)" if B.receiver(p) not in FLOOR_MECHANISMS else ""
+    send_each = (f"{f(costs.send_per_tensor_s)} each, CPU reshard per peer layout" if m == "rdma_pinned"
+                 else f"{f(costs.send_per_tensor_s)} each")
+    load_what = {"direct_write": f"misc tensors only ({B.misc_tensors(p)[1]})",
+                 "rdma_pinned": "none: writes land in registered buffers"}.get(m, "every tensor loaded")
     return [
-        f"Sync ({where}; backend {p.rollout.backend} on {p.rollout.device}; {s.tensors:,.0f} tensors): "
-        f"{f(s.total)} = once [fixed {f(s.fixed_s)} + pause/resume {f(s.pause_s)} + compare {f(s.compare_s)}] + "
-        f"moving {f(s.moving_s)} ({rule}; + per-bucket handshakes)",
+        f"Sync ({where}; backend {p.rollout.backend} on {p.rollout.device}; {s.tensors:,.0f} tensors; receive path "
+        f"{m}: {s.words}): {f(s.total)} = once [fixed {f(s.fixed_s)}{floor} + pause/resume {f(s.pause_s)} + compare "
+        f"{f(s.compare_s)}] + moving {f(s.moving_s)} ({rule}; + per-bucket handshakes + round trips)",
         f"  trainer {f(s.trainer_s)} = gather {f(s.gather_s)} + cast/copy {f(s.cast_s)} + per tensor "
-        f"{f(s.send_tensor_s)} ({f(costs.send_per_tensor_s)} each)",
-        f"  wire {f(s.wire_s)}",
-        f"  engine {f(s.engine_s)} = load per tensor {f(s.load_tensor_s)} ({f(costs.load_per_tensor_s)} each"
-        + (", whole model reloaded" if costs.reload_whole_model else "") + f") + copy {f(s.copy_s)}",
-        f"  per bucket {f(s.bucket_s)} ({f(costs.per_bucket_s)} each, serial: every side waits)",
+        f"{f(s.send_tensor_s)} ({send_each}) + pinned-host staging {f(s.stage_s)} + encode {f(s.encode_s)} "
+        f"({p.sync.codec})",
+        f"  wire {f(s.wire_s)} ({'bulk shard to shard + misc broadcast whole' if m == 'direct_write' else 'bytes / streams'})",
+        f"  engine {f(s.engine_s)} [{m}] = load per tensor {f(s.load_tensor_s)} ({f(costs.load_per_tensor_s)} each, "
+        f"{load_what}" + (", whole model reloaded" if costs.reload_whole_model else "")
+        + f") + {'reshard pass' if m == 'receiver_reshard' else 'copy'} {f(s.copy_s)} + decode {f(s.decode_s)}",
+        f"  per bucket {f(s.bucket_s)} ({f(costs.per_bucket_s)} each, serial: every side waits); round trips "
+        f"{f(s.round_trip_s)} ({f(p.sync.round_trip_s)} per payload)",
         f"  defaults: {costs.source}",
     ]
 
