@@ -34,8 +34,8 @@ def tiny(tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("ROLLYARD_GGUF_CACHE", str(tmp_path_factory.mktemp("gguf-cache")))
     loaded, _ = load_policy(str(path))
+    yield model, tok, path, loaded.eval()
     mp.undo()
-    return model, tok, path, loaded.eval()
 
 
 def _ids(n: int, T: int, vocab: int, seed: int = 0) -> torch.Tensor:
@@ -47,11 +47,14 @@ def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def test_the_gguf_loads_back_as_a_gemma3_on_the_fast_path(tiny):
-    model, tok, _, loaded = tiny
+    model, tok, path, loaded = tiny
     cfg = loaded.config
     assert cfg.model_type == "gemma3_text" and cfg.sliding_window == WINDOW
     assert cfg.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
     assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()  # tied
+    _, ltok = load_policy(str(path))  # the cached conversion: the file's add_bos_token is kept (Gemma needs <bos>)
+    assert type(ltok).__name__ == "GemmaTokenizer" and ltok("4 - 1 =")["input_ids"][0] == ltok.bos_token_id
+    assert ltok.decode(ltok("4 - 1 =")["input_ids"], skip_special_tokens=True) == "4 - 1 ="
     ids = _ids(2, 12, cfg.vocab_size)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)  # F32 tensors, norms stored as 1 + w: bit-equal

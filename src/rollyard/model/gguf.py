@@ -107,12 +107,13 @@ def resolve(name: str) -> str:
     gguf = require_package("gguf", "gguf", f"model.name={src} (a GGUF file)")
     meta = read_metadata(src, gguf)
     check_readable(src, meta)
-    convert(src, out, meta["chat_template"])
+    convert(src, out, meta["chat_template"], bool(meta["add_bos_token"]))
     return str(out)
 
 
 def read_metadata(path: Path, gguf) -> dict:
-    """``{"architecture", "chat_template" (or None), "tensor_types": set of names}`` without reading tensors."""
+    """``{"architecture", "chat_template" (or None), "add_bos_token" (or None), "tensor_types": set of names}``
+    without reading tensors."""
     try:
         reader = gguf.GGUFReader(str(path))
     except (ValueError, OSError, IndexError) as e:  # truncated or damaged: numpy views past the end, bad header
@@ -124,6 +125,7 @@ def read_metadata(path: Path, gguf) -> dict:
         return None if f is None else f.contents()
 
     return {"architecture": field("general.architecture"), "chat_template": field("tokenizer.chat_template"),
+            "add_bos_token": field("tokenizer.ggml.add_bos_token"),
             "tensor_types": {t.tensor_type.name for t in reader.tensors}}
 
 
@@ -151,8 +153,10 @@ def check_readable(path: Path, meta: dict) -> None:
                           f"...); use a GGUF quantized as Q8_0, Q4_K or F16, or upgrade the gguf package")
 
 
-def convert(src: Path, out: Path, chat_template: str | None) -> None:
-    """Dequantize ``src`` through transformers into ``out`` (fp32 safetensors + tokenizer + chat template)."""
+def convert(src: Path, out: Path, chat_template: str | None, add_bos: bool = False) -> None:
+    """Dequantize ``src`` through transformers into ``out`` (fp32 safetensors + tokenizer + chat template).
+    ``add_bos``: the file's ``tokenizer.ggml.add_bos_token``, kept (transformers' GGUF tokenizer drops it, and
+    Gemma 3 without its ``<bos>`` generates noise)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -175,6 +179,8 @@ def convert(src: Path, out: Path, chat_template: str | None) -> None:
         del model.config.quantization_config
     if chat_template and not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = chat_template
+    if add_bos:
+        tokenizer.add_bos_token = True
     tmp.mkdir(parents=True)
     try:
         with contextlib.redirect_stderr(io.StringIO()):
