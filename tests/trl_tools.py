@@ -86,3 +86,35 @@ async def async_add(a: int, b: int) -> int:
     """
     await asyncio.sleep(0)
     return a + b
+
+
+class AdderEnv:
+    """An environment as TRL 1.18's environment_factory makes them: reset() with the row, a tool method returning an
+    int, and an async get_reward() read when the rollout ends (1 when the model called add(2, 3) once)."""
+
+    def __init__(self, start: int = 0):
+        self.start = start
+
+    def reset(self, **row) -> str | None:
+        self.calls = []
+        return None
+
+    def add(self, a: int, b: int) -> int:
+        """
+        Adds two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        self.calls.append((a, b))
+        return self.start + a + b
+
+    async def get_reward(self) -> float:
+        await asyncio.sleep(0)
+        return float(self.calls == [(2, 3)])
+
+
+def make_adder_env() -> AdderEnv:
+    """A factory function (TRL's environment_factory is any callable returning an environment)."""
+    return AdderEnv(start=0)

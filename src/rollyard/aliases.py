@@ -48,11 +48,14 @@ class Alias:
     rule: str  # "same value", the conversion, or why there is no equivalent
     convert: Callable[[Any, Ctx], dict[str, Any]] | None = None  # None: the value, unchanged, to to[0]
     ignored: bool = False  # memory / speed only: accepted with a note, nothing set
+    neutral: tuple = ()  # no equivalent, but these values change nothing (TRL's defaults): accepted, nothing set
 
     def apply(self, value: Any, ctx: Ctx) -> dict[str, Any]:
         if self.ignored:
             return {}
         if self.convert is None and not self.to:
+            if any(value == n and type(value) is not bool for n in self.neutral) or (value is None and None in self.neutral):
+                return {}
             raise NoEquivalent(f"no rollyard equivalent: {self.rule}")
         return self.convert(value, ctx) if self.convert else {self.to[0]: value}
 
@@ -150,8 +153,34 @@ def _same_as_batch(name: str) -> Callable[[Any, Ctx], dict[str, Any]]:
     return convert
 
 
-def _no(name: str, source: str, why: str) -> Alias:
-    return Alias(name, source, (), why)
+def _log_completions(value: Any, ctx: Ctx) -> dict[str, Any]:
+    return {"log.completions_every": int(ctx.alias("logging_steps", 1)) if value else 0}
+
+
+def _inflight(value: Any, ctx: Ctx) -> dict[str, Any]:
+    if value == -1:
+        return {}
+    tasks = _int("max_inflight_tasks", value)
+    workers = ctx.keys("rollout.workers") or 1
+    return {"rollout.max_concurrent": -(-tasks // workers)}
+
+
+def _token_budget(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    return {} if value is None else {"trainer.micro_batch_tokens": _int("token_budget", value)}
+
+
+def _no(name: str, source: str, why: str, closest: str, neutral: tuple = ()) -> Alias:
+    """A name with no rollyard equivalent: using it stops the run with ``why`` and the closest rollyard setting;
+    the ``neutral`` values (those that change nothing, e.g. TRL's defaults) are accepted."""
+    keep = f" ({' / '.join(repr(n) for n in neutral)} accepted: changes nothing)" if neutral else ""
+    return Alias(name, source, (), f"{why}; closest rollyard setting: {closest}{keep}", neutral=neutral)
+
+
+def _epochs(value: Any, ctx: Ctx) -> dict[str, Any]:
+    if ctx.alias("max_steps") is not None:  # as in TRL (transformers' Trainer): max_steps wins over epochs
+        return {}
+    raise NoEquivalent("no rollyard equivalent: rollyard counts optimizer steps, not passes over the data; closest "
+                       "rollyard setting: steps (max_steps): epochs x dataset rows / rollout.prompts_per_step")
 
 
 def _ignored(name: str, source: str, why: str) -> Alias:
@@ -163,7 +192,12 @@ def _same(name: str, source: str, key: str) -> Alias:
 
 
 _BATCH = "completions -> prompts: x gradient_accumulation_steps x trainer.dp / num_generations (the batch rule)"
-_ONE_UPDATE = "rollyard takes one optimizer step per batch of rollouts (on-policy); remove it"
+_ONE_UPDATE = "rollyard takes one optimizer step per batch of rollouts, never several on one batch"
+_REUSE = ("max_staleness with placement=async (each sample trained once, up to that many weight versions old, the "
+          "ratio and clip correcting for it); remove it")
+_NO_WARMUP = "trainer.lr (constant from the first step; lower it for a gentler start); remove it"
+_SUPPORT = "rollout.top_p / rollout.top_k (the trainer's ratio is taken over the same support); remove it"
+_NO_SERVER = "rollyard starts no vLLM server: its engines run in-process in each rollout worker"
 _MEMORY = "memory only, the math is the same: rollyard sizes micro-batches by trainer.micro_batch_tokens"
 
 ALIASES_LIST: list[Alias] = [
@@ -202,19 +236,58 @@ ALIASES_LIST: list[Alias] = [
           _choice("rollout.backend", {True: "vllm", False: "native"}, "use_vllm")),
     _same("model_name_or_path", TRL, "model.name"),
     Alias("dataset_name", TRL, ("data.path",), "a local .jsonl or .parquet file (no Hub download)"),
-    _no("num_iterations", TRL, _ONE_UPDATE),
-    _no("steps_per_generation", TRL, _ONE_UPDATE),
-    _no("num_train_epochs", TRL, "rollyard counts optimizer steps: set max_steps (steps)"),
-    _no("lr_scheduler_type", TRL, "rollyard keeps the learning rate constant; remove it"),
-    _no("warmup_ratio", TRL, "rollyard has no learning-rate warm-up; remove it"),
-    _no("warmup_steps", TRL, "rollyard has no learning-rate warm-up; remove it"),
-    _no("max_prompt_length", TRL, "rollyard does not truncate prompts (one longer than the context is an error); "
-                                  "remove it"),
-    _no("top_k", TRL, "rollyard samples with temperature and top_p only; remove it"),
-    _no("repetition_penalty", TRL, "rollyard samples with temperature and top_p only; remove it"),
+    _no("num_iterations", TRL, _ONE_UPDATE, _REUSE, (1,)),
+    _no("steps_per_generation", TRL, _ONE_UPDATE, _REUSE, (None,)),
+    Alias("num_train_epochs", TRL, (), "accepted beside max_steps (which wins, as in TRL); alone: no equivalent "
+          "(rollyard counts optimizer steps), closest rollyard setting: steps (max_steps)", _epochs),
+    _no("lr_scheduler_type", TRL, "rollyard keeps the learning rate constant", "trainer.lr (the constant rate); "
+        "remove it", ("constant",)),
+    _no("warmup_ratio", TRL, "rollyard has no learning-rate warm-up", _NO_WARMUP, (0,)),
+    _no("warmup_steps", TRL, "rollyard has no learning-rate warm-up", _NO_WARMUP, (0,)),
+    _no("max_prompt_length", TRL, "rollyard does not truncate prompts (one longer than the context is an error)",
+        "model.context (prompt + rollout.max_new_tokens must fit it); remove it", (None,)),
+    Alias("top_k", TRL, ("rollout.top_k",), "same value (None -> 0: off); the trainer's ratio over the same support",
+          lambda v, _c: {"rollout.top_k": 0 if v is None else v}),
+    _no("repetition_penalty", TRL, "a penalty changes the sampled distribution in a way the trainer's ratio does not "
+                                   "model", _SUPPORT, (1.0,)),
+    _no("min_p", TRL, "rollyard's sampling support is top-k then top-p (algo/support.py)", _SUPPORT, (None, 0)),
     _same("gradient_checkpointing", TRL, "trainer.activation_checkpointing"),
     _ignored("per_device_eval_batch_size", TRL, "held-out eval is greedy, one sample per prompt"),
     _ignored("logging_first_step", TRL, "metrics.jsonl has every step"),
+    Alias("log_completions", TRL, ("log.completions_every",), "true -> completions.jsonl every logging_steps (1 "
+          "if not given), false -> never", _log_completions),
+    _ignored("num_completions_to_print", TRL, "completions go to completions.jsonl (log.completions_every), not the "
+                                              "console"),
+    _no("chat_template_kwargs", TRL, "rollyard renders prompts with the chat template as it is",
+        "data.chat_template (a template with the behaviour built in)", (None, {})),
+    Alias("dtype", TRL, ("trainer.precision",), "'float32' -> fp32, 'bfloat16' -> bf16, 'auto' -> auto (float16: no "
+          "equivalent, use bfloat16)", _choice("trainer.precision", {"float32": "fp32", "bfloat16": "bf16",
+                                                                     "auto": "auto"}, "dtype")),
+    Alias("trust_remote_code", TRL, (), "false only (rollyard runs architectures transformers ships)",
+          _choice("", {False: None}, "trust_remote_code")),
+    # ---- TRL AsyncGRPOConfig (AsyncGRPOTrainer, stable since TRL 1.18): staleness, weight-sync cadence, buffers
+    Alias("max_staleness", TRL, ("max_staleness",), "same value: weight versions a trained sample may lag the "
+          "trainer (placement=async)"),
+    Alias("weight_sync_steps", TRL, ("sync.every",), "same value: optimizer steps between weight syncs"),
+    Alias("max_inflight_tasks", TRL, ("rollout.max_concurrent",), "rollouts in flight over all workers -> per "
+          "rollout worker: ceil(max_inflight_tasks / rollout.workers); -1 (auto) -> rollyard's default",
+          _inflight),
+    Alias("token_budget", TRL, ("trainer.micro_batch_tokens",), "tokens one forward row holds (same unit); "
+          "unset -> rollyard's default", _token_budget),
+    _ignored("queue_maxsize", TRL, "rollyard's buffer of finished samples is bounded at admission by max_staleness "
+                                   "(work older than it is never started)"),
+    _ignored("fork_threshold_tokens", TRL, "rollyard never re-tokenizes a conversation (token-in/token-out), so "
+                                           "there is no drift to fork on"),
+    _ignored("vllm_server_base_url", TRL, "rollyard calls no vLLM server: rollout.backend=vllm runs vLLM inside each "
+                                          "rollout worker (rollout.workers, placement=async)"),
+    _ignored("vllm_server_timeout", TRL, _NO_SERVER),
+    _ignored("request_timeout", TRL, _NO_SERVER),
+    _ignored("weight_sync_timeout", TRL, _NO_SERVER + " (a weight sync that fails stops the run with its reason)"),
+    _ignored("heartbeat_stale_after_s", TRL, "a rollout actor that dies is detected by Ray and replaced "
+                                             "(its prompts requeued)"),
+    _ignored("ignore_data_skip", TRL, "a resumed run continues its prompt stream from the checkpoint's cursor"),
+    _no("router_aux_loss_coef", TRL, "rollyard adds no mixture-of-experts load-balancing loss",
+        "none (algo.kl_coef is the only extra loss term); remove it", (None, 0)),
     # ---- verl (dotted, as in its YAML / Hydra overrides)
     _same("data.train_batch_size", VERL, "rollout.prompts_per_step"),
     _same("data.max_response_length", VERL, "rollout.max_new_tokens"),
@@ -223,7 +296,8 @@ ALIASES_LIST: list[Alias] = [
     Alias("data.prompt_key", VERL, ("data.fields",), "data.fields = {prompt: <key>}",
           lambda v, c: {"data.fields": {**(c.keys("data.fields") or {}), "prompt": v}}),
     _no("data.max_prompt_length", VERL, "rollyard does not truncate prompts (one longer than the context is an "
-                                        "error); remove it"),
+                                        "error)", "model.context (prompt + rollout.max_new_tokens must fit it); "
+                                                  "remove it"),
     _same("actor_rollout_ref.model.path", VERL, "model.name"),
     _same("actor_rollout_ref.actor.optim.lr", VERL, "trainer.lr"),
     _same("actor_rollout_ref.actor.optim.weight_decay", VERL, "trainer.weight_decay"),
@@ -246,7 +320,7 @@ ALIASES_LIST: list[Alias] = [
     Alias("actor_rollout_ref.actor.ppo_mini_batch_size", VERL, (),
           "must equal data.train_batch_size (one optimizer step per batch)",
           _same_as_batch("actor_rollout_ref.actor.ppo_mini_batch_size")),
-    _no("actor_rollout_ref.actor.ppo_epochs", VERL, _ONE_UPDATE),
+    _no("actor_rollout_ref.actor.ppo_epochs", VERL, _ONE_UPDATE, _REUSE),
     _ignored("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", VERL, _MEMORY),
     _ignored("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", VERL, _MEMORY),
     _ignored("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", VERL, _MEMORY),
@@ -264,7 +338,8 @@ ALIASES_LIST: list[Alias] = [
     Alias("algorithm.use_kl_in_reward", VERL, (), "false only (rollyard's KL is a loss term: "
           "actor.use_kl_loss)", _choice("", {False: None}, "use_kl_in_reward")),
     _same("trainer.total_training_steps", VERL, "steps"),
-    _no("trainer.total_epochs", VERL, "rollyard counts optimizer steps: set trainer.total_training_steps (steps)"),
+    _no("trainer.total_epochs", VERL, "rollyard counts optimizer steps, not passes over the data",
+        "trainer.total_training_steps (steps): epochs x dataset rows / data.train_batch_size"),
     _same("trainer.save_freq", VERL, "checkpoint_every"),
     _same("trainer.test_freq", VERL, "eval_every"),
     _same("trainer.default_local_dir", VERL, "out_dir"),

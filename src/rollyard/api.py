@@ -49,17 +49,20 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
           dataset: str | Path | Iterable[dict] | None = None,
           reward_funcs: Callable | str | list[Callable | str] | None = None,
           overrides: list[str] = (), resume: str | Path | None = None,
-          tools: list[Callable | str] | None = None, environment_factory: type | str | None = None) -> Run:
+          tools: list[Callable | str] | None = None,
+          environment_factory: type | Callable | str | None = None) -> Run:
     """Train with ``config`` (a RunConfig, a mapping of sections, or a TOML/YAML file) plus
     ``key.sub=value`` ``overrides``; ``model``/``tokenizer``/``dataset``/``reward_funcs`` replace
     ``model.name``/``data.path``/``reward.hooks``. ``resume=RUN_DIR`` continues that run from its
     latest checkpoint (with its saved config). Bad input raises ConfigError, DataError or HookError.
 
-    ``tools`` (TRL's: type-hinted, documented module-level functions) and ``environment_factory`` (a
-    class: ``reset``, tool methods, optional ``get_reward``) make the rollouts multi-turn
-    (``tools.functions`` / ``tools.environment``; ``rollyard.env``). An environment's ``get_reward`` is
-    one more reward function, logged under the class's name, after ``reward_funcs`` (the only one
-    when no reward function is given).
+    ``tools`` (TRL's: type-hinted, documented module-level functions, sync or async, returning anything:
+    the model reads ``str(value)`` as in TRL) and ``environment_factory`` (as TRL 1.18 defines it: a class
+    or a module-level function returning an instance; one instance per rollout, ``reset(**row)``, its public
+    methods the tools, optional ``get_reward``) make the rollouts multi-turn (``tools.functions`` /
+    ``tools.environment``; ``rollyard.env``), run in isolated tool workers with ``tools.timeout_s``. An
+    environment's ``get_reward`` is one more reward function, logged under the class's name, after
+    ``reward_funcs`` (the only one when no reward function is given).
     """
     from rollyard import placement
 
@@ -147,8 +150,12 @@ def _tool_values(data: dict, overrides, values: dict, tools, environment_factory
                                                                         else [tools])]
     if environment_factory is None:
         return out
+    if isinstance(environment_factory, dict):
+        raise ConfigError(f"environment_factory is a dict of {len(environment_factory)} environments (TRL's per-example "
+                          f"'environment' field): rollyard runs one environment per run; closest: one class whose "
+                          f"reset(**row) picks the behaviour from the row's columns")
     out["tools.environment"] = path = env_tools.path_or_name(environment_factory)
-    cls, _ = env_tools.load(path, "environment_factory")
+    cls = env_tools.environment_class(env_tools.load(path, "environment_factory")[0], f"environment_factory {path!r}")
     if callable(getattr(cls, "get_reward", None)):
         cfg = from_dict(data, overrides, values)
         hooks = list(cfg.reward.hooks or ([cfg.reward.hook] if cfg.reward.hook else []))

@@ -97,13 +97,28 @@ def tool_specs(functions: list[str]) -> list[ToolSpec]:
     return out
 
 
+def environment_class(factory, what: str) -> type:
+    """The class of the environments ``factory`` makes: ``factory`` itself when it is a class, else the type of one
+    instance it returns (TRL's ``environment_factory`` is any callable; like TRL, a factory function is called once
+    here to see its instance's methods). ConfigError when it is not callable or its call fails."""
+    if inspect.isclass(factory):
+        return factory
+    if not callable(factory):
+        raise ConfigError(f"{what} is a {type(factory).__name__}, expected a class or a function returning an "
+                          f"environment (reset() and tool methods; TRL's environment_factory)")
+    try:
+        return type(factory())
+    except Exception as e:  # noqa: BLE001 - the user's factory failing is bad input
+        raise ConfigError(f"{what}() raised {type(e).__name__}: {e}; the factory is called with no arguments and "
+                          f"must return an environment instance") from None
+
+
 def environment_specs(path: str) -> tuple[tuple[str, str, str], list[ToolSpec], bool]:
-    """``(target, tool specs, has get_reward)`` of the environment class at ``path``."""
-    cls, target = load(path, "environment_factory")
+    """``(target, tool specs, has get_reward)`` of the environments the class or factory at ``path`` makes
+    (the tool workers call ``target()`` once per sample, ``env/worker.py``)."""
+    factory, target = load(path, "environment_factory")
     what = f"environment_factory {path!r}"
-    if not inspect.isclass(cls):
-        raise ConfigError(f"{what} is a {type(cls).__name__}, expected a class whose instances have reset() and "
-                          f"tool methods (TRL's environment_factory)")
+    cls = environment_class(factory, what)
     if not callable(getattr(cls, "reset", None)):
         raise ConfigError(f"{what}: {cls.__name__} has no reset() method; add reset(self, **kwargs) (called with "
                           f"the dataset row before each sample's first turn, as in TRL)")
