@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,34 @@ def test_the_gcs_refuses_a_wrong_or_missing_token_and_the_network():
             keys(token)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
     assert keys(os.environ["RAY_AUTH_TOKEN"]).status.code == 0  # the run's own token: the probe reaches the GCS
+
+
+# ----------------------------------------------------------------------------- bounded tool output
+def test_a_tool_that_prints_and_returns_too_much_is_cut_said_counted_and_kept_off_the_console(capfd):
+    from rollyard.env import tools
+    from rollyard.env.executor import Job, ToolExecutor
+    from rollyard.model.loading import char_tokenizer
+
+    tok = char_tokenizer()
+    specs = tools.tool_specs(["tool_loud:loud"])
+    with ToolExecutor(specs, num_workers=1, timeout_s=60.0, max_output_bytes=5000, max_output_tokens=300,
+                      tokenizer=tok) as ex:
+        capfd.readouterr()
+        (job,) = ex.run([Job(1, "call", "s", "loud", {"mb": 2})])
+        assert job.status == "ok", job.value
+        out = job.value
+        # cut to 5000 bytes in the worker (a note of ~55 characters), then to 300 tokens here (char tokenizer)
+        assert out.startswith("RETURNED rrr") and re.search(r"\[tool output cut: 50\d\d tokens, the first 300 kept\]$", out)
+        assert len(tok(out, add_special_tokens=False)["input_ids"]) < 400
+        assert ex.stats["cut"] == 1
+        assert ex.stats["printed_bytes"] >= 2 << 20  # every byte printed is counted ...
+        assert job.printed.startswith("PRINTED ppp") and len(job.printed.encode()) <= 4096  # ... the head kept
+        seen = capfd.readouterr()
+        assert "PRINTED" not in seen.out + seen.err and "FD-LEVEL" not in seen.out + seen.err  # not on the console
+        # the bytes cap alone (no tokenizer): the note names the size before the cut
+        (fd,) = ex.run([Job(2, "call", "s", "loud", {"mb": 0})])
+        assert fd.printed.startswith("PRINTED") and "FD-LEVEL WRITE" in fd.printed  # fd 1 writes are captured too
+    with ToolExecutor(specs, num_workers=1, timeout_s=60.0, max_output_bytes=5000) as ex:
+        (job,) = ex.run([Job(1, "call", "s", "loud", {"mb": 1})])
+        assert job.value.endswith(f"[tool output cut: {len('RETURNED ') + (10 << 20)} bytes, the first 5000 kept]")
+        assert len(job.value.encode()) < 5100 and ex.stats["cut"] == 1

@@ -152,7 +152,7 @@ def test_tool_failures_are_that_calls_error_and_counted_never_the_runs():
         assert got[4] == ("ok", "7")  # a non-string output goes back as str(value), as TRL sends it
         assert got[5][1].startswith("ZeroDivisionError") and got[6][1].startswith("LookupError: unknown tool 'nope'")
         assert "missing 1 required positional argument" in got[7][1]
-        assert ex.stats == {"calls": 7, "errors": 5, "timeouts": 1, "crashes": 1}
+        assert ex.stats == {"calls": 7, "errors": 5, "timeouts": 1, "crashes": 1, "cut": 0, "printed_bytes": 0}
         # the replaced workers serve the next calls
         assert [j.value for j in ex.run([Job(8, "call", "s8", "add", {"a": 4, "b": 5}),
                                          Job(9, "call", "s9", "add", {"a": 1, "b": 1})])] == ["9", "2"]

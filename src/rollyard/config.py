@@ -199,6 +199,8 @@ class ToolsConfig(Section):
     timeout_s: float = Field(10.0, gt=0.0, description="per-call tool timeout; past it the worker is killed and the call returns an error to the model (tools/timeouts)")
     memory_mb: int = Field(4096, ge=0, description="address-space limit of each tool worker in MB (exceeding it fails the call); 0: no limit")
     cpu_s: float = Field(30.0, ge=0.0, description="CPU seconds one tool call may use (past it the worker is killed and the call fails); 0: no limit")
+    max_output_bytes: int = Field(65536, ge=0, description="a tool call's output is cut to this many UTF-8 bytes in its worker, before it crosses to the run, and says so at its end (tools/cut); 0: no limit")
+    max_output_tokens: int = Field(4096, ge=0, description="then to this many tokens, before it joins the tool turn, and says so at its end (tools/cut); 0: no limit")
 
 
 class RunConfig(Section):

@@ -12,8 +12,11 @@ sample's instance lives in one worker (the one its ``reset`` ran on); when that 
 the instance is gone, and the sample's later jobs fail with ``"environment lost"``.
 
 ``stats`` counts tool ``calls`` and ``errors`` (every failed call: the tool raised, was called
-wrongly, timed out or crashed), ``timeouts`` and ``crashes`` (worker deaths);
-``seconds`` holds the wall time of each finished call (the tool latency distribution).
+wrongly, timed out or crashed), ``timeouts`` and ``crashes`` (worker deaths), ``cut`` (outputs cut
+to ``max_output_bytes`` in the worker or ``max_output_tokens`` here: the cut is said at the end of
+the output the model reads) and ``printed_bytes`` (what calls printed: captured per call into
+``Job.printed``, never the run's console); ``seconds`` holds the wall time of each finished call
+(the tool latency distribution).
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ from rollyard.env.tools import ToolSpec
 from rollyard.reward.pool import Worker, WorkerPool, describe_exit
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+
+
+def cap_tokens(value, tokenizer, limit: int) -> tuple[object, bool]:
+    """``(value, cut?)``: a str output of more than ``limit`` tokens keeps its first ``limit`` and says so at
+    its end. The worker cut it to ``max_output_bytes`` first, so what is tokenized here is bounded."""
+    if limit <= 0 or tokenizer is None or not isinstance(value, str):
+        return value, False
+    ids = tokenizer(value, add_special_tokens=False)["input_ids"]
+    if len(ids) <= limit:
+        return value, False
+    return tokenizer.decode(ids[:limit]) + f"\n[tool output cut: {len(ids)} tokens, the first {limit} kept]", True
 
 
 class _ToolPool(WorkerPool):
@@ -54,25 +68,29 @@ class Job:
     value: object = None
     seconds: float = 0.0
     started: float = 0.0  # time.time() when a worker got it (0: it never ran)
+    printed: str = ""  # the first bytes of what the call printed (env/worker.py PRINT_KEEP)
 
 
 class ToolExecutor:
     """Worker processes that run ``specs`` (plain tools) or ``env``'s methods; see the module docstring."""
 
     def __init__(self, specs: list[ToolSpec], env: tuple[str, str, str] | None = None, *, num_workers: int = 2,
-                 timeout_s: float = 10.0, memory_mb: int = 0, cpu_s: float = 0.0, start_timeout_s: float = 60.0):
+                 timeout_s: float = 10.0, memory_mb: int = 0, cpu_s: float = 0.0, start_timeout_s: float = 60.0,
+                 max_output_bytes: int = 0, max_output_tokens: int = 0, tokenizer=None):
         self.timeout_s = float(timeout_s)
+        self.max_output_tokens, self.tokenizer = int(max_output_tokens), tokenizer
         self.env = env
         self._workdir = tempfile.mkdtemp(prefix="rollyard-tools-")
         weakref.finalize(self, shutil.rmtree, self._workdir, True)
         init = {"tools": [s.target for s in specs], "env": env, "sys_path": [os.path.abspath(p or os.getcwd()) for p in sys.path],
-                "workdir": self._workdir, "memory_mb": int(memory_mb), "cpu_s": float(cpu_s)}
+                "workdir": self._workdir, "memory_mb": int(memory_mb), "cpu_s": float(cpu_s),
+                "max_output_bytes": int(max_output_bytes)}
         label = f"environment {env[2]!r}" if env else f"tools {', '.join(s.name for s in specs)!r}"
         self._pool = _ToolPool(init, num_workers, start_timeout_s=start_timeout_s, label=label)
         self._queue: deque[Job] = deque()
         self._home: dict[str, Worker] = {}  # sid -> the worker holding its environment
         self._seq = 0
-        self.stats = {"calls": 0, "errors": 0, "timeouts": 0, "crashes": 0}
+        self.stats = {"calls": 0, "errors": 0, "timeouts": 0, "crashes": 0, "cut": 0, "printed_bytes": 0}
         self.seconds: list[float] = []
 
     # --------------------------------------------------------------------------------- public API
@@ -185,12 +203,17 @@ class ToolExecutor:
                                                   f"({describe_exit(w.proc.returncode)})",
                              time.monotonic() - w.sent_at, done)
             return
-        for seq, status, value, _seconds in frames:
+        for seq, status, value, _seconds, info in frames:
             if w.job is None or seq != w.job[0]:
                 continue
             job, w.job, w.state = w.job[1], None, "idle"
             if job.op in ("reward", "drop"):
                 self._home.pop(job.sid, None)
+            job.printed = info.get("printed", "")
+            self.stats["printed_bytes"] += int(info.get("printed_bytes", 0))
+            if status == "ok" and job.op == "call":
+                value, cut = cap_tokens(value, self.tokenizer, self.max_output_tokens)
+                self.stats["cut"] += int(cut or bool(info.get("cut")))
             self._finish(job, status, value, time.monotonic() - w.sent_at, done)
 
     def _finish(self, job: Job, status: str, value, seconds: float, done: list[Job]) -> None:

@@ -259,7 +259,7 @@ class MultiTurn:
         worker ships both, and the driver takes percentiles over all workers' calls (``latency_metrics``)."""
         ex = self.box.executor
         seconds = list(ex.seconds[self._lat0:])
-        m = {f"tools/{k}": float(ex.stats[k] - self._calls0[k]) for k in ("calls", "errors", "timeouts", "crashes")}
+        m = {f"tools/{k}": float(ex.stats[k] - self._calls0[k]) for k in ("calls", "errors", "timeouts", "crashes", "cut")}
         m.update({f"tools/{k}": float(v) for k, v in self._stats.items()})
         m["tools/turns_mean"] = statistics.fmean(self._turns) if self._turns else 0.0
         self._calls0, self._lat0, self._turns = dict(ex.stats), len(ex.seconds), []

@@ -84,7 +84,8 @@ def toolbox(cfg: RunConfig, tokenizer) -> Toolbox | None:
     t = cfg.tools
     try:
         executor = ToolExecutor(found, target, num_workers=t.num_workers, timeout_s=t.timeout_s,
-                                memory_mb=t.memory_mb, cpu_s=t.cpu_s)
+                                memory_mb=t.memory_mb, cpu_s=t.cpu_s, max_output_bytes=t.max_output_bytes,
+                                max_output_tokens=t.max_output_tokens, tokenizer=tokenizer)
     except HookError as e:
         raise ConfigError(str(e)) from None
     return Toolbox(tokenizer, schemas, executor, t.max_tool_calling_iterations,

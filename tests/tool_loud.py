@@ -1,0 +1,16 @@
+"""A tool that prints and returns far too much (tests/test_security.py; module-level: tool workers import it)."""
+
+from __future__ import annotations
+
+import os
+
+
+def loud(mb: int) -> str:
+    """Print mb MB, write a line to fd 1 as C code would, and return 10 x mb MB.
+
+    Args:
+        mb: megabytes to print
+    """
+    print("PRINTED " + "p" * (mb << 20))
+    os.write(1, b"FD-LEVEL WRITE\n")
+    return "RETURNED " + "r" * (10 * mb << 20)
