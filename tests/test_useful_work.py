@@ -124,6 +124,12 @@ def test_skipped_share_is_in_the_step_metrics():
     skipped = sum(n for s, n in zip(samples, positions) if s.advantage == 0.0)
     assert m["skipped_frac"] == pytest.approx(4 / 16)
     assert m["skipped_positions_frac"] == pytest.approx(skipped / sum(positions))
+    # Computed: each trained group's prompt once, then its completions but their last tokens (groups 1-3 here).
+    trained = [samples[4 * q:4 * q + 4] for q in (1, 2, 3)]
+    assert m["positions"] == sum(positions)
+    assert m["computed_positions"] == sum(len(g[0].prompt_ids) + sum(len(s.completion_ids) - 1 for s in g)
+                                          for g in trained)
+    assert m["packed_tokens"] >= m["computed_positions"]  # the rows' pads besides
     # With a KL term every sample has a gradient: nothing is skipped.
     for s in samples:
         s.ref_logprobs = [x - 0.1 for x in s.logprobs]
@@ -239,3 +245,32 @@ def test_a_model_on_the_hf_fallback_keeps_unshared_packing_and_says_so_once():
         t.step(samples)
     assert len([w for w in seen if "once per group" in str(w.message)]) == 1
     assert all(mb.layout != "shared" for mb in t.micro_batches(samples))
+
+
+# -- the plan prices the positions computed; review holds a run to it ----------------------------------
+
+
+def test_plan_prices_the_positions_the_trainer_computes():
+    from rollyard.plan import hardware as H
+    from rollyard.plan.inputs import load_plan
+    from rollyard.plan.review import shape_differences
+
+    base = ["rollout.prompts=2", "rollout.samples=4", "rollout.prompt_tokens=10", "rollout.avg_tokens=5",
+            "tail.max_tokens=64"]
+    every = load_plan(None, base)  # the defaults (the runbook's model): every sample's prompt, nothing skipped
+    shared = load_plan(None, [*base, "trainer.prefix_shared=true"])
+    half = load_plan(None, [*base, "trainer.prefix_shared=true", "trainer.zero_advantage_share=0.5"])
+    assert H.train_tokens(every) == 8 * (10 + 5)  # each of 8 samples carries its prompt
+    assert H.train_tokens(shared) == 2 * 10 + 8 * 5  # 2 prompts once, 8 responses
+    assert H.train_tokens(half) == (2 * 10 + 8 * 5) / 2
+    assert H.train_tokens(half, skipping=False) == 2 * 10 + 8 * 5  # a reference forward scores every sample
+    assert H.train_s(every, 1) == pytest.approx(4 * H.train_s(half, 1))
+    assert H.reference_s(half, 1) == H.reference_s(shared, 1)
+
+    # A plan priced on shared prompts does not describe a run that computed every position.
+    info = {"prompts_per_step": 2, "samples_per_prompt": 4}
+    assert shape_differences(info, shared, useful_work=True) == []
+    assert shape_differences(info, shared, useful_work=False) == [
+        "trainer.useful_work: run false vs plan trainer.prefix_shared = true"]
+    assert shape_differences(info, every, useful_work=True) == [
+        "trainer.useful_work: run true vs plan trainer.prefix_shared = false"]

@@ -342,6 +342,11 @@ def _with_shape(run: Run, data: dict) -> dict:
     # trainer.activation_checkpointing keeps each layer's input only (the plan's checkpointing); the logit chunks
     # are recomputed either way
     data["trainer"]["activation_checkpointing"] = tr.get("activation_checkpointing") is True
+    # What the trainer computed (trainer.useful_work; a run before it computed every position): each group's
+    # prompt once, and the samples it skipped (the run's mean train/skipped_frac).
+    data["trainer"]["prefix_shared"] = tr.get("useful_work") is True
+    skipped = [float(m["train/skipped_frac"]) for m in run.metrics if isinstance(m.get("train/skipped_frac"), (int, float))]
+    data["trainer"]["zero_advantage_share"] = min(sum(skipped) / len(skipped), 0.99) if skipped else 0.0
     if run.info.get("sharding") == "fsdp":
         data["trainer"]["sharding"] = "fsdp"
     return data
@@ -535,10 +540,12 @@ def traffic_audit(run: Run, predicted: dict[str, tuple[float | None, str]], tol:
     return rows, steps
 
 
-def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01, backend: str | None = None) -> list[str]:
+def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01, backend: str | None = None,
+                      useful_work: bool | None = None) -> list[str]:
     """What run.json (and config.yaml's ``rollout.backend``) say that the plan does not: 'field: run X
     vs plan Y' per difference. The backend is shape: a sync priced for one engine's load does not
-    budget the other's."""
+    budget the other's; so is config.yaml's ``trainer.useful_work`` against ``trainer.prefix_shared``
+    (the positions a train step computes)."""
     pairs = (("policy_params", p.policy.params, "policy.params"), ("bytes_per_param", p.policy.bytes_per_param,
              "policy.bytes_per_param"), ("prompts_per_step", p.rollout.prompts, "rollout.prompts"),
              ("samples_per_prompt", p.rollout.samples, "rollout.samples"), ("dp", p.trainer.dp, "trainer.dp"))
@@ -551,6 +558,9 @@ def shape_differences(info: dict[str, Any], p: PlanInputs, rel: float = 0.01, ba
         out.append(f"placement: run {info['placement']} vs plan {p.placement}")
     if backend is not None and backend != p.rollout.backend:
         out.append(f"rollout.backend: run {backend} vs plan rollout.backend = {p.rollout.backend}")
+    if useful_work is not None and useful_work != p.trainer.prefix_shared and p.rollout.prompt_tokens > 0:
+        out.append(f"trainer.useful_work: run {str(useful_work).lower()} vs plan trainer.prefix_shared = "
+                   f"{str(p.trainer.prefix_shared).lower()}")
     return out
 
 
@@ -699,7 +709,8 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
     if mem is not None:
         ver.append(mem)
     if plan_file is not None:
-        diffs = shape_differences(run.info, inputs, backend=run_backend(run) if run.config else None)
+        diffs = shape_differences(run.info, inputs, backend=run_backend(run) if run.config else None,
+                                  useful_work=(run.config.get("trainer") or {}).get("useful_work") if run.config else None)
         ver.insert(0, {"item": "The plan describes this run's shape", "result": FAIL if diffs else
                        (PASS if run.info else NOT_CHECKED),
                        "evidence": ("the plan does not describe this run, so its budget and traffic do not apply: "

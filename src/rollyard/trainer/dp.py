@@ -178,7 +178,7 @@ class RankTrainer(Trainer):
         return norm, skipped
 
 
-_COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions")
+_COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions", "computed_positions")
 
 
 def _reduce_metrics(acc: dict, device) -> None:

@@ -60,6 +60,7 @@ class MicroBatch:
     members: list[int]
     lengths: list[int]
     segments: torch.Tensor | None = None  # [B, T] "shared" layout (prefix_shared): 0 prompt, k member k's suffix, -1 pad
+    real_positions: int = 0  # positions holding a token (pads left out; a shared prompt prefix counted once)
 
     @property
     def layout(self) -> str:
@@ -176,6 +177,7 @@ def _packed(sequences, members: list[int]) -> MicroBatch:
         seq_index=torch.tensor(seq_index, dtype=torch.long),
         members=list(members),
         lengths=[len(sequences[i][1]) for i in members],
+        real_positions=len(ids),
     )
 
 
@@ -198,6 +200,7 @@ def _padded(sequences, members: list[int], pad_id: int = 0) -> MicroBatch:
         seq_index=torch.tensor(seq_index, dtype=torch.long),
         members=list(members),
         lengths=[len(sequences[i][1]) for i in members],
+        real_positions=sum(len(s) for s in seqs),
     )
 
 
@@ -286,6 +289,7 @@ def _shared(sequences, units: list[tuple[int, list[int]]], pad_id: int = 0) -> M
         members=members,
         lengths=[len(sequences[i][1]) for i in members],
         segments=torch.tensor(seg, dtype=torch.long),
+        real_positions=sum(len(r) for r in ids) - sum(x < 0 for r in seg for x in r),
     )
 
 

@@ -440,7 +440,8 @@ class Trainer:
                # the computed share: diagnostics (entropy, logprob gap, KL) are means over the computed tokens
                "computed_tokens": sum(sum(samples[i].loss_mask) for i in trained),
                "skipped_seqs": num_seqs - len(trained),
-               "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained)}
+               "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained),
+               "computed_positions": 0}
         for mb in self.micro_batches([samples[i] for i in trained]):
             idx = [trained[k] for k in mb.members]  # into ``samples``
             members = [samples[i] for i in idx]
@@ -479,6 +480,7 @@ class Trainer:
                 acc["log_ratio"].append(log_ratio)
             acc["micro_batches"] += 1
             acc["packed_tokens"] += mb.num_tokens
+            acc["computed_positions"] += mb.real_positions
         return acc
 
     def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
@@ -546,6 +548,9 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
     ``skipped_frac``: the share of the step's sequences left out of the forward/backward because they
     cannot move the weights (:meth:`Trainer.moves_weights`); ``skipped_positions_frac``: their share of
     the step's positions (``len(prompt) + len(completion) - 1`` per sequence, before any packing).
+    ``positions``: that count over every sequence (what an unshared, unskipped step computes without
+    padding); ``computed_positions``: the real (not pad) positions the micro-batches computed, each
+    shared prompt prefix once: the work 6 x params x positions prices (``packed_tokens`` adds the pads).
     """
     def total(key: str) -> float:
         return float(sum(float(a[key]) for a in accs))
@@ -556,7 +561,8 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
            "logprob_diff_max": max((float(a["diff_max"]) for a in accs), default=0.0),
            "tokens": total("tokens"), "packed_tokens": total("packed_tokens"), "micro_batches": total("micro_batches"),
            "skipped_frac": total("skipped_seqs") / max(total("seqs"), 1.0),
-           "skipped_positions_frac": total("skipped_positions") / max(total("positions"), 1.0)}
+           "skipped_positions_frac": total("skipped_positions") / max(total("positions"), 1.0),
+           "positions": total("positions"), "computed_positions": total("computed_positions")}
     if accs and all(a["want_kl"] for a in accs):
         out["kl"] = total("kl_sum") / computed
     return out
