@@ -253,3 +253,49 @@ def test_a_tool_that_prints_and_returns_too_much_is_cut_said_counted_and_kept_of
         (job,) = ex.run([Job(1, "call", "s", "loud", {"mb": 1})])
         assert job.value.endswith(f"[tool output cut: {len('RETURNED ') + (10 << 20)} bytes, the first 5000 kept]")
         assert len(job.value.encode()) < 5100 and ex.stats["cut"] == 1
+
+
+# ------------------------------------------------------------------------------ tidy: one line each
+@pytest.mark.parametrize("text,where", [("steps: 3\nmodel:\n  name: [tiny\n", "line 4, column 1"),
+                                        ("a: 1\n b: 2\n", "line 2, column 3")])
+def test_a_yaml_error_is_one_line_with_its_place(tmp_path, capsys, text, where):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    line = _one_line_exit_2(capsys, ["train", "--config", str(cfg)])
+    assert f"config file {cfg} does not parse:" in line and where in line and line.endswith("fix it there")
+
+
+def test_a_fifo_is_not_a_regular_file_and_nothing_blocks_on_it(tmp_path, capsys):
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)
+    line = _one_line_exit_2(capsys, ["train", *TINY, f"data.path={fifo}", "steps=1", f"out_dir={tmp_path / 'r'}"])
+    assert "not a regular file (a FIFO)" in line and "no such dataset file" not in line
+    line = _one_line_exit_2(capsys, ["train", "--config", str(fifo)])
+    assert "is not a regular file (a FIFO)" in line
+
+
+def test_a_killed_gguf_conversions_directory_is_swept_by_the_next_run(tmp_path, monkeypatch):
+    import socket
+    import subprocess
+    import sys
+
+    pytest.importorskip("gguf", reason="the gguf package (rollyard[gguf]) converts GGUF files")
+    from gguf_files import bpe_tokenizer, tiny_llama, write_gguf
+
+    from rollyard.model import gguf
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process that is gone, as one killed mid-conversion is
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("ROLLYARD_GGUF_CACHE", str(cache))
+    host = socket.gethostname()
+    stale = [cache / f"0123456789abcdef.tmp{dead.pid}@{host}", cache / f"0123456789abcdef.tmp{dead.pid}"]
+    kept = [cache / f"0123456789abcdef.tmp{os.getpid()}@{host}",  # alive: a conversion in progress
+            cache / f"0123456789abcdef.tmp{dead.pid}@another-host"]  # a shared cache: not this host's to judge
+    for d in stale + kept:
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"\0" * 4096)
+    tok = bpe_tokenizer()
+    out = Path(gguf.resolve(str(write_gguf(tiny_llama(tok), tok, tmp_path / "tiny.gguf"))))
+    assert (out / "config.json").exists()
+    assert not any(d.exists() for d in stale) and all(d.exists() for d in kept)

@@ -429,10 +429,33 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), value
 
 
+def parse_error(e: Exception) -> str:
+    """One line for a YAML or TOML parse error: the problem and where (PyYAML's own text spans 4-6 lines)."""
+    mark = getattr(e, "problem_mark", None)
+    if isinstance(e, yaml.MarkedYAMLError) and mark is not None:
+        context = f" ({e.context} at line {e.context_mark.line + 1})" if e.context and e.context_mark else ""
+        return f"{e.problem} at line {mark.line + 1}, column {mark.column + 1}{context}"
+    return " ".join(str(e).split())
+
+
+def file_kind(p: Path) -> str:
+    """What a path that is not a regular file is, in words (for one-line errors)."""
+    import stat
+    mode = p.stat().st_mode
+    for test, word in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return word
+    return "not a regular file"
+
+
 def read_file(path: str | Path) -> dict:
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"config file {p} does not exist")
+    if not p.is_file() and not p.is_dir():  # a FIFO would block the read; a device or socket is not a config
+        raise ConfigError(f"config file {p} is not a regular file ({file_kind(p)}); pass a .toml or .yaml file "
+                          f"to --config")
     try:
         if p.suffix == ".toml":
             data = tomllib.loads(p.read_text())
@@ -441,7 +464,7 @@ def read_file(path: str | Path) -> dict:
         else:
             raise ConfigError(f"config file {p}: expected a .toml, .yaml or .yml file, got {p.suffix!r}")
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-        raise ConfigError(f"config file {p} does not parse: {e}") from None
+        raise ConfigError(f"config file {p} does not parse: {parse_error(e)}; fix it there") from None
     except IsADirectoryError:
         raise ConfigError(f"config file {p} is a directory; pass a .toml or .yaml file to --config") from None
     except UnicodeDecodeError as e:

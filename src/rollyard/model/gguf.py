@@ -9,7 +9,10 @@ GGUF loader does not carry over). The conversion goes through transformers' own 
 (``from_pretrained(..., gguf_file=...)``, which needs the ``gguf`` package: ``rollyard[gguf]``). A
 second run with the same file finds the directory and starts at once; a different file (or the same
 name re-quantized) has another hash. The directory is written beside its final name and renamed into
-place, so an interrupted conversion leaves nothing a later run would take for a finished one.
+place, so an interrupted conversion leaves nothing a later run would take for a finished one; what
+a killed conversion leaves (``<hash>.tmp<pid>@<host>``, tens of MB to GB) is removed by the next
+:func:`resolve` on that host once its process is gone (:func:`sweep_stale`), as vLLM's rollout-copy
+directories are.
 
 Checked before any tensor is read (one line each, naming the fix): the ``gguf`` package missing, a
 file that is not GGUF, an architecture transformers' GGUF loader does not map, a tensor quantization
@@ -22,7 +25,9 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 import shutil
+import socket
 from pathlib import Path
 
 from rollyard.config import ConfigError, require_package
@@ -101,6 +106,7 @@ def resolve(name: str) -> str:
     if not _has_magic(src):
         raise ConfigError(f"model.name={src} is not a GGUF file (its first bytes are not {MAGIC!r}); point it at a "
                           f".gguf file or a Hugging Face model directory")
+    sweep_stale(cache_root())
     out = cache_root() / file_hash(src)
     if (out / "config.json").exists():
         return str(out)
@@ -109,6 +115,37 @@ def resolve(name: str) -> str:
     check_readable(src, meta)
     convert(src, out, meta["chat_template"], bool(meta["add_bos_token"]))
     return str(out)
+
+
+_TMP = re.compile(r"\.tmp(\d+)(?:@(.+))?$")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_stale(root: Path) -> list[Path]:
+    """Remove the conversion directories under ``root`` whose process is gone (a kill -9 mid-conversion
+    runs no cleanup). Only this host's (``@<host>``, or the older name without it): a cache on a shared
+    file system may hold another machine's conversion in progress. Returns the removed paths."""
+    removed, host = [], socket.gethostname()
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        m = _TMP.search(p.name)
+        if m is None or (m.group(2) not in (None, host)) or _alive(int(m.group(1))):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
 
 
 def read_metadata(path: Path, gguf) -> dict:
@@ -160,7 +197,7 @@ def convert(src: Path, out: Path, chat_template: str | None, add_bos: bool = Fal
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}@{socket.gethostname()}")
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"model.name={src}: converting the GGUF once (dequantized to fp32) into {out}", flush=True)
     try:

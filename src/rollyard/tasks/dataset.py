@@ -96,6 +96,9 @@ def load_prompts(path: str | Path, fields: dict[str, str] | None = None, on_erro
     else:
         raise DataError(f"{key}={path}: unsupported dataset format {path.suffix or '(no suffix)'!r}; "
                         f"use a .jsonl file (one JSON object per line) or a .parquet file")
+    if path.exists() and not path.is_file():  # a FIFO would block the read (and a directory is no dataset)
+        kind = "a directory" if path.is_dir() else "a FIFO" if path.is_fifo() else "a socket or device"
+        raise DataError(f"{key}={path}: not a regular file ({kind}); point {key} at a .jsonl or .parquet file")
     if not path.is_file():
         raise DataError(f"{key}={path}: no such dataset file; check {key} (relative paths are from "
                         f"{Path.cwd()})")
