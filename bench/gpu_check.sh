@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks on one CUDA device, run from the repository root on a machine with a GPU and a CUDA torch:
 #   bash bench/gpu_check.sh [TOKENIZER_DIR SUMS_DIR]
-# 1. the tests marked `gpu`; 2. the demo config (colocated, trainer and native engine on CUDA), 30 steps;
+# 1. the tests marked `gpu`; 2. the demo config (colocated, trainer and native engine on CUDA), 30 steps, and (2b)
+#    3 steps of it disaggregated (trainer on CUDA, a CPU Ray rollout actor);
 # 3. four steps of the real-model example (examples/real_model/smollm2.toml) on a SmolLM2-135M-shaped random-init
 #    model built from TOKENIZER_DIR's config.json and tokenizer (the dequantized GGUF's directory without its weights),
 #    SUMS_DIR from examples/real_model/sums.py; 4. the suite without Ray on CUDA (pytest-xdist), failures listed.
@@ -30,6 +31,11 @@ print("demo:", {k: s.get(k) for k in ("eval_before", "eval_after", "device", "st
       "median step s", round(statistics.median(r["time/step"] for r in rows), 3),
       "reward first/last 5", [round(statistics.mean(r["reward"] for r in rows[i]), 3) for i in (slice(0, 5), slice(-5, None))])
 EOF
+
+echo "== 2b. disaggregated on CUDA, 3 GRPO steps: the trainer on the GPU, one Ray rollout actor on CPU started with the"
+echo "       driver's settings (device, sync plan and dtype resolved once, roles.settings): it must start equal (checksum)"
+timeout 150 $PY -m rollyard.cli train --config examples/demo.toml placement=disaggregated trainer.device=cuda \
+    rollout.workers=1 out_dir="$OUT/disaggregated" steps=3 progress=false checkpoint_every=1000 2>&1 | tail -8
 
 echo "== 3. SmolLM2-135M-shaped random init, real-model example, 4 steps"
 timeout 150 $PY - "$TOK" "$OUT/smollm2-rand" <<'EOF'

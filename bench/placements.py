@@ -183,12 +183,13 @@ def actor_speed(reps: int = 15, prompts: int = 32, new_tokens: int = 8) -> int:
             self.append(item)
 
     out = Out()
-    local = RolloutWorker(cfg.model_dump(mode="json"), "local", 0, update, out, 1, "finish")
+    settings = roles.settings(cfg)  # resolved once here, handed to both workers (as the pool does)
+    local = RolloutWorker(cfg.model_dump(mode="json"), "local", 0, update, out, 1, "finish", settings)
     load0 = os.getloadavg()[0]
     cluster.connect()
     queue = Queue(maxsize=64, actor_options={"num_cpus": 0})
     actor = ray.remote(num_cpus=1, max_concurrency=8)(RolloutWorker).remote(
-        cfg.model_dump(mode="json"), "actor", 0, update, queue, 1, "finish")
+        cfg.model_dump(mode="json"), "actor", 0, update, queue, 1, "finish", settings)
     ray.get(actor.info.remote())
     loop = actor.run.remote()
 

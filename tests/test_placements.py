@@ -8,11 +8,12 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
-from rollyard import staleness
+from rollyard import roles, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.cli import main
-from rollyard.config import load_config
+from rollyard.config import ConfigError, load_config
 from rollyard.model.loading import load_policy
 from rollyard.placement.rollout_actor import RolloutWorker
 from rollyard.telemetry import rundir
@@ -56,7 +57,9 @@ def test_staleness_functions():
     assert staleness.min_fresh_version(5, 2) == 3 and staleness.min_fresh_version(1, 3) == 0
     assert staleness.is_fresh(3, 5, 2) and not staleness.is_fresh(2, 5, 2)
     assert staleness.histogram(staleness.lags(4, [4, 3, 3, 1])) == [1, 2, 0, 1]
-    assert staleness.bound_of("colocated", 3, 1) == 0 and staleness.bound_of("disaggregated", 0, 2) == 2
+    # colocated samples from a copy published every sync.every steps: up to sync.every - 1 versions old
+    assert staleness.bound_of("colocated", 3, 1) == 0 and staleness.bound_of("colocated", 0, 3) == 2
+    assert staleness.bound_of("disaggregated", 0, 2) == 2
     assert staleness.bound_of("async", 3, 1) == 3
 
 
@@ -94,7 +97,8 @@ def test_worker_admission_holds_work_past_the_bound():
     cfg = load_config(None, TINY)
     model, _ = load_policy("tiny", seed=0, max_position_embeddings=48)
     out = _Out()
-    w = RolloutWorker(cfg.model_dump(mode="json"), "w", 0, _full(model, 0), out, bound=1, inflight="finish")
+    w = RolloutWorker(cfg.model_dump(mode="json"), "w", 0, _full(model, 0), out, bound=1, inflight="finish",
+                      settings=roles.settings(cfg))
     a, b = Request("a", [1, 5, 6], n=2, max_new_tokens=4), Request("b", [1, 7, 6], n=2, max_new_tokens=4)
     w.submit([(a, 1), (b, 2)])
     w.poll()
@@ -108,6 +112,28 @@ def test_worker_admission_holds_work_past_the_bound():
     groups = [g for o in out for g in o["groups"]]
     assert [rid for rid, _ in groups] == ["a", "b"]
     assert {s.version for s in groups[1][1]} == {1} and w.info()["version"] == 1
+
+
+def test_a_cpu_rollout_actor_starts_on_the_settings_of_a_trainer_on_cuda(monkeypatch):
+    """The driver resolves the device, the sync plan and the bound once and hands them to every actor: a
+    rollout actor (no GPU) of a trainer on ``cuda`` builds its copy in the trainer's publishing dtype
+    (bf16 there) and starts equal to the trainer; resolving the device itself it could not start."""
+    cfg = load_config(None, [*TINY, "placement=disaggregated", "trainer.device=cuda", "sync.mode=full"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the driver's device query: a GPU machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    settings = roles.settings(cfg)
+    monkeypatch.undo()  # the actor's process: CPU only
+    assert (settings.device, settings.plan.dtype, settings.bound) == ("cuda", torch.bfloat16, 1)
+    with pytest.raises(ConfigError, match="trainer.device=cuda"):  # what the actor met when it resolved them itself
+        roles.settings(cfg)
+    model, _ = load_policy("tiny", seed=0, max_position_embeddings=48)
+    from rollyard.sync.check import weights_checksum
+    from rollyard.sync.factory import make_publisher
+    from rollyard.sync.session import expected_checksum
+    update = make_publisher(settings.plan.mode, settings.plan.dtype).publish(model, 0, full=True)
+    w = RolloutWorker(cfg.model_dump(mode="json"), "rollout-0", 0, update, _Out(), settings.bound, "finish", settings)
+    assert next(w.engine.model.parameters()).dtype == torch.bfloat16
+    assert weights_checksum(w.engine.model) == expected_checksum(update)  # the pool's start-up equality check
 
 
 # ---- bad input ----------------------------------------------------------------------------------------

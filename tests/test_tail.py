@@ -9,15 +9,16 @@ import pytest
 import torch
 from cli_runs import straight_and_resumed
 
+from rollyard.accounting import PromptLedger
 from rollyard.cli import main
 from rollyard.model.loading import build_preset, char_tokenizer
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.timeout import AnchorTimeout, adaptive_timeout
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.rollout.plain import PlainScheduler
-from rollyard.rollout.rounds import bubble
-from rollyard.rollout.scheduler import PromptStream
-from rollyard.rollout.tail import TailScheduler, is_long_round
+from rollyard.rollout.plain import PlainPolicy
+from rollyard.rollout.rounds import STATE_KEY, RoundBook, bubble, run_round
+from rollyard.rollout.scheduler import PromptFeed, PromptStream
+from rollyard.rollout.tail import TailPolicy, is_long_round
 from rollyard.tasks import load_task
 from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir
@@ -65,9 +66,18 @@ class InlineRewards:
 
 
 def _tail(stream, **kw):
-    args = dict(prompts=4, n=4, max_new_tokens=40, context=96, overprovision=1.5, extra_samples=2)
+    """The round book under the tail policy over ``stream`` (a fresh prompt ledger), as a run builds it."""
+    args = dict(prompts=4, n=4, overprovision=1.5, extra_samples=2)
     args.update(kw)
-    return TailScheduler(stream, TOK, **args)
+    return RoundBook(PromptFeed(stream, PromptLedger(), TOK, args["n"], 40, 96), TailPolicy(**args))
+
+
+def _round(book, eng, step, on_group=lambda g: None):
+    """One in-process round, its complete prompts then trained (the ledger transition ``step.py`` makes)."""
+    rnd = run_round(book, eng, InlineRewards(), step, on_group)
+    complete = {s.request_id for s in rnd.samples}
+    book.ledger.trained([q.id for q in rnd.requests if q.id in complete])
+    return rnd
 
 
 def _pid(request_id):
@@ -76,34 +86,35 @@ def _pid(request_id):
 
 def test_short_round_stops_at_P_complete_prompts_and_defers_the_rest():
     eng, groups = _engine(_model()), []
-    sched = _tail(PromptStream(_prompts(), seed=0))
-    rnd = sched.next_round(eng, InlineRewards(), 0, groups.append)
+    book = _tail(PromptStream(_prompts(), seed=0))
+    rnd = _round(book, eng, 0, groups.append)
     taken = [_pid(q.id) for q in rnd.requests]
     assert rnd.kind == "short" and len(taken) == 6  # ceil(4 x 1.5)
     assert all(q.n == 6 for q in rnd.requests)  # n + extra_samples
     assert len(groups) == 4 and all(len(g) == 4 for g in groups)  # P complete prompts, n samples each
     assert [s for g in groups for s in g] == rnd.samples
     trained = {_pid(s.request_id) for s in rnd.samples}
-    deferred = {p.id for p in rnd.deferred}
+    deferred = {_pid(q.id) for q in rnd.deferred}
     assert trained | deferred == set(taken) and not trained & deferred
     assert deferred <= LONG and trained.isdisjoint(LONG)  # the long prompts were the ones cut
-    assert [p.id for p in sched.queue] == [p.id for p in rnd.deferred]
+    assert list(book.long) == [q.id for q in rnd.deferred]
+    assert {book.ledger.state[q.id] for q in rnd.deferred} == {"deferred"}  # in the ledger, waiting
     assert all(s.finish_reason != "abort" and len(s.completion_ids) == 2 for s in rnd.samples)
     assert rnd.wasted_tokens > 0 and eng.num_active == 0 and eng.num_queued == 0  # nothing left behind
 
 
 def test_deferred_prompts_train_in_a_long_round_and_no_prompt_is_lost_or_trained_twice():
     eng, stream = _engine(_model()), PromptStream(_prompts(), seed=0)
-    sched = _tail(stream, prompts=2, overprovision=2.0)
+    book = _tail(stream, prompts=2, overprovision=2.0)
     handed_out, trained, kinds, long_samples = [], Counter(), [], []
     for step in range(8):
-        before = list(sched.queue)
-        rnd = sched.next_round(eng, InlineRewards(), step, lambda g: None)
+        before = list(book.long)
+        rnd = _round(book, eng, step)
         kinds.append(rnd.kind)
         if rnd.kind == "short":
             handed_out += [_pid(q.id) for q in rnd.requests]
         else:  # a long round runs the queue's first P prompts, n samples each, to full length
-            assert [_pid(q.id) for q in rnd.requests] == [p.id for p in before[:2]]
+            assert [q.id for q in rnd.requests] == before[:2]
             assert all(q.n == 4 for q in rnd.requests) and not rnd.deferred
             long_samples += rnd.samples
         trained.update({_pid(s.request_id) for s in rnd.samples})
@@ -112,16 +123,16 @@ def test_deferred_prompts_train_in_a_long_round_and_no_prompt_is_lost_or_trained
     assert all(s.finish_reason != "abort" for s in long_samples)
     assert {_pid(s.request_id) for s in long_samples} & LONG
     # Ledger: every prompt handed out is trained exactly once or still queued, never both.
-    queued = Counter(p.id for p in sched.queue)
+    queued = Counter(_pid(i) for i in book.long)
     assert Counter(handed_out) == trained + queued
     assert max(trained.values()) == 1 and not set(trained) & set(queued)
-    assert sched.trained["long"] == len(long_samples)
+    assert book.trained["long"] * 4 == len(long_samples)  # groups of n = 4
 
 
 def test_plain_round_runs_every_prompt_to_the_end():
     eng, groups = _engine(_model()), []
-    rnd = PlainScheduler(PromptStream(_prompts(), seed=0), TOK, prompts=4, n=3, max_new_tokens=40,
-                         context=96).next_round(eng, InlineRewards(), 0, groups.append)
+    book = RoundBook(PromptFeed(PromptStream(_prompts(), seed=0), PromptLedger(), TOK, 3, 40, 96), PlainPolicy(4, 3))
+    rnd = _round(book, eng, 0, groups.append)
     assert rnd.kind == "plain" and len(groups) == 4 and not rnd.deferred and rnd.wasted_tokens == 0
     assert rnd.decode_steps == 40  # the round lasts as long as its longest sample
     long = [s for s in rnd.samples if _pid(s.request_id) in LONG]
@@ -143,23 +154,38 @@ def test_is_long_round():
 
 def test_queue_survives_checkpoint_and_resume():
     def run(split_at=None):
-        eng, stream = _engine(_model()), PromptStream(_prompts(), seed=0)
-        sched = _tail(stream, prompts=2, overprovision=2.0)
+        eng = _engine(_model())
+        book = _tail(PromptStream(_prompts(), seed=0), prompts=2, overprovision=2.0)
         seen = []
         for step in range(6):
-            if step == split_at:  # checkpoint: the stream cursor + the scheduler state, through JSON
-                saved = json.loads(json.dumps({"cursor": stream.state(), "tail": sched.state()}))
-                stream = PromptStream(_prompts(), seed=0)
-                stream.restore(saved["cursor"])
-                sched = _tail(stream, prompts=2, overprovision=2.0)
-                sched.restore(saved["tail"])
-            rnd = sched.next_round(eng, InlineRewards(), step, lambda g: None)
-            seen.append((rnd.kind, sorted({_pid(s.request_id) for s in rnd.samples}), [p.id for p in sched.queue]))
+            if step == split_at:  # checkpoint: the feed's cursor (stream + ledger) + the book, through JSON
+                saved = json.loads(json.dumps({"cursor": book.feed.state(), "extra": {STATE_KEY: book.state()}}))
+                book = _tail(PromptStream(_prompts(), seed=0), prompts=2, overprovision=2.0)
+                book.feed.restore(saved["cursor"])
+                book.restore(saved["extra"], step)
+            rnd = _round(book, eng, step)
+            seen.append((rnd.kind, sorted({_pid(s.request_id) for s in rnd.samples}), list(book.long)))
         return seen
 
     straight, resumed = run(), run(split_at=3)
     assert straight == resumed
     assert any(q for _, _, q in straight[:3])  # the checkpoint did carry a non-empty queue
+
+
+def test_a_colocated_tail_checkpoint_written_before_the_round_book_resumes():
+    """Before the round book, colocated's tail scheduler kept its queue as prompts outside the ledger, under
+    "tail": a resumed run enters them in the ledger, deferred, and runs them in its next long round."""
+    from dataclasses import asdict
+    queued = [p for p in _prompts() if p.id in ("p1", "p4")]
+    extra = {"tail": {"queue": [asdict(p) for p in queued], "rounds": 3, "trained": {"short": 16, "long": 8}}}  # samples
+    book = _tail(PromptStream(_prompts(), seed=0), prompts=2, overprovision=2.0)
+    book.restore(extra, step=3)
+    assert "tail" not in extra and book.rounds == 3 and book.trained == {"short": 4, "long": 2}  # groups of n = 4
+    assert [book.ledger.requests[i].meta["prompt"] for i in book.long] == ["1+1=", "4+4="]
+    assert {book.ledger.state[i] for i in book.long} == {"deferred"}
+    rnd = _round(book, _engine(_model()), 3)
+    assert rnd.kind == "long" and {_pid(s.request_id) for s in rnd.samples} == {"p1", "p4"} and not book.long
+    assert max(len(s.completion_ids) for s in rnd.samples) == 40  # run to full length
 
 
 def _samples(n_groups=3, per=4, seed=0):
@@ -269,7 +295,7 @@ def test_colocated_tail_run_resumes_with_its_queue(tmp_path):
     rows = list(rundir.read_jsonl(straight / rundir.METRICS))
     assert all(0.0 <= r["tail/bubble"] < 1.0 and r["train/tokens"] > 0 for r in rows)
     ckpt = json.loads((split / rundir.CHECKPOINTS / "step_000002" / "state.json").read_text())
-    assert "queue" in ckpt["extra"]["tail"]
+    assert "long" in ckpt["extra"][STATE_KEY] and "tail" not in ckpt["extra"]  # one key: the round book's
 
 
 @pytest.mark.parametrize("override, words", [

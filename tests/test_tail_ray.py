@@ -1,64 +1,112 @@
 """Tail batching (RollPacker) on the Ray placements: the pool's short and long rounds, the deferred
 queue across a resume (nothing lost, nothing trained twice), and the staleness bound for deferred
-prompts (placement/pool.py over placement/pool_tail.py)."""
+prompts (placement/pool.py driving the round book, rollout/rounds.py)."""
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from rollyard.accounting import PromptLedger
 from rollyard.cli import main
 from rollyard.config import load_config
-from rollyard.placement.pool_tail import STATE_KEY, PoolTail
+from rollyard.model.loading import char_tokenizer
+from rollyard.rollout.rounds import STATE_KEY, RoundBook
+from rollyard.rollout.scheduler import PromptFeed, PromptStream
+from rollyard.rollout.tail import TailPolicy
+from rollyard.tasks.base import Prompt
 from rollyard.telemetry import rundir
-from rollyard.types import Request
 
 # P=2 prompts per step, n=3 samples: a short round hands out 4 prompts with 4 samples each and
 # defers the 2 that are not complete when the other 2 are.
 TINY = ["model.context=64", "data.task=countdown", "data.train_size=64", "data.eval_size=4", "rollout.prompts_per_step=2",
         "rollout.samples_per_prompt=3", "rollout.max_new_tokens=12", "sft.auto=false", "progress=false",
         "reward.num_workers=1", "rollout.scheduler=tail", "tail.overprovision=2.0", "tail.extra_samples=1"]
+TOK = char_tokenizer()
 
 
-def test_pool_tail_rounds_and_its_checkpoint_state():
-    t = PoolTail(prompts=2, n=3, overprovision=2.0, extra_samples=1)
-    assert t.next_kind() == "short" and t.short_size() == 4
-    q = Request(id="p@0", prompt_ids=[1, 2], n=3)
-    assert t.short_form(q).n == 4 and t.long_form(t.short_form(q)).n == 3 and q.n == 3
-    t.issued(0, "short")
-    assert t.complete(0) is False and t.complete(0) is True  # the second complete prompt closes the round
-    assert t.complete(0) is False  # a closed round counts no more (a late group)
-    t.defer(["c@0", "d@0"])
-    assert t.next_kind() == "long"  # the queue holds a round
-    t.issued(1, "short")  # the driver may still hand out a short round ahead (decided at hand-out)
-    t.issued(2, "long")
-    assert t.take_long() == ["c@0", "d@0"] and t.next_kind() == "short"
-    t.took([0, 0])
-    t.took([2, 2])
-    m = t.metrics(wasted_tokens=17)
+def _book(prompts=2, n=3, **kw) -> RoundBook:
+    """The round book as the Ray pool builds it (refilled rounds), tail policy, over a fresh ledger."""
+    stream = PromptStream([Prompt(id=f"p{i}", text=f"{i}+{i}=", meta={}) for i in range(16)], seed=0)
+    return RoundBook(PromptFeed(stream, PromptLedger(), TOK, n, 8, 64), TailPolicy(prompts, n, **kw), refill=True)
+
+
+def _round_cut() -> RoundBook:
+    """A book whose short round 0 (4 prompts) closed at its 2nd complete prompt and deferred the other 2."""
+    b = _book(overprovision=2.0)
+    ids = [q.id for q in b.issue(0)[1]]
+    b.ledger.hand_out(ids, "w0")
+    b.ledger.finished(ids[:2])
+    b.arrived(ids[0])
+    b.defer(b.arrived(ids[1]))
+    return b
+
+
+def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
+    b = _book(overprovision=2.0, extra_samples=1)
+    kind, reqs, dead = b.issue(0)
+    assert kind == "short" and len(reqs) == 4 and all(q.n == 4 for q in reqs) and not dead  # n + extra_samples
+    ids = [q.id for q in reqs]
+    b.ledger.hand_out(ids, "w0")
+    b.ledger.finished(ids[:2])
+    assert b.arrived(ids[0]) == [] and b.arrived(ids[1]) == ids[2:]  # the second complete prompt closes the round
+    b.defer(ids[2:])
+    assert list(b.long) == ids[2:] and {b.ledger.state[i] for i in ids[2:]} == {"deferred"}
+    assert b.arrived(ids[0]) == []  # a closed round counts no more (a late group)
+    kind, reqs, _ = b.issue(1)  # the queue holds a round: a long one, its prompts whole with n samples
+    assert kind == "long" and [q.id for q in reqs] == ids[2:] and all(q.n == 3 for q in reqs) and not b.long
+    b.ledger.hand_out([q.id for q in reqs], "w1")
+    b.took(ids[:2])
+    b.took([q.id for q in reqs])
+    m = b.metrics(wasted_tokens=17)
     assert (m["tail/long_round"], m["tail/deferred"], m["tail/wasted_tokens"], m["tail/long_share"]) == (0.5, 2.0, 17.0, 0.5)
-    assert t.metrics(0)["tail/deferred"] == 0.0  # per step: reset
-    # round 1 is open with one complete prompt, whose group waits in the buffer: a resumed run samples that
-    # prompt again, so the carried count leaves it out; a long round's stale drop is re-rolled and counted
-    t.complete(1)
-    t.undo(2)
-    assert t.metrics(0)["tail/rerolled"] == 1.0
-    t.defer(["e@1"])
-    state = json.loads(json.dumps(t.state({"a@1": 1, "b@1": 1}, Counter({1: 1}))))
-    u = PoolTail(prompts=2, n=3, overprovision=2.0, extra_samples=1)
-    assert u.restore(state) == {"a@1": 1, "b@1": 1}
-    assert list(u.long) == ["e@1"] and u.done == {1: 0} and u.kind == {1: "short"}
-    assert (u.rounds, u.next_round, u.trained) == (3, 3, {"short": 2, "long": 2})
-    assert u.complete(1) is False and u.complete(1) is True  # the resumed round still closes at P
+    assert b.metrics(0)["tail/deferred"] == 0.0  # per step: reset
+    # round 2 is open with one complete prompt, whose group waits in the buffer: a resumed run samples that
+    # prompt again, so the carried count leaves it out
+    kind, reqs, _ = b.issue(2)
+    later = [q.id for q in reqs]
+    b.ledger.hand_out(later, "w0")
+    b.ledger.finished(later[:1])
+    assert kind == "short" and b.arrived(later[0]) == []
+    state = json.loads(json.dumps(b.state(buffered=later[:1])))
+    assert state["done"] == {"2": 0} and state["round_of"] == dict.fromkeys(later, 2)
+    u = _book(overprovision=2.0, extra_samples=1)
+    u.feed.restore(json.loads(json.dumps(b.feed.state())))  # the checkpoint's cursor: the live prompts requeued
+    u.restore({STATE_KEY: state}, step=3)
+    assert u.done == {2: 0} and u.kind == {2: "short"} and (u.rounds, u.next_round) == (3, 3)
+    assert u.trained == {"short": 2, "long": 2} and {u.round_of(i) for i in later} == {2}
+    assert u.arrived(later[0]) == [] and u.arrived(later[1]) != []  # the resumed round still closes at P
 
 
-def test_pool_tail_long_every():
-    t = PoolTail(prompts=4, n=2, long_every=2)
-    t.issued(0, t.next_kind())
-    t.defer(["x"])
-    assert t.next_kind() == "long"  # round 1 of every 2: due, with one prompt queued
-    assert PoolTail(prompts=4, n=2, long_every=0).next_kind() == "short"
+def test_round_book_rerolls_a_stale_long_group_and_counts_it():
+    b = _round_cut()
+    kind, long, _ = b.issue(1)
+    assert kind == "long"  # round 0 deferred a round's worth
+    b.dropped(long[0].id)  # the trainer found it past the bound: re-rolled whole
+    assert b.metrics(0)["tail/rerolled"] == 1.0
+
+
+def test_round_book_resumes_a_checkpoint_written_before_it():
+    """The Ray pool's tail state was written under "tail_pool" in the same shape: it resumes, and the book's own
+    key replaces it from the next step on."""
+    b = _round_cut()
+    extra = {"tail_pool": json.loads(json.dumps(b.state()))}
+    u = _book(overprovision=2.0)
+    u.feed.restore(json.loads(json.dumps(b.feed.state())))
+    u.restore(extra, step=1)
+    assert "tail_pool" not in extra and list(u.long) == list(b.long)
+    assert {u.ledger.state[i] for i in u.long} == {"deferred"}
+    kind, reqs, _ = u.issue(1)
+    assert kind == "long" and [q.id for q in reqs] == list(b.long)
+
+
+def test_round_book_long_every():
+    b = _book(prompts=4, n=2, long_every=2)
+    _, reqs, _ = b.issue(0)
+    b.ledger.hand_out([reqs[0].id], "w0")
+    b.defer([reqs[0].id])
+    assert b.issue(1)[0] == "long"  # round 1 of every 2: due, with one prompt queued
+    assert _book(prompts=4, n=2).policy.kind(1, 1) == "short"
 
 
 # ---- on Ray -------------------------------------------------------------------------------------------

@@ -6,10 +6,14 @@ directory, the dataset lines, the reward hook, a sync checksum.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from rollyard import staleness
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup as env_setup
+from rollyard.env.loop import MultiTurn
 from rollyard.evaluate import accuracy_signal
 from rollyard.model import kv_budget, loading
 from rollyard.model.loading import attach_lora, eos_ids
@@ -17,11 +21,12 @@ from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
+from rollyard.sync.factory import SyncPlan, resolve
 from rollyard.tasks import builtin_verifier, chat, load_task, render_task
 from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 
-__all__ = ["trainer_kwargs"]  # built where it lives (trainer/); named here for the drivers
+__all__ = ["Settings", "settings", "trainer_kwargs"]  # built where it lives (trainer/); named here for the drivers
 from rollyard.trainer.trainer import Trainer, trainer_kwargs
 
 
@@ -35,6 +40,23 @@ def policy(cfg: RunConfig, device: str):
         from rollyard.rollout.vllm import check
         check(cfg, model)
     return model, tokenizer, context
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What start-up resolves from the config once, by one formula each (:func:`settings`), and hands to every
+    process that needs it, the Ray rollout actors included: an actor never resolves them again. (An actor holds
+    no GPU: resolving the trainer's device there would pick another dtype than the trainer's, or fail.)"""
+
+    device: str  # the trainer's device: trainer.device with auto resolved (cpu, cuda, cuda:N)
+    plan: SyncPlan  # the weight sync: mode x transport and the rollout copy's dtype (sync/factory.resolve)
+    bound: int  # the staleness bound the placement runs under (staleness.bound_of)
+
+
+def settings(cfg: RunConfig) -> Settings:
+    """The run's :class:`Settings`; a device or sync setting that cannot work fails here (ConfigError, one line)."""
+    device = device_of(cfg)
+    return Settings(device, resolve(cfg, device), staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every))
 
 
 def device_of(cfg: RunConfig) -> str:
@@ -137,8 +159,16 @@ def with_lora(cfg: RunConfig, model):
     return attach_lora(model, lora.r, lora.alpha, lora.targets) if lora.r > 0 else model
 
 
-def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None = None) -> RolloutEngine:
-    """The rollout engine of ``rollout.backend``: rollyard's own, or one vLLM engine (``rollout/vllm.py``)."""
+def engine(cfg: RunConfig, model, tokenizer, version: int = 0, seed: int | None = None):
+    """The rollout engine of ``rollout.backend`` (rollyard's own, or one vLLM engine: ``rollout/vllm.py``); with
+    ``tools.*`` set, wrapped in the multi-turn loop (``env/loop.MultiTurn``: the same contract, trajectories over
+    the engine, the tool calls' counters in its ``drain``). Every rollout side builds its engine here."""
+    eng = _bare_engine(cfg, model, tokenizer, version, seed)
+    box = env_setup.toolbox(cfg, tokenizer)
+    return eng if box is None else MultiTurn(eng, box)
+
+
+def _bare_engine(cfg: RunConfig, model, tokenizer, version: int, seed: int | None) -> RolloutEngine:
     r = cfg.rollout
     budget = kv_budget.cache_tokens(cfg, model, _device(model))  # rollout.kv_memory_gb over the model's KV bytes/token
     if r.backend == "vllm":

@@ -39,10 +39,12 @@ def histogram(lag_values: Iterable[int]) -> list[int]:
 
 
 def bound_of(placement: str, max_staleness: int, sync_every: int) -> int:
-    """The bound a placement runs under: colocated is on-policy; disaggregated is one step off
-    (``sync_every`` steps between publishes); async runs under ``max_staleness``."""
+    """The bound a placement runs under (the one formula; ``roles.settings`` resolves it once per run):
+    colocated samples from a copy published every ``sync_every`` steps, so it lags by up to
+    ``sync_every - 1``; disaggregated is one step off (``sync_every`` steps between publishes); async runs
+    under ``max_staleness``."""
     if placement == "colocated":
-        return 0
+        return sync_every - 1
     if placement == "disaggregated":
         return sync_every
     return max_staleness

@@ -116,12 +116,19 @@ def trainer_bytes(cfg: RunConfig, model) -> int:
         model.config, tokens, _row(cfg, model.config), cfg.trainer.activation_checkpointing)
 
 
+def micro_batch_held(setting: int, batch: int) -> int:
+    """The memory rule for a training micro-batch, the one both the start-up check (here) and the plan's review
+    of a run (``plan/review.py``) apply: it holds ``trainer.micro_batch_tokens`` (``setting``), at most one step's
+    whole ``batch`` of tokens, so that a large bound meaning 'one micro-batch' is not priced as if it were
+    filled. ``batch`` < 1: not known, the setting as it is."""
+    return max(1, min(setting, batch)) if batch >= 1 else setting
+
+
 def micro_batch_tokens(cfg: RunConfig, model_config) -> int:
-    """The most tokens one training micro-batch holds: ``trainer.micro_batch_tokens``, at most one step's whole
-    batch (its sequences at the context length), so that a large bound meaning 'one micro-batch' is not priced
-    as if it were filled."""
+    """The most tokens one training micro-batch holds at start-up, where the step's batch is bounded by its
+    sequences at the context length (``micro_batch_held``)."""
     batch = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt * _context(cfg, model_config)
-    return max(1, min(cfg.trainer.micro_batch_tokens, batch))
+    return micro_batch_held(cfg.trainer.micro_batch_tokens, batch)
 
 
 def _row(cfg: RunConfig, model_config) -> int:

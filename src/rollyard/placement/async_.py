@@ -7,8 +7,8 @@ and requeues a group older than that when it takes it (consumption). Weights are
 ``sync.every`` steps and applied between decode steps under ``rollout.inflight``. The loss corrects
 the gap with truncated importance sampling on the rollout's logprobs (trainer.step). With
 ``max_staleness = 0`` and one worker it trains on exactly the samples colocated would. With
-``rollout.scheduler=tail`` the rounds handed out are short and long rounds (``pool_tail.py``); a
-deferred prompt restarts whole in its long round, under the same bound.
+``rollout.scheduler=tail`` the rounds handed out are short and long rounds (the round book,
+``rollout/rounds.py``); a deferred prompt restarts whole in its long round, under the same bound.
 """
 
 from __future__ import annotations
@@ -26,6 +26,6 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, admission_s
     """Test hooks: ``admission_slack``: workers admit work that many versions past the bound, so
     the consumption check must catch it; ``worker``: the rollout actor class (tests/faults.py)."""
     run, r, _ = start(cfg, run_dir, resume)
-    bound = cfg.max_staleness
+    bound = run.settings.bound
     return step.train(run, r, RolloutPool(cfg, run, r, bound, ahead=bound + 1, by_round=False,
                                           admission_slack=admission_slack, worker=worker))

@@ -15,22 +15,21 @@ from pathlib import Path
 
 from rollyard import roles
 from rollyard.config import RunConfig
-from rollyard.env import setup as env_setup
-from rollyard.env.loop import TOOL_SECONDS, MultiTurn
+from rollyard.env.loop import TOOL_SECONDS
 from rollyard.model import memory as cpu_memory
 from rollyard.placement import step as grpo
 from rollyard.placement.run import Roles, RunRecord, start
-from rollyard.placement.streamed import make_scheduler, streamed_step
+from rollyard.placement.streamed import streamed_step
+from rollyard.rollout.rounds import STATE_KEY, make_book
 from rollyard.sync import canary
 from rollyard.sync.check import compare_weights
-from rollyard.sync.factory import SyncPlan, resolve
+from rollyard.sync.factory import SyncPlan
 from rollyard.sync.session import LocalReceiver, SyncSession, rollout_copy
 
 
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
-    plan = resolve(cfg, roles.device_of(cfg))  # a sync setting that cannot work fails before any start-up work
-    run, r, extra_rng = start(cfg, run_dir, resume)
-    return grpo.train(run, r, LocalRollout(run, r, plan, extra_rng))
+    run, r, extra_rng = start(cfg, run_dir, resume)  # resolves the settings first (a bad sync setting fails there)
+    return grpo.train(run, r, LocalRollout(run, r, run.settings.plan, extra_rng))
 
 
 class LocalRollout:
@@ -43,42 +42,48 @@ class LocalRollout:
         self.session = SyncSession(plan, r.model, s.every, s.check_every, s.bucket_mb)
         # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
         model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
-        self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)
+        self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)  # tools.*: multi-turn
         self.session.shared = self.engine.model is r.model  # vLLM in mode inprocess still holds a copy: checked
         if "engine" in extra_rng:
             self.engine.generator.set_state(extra_rng["engine"])
-        box = env_setup.toolbox(cfg, r.tokenizer)  # tools.*: multi-turn trajectories over the engine (rollyard.env)
-        self.rollout = self.engine if box is None else MultiTurn(self.engine, box)
         self.receivers = {"local": LocalReceiver(self.engine)}
         # Start-up: one full sync, then the equality check (its bytes are the first step's ledger entry).
         handle, nbytes = self.session.startup(r.model, run.state.version)
         self.receivers["local"].update(handle)
         run.telemetry.traffic(run.state.step, "weights", nbytes)
         compare_weights(self.session.expected(r.model), self.engine.model, run.state.version)
-        self.scheduler = make_scheduler(run, r) if cfg.rollout.scheduler == "tail" else None
+        self.book = make_book(cfg, r.feed)  # the rounds: plain, or RollPacker's short and long (rollout/rounds.py)
+        self.book.restore(run.state.extra, run.state.step)
+        # tail rounds train inside the round (RollPacker's stream-based training overlaps the tail's decoding)
+        self.streamed = self.book.policy.closes_early("short")
         if why := canary.not_measured(self.engine, plan.mode == "inprocess"):
             run.log(why)
 
     def take(self, step: int, version: int) -> grpo.Taken:
         run, r, engine, tel = self.run, self.r, self.engine, self.run.telemetry
-        if self.scheduler is not None:  # rollout.scheduler=tail: streamed round + streaming trainer
-            requests, samples, train_metrics, extra = streamed_step(run, r, engine, step, self.scheduler)
+        if self.streamed:  # rollout.scheduler=tail: streamed round + streaming trainer
+            requests, samples, train_metrics, extra = streamed_step(run, r, engine, step, self.book)
             return grpo.Taken(requests, samples, extra, train_metrics)
-        requests, dead = r.feed.take(run.cfg.rollout.prompts_per_step, step)
+        _, requests, dead = self.book.issue(step)
         run.dead_letter(dead, step)
         r.feed.ledger.hand_out([q.id for q in requests], "local")
         tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
         cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
         with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
-            samples, rejected = self.rollout.generate(requests)
+            samples, rejected = engine.generate(requests)
         extra = {"rollout/engine_cpu_s": time.process_time() - cpu}
-        if self.rollout is not engine:  # tools: their counters and calls' latencies, the tool role's intervals
-            counts, seconds = self.rollout.drain()
+        counts, seconds = engine.drain()  # work beside decoding (tool calls): counters, calls' latencies, intervals
+        if counts:
             extra.update({**counts, TOOL_SECONDS: seconds})  # the run record takes the percentiles (run.py)
-            for a, b in self.rollout.busy():
-                tel.record({"role": "tool", "step": step, "worker": "tools", "start": a, "end": b})
+        for a, b in engine.busy():
+            tel.record({"role": "tool", "step": step, "worker": "tools", "start": a, "end": b})
         run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
-        r.feed.ledger.dead([q.id for q, _ in rejected])
+        for q, _ in rejected:
+            self.book.rejected(q.id)
+        refused = {q.id for q, _ in rejected}
+        self.book.took([q.id for q in requests if q.id not in refused])
+        if (state := self.book.state()) is not None:
+            run.state.extra[STATE_KEY] = state
         tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
         return grpo.Taken(requests, samples, extra)
 
@@ -93,15 +98,13 @@ class LocalRollout:
         train time). Without checkpointing they are the next step's activations: trimming them cost ~2 s of
         re-faulting per step (train 8.1 vs 6.2 s, 2026-11-26) for the same run peak (4.78 vs 4.83 GB: the
         trainer phase is the peak either way), so they stay."""
-        if hasattr(self.engine, "sleep"):
-            self.engine.sleep()
+        self.engine.sleep()
         try:
             yield
         finally:
             if self.run.cfg.trainer.activation_checkpointing:
                 cpu_memory.release_freed_memory()  # the step's freed pages, before the engine wakes
-            if hasattr(self.engine, "wake_up"):
-                self.engine.wake_up()
+            self.engine.wake_up()
 
     def publish(self, step: int, version: int) -> int:
         nbytes = self.session.publish(self.r.model, version, self.receivers)
@@ -127,7 +130,5 @@ class LocalRollout:
         return {"engine": self.engine.generator.get_state()}
 
     def stop(self) -> None:
-        if self.rollout is not self.engine:
-            self.rollout.box.executor.close()
-        if hasattr(self.engine, "sleep"):  # the run's eval after builds its own engine: this one's memory first
-            self.engine.sleep()
+        self.engine.sleep()  # the run's eval after builds its own engine: this one's memory first
+        self.engine.close()

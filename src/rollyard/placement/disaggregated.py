@@ -6,7 +6,7 @@ workers before they start round k+2 (a round meant for step b starts only on wei
 ``>= b - sync.every``). The trainer takes exactly round k at step k, so every sample lags by at
 most ``sync.every`` versions (1 by default), checked where it is consumed. With
 ``rollout.scheduler=tail`` round k is a short round (its first P complete prompts; the rest deferred)
-or a long round of deferred prompts (``pool_tail.py``).
+or a long round of deferred prompts (the round book, ``rollout/rounds.py``).
 """
 
 from __future__ import annotations
@@ -22,4 +22,4 @@ from rollyard.placement.run import start
 def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False, worker: type | None = None) -> dict:
     """``worker`` (a test hook): the rollout actor class (tests/faults.py)."""
     run, r, _ = start(cfg, run_dir, resume)
-    return step.train(run, r, RolloutPool(cfg, run, r, bound=cfg.sync.every, ahead=1, by_round=True, worker=worker))
+    return step.train(run, r, RolloutPool(cfg, run, r, bound=run.settings.bound, ahead=1, by_round=True, worker=worker))

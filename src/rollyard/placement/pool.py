@@ -1,58 +1,41 @@
 """The Ray rollout side (disaggregated, async): hand out work, take groups, publish, restart. It never
 trains: ``step.py`` scores and trains what ``take`` returns, then asks it to ``publish``.
 
-Work is handed out in rounds of ``prompts_per_step`` prompts; round ``b`` is meant for optimizer
+Rounds come from the run's round book (``rollout/rounds.py``, the one the in-process side drives):
+which prompts, how many samples, when a round closes (tail: its P-th complete prompt, counted across
+the pool) and what it defers; the pool carries out its answers. Round ``b`` is meant for optimizer
 step ``b`` and travels with that target, which the worker's admission checks against the bound.
 Finished groups arrive through one bounded Ray queue; each is checked where it is consumed
-(``take``): a group older than the bound is dropped, its prompt requeued and the drop counted.
-
-Every prompt is in the ledger: ``in_flight`` on a worker, ``deferred`` once its group arrived,
-``trained`` after the step. A worker that dies (its ``run`` call fails with an actor error) has
-the groups it already queued taken first, then its remaining in-flight prompts requeued; it is
-restarted with the latest published weights, and the run goes on.
-
-Weights go through one ``sync.session.SyncSession``: its start-up handle builds every worker, its
-transport reaches all of them (``connect`` again after a restart), its snapshot builds a restarted
-worker and catches up one that missed an update.
-
-With ``rollout.scheduler=tail`` the rounds are RollPacker's short and long rounds across the pool
-(``pool_tail.py``): a short round is cut once ``prompts_per_step`` of its prompts are complete, its
-unfinished prompts are aborted on their workers and queued (ledger ``deferred``) for a long round;
-the queue and each live prompt's round are carried in the checkpoint (``TrainState.extra``).
+(``take``): a group older than the bound is dropped, its prompt requeued (re-rolled whole) and the
+drop counted. Every prompt is in the ledger: ``in_flight`` on a worker, ``deferred`` once its group
+arrived (or cut for a long round), ``trained`` after the step. A worker that dies has the groups it
+already queued taken first, then its in-flight prompts requeued; it is restarted with the latest
+published weights (``SyncSession``'s snapshot, checksum-verified), and the run goes on.
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter, deque
+from collections import Counter
 
 import ray
 from ray.exceptions import RayActorError, RayError
 from ray.util.queue import Empty, Queue
 from rich.markup import escape
 
-import rollyard
-from rollyard import roles, staleness
-from rollyard.config import ConfigError, RunConfig
-from rollyard.env import setup as env_setup
+from rollyard import staleness
+from rollyard.config import RunConfig
 from rollyard.env.loop import TOOL_SECONDS
-from rollyard.placement.pool_tail import STATE_KEY, PoolTail
-from rollyard.placement.rollout_actor import RolloutWorker
-from rollyard.placement.rules import RolloutCrashLoop
+from rollyard.placement.rollout_actor import RolloutWorker, actor_class, handshake, held_checksums
+from rollyard.placement.rules import RestartWindow
 from rollyard.placement.run import Roles, RunRecord
 from rollyard.placement.step import Taken, no_turn
+from rollyard.rollout.rounds import STATE_KEY, make_book
 from rollyard.sync import canary
 from rollyard.sync.check import WeightsDiffer
-from rollyard.sync.factory import resolve
 from rollyard.sync.session import SyncSession
 from rollyard.sync.transport_dist import SyncBroken
-from rollyard.telemetry import rundir
 from rollyard.types import Request, Sample
-
-MAX_RESTARTS = 3  # restarts within RESTART_WINDOW_S; workers that keep dying are a bug to surface, not to hide
-RESTART_WINDOW_S = 600.0
-ROLLOUT_RESOURCE = "rollyard_rollout"  # nodes started with this custom resource host the rollout workers
-MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
 class RolloutPool:
@@ -66,50 +49,32 @@ class RolloutPool:
         self.ledger = r.feed.ledger
         self.P = cfg.rollout.prompts_per_step
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
-        # control calls (submit, update, the transport's join/pull, checksum) run beside the loop
-        opts = {"num_cpus": 1, "max_concurrency": 8}
-        if ray.cluster_resources().get(ROLLOUT_RESOURCE):  # a cluster that names its rollout nodes
-            opts["resources"] = {ROLLOUT_RESOURCE: 0.001}
-        self.actor = ray.remote(**opts)(worker or RolloutWorker)
+        self.actor = actor_class(worker or RolloutWorker)
         s = cfg.sync
-        self.session = SyncSession(resolve(cfg, roles.device_of(cfg)), r.model, s.every, s.check_every, s.bucket_mb)
+        self.session = SyncSession(run.settings.plan, r.model, s.every, s.check_every, s.bucket_mb)
         self.ref, nbytes = self.session.startup(r.model, run.state.version)
         self.checksum = self.session.checksum(r.model)  # every worker must start equal to the trainer
         run.totals["sync/startup_bytes"] = nbytes
         run.telemetry.traffic(run.state.step, "weights", nbytes)  # the opening full sync (review expects it)
-        self.meta: dict[str, tuple[int, int]] = {}  # request id -> (round, hand-out order)
-        self.next_round = r.feed.last_round + 1
+        self.book = make_book(cfg, r.feed, refill=True)  # the rounds (rollout/rounds.py): which prompts, when cut
         self.buffer: dict[str, tuple[str, list[Sample]]] = {}  # finished groups in arrival order
         self.workers: dict[str, object] = {}
         self.runs: dict[str, object] = {}
         self.offsets: dict[str, float] = {}
         self.pids: dict[str, int] = {}  # each worker's current process: items from a replaced one are late
         self.restarts: Counter = Counter()
-        self.restart_times: deque[float] = deque()  # when workers were replaced (the crash-loop window)
+        self.crashes = RestartWindow()  # workers replaced within the window: past its limit the run stops
         self.stats: Counter = Counter()
-        self.tool_seconds: list[float] = []  # this step's tool calls' latencies, from every worker (metrics())
-        self.canaries: dict[int, tuple] = {}  # version -> (trainer's probe logprobs, {worker: answer}) not complete
-        self.canary_done: dict = {}  # the latest complete canary's metrics, for the next row
+        self.engine_counts: Counter = Counter()  # the engines' counters beside decoding (tool calls), summed
+        self.call_seconds: list[float] | None = None  # this step's tool calls' latencies, every worker's (metrics())
+        self.canaries = canary.Answers()  # the workers answer through the queue, the step is not held up
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
-        self.target: dict[str, int] = {}  # tail: request id -> the target step it was last handed out with
-        t = cfg.tail
-        self.tail = PoolTail(self.P, cfg.rollout.samples_per_prompt, t.overprovision, t.extra_samples,
-                             t.long_every) if cfg.rollout.scheduler == "tail" else None
+        self.target: dict[str, int] = {}  # request id -> the target step it was last handed out with (a cut names it)
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
         self.session.connect(self.workers)
-        live = self.ledger.queued()  # a resumed run's live prompts: requeued, meant for the next step
-        round_of = {}
-        if self.tail is not None:  # tail: the long-round queue stays queued; the rest keep their rounds
-            round_of = self.tail.restore(run.state.extra.get(STATE_KEY))
-            waiting = set(self.tail.long)
-            self.ledger.defer([q.id for q in live if q.id in waiting])
-            self.tail.long = deque(i for i in self.tail.long if self.ledger.state.get(i) == "deferred")
-            live = [q for q in live if q.id not in waiting]
-            self.next_round = max(self.next_round, self.tail.next_round)
-        for q in live:
-            self.meta[q.id] = (round_of.get(q.id, run.state.step), len(self.meta))
-        self._hand_out([(q, run.state.step) for q in live])
+        self.book.restore(run.state.extra, run.state.step)  # deferred prompts wait again; the rest keep their rounds
+        self._hand_out([(q, run.state.step) for q in self.ledger.queued()])  # a resumed run's live prompts
 
     # -- workers -----------------------------------------------------------------------------------
 
@@ -117,17 +82,8 @@ class RolloutPool:
         """Start actor ``name`` from the weights ``handle`` names; it must hash to ``checksum``."""
         i, n = int(name.rsplit("-", 1)[1]), self.restarts[name]
         h = self.actor.remote(self.cfg.model_dump(mode="json"), name, self.cfg.seed + i + 1000 * n, handle,
-                              self.queue, self.admission_bound, self.cfg.rollout.inflight)
-        ray.get(h.info.remote())  # waits for the model copy to be built
-        t0 = time.time()
-        info = ray.get(h.info.remote())  # then a round trip measures the clock offset
-        self.offsets[name] = info["time"] - (t0 + time.time()) / 2
-        if info["checksum"] != checksum:
-            raise WeightsDiffer(f"rollout worker {name} starts with weights that differ from the trainer's at "
-                                f"version {info['version']} (checksum {info['checksum'][:12]} vs {checksum[:12]})")
-        if info["rollyard"] != rollyard.__file__:
-            raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
-                              f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
+                              self.queue, self.admission_bound, self.cfg.rollout.inflight, self.run.settings)
+        info, self.offsets[name] = handshake(h, name, checksum)
         h.retarget.remote(self.lag)
         if self.r.reference is not None and self.cfg.reference.placement == "pool":  # groups go to its actors
             h.reference.remote(self.r.reference.actors)
@@ -151,15 +107,7 @@ class RolloutPool:
             self.session.connect(self.workers)  # a sync group cannot outlive a member: a new one, all ranks
 
     def _replace(self, name: str, err: Exception) -> None:
-        now = time.time()
-        self.restart_times.append(now)
-        while self.restart_times and now - self.restart_times[0] > RESTART_WINDOW_S:
-            self.restart_times.popleft()
-        if len(self.restart_times) > MAX_RESTARTS:
-            raise RolloutCrashLoop(f"rollout workers died {len(self.restart_times)} times within "
-                                   f"{RESTART_WINDOW_S:.0f} s (limit {MAX_RESTARTS}), last {name} "
-                                   f"({type(err).__name__}); stopping rather than restarting in a loop; see the "
-                                   f"worker's log above, the latest checkpoint is intact (--resume)") from err
+        self.crashes.record(name, err)
         self.restarts[name] += 1
         self._drain()  # the groups it queued before dying are taken, not requeued
         requeued = self.ledger.requeue(self.ledger.on_worker(name))
@@ -174,7 +122,7 @@ class RolloutPool:
         self.run.log(f"[yellow]rollout worker {name} died ({type(err).__name__}); restarted at weights "
                      f"v{self.session.last.version} (checksum verified), {len(requeued)} in-flight prompts "
                      f"requeued[/yellow]")
-        self._hand_out([(q, max(self.run.state.version, self.meta[q.id][0])) for q in requeued])
+        self._hand_out([(q, max(self.run.state.version, self.book.round_of(q.id))) for q in requeued])
 
     def _catch_up(self, name: str) -> None:
         """Send worker ``name`` the last published version in full (it missed or rejected an update)."""
@@ -204,61 +152,25 @@ class RolloutPool:
 
     def fill(self, horizon: int, step: int) -> None:
         """Hand out every round up to ``horizon`` (each round meant for the step of its number)."""
-        while self.next_round <= horizon:
-            if self.tail is None:
-                self._issue(self.next_round, self.P, step)
-            else:
-                self._issue_tail(self.next_round, step)
-            self.next_round += 1
+        while self.book.next_round <= horizon:
+            round_ = self.book.next_round
+            _, requests, dead = self.book.issue(round_)
+            self._send(round_, requests, dead, step)
 
-    def _issue_tail(self, round_: int, step: int) -> None:
-        """rollout.scheduler=tail: a short round of fresh prompts, or a long round of queued ones."""
-        kind = self.tail.next_kind()
-        self.tail.issued(round_, kind)
-        if kind == "short":
-            self._issue(round_, self.tail.short_size(), step)
-            return
-        requests = [self._reform(q, self.tail.long_form) for q in self.ledger.requeue(self.tail.take_long())]
-        for q in requests:
-            self.meta[q.id] = (round_, len(self.meta))
+    def _send(self, round_: int, requests: list[Request], dead: list[dict], step: int) -> None:
+        self.run.dead_letter(dead, step)
         self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
         self._hand_out([(q, round_) for q in requests])
 
-    def _reform(self, q: Request, form) -> Request:
-        """``q`` as ``form`` makes it (tail: its sample count), recorded in the ledger (a requeue re-issues it)."""
-        self.ledger.requests[q.id] = form(q)
-        return self.ledger.requests[q.id]
-
-    def _cut(self, round_: int) -> None:
-        """Tail: a short round has its P complete prompts; abort the rest on their workers, queue them for a long round."""
-        ids = [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) in ("queued", "in_flight")]
+    def _cut(self, ids: list[str]) -> None:
+        """A round closed (the book's answer): abort its unfinished prompts on their workers; the book defers them."""
         per: dict[str, list] = {}
         for i in ids:
             per.setdefault(self.ledger.worker.get(i), []).append((i, self.target[i]))
-            del self.meta[i]
-        self.ledger.defer(ids)
-        self.tail.defer(ids)
+        self.book.defer(ids)
         for name, pairs in per.items():
             if name in self.workers:
                 self.workers[name].cut.remote(pairs)
-
-    def _issue(self, round_: int, k: int, step: int) -> None:
-        """Hand out ``k`` prompts for ``round_``; dead-lettered ones are replaced, so a round stays
-        full (an async trainer waits for ``prompts_per_step`` groups)."""
-        for _ in range(MAX_TOP_UPS):
-            requests, dead = self.r.feed.take(k, round_)
-            if self.tail is not None:  # a short round's prompts: n + extra samples, complete at n
-                requests = [self._reform(q, self.tail.short_form) for q in requests]
-            self.run.dead_letter(dead, step)
-            for q in requests:
-                self.meta.setdefault(q.id, (round_, len(self.meta)))
-            self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
-            self._hand_out([(q, round_) for q in requests])
-            k -= len(requests)
-            if k <= 0:
-                return
-        raise RuntimeError(f"round {round_}: {MAX_TOP_UPS} draws from the prompt set left {k} prompts short, every "
-                           f"one dead-lettered; see {rundir.DEADLETTER} for why")
 
     def _hand_out(self, items: list[tuple[Request, int]]) -> None:
         load = Counter(dict.fromkeys(self.workers, 0) | Counter(self.ledger.worker.values()))
@@ -268,8 +180,7 @@ class RolloutPool:
             load[w] += 1
             per.setdefault(w, []).append((q, target))
             self.ledger.hand_out([q.id], w)
-            if self.tail is not None:  # what a cut names
-                self.target[q.id] = target
+            self.target[q.id] = target
         for w, batch in per.items():
             self.workers[w].submit.remote(batch)
 
@@ -286,34 +197,32 @@ class RolloutPool:
         for span in item["spans"]:
             tel.record(span, self.offsets.get(name, 0.0))
         self.stats.update(item["stats"])
+        self.engine_counts.update(item.get("engine", {}))
         tel.memory.observe("rollout_actor", item.get("memory_peak"))  # the actor process's peak RSS so far
-        self.tool_seconds += item.get("tool_seconds", [])
+        if item.get("tool_seconds") is not None:  # a multi-turn engine's: from then on every row has the key
+            self.call_seconds = (self.call_seconds or []) + item["tool_seconds"]
         if item.get("needs_full") and name in self.workers:
             self._catch_up(name)
         for rid, why in item["rejected"]:
-            cut = self.tail is not None and rid in self.tail.long  # rejected, and cut before the news came
-            if cut:
-                self.tail.long.remove(rid)
-            self.ledger.dead([rid])
             self.run.dead_letter([{"source": rid, "reason": why}], step)
-            if not cut and (self.tail is None or self.meta[rid][0] in self.tail.done):  # tail: open short rounds only
-                self._issue(self.meta[rid][0], 1, step)
+            if (round_ := self.book.rejected(rid)) is not None:  # a round still filling gets a fresh prompt
+                self._send(round_, *self.book.draw(round_, 1), step)
         late = item.get("pid", self.pids.get(name)) != self.pids.get(name)  # sent by a worker since replaced
         for rid, samples in item["groups"]:
             if late or self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:
-                if self.tail is not None and rid in self.tail.long:  # finished as its round was cut: deferred all the same
+                if self.book.was_cut(rid):  # finished as its round was cut: deferred all the same
                     self.stats["cut_tokens"] += sum(len(s.completion_ids) for s in samples)
                 else:
                     self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
                 continue
             self.ledger.finished([rid])
-            if self.tail is not None and self.tail.complete(self.meta[rid][0]):
-                self._cut(self.meta[rid][0])
+            if cut := self.book.arrived(rid):  # it closed its round (tail: the P-th complete prompt)
+                self._cut(cut)
             self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
             if rid in item.get("reference", {}):  # reference.placement=pool: its reference logprobs, under way
                 self.r.reference.adopt({rid: item["reference"][rid]})
         for version, held, logprobs in item.get("canary", ()):
-            self._canary_answer(name, version, held, logprobs)
+            self.canaries.answer(name, version, held, logprobs, self.workers)
 
     def _drop_stale(self, version: int) -> None:
         """Consumption: a buffered group older than the bound is not trained on; its prompt is
@@ -327,8 +236,7 @@ class RolloutPool:
                 self.stats["dropped"] += 1
                 self.run.log(f"[yellow]dropped stale group {rid}: sampled at v{oldest}, trainer at v{version} "
                              f"accepts v{floor}+ (max staleness {self.bound}); prompt requeued[/yellow]")
-                if self.tail is not None:  # re-rolled whole; an open short round counts it once, when it comes back
-                    self.tail.undo(self.meta[rid][0])
+                self.book.dropped(rid)  # re-rolled whole; an open round counts it once, when it comes back
                 self._hand_out([(q, version) for q in self.ledger.requeue([rid])])
 
     def groups(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:
@@ -340,7 +248,7 @@ class RolloutPool:
             if round_ is None:
                 chosen = list(self.buffer)[:k] if len(self.buffer) >= k else None
             else:
-                ids = [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) != "dead"]
+                ids = self.book.round_ids(round_)
                 chosen = ids if all(i in self.buffer for i in ids) else None
             if chosen is not None:
                 break
@@ -351,11 +259,10 @@ class RolloutPool:
                 pass
             self._check_workers()
         self.stats["wait_s"] += time.time() - t0
-        chosen.sort(key=lambda i: self.meta[i][1])
-        if self.tail is not None:
-            self.tail.took([self.meta[i][0] for i in chosen])
-            for i in chosen:
-                self.target.pop(i, None)
+        chosen.sort(key=self.book.order)
+        self.book.took(chosen)
+        for i in chosen:
+            self.target.pop(i, None)
         groups = [self.buffer.pop(i)[1] for i in chosen]
         # The samples edge counts a group's bytes in the step that consumes it, so the per-step ledger
         # matches the tokens trained; groups that arrive ahead of the last step are reported at stop.
@@ -386,71 +293,40 @@ class RolloutPool:
         when it started); the queue is drained while waiting (a worker may be asking for a catch-up)."""
         expected = self.session.checksum(self.r.model)
         with self.run.telemetry.span("sync_check", step, version=version, checksum=expected):
-            pending = {h.checksum.remote(version): n for n, h in self.workers.items()}
-            checked, dead = 0, False
-            while pending:
-                ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.05)
-                if not ready:
-                    self._drain()
-                    continue
-                name = pending.pop(ready[0])
-                try:
-                    held, checksum = ray.get(ready[0])
-                except RayActorError:
-                    dead = True
-                    continue
-                if (held, checksum) != (version, expected):
-                    raise WeightsDiffer(f"weight sync equality check failed at version {version}: rollout worker "
-                                        f"{name} holds v{held} with checksum {checksum[:12]}, the trainer's is "
-                                        f"{expected[:12]}; stopping rather than sampling from the wrong weights")
-                checked += 1
-        if dead:  # after the span: a replacement's start-up is not the check's time
+            held = held_checksums(self.workers, version, wait=self._drain)
+        for name, got in held.items():
+            if got is not None and got != (version, expected):
+                raise WeightsDiffer(f"weight sync equality check failed at version {version}: rollout worker "
+                                    f"{name} holds v{got[0]} with checksum {got[1][:12]}, the trainer's is "
+                                    f"{expected[:12]}; stopping rather than sampling from the wrong weights")
+        checked = sum(got is not None for got in held.values())
+        if checked < len(held):  # after the span: a replacement's start-up is not the check's time
             self._check_workers(wait_s=self.session.timeout_s)
         self.stats["checked"] += 1  # run-wide count (rollout/checked); the step's row says sync/checked
         self.run.log(f"sync check v{version}: {checked} worker(s) equal the trainer ({expected[:12]})")
 
     def canary(self, version: int, probe, trainer_lp: list[float]) -> dict:
-        """Ask every worker to score the canary probe once it holds ``version``: its loop answers through
-        the queue, so the step is not held up. Returns the metrics of the latest canary every live worker
-        has answered since the last call (``canary/version`` says which sync; {} when none)."""
-        self.canaries[version] = (trainer_lp, {})
+        """Ask every worker to score the canary probe once it holds ``version``; returns the metrics of the latest
+        canary every live worker has answered since the last call (``canary/version`` says which sync)."""
+        self.canaries.ask(version, trainer_lp)
         for h in self.workers.values():
             h.canary.remote(version, probe)
-        out, self.canary_done = self.canary_done, {}
-        return out
-
-    def _canary_answer(self, name: str, version: int, held: int, logprobs) -> None:
-        if version not in self.canaries:
-            return
-        trainer_lp, answers = self.canaries[version]
-        answers[name] = (held, logprobs)
-        if set(answers) >= set(self.workers):
-            scored = {n: a for n, a in answers.items() if a[1] is not None}
-            self.canary_done = {**canary.compare(version, trainer_lp, scored), "canary/version": version}
-            for v in [v for v in self.canaries if v <= version]:  # older ones a replaced worker never answered
-                del self.canaries[v]
+        return self.canaries.latest()
 
     def metrics(self) -> dict:
         """This step's pool counters (reset), for the step's metrics row."""
         s, self.stats = self.stats, Counter()
-        seconds, self.tool_seconds = self.tool_seconds, []
+        engine, self.engine_counts = self.engine_counts, Counter()
+        seconds, self.call_seconds = self.call_seconds, (None if self.call_seconds is None else [])
         for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
-        counts = self.ledger.counts()
-        tail = {}
-        if self.tail is not None:  # its counters, and its queue into the checkpoint this step may write
-            tail = self.tail.metrics(s["cut_tokens"])
-            waiting = set(self.tail.long)
-            live = [i for i in self.ledger.requests if i not in waiting]
-            self.run.state.extra[STATE_KEY] = self.tail.state({i: self.meta[i][0] for i in live if i in self.meta},
-                                                              Counter(self.meta[i][0] for i in self.buffer))
-        return {**tail, "staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"], "rollout/aborted": s["aborted"], "rollout/restarts": s["restarts"],
-                "rollout/held_s": s["held_s"], "rollout/engine_s": s["engine_s"], "rollout/engine_cpu_s": s["engine_cpu_s"],
-                "rollout/ship_s": s["ship_s"],
-                "rollout/tokens": s["tokens"], "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
-                **{f"prompts/{k}": v for k, v in counts.items()},
-                **{k: v for k, v in s.items() if k.startswith("tools/")},  # tools.*: the workers' tool counters
-                **({TOOL_SECONDS: seconds} if env_setup.enabled(self.cfg) else {}),  # their calls' latencies
+        if (state := self.book.state(list(self.buffer))) is not None:  # into the checkpoint this step may write
+            self.run.state.extra[STATE_KEY] = state
+        worker = {f"rollout/{k}": s[k] for k in ("aborted", "restarts", "held_s", "engine_s", "engine_cpu_s", "ship_s", "tokens")}
+        return {**self.book.metrics(s["cut_tokens"]), "staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"],
+                **worker, "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
+                **{f"prompts/{k}": v for k, v in self.ledger.counts().items()}, **engine,  # the engines' counters beside decoding
+                **({TOOL_SECONDS: seconds} if seconds is not None else {}),  # their calls' latencies
                 **({"restart/seconds": s["restart_s"]} if s["restart_s"] else {})}  # the step-time alarm skips it
 
     def stop(self) -> None:

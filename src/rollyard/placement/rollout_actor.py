@@ -15,10 +15,10 @@ thread-safe). One loop iteration:
 3. one ``engine.step()``; the groups it finished (all ``n`` samples of a request) go to the bounded
    output queue as one item (a full queue blocks the loop: backpressure), with the spans since.
 
-With ``rollout.scheduler=tail`` a request of a short round carries ``n + extra_samples`` samples and
-is complete at ``rollout.samples_per_prompt`` finished ones (the rest are aborted), and ``cut``
-aborts the prompts of a short round the driver has closed (``placement/pool_tail.py``); the tokens
-both drop are counted as ``cut_tokens``.
+A request is complete at ``rollout.samples_per_prompt`` finished samples: a request that carries more
+(tail batching's short rounds over-provision) has the rest aborted then; ``cut`` aborts the prompts of
+a round the driver has closed (the round book's answer, ``rollout/rounds.py``). The tokens both drop
+are counted as ``cut_tokens``.
 
 This class is a receiver of the driver's ``sync.session.SyncSession``: weights arrive as handles
 (``update``: opened by ``session.receive``) or, for a transport with a handshake, through its
@@ -41,11 +41,9 @@ import torch
 
 from rollyard import roles, staleness
 from rollyard.config import RunConfig
-from rollyard.env import setup as env_setup
-from rollyard.env.loop import MultiTurn
 from rollyard.sync import canary
 from rollyard.sync.check import weights_checksum
-from rollyard.sync.factory import make_receiver, resolve
+from rollyard.sync.factory import make_receiver
 from rollyard.sync.session import receive
 from rollyard.sync.wire import SyncRejected
 from rollyard.telemetry.memory import peak_rss_bytes
@@ -53,30 +51,26 @@ from rollyard.types import Request, Sample, WeightUpdate
 
 SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeline resolution)
 PUTS_IN_FLIGHT = 4  # queue puts the loop does not wait for; past that it waits (a full queue: backpressure)
-SUMMED_TOOL_METRICS = ("tools/calls", "tools/errors", "tools/timeouts", "tools/crashes", "tools/format_errors",
-                       "tools/truncated", "tools/wait_s", "tools/bytes")  # counts: summed over workers and items
 SHIP_HOLD_S = 0.02  # a finished group waits up to this long for the rest of its round while the engine decodes
 IDLE_WAIT_S = 0.05  # with nothing to decode the loop sleeps until a control call wakes it, at most this long
 
 
 class RolloutWorker:
-    def __init__(self, cfg: dict, name: str, seed: int, handle, out, bound: int, inflight: str):
+    def __init__(self, cfg: dict, name: str, seed: int, handle, out, bound: int, inflight: str, settings: roles.Settings):
+        """``settings``: the driver's, resolved once at start-up (``roles.settings``): this process holds no GPU
+        and never resolves the trainer's device or the sync plan itself."""
         torch.set_num_threads(1)
         self.cfg = RunConfig.model_validate(cfg)
         self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
         self.lag = 0  # trainer steps minus trainer versions (skipped optimizer steps), set by ``retarget``
-        # tail batching: a request is complete at this many finished samples (None: at its n)
-        self.keep = self.cfg.rollout.samples_per_prompt if self.cfg.rollout.scheduler == "tail" else None
+        self.keep = self.cfg.rollout.samples_per_prompt  # a request is complete at this many finished samples
         model, tokenizer, _ = roles.policy(self.cfg, "cpu")
-        plan = resolve(self.cfg, roles.device_of(self.cfg))
+        plan = settings.plan
         model = model.to(plan.dtype)  # the dtype the trainer publishes in
         self.link = make_receiver(plan.transport)  # the transport's receiver half (None: handles only)
         update = receive(handle)  # the trainer's weights: start-up or a restart
         self.engine = roles.engine(self.cfg, model, tokenizer, version=update.version - 1, seed=seed)
         self.engine.load_weights(update)
-        box = env_setup.toolbox(self.cfg, tokenizer)  # tools.*: multi-turn trajectories over the engine (rollyard.env)
-        if box is not None:
-            self.engine = MultiTurn(self.engine, box)
         self._lock = threading.Lock()
         self._inbox: list[tuple[Request, int]] = []
         self._updates: deque[list] = deque()  # weight handles, applied by the loop thread
@@ -113,7 +107,7 @@ class RolloutWorker:
         self._wake.set()
 
     def cut(self, pairs: list[tuple[str, int]]) -> None:
-        """Tail batching: abort these ``(request id, target)`` (a closed short round's unfinished prompts);
+        """Abort these ``(request id, target)`` (a closed round's unfinished prompts: tail batching's short rounds);
         the target tells a cut request from the same prompt handed out again for its long round."""
         with self._lock:
             self._cuts.extend(pairs)
@@ -237,13 +231,12 @@ class RolloutWorker:
         if (not rejected and not self._needs_full and not self._canary_out and self.engine.num_active
                 and time.perf_counter() - self._ready_since < SHIP_HOLD_S):
             return
-        tool_seconds: list[float] = []  # each tool call's wall seconds: the driver takes percentiles over all workers
-        if isinstance(self.engine, MultiTurn):  # tools: their counters and latencies, and the tool role's intervals
-            step = self._busy["step"] if self._busy else self._target_now()
-            self.spans += [{"role": "tool", "step": step, "worker": self.name, "pid": os.getpid(), "start": a, "end": b}
-                           for a, b in self.engine.busy()]
-            counts, tool_seconds = self.engine.drain()
-            self.stats.update({k: v for k, v in counts.items() if k in SUMMED_TOOL_METRICS})
+        # work the engine drives beside decoding (tool calls): its intervals, its counters (summed over workers and
+        # items; a mean is not) and each call's wall seconds (the driver takes percentiles over all workers)
+        step = self._busy["step"] if self._busy else self._target_now()
+        self.spans += [{"role": "tool", "step": step, "worker": self.name, "pid": os.getpid(), "start": a, "end": b}
+                       for a, b in self.engine.busy()]
+        counts, tool_seconds = self.engine.drain()
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, _fresh_stats()
         t0 = time.perf_counter()
@@ -256,7 +249,8 @@ class RolloutWorker:
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
                    "reference": refs, "canary": self._canary_out, "memory_peak": peak_rss_bytes(),
-                   "tool_seconds": tool_seconds})
+                   "engine": {k: v for k, v in counts.items() if not k.endswith("_mean")},  # summed by the driver
+                   "tool_seconds": tool_seconds if counts else None})  # None: nothing beside decoding
         self._canary_out = []
         self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False
@@ -331,10 +325,10 @@ class RolloutWorker:
         self.stats["tokens"] += len(s.completion_ids)
         group = self.groups.setdefault(s.request_id, [])
         group.append(s)
-        need = req.n if self.keep is None else min(req.n, self.keep)
+        need = min(req.n, self.keep)
         if len(group) == need:
             del self.requests[s.request_id], self.groups[s.request_id]
-            if need < req.n:  # tail: complete at ``keep``; the group's other samples stop now
+            if need < req.n:  # complete at ``keep``; the group's other samples stop now
                 done = {x.id for x in group}
                 rest = [f"{req.id}#{k}" for k in range(req.n) if f"{req.id}#{k}" not in done]
                 self.stats["cut_tokens"] += sum(len(x.completion_ids) for x in self.engine.abort(rest))
@@ -369,6 +363,63 @@ class RolloutWorker:
         self.spans.append({"role": "sync", "step": u.version - 1, "worker": self.name, "pid": os.getpid(),
                            "start": start, "end": time.time(), "version": u.version, "inflight": self.inflight,
                            "aborted": len(aborted)})
+
+
+ROLLOUT_RESOURCE = "rollyard_rollout"  # nodes started with this custom resource host the rollout workers
+
+
+def actor_class(cls: type):
+    """``cls`` as a Ray actor class: one CPU, control calls (submit, update, the transport's join/pull, checksum)
+    running beside its loop; on a cluster that names its rollout nodes (``ROLLOUT_RESOURCE``), placed there."""
+    import ray
+
+    opts = {"num_cpus": 1, "max_concurrency": 8}
+    if ray.cluster_resources().get(ROLLOUT_RESOURCE):
+        opts["resources"] = {ROLLOUT_RESOURCE: 0.001}
+    return ray.remote(**opts)(cls)
+
+
+def handshake(h, name: str, checksum: str) -> tuple[dict, float]:
+    """``(info, clock offset)`` of a started actor ``h``: waits for its model copy, then a round trip measures the
+    offset. Its weights must hash to ``checksum`` (``WeightsDiffer``), and it must import this rollyard."""
+    import ray
+
+    import rollyard
+    from rollyard.config import ConfigError
+    from rollyard.sync.check import WeightsDiffer
+
+    ray.get(h.info.remote())  # waits for the model copy to be built
+    t0 = time.time()
+    info = ray.get(h.info.remote())
+    offset = info["time"] - (t0 + time.time()) / 2
+    if info["checksum"] != checksum:
+        raise WeightsDiffer(f"rollout worker {name} starts with weights that differ from the trainer's at "
+                            f"version {info['version']} (checksum {info['checksum'][:12]} vs {checksum[:12]})")
+    if info["rollyard"] != rollyard.__file__:
+        raise ConfigError(f"Ray workers import rollyard from {info['rollyard']}, this driver from "
+                          f"{rollyard.__file__}; install the same rollyard on every node (or set PYTHONPATH)")
+    return info, offset
+
+
+def held_checksums(workers: dict, version: int, wait) -> dict[str, tuple[int, str] | None]:
+    """Each actor's ``(version, checksum)`` once it holds ``version`` (None: it died meanwhile); ``wait()`` runs
+    while none has answered (the driver drains its queue: a worker may be asking for a catch-up)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    pending = {h.checksum.remote(version): n for n, h in workers.items()}
+    out: dict[str, tuple[int, str] | None] = {}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.05)
+        if not ready:
+            wait()
+            continue
+        name = pending.pop(ready[0])
+        try:
+            out[name] = tuple(ray.get(ready[0]))
+        except RayActorError:
+            out[name] = None
+    return out
 
 
 def runtime(engine) -> dict:

@@ -3,6 +3,9 @@ Ray placement stops with when its rollout workers keep dying."""
 
 from __future__ import annotations
 
+import time
+from collections import deque
+
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup as env_setup
 from rollyard.placement import reference
@@ -12,6 +15,25 @@ PLACEMENTS = ("colocated", "disaggregated", "async")
 
 class RolloutCrashLoop(RuntimeError):
     """Rollout workers died more often than the restart limit allows within its window; the run stops."""
+
+
+class RestartWindow:
+    """Restarts of rollout workers within a sliding window; more than ``limit`` raise ``RolloutCrashLoop``
+    (workers that keep dying are a bug to surface, not to hide)."""
+
+    def __init__(self, limit: int = 3, window_s: float = 600.0):
+        self.limit, self.window_s, self.times = limit, window_s, deque()
+
+    def record(self, name: str, err: Exception) -> None:
+        now = time.time()
+        self.times.append(now)
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        if len(self.times) > self.limit:
+            raise RolloutCrashLoop(f"rollout workers died {len(self.times)} times within {self.window_s:.0f} s "
+                                   f"(limit {self.limit}), last {name} ({type(err).__name__}); stopping rather than "
+                                   f"restarting in a loop; see the worker's log above, the latest checkpoint is intact "
+                                   f"(--resume)") from err
 
 
 def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
@@ -40,8 +62,7 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
                           f"sync.mode=inprocess (a shared module) cannot reach it; set sync.mode=full, delta or lora "
                           f"(or auto)")
     from rollyard import roles
-    from rollyard.sync.factory import resolve
-    resolve(cfg, roles.device_of(cfg))  # the mode x transport rules, one line each
+    roles.settings(cfg)  # the device and the mode x transport rules, one line each, before Ray starts
     cpus = ray_cpus
     if cpus is not None and cfg.rollout.workers > cpus:
         raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs one CPU each, but Ray can give {cpus:g}; "

@@ -80,6 +80,7 @@ class RunRecord:
     totals: dict[str, float] = field(default_factory=dict)  # run-wide counters a placement adds to the summary
     tool_seconds: list[float] = field(default_factory=list)  # every tool call's latency this session (summary)
     reward_failures: RewardFailures | None = None
+    settings: roles.Settings | None = None  # resolved once at start-up (device, sync plan, staleness bound)
     _clock: float = field(default_factory=time.time)
 
     def log(self, msg: str) -> None:
@@ -187,7 +188,8 @@ class RunRecord:
             self.save_checkpoint(r, extra_rng() if extra_rng else None)
             # after this row was written: the next step's wall time holds it (alarms skip that step)
             self.telemetry.note(self.state.step, {"checkpoint/seconds": time.time() - t0})
-        signals.raise_if_stopping(self.state.step)
+        if self.state.step < self.cfg.steps:  # a signal in the last step: the run finishes (model/ is exported)
+            signals.raise_if_stopping(self.state.step)
 
     def save_checkpoint(self, r: Roles, extra_rng: dict | None = None) -> Path:
         self.state.cursor = r.feed.state()
@@ -207,11 +209,12 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     With ``resume``, ``cfg`` is the run's saved config (plus CLI overrides) and the prompt ledger's
     live prompts are queued again. ``info``: placement facts for run.json (see ``run_info``).
     """
+    settings = roles.settings(cfg)  # once, before any start-up work: every rollout side and Ray actor is handed these
     run = Path(run_dir)
     ckpt = runguard.open_run(cfg, run, resume, log=console.print)  # checks, lock, records cut to the checkpoint
     tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
-    device = roles.device_of(cfg)
+    device = settings.device
     deadletter: list[dict] = []
     model, tokenizer, context = roles.policy(cfg, device)
     try:
@@ -247,13 +250,14 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
                       + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
     rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
-                                        alarms=Alarms(regression_z=cfg.eval.regression_z)), state)
+                                        alarms=Alarms(regression_z=cfg.eval.regression_z)), state,
+                    settings=settings)
     rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
     handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer)
     rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
     rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     rec.dead_letter(deadletter)
-    (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model), **(info or {})}, indent=1))
+    (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **(info or {})}, indent=1))
     _renote_eval(rec)
     if state.eval_before is None:
         state.eval_before = evaluate(rec, handles)
@@ -298,25 +302,25 @@ def _renote_eval(run: RunRecord) -> None:
             run.telemetry.note(run.state.step, {"eval/accuracy": e["accuracy"]})
 
 
-def run_info(cfg: RunConfig, model) -> dict:
+def run_info(cfg: RunConfig, model, settings: roles.Settings) -> dict:
     """run.json: the facts plan/review need (rundir.RUN_INFO_KEYS, sync facts from the sync layer),
     plus the placement's (rundir.RUN_INFO_EXTRA)."""
     colocated = cfg.placement == "colocated"
-    facts = sync_facts(cfg, model, roles.device_of(cfg))
+    facts = sync_facts(cfg, model, settings.plan)
+    gpu = settings.device.startswith("cuda")
     return {
         "policy_params": num_params(model), "bytes_per_param": next(model.parameters()).element_size(),
         "placement": cfg.placement, "sync_mode": "inprocess", "dp": cfg.trainer.dp, "sharding": cfg.trainer.sharding,
-        "dp_backend": (("nccl" if roles.device_of(cfg).startswith("cuda") else "gloo") if cfg.trainer.dp > 1 else None),
+        "dp_backend": (("nccl" if gpu else "gloo") if cfg.trainer.dp > 1 else None),
         "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
         "max_new_tokens": cfg.rollout.max_new_tokens, "lora_fraction": None, "steps": cfg.steps, **facts,
-        "staleness_bound": (facts["staleness_bound"] if colocated else
-                            staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every)),
+        "staleness_bound": settings.bound,
         "sync_transport": "inprocess" if colocated and facts["sync_mode"] == "inprocess" else
                           (cfg.sync.transport if cfg.sync.transport != "auto" else ("inprocess" if colocated else "ray")),
         "rollout_workers": 0 if colocated else cfg.rollout.workers,
         "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
         "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
-        "device": "gpu" if roles.device_of(cfg).startswith("cuda") else "cpu",
+        "device": "gpu" if gpu else "cpu",
         "backend": cfg.rollout.backend, "accuracy_signal": accuracy_signal(cfg),  # what scores the held-out eval (None: no held-out accuracy)
         "tools": env_setup.functions(cfg) or cfg.tools.environment,  # rollouts and held-out eval run with them (None: single-turn)
     }

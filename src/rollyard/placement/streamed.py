@@ -1,14 +1,14 @@
 """One streamed step (rollout.scheduler = tail): round, streaming rewards and trainer, one optimizer step.
 
-The colocated rollout side calls ``make_scheduler`` once and ``streamed_step`` in place of its plain
-round; ``step.py`` then skips its own scoring and training for that step. Scoring is the step's own
+The colocated rollout side calls ``streamed_step`` over the run's round book (``rollout/rounds.py``)
+in place of its plain round; ``step.py`` then skips its own scoring and training for that step. Scoring is the step's own
 (``step.settle``, ``step.add_reference``, GRPO advantages per group), applied per complete group.
 Why this path trains inside the round: RollPacker's stream-based training overlaps the trainer's
 forward/backward of finished groups with the decoding of the rest (the long tail), so each
 complete group's gradient is accumulated while the engine keeps decoding; only the optimizer step
 waits for the round to end. Moved after the round, the overlap -- the point of tail batching --
-would be gone. The scheduler's queue is written into ``state.extra["tail"]`` after every step, so
-every checkpoint carries it.
+would be gone. The book's state is written into ``state.extra`` (``rounds.STATE_KEY``) after every
+step, so every checkpoint carries it.
 """
 
 from __future__ import annotations
@@ -17,26 +17,17 @@ import time
 
 from rollyard.algo.advantages import assign_advantages
 from rollyard.placement.step import add_reference, settle
-from rollyard.rollout.tail import TailScheduler
+from rollyard.rollout.rounds import STATE_KEY, RoundBook, run_round
 from rollyard.trainer.streaming import StreamingStep
 from rollyard.types import Request, Sample
 
 
-def make_scheduler(run, roles) -> TailScheduler:
-    """The tail scheduler over the run's prompt stream, its queue restored from the checkpoint if any."""
-    cfg, r = run.cfg, run.cfg.rollout
-    sched = TailScheduler(roles.feed.stream, roles.tokenizer, prompts=r.prompts_per_step, n=r.samples_per_prompt,
-                          max_new_tokens=r.max_new_tokens, context=roles.context, overprovision=cfg.tail.overprovision,
-                          extra_samples=cfg.tail.extra_samples, long_every=cfg.tail.long_every)
-    sched.restore(run.state.extra.get("tail"))
-    return sched
-
-
-def streamed_step(ctx, roles, engine, step: int, scheduler
+def streamed_step(ctx, roles, engine, step: int, book: RoundBook
                   ) -> tuple[list[Request], list[Sample], dict[str, float], dict[str, float]]:
     """Run one round and its optimizer step; returns ``(requests, samples, train_metrics, round_metrics)``
-    (``samples``: every scored sample, as ``step.score()`` returns them, failed verifier calls included).
-    ``ctx``: the run record; ``roles``: the driver's role handles; ``engine``: the local rollout engine."""
+    (``requests``: the round's complete ones, trained now; ``samples``: every scored sample, as ``step.score()``
+    returns them, failed verifier calls included). ``ctx``: the run record; ``roles``: the driver's role
+    handles; ``engine``: the local rollout engine."""
     cfg, tel = ctx.cfg, ctx.telemetry
     stream = StreamingStep(roles.trainer)
     in_round = {"train_s": 0.0}
@@ -56,20 +47,20 @@ def streamed_step(ctx, roles, engine, step: int, scheduler
         in_round["train_s"] += time.perf_counter() - t0
 
     with tel.span("rollout", step, version=engine.version):
-        rnd = scheduler.next_round(engine, roles.rewards, step, on_group)
+        rnd = run_round(book, engine, roles.rewards, step, on_group)
     ctx.dead_letter(rnd.dead, step)
     tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in rnd.requests))
     tel.traffic(step, "samples", sum(s.payload_bytes() for s in rnd.samples))
     tel.traffic(step, "rewards", 4 * len(scored))
     with tel.span("train", step):
         train_metrics = stream.finish()
-    ctx.state.extra["tail"] = scheduler.state()
-    by_kind = scheduler.trained
+    ctx.state.extra[STATE_KEY] = book.state()
+    book.metrics()  # the pool's per-step counters; this round's own follow
     round_metrics = {
         "tail/long_round": float(rnd.kind == "long"), "tail/deferred": float(len(rnd.deferred)),
-        "tail/queue": float(len(scheduler.queue)), "tail/bubble": rnd.bubble,
+        "tail/queue": float(len(book.long)), "tail/bubble": rnd.bubble,
         "tail/wasted_tokens": float(rnd.wasted_tokens), "tail/decode_steps": float(rnd.decode_steps),
-        "tail/train_in_round_s": in_round["train_s"],
-        "tail/long_share": by_kind["long"] / max(by_kind["short"] + by_kind["long"], 1),
+        "tail/train_in_round_s": in_round["train_s"], "tail/long_share": book.long_share(),
     }
-    return rnd.requests, scored, train_metrics, round_metrics
+    complete = {s.request_id for s in rnd.samples}  # the cut ones wait, deferred, for a long round
+    return [q for q in rnd.requests if q.id in complete], scored, train_metrics, round_metrics

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from rollyard.config import ConfigError
+from rollyard.model.kv_budget import micro_batch_held
 from rollyard.plan import audit
 from rollyard.plan import bytes as B
 from rollyard.plan.inputs import PLACEMENTS, PlanInputs, load_plan, validate_plan
@@ -336,7 +337,7 @@ def _with_shape(run: Run, data: dict) -> dict:
         # a micro-batch holds at most a step's batch: the largest the run computed (train/packed_tokens)
         held = max((int(m["train/packed_tokens"]) for m in run.metrics
                     if isinstance(m.get("train/packed_tokens"), (int, float))), default=0)
-        data["trainer"]["micro_batch_tokens"] = min(tr["micro_batch_tokens"], held) if held >= 1 else tr["micro_batch_tokens"]
+        data["trainer"]["micro_batch_tokens"] = micro_batch_held(tr["micro_batch_tokens"], held)  # the start-up check's rule
     if isinstance(tr.get("logprob_chunk"), int) and tr["logprob_chunk"] >= 1:
         data["trainer"]["logits_tokens"] = tr["logprob_chunk"]
     # trainer.activation_checkpointing keeps each layer's input only (the plan's checkpointing); the logit chunks

@@ -19,6 +19,13 @@ Contract (callers are written against it):
   sequences ``"finish"`` on the old weights (drained first, then yielded by ``results()``), are
   ``"abort"``-ed (returned), or ``"continue"`` under the new weights (their KV cache from the old
   weights is kept, as in partial rollouts; each token carries the version it was sampled under).
+- ``sleep()`` / ``wake_up()``: give the trainer the engine's memory while it steps, and take it back;
+  ``score(sample, copy_only)``: the completion logprobs of ``sample`` through what the engine samples
+  with (the logprob canary, ``sync/canary.py``); ``close()``: release what the engine holds for good;
+  ``drain()`` / ``busy()``: the counters and the busy intervals of work the engine drives beside
+  decoding (multi-turn tool calls, ``env/loop.py``'s ``MultiTurn``). Every engine answers all of them:
+  where an engine has nothing to do, ``EngineBase``'s default is a no-op (or None, or nothing to report),
+  so a caller never asks whether an engine has a method.
 
 Scheduling. At most ``max_concurrent`` sequences decode together, one slot each. Every step first
 admits queued samples into free slots (FIFO; a group may be admitted partially), then runs one
@@ -57,6 +64,7 @@ from rollyard.rollout import hf as hf_backend
 from rollyard.rollout import native
 from rollyard.rollout.backend import Backend, reject_reason
 from rollyard.rollout.backend import Seq as _Seq
+from rollyard.sync import canary
 from rollyard.sync.apply import Receiver
 from rollyard.types import Request, Sample, WeightUpdate
 
@@ -261,6 +269,42 @@ class EngineBase:
         self.version = int(update.version)
         return aborted
 
+    # -- memory, scoring, closing: the rest of the contract (no-ops where an engine has nothing to do) --
+
+    def sleep(self) -> None:
+        """Give the trainer this engine's memory while it steps (colocated); nothing to give here."""
+
+    def wake_up(self) -> None:
+        """Take the memory back after the trainer's step; nothing to take here."""
+
+    def close(self) -> None:
+        """Release what the engine holds for good (processes, directories); nothing here."""
+
+    def score(self, sample: Sample, copy_only: bool = False) -> list[float] | None:
+        """Completion-token logprobs of ``sample`` through what this engine samples with (the logprob canary).
+
+        Here: the engine's module (``sync.canary.score``). ``copy_only``: the module is the trainer's own (mode
+        inprocess), so scoring it would compare the trainer with itself: None, unless the engine samples through
+        weights of its own (an override). None also when the module is not one a forward can run."""
+        if copy_only or not canary.scorable(self.model):
+            return None
+        return canary.score(self.model, sample)
+
+    @property
+    def own_copy(self) -> bool:
+        """The engine samples through weights of its own (fused copies, vLLM's), not its module's forward: what
+        ``score(copy_only=True)`` can measure."""
+        return False
+
+    def drain(self) -> tuple[dict[str, float], list[float]]:
+        """``(counters, per-call seconds)`` of work the engine drives beside decoding since the last call (a
+        multi-turn engine's tool calls); a bare engine has none: ``({}, [])``."""
+        return {}, []
+
+    def busy(self) -> list[tuple[float, float]]:
+        """Wall-clock intervals of that work since the last call; none for a bare engine."""
+        return []
+
     # -- introspection -------------------------------------------------------------------------
 
     @property
@@ -346,12 +390,24 @@ class RolloutEngine(EngineBase):
     def sleep(self) -> None:
         """Give the trainer the engine's memory while it steps (colocated): the fast path frees its KV cache
         and fused weight copies (for SmolLM2-135M 0.79 + 0.54 GB); nothing while sequences are in flight."""
-        if not self._active and hasattr(self.backend, "sleep"):
+        if not self._active and isinstance(self.backend, native.NativeBackend):
             self.backend.sleep()
 
     def wake_up(self) -> None:
         """Nothing now: the next ``load_weights`` rebuilds the fused copies, or, if none comes, the next step
         does from the unchanged module (``_step``)."""
+
+    @property
+    def own_copy(self) -> bool:
+        return isinstance(self.backend, native.NativeBackend)
+
+    def score(self, sample: Sample, copy_only: bool = False) -> list[float] | None:
+        """The fast path scores through its fused copies (rebuilt from the module at every load), the path that
+        draws the samples; copies freed for the trainer's step and not rebuilt since: the module the next step
+        rebuilds them from (``EngineBase.score``). The HF backends decode with the module itself."""
+        if isinstance(self.backend, native.NativeBackend) and not self.backend.asleep:
+            return canary.score_fast(self.backend.fwd, sample)
+        return super().score(sample, copy_only)
 
     def _step(self, admit: bool = True) -> None:
         if getattr(self.backend, "asleep", False):  # woke without a weight load: same weights, rebuild them

@@ -1,35 +1,33 @@
 """Plain scheduling: a round takes the next P prompts and runs every sample to the end.
 
 The synchronous baseline: the round lasts as long as its longest response (the bubble tail
-batching removes). Streaming rewards and the streaming trainer work the same as in tail rounds.
+batching removes). The policy only answers the round book's questions (``rollout/rounds.py``);
+the book does the bookkeeping, the same for every policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 
-from rollyard.rollout.rounds import Round, stream_round
-from rollyard.rollout.scheduler import PromptStream, to_requests
-from rollyard.types import Sample
+class PlainPolicy:
+    """Every round ``plain``: ``P`` fresh prompts, ``n`` samples each, complete when all ``n`` finish."""
 
+    name = "plain"
 
-class PlainScheduler:
-    """``next_round`` = P fresh prompts, n samples each, all run to completion."""
+    def __init__(self, prompts: int, n: int):
+        self.P, self.n = prompts, n
 
-    def __init__(self, stream: PromptStream, tokenizer, *, prompts: int, n: int, max_new_tokens: int, context: int):
-        self.stream, self.tokenizer = stream, tokenizer
-        self.prompts, self.n, self.max_new_tokens, self.context = prompts, n, max_new_tokens, context
+    def kind(self, queued: int, rounds: int) -> str:
+        """The next round's kind, given ``queued`` deferred prompts and ``rounds`` rounds issued so far."""
+        return "plain"
 
-    def next_round(self, engine, rewards, step: int, on_group: Callable[[list[Sample]], None]) -> Round:
-        requests, dead = to_requests(self.stream.take(self.prompts), self.tokenizer, self.n, self.max_new_tokens,
-                                     self.context, suffix=f"@{step}")
-        out, rejected = stream_round(engine, rewards, requests, self.n, len(requests), on_group)
-        dead += [{"source": q.id, "reason": why} for q, why in rejected]
-        return Round("plain", [q for q in requests if q.id not in {r.id for r, _ in rejected}],
-                     [s for g in out.groups for s in g], [], dead, out.bubble, out.wasted_tokens, out.decode_steps)
+    def size(self, kind: str) -> int:
+        """Prompts a round of ``kind`` hands out."""
+        return self.P
 
-    def state(self) -> dict:
-        return {}
+    def samples(self, kind: str) -> int:
+        """Samples per prompt a round of ``kind`` asks for (a prompt is complete at ``n`` of them)."""
+        return self.n
 
-    def restore(self, state: dict | None) -> None:
-        pass
+    def closes_early(self, kind: str) -> bool:
+        """A round of ``kind`` closes once ``P`` of its prompts are complete (the rest are cut and deferred)."""
+        return False

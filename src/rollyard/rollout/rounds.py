@@ -1,4 +1,12 @@
-"""One synchronous rollout round, streamed: what plain and tail scheduling share.
+"""Rounds: the one round book every rollout side drives, and one synchronous round streamed in-process.
+
+``RoundBook`` decides, over the prompt ledger, which prompts a round hands out and with how many samples
+each, which round a prompt belongs to, when a round closes, what it cuts and defers, what the trainer
+took, and what a checkpoint keeps (one ``TrainState.extra`` key). A policy answers the few questions that
+differ (``rollout/plain.py``, ``rollout/tail.py``: RollPacker's short and long rounds); the book is built
+once from the config (``make_book``) and driven by both rollout sides: the in-process engine
+(``run_round``, ``placement/colocated.py``) and the Ray pool (``placement/pool.py``). A rollout side never
+branches on the scheduler.
 
 ``stream_round`` submits a round's requests and, while the engine is still decoding, sends every
 finished sample to the reward pool and hands each *complete, scored* group to ``on_group`` (the
@@ -15,22 +23,31 @@ are counted in ``wasted_tokens``.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import count
 
+from rollyard.config import RunConfig
+from rollyard.rollout.plain import PlainPolicy
+from rollyard.rollout.scheduler import PromptFeed, to_requests
+from rollyard.rollout.tail import TailPolicy
 from rollyard.tasks.base import Prompt
 from rollyard.types import Request, Sample
+
+STATE_KEY = "rounds"  # TrainState.extra: the book's state (a policy that keeps none beyond the ledger writes none)
+LEGACY_KEYS = ("tail_pool", "tail")  # written before the book (the Ray pool's tail, colocated's): still resumed
+MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 
 
 @dataclass
 class Round:
-    """What a scheduler's ``next_round`` returns: one optimizer step's worth of scored samples."""
+    """What ``run_round`` returns: one optimizer step's worth of scored samples."""
 
     kind: str  # "plain" | "short" | "long"
     requests: list[Request]  # submitted (accepted) this round
     samples: list[Sample]  # trained on: n per complete prompt, rewards set
-    deferred: list[Prompt] = field(default_factory=list)  # aborted this round, queued for a long round
+    deferred: list[Request] = field(default_factory=list)  # aborted this round, queued for a long round
     dead: list[dict] = field(default_factory=list)  # dead-letter records (with reasons)
     bubble: float = 0.0  # share of rollout slot-time idle (see ``bubble``)
     wasted_tokens: int = 0  # tokens of aborted or surplus samples (decoded, never trained on)
@@ -121,3 +138,232 @@ def stream_round(engine, rewards, requests: list[Request], n: int, need: int,
     wasted += sum(len(x.completion_ids) for r in incomplete for x in finished.get(r, []))
     slots = min(engine.max_concurrent, sum(q.n for q in live.values()))
     return Streamed(groups, incomplete, bubble(lengths, slots), wasted, decode_steps(lengths, slots)), rejected
+
+
+class RoundBook:
+    """The rounds of a run over its prompt feed and ledger, under one policy (module docstring).
+
+    ``issue`` a round (its requests are ledger ``queued``: the caller hands them out); ``arrived``: a prompt's
+    group is complete, returning what its round cuts when that closes it; ``defer`` the cut (ledger
+    ``deferred``, queued oldest first for a long round); ``took``: the trainer took these groups; ``metrics``,
+    ``state`` and ``restore`` for the step's row and the checkpoint. The ledger holds every request; the book
+    holds ids and round numbers.
+    """
+
+    def __init__(self, feed: PromptFeed, policy: PlainPolicy | TailPolicy, refill: bool = False):
+        self.feed, self.ledger, self.policy = feed, feed.ledger, policy
+        self.refill = refill  # top a round up when prompts are dead-lettered (the Ray pool: async waits for P groups)
+        self.meta: dict[str, tuple[int, int]] = {}  # live request id -> (round, hand-out order)
+        self.long: deque[str] = deque()  # deferred request ids, oldest first
+        self.kind: dict[int, str] = {}  # round -> its kind
+        self.done: dict[int, int] = {}  # open round that closes early -> prompts complete so far (it closes at P)
+        self.rounds = 0  # rounds issued (the policy's long_every counts these)
+        self.next_round = feed.last_round + 1  # the number the next round gets (carried across a resume)
+        self.trained = {"short": 0, "long": 0}  # groups trained, by the kind of their round
+        self.step: Counter = Counter()  # this step's counters (``metrics`` resets them)
+        self._order = count()
+
+    # -- rounds ----------------------------------------------------------------------------------------
+
+    def issue(self, round_: int) -> tuple[str, list[Request], list[dict]]:
+        """Round ``round_``: ``(kind, requests, dead-letter records)``; a long round takes the queue's first P."""
+        kind = self.policy.kind(len(self.long), self.rounds)
+        self.kind[round_] = kind
+        if self.policy.closes_early(kind):
+            self.done[round_] = 0
+        self.rounds += 1
+        self.next_round = max(self.next_round, round_ + 1)
+        if kind != "long":
+            return (kind, *self.draw(round_, self.policy.size(kind)))
+        ids = [self.long.popleft() for _ in range(min(self.policy.P, len(self.long)))]
+        requests = [self._form(q, kind) for q in self.ledger.requeue(ids)]
+        self._place(requests, round_)
+        return kind, requests, []
+
+    def draw(self, round_: int, k: int) -> tuple[list[Request], list[dict]]:
+        """``k`` prompts for ``round_`` from the feed (requeued ones first) in the round's form, and the records
+        of those dead-lettered; with ``refill`` these are replaced, so the round stays full."""
+        kind, out, dead = self.kind.get(round_, "plain"), [], []
+        for _ in range(MAX_TOP_UPS if self.refill else 1):
+            got, lost = self.feed.take(k, round_)
+            got = [self._form(q, kind) for q in got]
+            self._place(got, round_)
+            out, dead, k = out + got, dead + lost, k - len(got)
+            if k <= 0 or not self.refill:
+                return out, dead
+        raise RuntimeError(f"round {round_}: {MAX_TOP_UPS} draws from the prompt set left {k} prompts short, every "
+                           f"one dead-lettered; see the run's dead letters for why")
+
+    def _form(self, q: Request, kind: str) -> Request:
+        """``q`` with the samples a round of ``kind`` asks for, recorded in the ledger (a requeue re-issues it)."""
+        n = self.policy.samples(kind)
+        if q.n != n:
+            self.ledger.requests[q.id] = replace(q, n=n)
+        return self.ledger.requests.get(q.id, q)
+
+    def _place(self, requests: list[Request], round_: int) -> None:
+        for q in requests:
+            self.meta.setdefault(q.id, (round_, next(self._order)))
+
+    def round_of(self, rid: str) -> int:
+        return self.meta[rid][0]
+
+    def round_ids(self, round_: int) -> list[str]:
+        """The live prompts of ``round_`` (not cut, not dead-lettered)."""
+        return [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) != "dead"]
+
+    def order(self, rid: str) -> int:
+        return self.meta[rid][1]
+
+    # -- arrivals, cuts, drops ---------------------------------------------------------------------------
+
+    def arrived(self, rid: str) -> list[str]:
+        """``rid``'s group is complete; returns the prompts its round cuts if that closed it (a round that closes
+        early, at its P-th complete prompt): its unfinished ones, still ``queued`` or ``in_flight``. Else []."""
+        round_ = self.meta[rid][0]
+        if round_ not in self.done:
+            return []
+        self.done[round_] += 1
+        if self.done[round_] < self.policy.P:
+            return []
+        del self.done[round_]
+        return [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) in ("queued", "in_flight")]
+
+    def defer(self, ids: list[str]) -> None:
+        """Cut from their round: ledger ``deferred``, queued oldest first for a long round."""
+        self.ledger.defer(ids)
+        self.long.extend(ids)
+        for i in ids:
+            self.meta.pop(i, None)
+        self.step["deferred"] += len(ids)
+
+    def close(self, round_: int) -> None:
+        """A round run whole in one go (in-process): it counts no more arrivals."""
+        self.done.pop(round_, None)
+
+    def was_cut(self, rid: str) -> bool:
+        """``rid`` waits for a long round (a group of it that arrives now was decoded and dropped)."""
+        return rid in self.long
+
+    def rejected(self, rid: str) -> int | None:
+        """The engine refused ``rid``: dead (the caller dead-letters it). Returns the round to top up with one
+        fresh prompt (a round still filling: plain, or short and open), else None."""
+        self.ledger.dead([rid])
+        if rid in self.long:  # cut before the news came
+            self.long.remove(rid)
+            return None
+        round_ = self.meta.pop(rid)[0]
+        return round_ if self.kind.get(round_, "plain") == "plain" or round_ in self.done else None
+
+    def dropped(self, rid: str) -> None:
+        """``rid``'s group was dropped as stale and its prompt re-rolled: an open round counts it again when it
+        comes back; a long round's (a deferred prompt's) drop is counted as ``tail/rerolled``."""
+        round_ = self.meta[rid][0]
+        if round_ in self.done:
+            self.done[round_] -= 1
+        if self.kind.get(round_) == "long":
+            self.step["rerolled"] += 1
+
+    def took(self, ids: list[str]) -> None:
+        """The trainer took these prompts' groups."""
+        for i in ids:
+            kind = self.kind.get(self.meta.pop(i)[0], "plain")
+            if kind in self.trained:
+                self.trained[kind] += 1
+                self.step[f"{kind}_groups"] += 1
+
+    # -- the step's row, the checkpoint ----------------------------------------------------------------
+
+    def metrics(self, wasted_tokens: float = 0) -> dict[str, float]:
+        """This step's counters (reset); none under the plain policy."""
+        s, self.step = self.step, Counter()
+        if self.policy.name == "plain":
+            return {}
+        groups = s["short_groups"] + s["long_groups"]
+        return {"tail/long_round": s["long_groups"] / max(groups, 1), "tail/deferred": float(s["deferred"]),
+                "tail/queue": float(len(self.long)), "tail/wasted_tokens": float(wasted_tokens),
+                "tail/rerolled": float(s["rerolled"]), "tail/long_share": self.long_share()}
+
+    def long_share(self) -> float:
+        return self.trained["long"] / max(self.trained["short"] + self.trained["long"], 1)
+
+    def state(self, buffered: list[str] = ()) -> dict | None:
+        """JSON-able, for ``TrainState.extra[STATE_KEY]``; None where the ledger says it all (plain). Carries
+        the deferred queue, each other live prompt's round (a resumed run hands it out again in that round) and
+        each open round's complete count less its groups in ``buffered`` (received, not trained: a resumed run
+        samples them again)."""
+        if self.policy.name == "plain":
+            return None
+        waiting = set(self.long)
+        round_of = {i: self.meta[i][0] for i in self.ledger.requests if i not in waiting and i in self.meta}
+        held = Counter(self.meta[i][0] for i in buffered if i in self.meta)
+        live = set(round_of.values()) | set(self.done)
+        return {"long": list(self.long), "kind": {str(r): k for r, k in self.kind.items() if r in live},
+                "done": {str(r): c - held[r] for r, c in self.done.items()}, "rounds": self.rounds,
+                "next_round": self.next_round, "trained": dict(self.trained), "round_of": round_of}
+
+    def restore(self, extra: dict, step: int) -> None:
+        """Load the state a checkpoint's ``extra`` carries (``STATE_KEY``, or a key written before the book:
+        ``LEGACY_KEYS``, dropped from ``extra``). The ledger's live prompts that wait for a long round become
+        ``deferred`` again; the other live ones (``queued``: the caller hands them out again) keep their round,
+        or without one belong to round ``step``."""
+        state = extra.get(STATE_KEY) or extra.pop("tail_pool", None)
+        old = extra.pop("tail", None)
+        state = state or (self._from_colocated(old) if old else None)
+        round_of = self._load(state) if state else {}
+        for q in self.ledger.queued():
+            self.meta.setdefault(q.id, (round_of.get(q.id, step), next(self._order)))
+
+    def _load(self, state: dict) -> dict[str, int]:
+        self.long = deque(state["long"])
+        self.kind = {int(r): k for r, k in state["kind"].items()}
+        self.done = {int(r): int(c) for r, c in state["done"].items()}
+        self.rounds = int(state["rounds"])
+        self.next_round = max(self.next_round, int(state["next_round"]))
+        self.trained = {k: int(v) for k, v in state["trained"].items()}
+        live = {q.id for q in self.ledger.queued()}
+        self.ledger.defer([i for i in self.long if i in live])
+        self.long = deque(i for i in self.long if self.ledger.state.get(i) == "deferred")
+        return {i: int(r) for i, r in state["round_of"].items()}
+
+    def _from_colocated(self, old: dict) -> dict:
+        """The in-process tail scheduler's state (before the book): its queue held prompts outside the ledger;
+        they enter it now (queued; ``restore`` defers them), each under an id of its own; it counted trained
+        samples (``n`` per complete group), the book counts groups."""
+        f, queue = self.feed, [Prompt(**p) for p in old["queue"]]
+        ids = []
+        for i, p in enumerate(queue):
+            requests, _ = to_requests([p], f.tokenizer, f.n, f.max_new_tokens, f.context, suffix=f"@q{old['rounds']}.{i}")
+            self.ledger.add(requests)  # a prompt that no longer fits the context is left out
+            ids += [q.id for q in requests]
+        return {"long": ids, "kind": {}, "done": {}, "rounds": old["rounds"], "next_round": 0,  # it counted samples:
+                "trained": {k: int(v) // f.n for k, v in old["trained"].items()}, "round_of": {}}  # n per group
+
+
+def make_book(cfg: RunConfig, feed: PromptFeed, refill: bool = False) -> RoundBook:
+    """The run's round book: ``rollout.scheduler``'s policy (``tail.*`` for tail) over ``feed``."""
+    r, t = cfg.rollout, cfg.tail
+    policy = (TailPolicy(r.prompts_per_step, r.samples_per_prompt, t.overprovision, t.extra_samples, t.long_every)
+              if r.scheduler == "tail" else PlainPolicy(r.prompts_per_step, r.samples_per_prompt))
+    return RoundBook(feed, policy, refill)
+
+
+def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[[list[Sample]], None],
+              worker: str = "local") -> Round:
+    """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (``stream_round``): a round
+    that closes early stops at P complete prompts and defers the rest. ``Round.requests`` are the accepted
+    ones; the complete ones are taken (``book.took``) and stay ``in_flight`` in the ledger until trained."""
+    kind, requests, dead = book.issue(round_)
+    book.ledger.hand_out([q.id for q in requests], worker)
+    need = book.policy.P if book.policy.closes_early(kind) else len(requests)
+    out, rejected = stream_round(engine, rewards, requests, book.policy.n, need, on_group)
+    for q, why in rejected:
+        book.rejected(q.id)
+        dead.append({"source": q.id, "reason": why})
+    deferred = [book.ledger.requests[i] for i in out.incomplete]
+    book.defer(out.incomplete)
+    book.close(round_)
+    book.took([g[0].request_id for g in out.groups])
+    refused = {q.id for q, _ in rejected}
+    return Round(kind, [q for q in requests if q.id not in refused], [s for g in out.groups for s in g], deferred,
+                 dead, out.bubble, out.wasted_tokens, out.decode_steps)

@@ -16,22 +16,14 @@ tail batching exists to avoid; and a partial's KV cache is invalid after the wei
 (it would be re-prefilled). The price is the decoded-then-dropped tokens, reported per step as
 ``tail/wasted_tokens``.
 
-The queue is part of the checkpoint (``state()`` / ``restore()``): together with the prompt
-stream's cursor it says exactly which prompts are still owed a round, so nothing deferred is lost
-or trained twice across a resume.
+This file is the policy only (which kind of round comes next, its size, its samples per prompt);
+the round book (``rollout/rounds.py``) keeps the queue, the rounds and the checkpoint state, the
+same for the in-process engine and the Ray pool.
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable
-from dataclasses import asdict
-
-from rollyard.rollout.rounds import Round, stream_round
-from rollyard.rollout.scheduler import PromptStream, to_requests
-from rollyard.tasks.base import Prompt
-from rollyard.types import Sample
 
 
 def is_long_round(queued: int, prompts: int, round_index: int, long_every: int) -> bool:
@@ -41,51 +33,27 @@ def is_long_round(queued: int, prompts: int, round_index: int, long_every: int) 
     return long_every > 0 and queued > 0 and round_index % long_every == long_every - 1
 
 
-class TailScheduler:
-    """RollPacker's short and long rounds over ``stream`` (see the module docstring)."""
+class TailPolicy:
+    """RollPacker's short and long rounds (see the module docstring); the answers ``PlainPolicy`` gives."""
 
-    def __init__(self, stream: PromptStream, tokenizer, *, prompts: int, n: int, max_new_tokens: int, context: int,
-                 overprovision: float = 1.25, extra_samples: int = 2, long_every: int = 0):
+    name = "tail"
+
+    def __init__(self, prompts: int, n: int, overprovision: float = 1.25, extra_samples: int = 2,
+                 long_every: int = 0):
         if overprovision < 1 or extra_samples < 0 or n < 2:
             raise ValueError(f"tail scheduling needs overprovision >= 1, extra_samples >= 0 and n >= 2, got "
                              f"{overprovision}, {extra_samples}, {n}")
-        self.stream, self.tokenizer = stream, tokenizer
-        self.prompts, self.n, self.max_new_tokens, self.context = prompts, n, max_new_tokens, context
+        self.P, self.n = prompts, n
         self.overprovision, self.extra_samples, self.long_every = overprovision, extra_samples, long_every
-        self.queue: deque[Prompt] = deque()
-        self.rounds = 0
-        self.trained = {"short": 0, "long": 0}  # samples trained on, by round kind (the bias metric)
 
-    def next_round(self, engine, rewards, step: int, on_group: Callable[[list[Sample]], None]) -> Round:
-        long = is_long_round(len(self.queue), self.prompts, self.rounds, self.long_every)
-        if long:
-            prompts = [self.queue.popleft() for _ in range(min(self.prompts, len(self.queue)))]
-            per_prompt, need = self.n, len(prompts)
-        else:
-            prompts = self.stream.take(math.ceil(self.prompts * self.overprovision))
-            per_prompt, need = self.n + self.extra_samples, self.prompts
-        requests, dead = to_requests(prompts, self.tokenizer, per_prompt, self.max_new_tokens, self.context,
-                                     suffix=f"@{step}")
-        out, rejected = stream_round(engine, rewards, requests, self.n, need, on_group)
-        dead += [{"source": q.id, "reason": why} for q, why in rejected]
-        by_request = {f"{p.id}@{step}": p for p in prompts}
-        deferred = [by_request[r] for r in out.incomplete]
-        self.queue.extend(deferred)
-        self.rounds += 1
-        kind = "long" if long else "short"
-        samples = [s for g in out.groups for s in g]
-        self.trained[kind] += len(samples)
-        rejected_ids = {q.id for q, _ in rejected}
-        return Round(kind, [q for q in requests if q.id not in rejected_ids], samples, deferred, dead,
-                     out.bubble, out.wasted_tokens, out.decode_steps)
+    def kind(self, queued: int, rounds: int) -> str:
+        return "long" if is_long_round(queued, self.P, rounds, self.long_every) else "short"
 
-    def state(self) -> dict:
-        """JSON-able: the queued prompts (in order), the round counter, the trained-sample counts."""
-        return {"queue": [asdict(p) for p in self.queue], "rounds": self.rounds, "trained": dict(self.trained)}
+    def size(self, kind: str) -> int:
+        return math.ceil(self.P * self.overprovision) if kind == "short" else self.P
 
-    def restore(self, state: dict | None) -> None:
-        if not state:
-            return
-        self.queue = deque(Prompt(**p) for p in state["queue"])
-        self.rounds = int(state["rounds"])
-        self.trained = {k: int(v) for k, v in state["trained"].items()}
+    def samples(self, kind: str) -> int:
+        return self.n + self.extra_samples if kind == "short" else self.n
+
+    def closes_early(self, kind: str) -> bool:
+        return kind == "short"

@@ -371,7 +371,9 @@ class VllmEngine(EngineBase):
                 reason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
                 self._finish(s, reason)
 
-    def score(self, sample) -> list[float]:
+    own_copy = True  # vLLM samples through the copy inside it (EngineBase.own_copy)
+
+    def score(self, sample, copy_only: bool = False) -> list[float]:
         """The logprob canary (``sync/canary.py``): completion-token logprobs of ``sample`` through vLLM's own
         forward over the weights inside vLLM, at T = 1: the whole sequence goes in as a prompt with
         ``prompt_logprobs`` (raw log-softmax: vLLM applies no sampling processor to prompt tokens), one

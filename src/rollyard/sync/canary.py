@@ -10,13 +10,15 @@ forward of ``PROBE_TOKENS`` tokens) and says how far the copy's outputs are off,
 bytes differ.
 
 The trainer scores with :func:`score` (its model's plain forward). The rollout side answers with
-:func:`answer`, through the weights and kernels it *samples with*, which are not always its module:
+:func:`answer`, through the weights and kernels it *samples with*, which are not always its module.
+Each engine answers through its own ``score`` (the engine contract, ``rollout/engine.py``); the sync layer
+never reaches into an engine's internals:
 
 - vLLM (``rollout/vllm.py``): the engine's own forward over the copy inside vLLM (``engine.score``:
   prompt logprobs), so a reload that did not reach vLLM shows. The gap at equal versions is the
   kernels' rounding (fp32: 4.8e-7 on ``tiny64`` at init; the samples' gap, the same kernels, stays
   <= 2e-6 over a trained run: ``tests/test_vllm.py``), never exactly 0.
-- the native fast path (``rollout/native.py``): its fused weight copies (``engine.backend.fwd``,
+- the native fast path (``rollout/native.py``): its fused weight copies (:func:`score_fast`,
   rebuilt from the module at every load) through its prefill and decode, the path that draws the
   samples; fp32 reads the kernels' rounding (1.9e-6 to 2.9e-6 over a 20-step ``tiny64`` run,
   ``bench/canary.py``), a bf16 copy its rounding. Copies freed for the trainer's step and not rebuilt
@@ -90,25 +92,15 @@ def score_fast(fwd, sample: Sample) -> list[float]:
 
 
 def answer(engine, sample: Sample, shared: bool = False) -> list[float] | None:
-    """The rollout side's score of ``sample`` through what ``engine`` samples with (module docstring);
-    ``shared``: the engine reads the trainer's module (mode ``inprocess``). None: nothing to compare."""
-    own = getattr(engine, "score", None)
-    if callable(own):  # vLLM: its own forward
-        return own(sample)
-    backend = getattr(engine, "backend", None)
-    fwd = getattr(backend, "fwd", None)
-    # the native fast path: its fused copies, unless they were freed for the trainer's step (``asleep``) and
-    # no load has rebuilt them since: the engine's next step rebuilds them from its module, scored below
-    if fwd is not None and not getattr(backend, "asleep", False):
-        return score_fast(fwd, sample)
-    if shared or not scorable(engine.model):
-        return None
-    return score(engine.model, sample)
+    """The rollout side's score of ``sample`` through what ``engine`` samples with (module docstring): the
+    engine's own ``score`` (``rollout.engine.EngineBase``); ``shared``: the engine reads the trainer's module
+    (mode ``inprocess``). None: nothing to compare."""
+    return engine.score(sample, copy_only=shared)
 
 
 def not_measured(engine, shared: bool) -> str | None:
     """Why ``answer`` cannot measure anything for ``engine`` (a start-up line), or None."""
-    if shared and not callable(getattr(engine, "score", None)) and getattr(getattr(engine, "backend", None), "fwd", None) is None:
+    if shared and not engine.own_copy:
         return ("logprob canary: off (mode inprocess with an HF rollout backend: the engine decodes with the trainer's "
                 "own module, so the probe would be scored against itself; the fast path or rollout.backend=vllm keep "
                 "a copy the canary can check)")
@@ -123,3 +115,32 @@ def compare(version: int, trainer: list[float], answers: dict[str, tuple[int, li
     if gaps:
         out["canary/logprob_gap"] = max(gaps)
     return out
+
+
+class Answers:
+    """Canaries asked of receivers that answer later (Ray rollout workers, through their queue, so the step is not
+    held up): the step's row carries the latest canary every live receiver has answered."""
+
+    def __init__(self):
+        self.asked: dict[int, tuple] = {}  # version -> (trainer's probe logprobs, {receiver: answer}) not complete
+        self.done: dict[str, float] = {}  # the latest complete canary's metrics, for the next row
+
+    def ask(self, version: int, trainer_lp: list[float]) -> None:
+        self.asked[version] = (trainer_lp, {})
+
+    def answer(self, name: str, version: int, held: int, logprobs: list[float] | None, live) -> None:
+        """Receiver ``name`` holding ``held`` scored the canary of ``version`` (None: nothing to compare)."""
+        if version not in self.asked:
+            return
+        trainer_lp, answers = self.asked[version]
+        answers[name] = (held, logprobs)
+        if set(answers) >= set(live):
+            scored = {n: a for n, a in answers.items() if a[1] is not None}
+            self.done = {**compare(version, trainer_lp, scored), "canary/version": version}
+            for v in [v for v in self.asked if v <= version]:  # older ones a replaced receiver never answered
+                del self.asked[v]
+
+    def latest(self) -> dict[str, float]:
+        """The metrics of the latest canary answered by all since the last call ({} when none)."""
+        out, self.done = self.done, {}
+        return out

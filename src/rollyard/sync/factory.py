@@ -112,17 +112,15 @@ def resolve(cfg: RunConfig, device: str) -> SyncPlan:
     return SyncPlan(mode, transport, dtype)
 
 
-def sync_facts(cfg: RunConfig, model, device: str) -> dict:
+def sync_facts(cfg: RunConfig, model, plan: SyncPlan) -> dict:
     """What ``run.json`` states about sync for ``review``: mode, cadence, synced bytes per parameter, LoRA fraction.
 
-    ``policy_params`` counts the base only; the LoRA fraction is adapter / base parameters.
+    ``plan``: the run's resolved sync plan (``roles.settings``). ``policy_params`` counts the base only; the LoRA
+    fraction is adapter / base parameters.
     """
-    plan = resolve(cfg, device)
     adapter = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
     base = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
     return {"sync_mode": plan.mode, "sync_transport": plan.transport, "policy_params": base, "sync_every": cfg.sync.every,
-            # publishing every N steps lets a sample lag the trainer by up to N - 1 versions
-            "staleness_bound": max(cfg.max_staleness, cfg.sync.every - 1),
             "initial_full_sync": True,  # the driver's start-up sync (then the equality check)
             "delta_index_bytes": 4,  # int32 indices while a tensor's changed fraction < 1/32 (see delta.py)
             "bytes_per_param": torch.empty(0, dtype=plan.dtype).element_size() if plan.mode != "inprocess"
