@@ -299,3 +299,21 @@ def test_a_killed_gguf_conversions_directory_is_swept_by_the_next_run(tmp_path, 
     out = Path(gguf.resolve(str(write_gguf(tiny_llama(tok), tok, tmp_path / "tiny.gguf"))))
     assert (out / "config.json").exists()
     assert not any(d.exists() for d in stale) and all(d.exists() for d in kept)
+
+
+def test_a_sigterm_in_the_last_step_still_exports_the_model(tmp_path):
+    import subprocess
+    import sys
+
+    import faults
+    run = tmp_path / "run"
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+           "ROLLYARD_FAULT_DIR": str(tmp_path), "ROLLYARD_FAULT_AT": str(4 + 4 * 1 + 2)}  # 4 eval calls, then 4/step
+    proc = subprocess.run([sys.executable, "-m", "rollyard.cli", "train", *TINY, "steps=2", "checkpoint_every=10",
+                           f"reward.hook={faults.HOOKS}:term_trainer", "reward.correctness=true", f"out_dir={run}"],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert "SIGTERM received" in proc.stderr, proc.stderr[-2000:]  # the signal came, in step 1 (the last)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (run / rundir.MODEL / "model.safetensors").is_file() and (run / rundir.SUMMARY).is_file()
+    assert checkpoint.latest(run).name == "step_000002"

@@ -3,7 +3,9 @@
 ``graceful()`` (entered by ``rollyard train``) installs the handlers. The first signal only sets a
 flag: the driver finishes the step it is in, writes a checkpoint (``stop_requested()`` makes the
 checkpoint condition true) and calls :func:`raise_if_stopping`, which raises :class:`Stopped`; the
-CLI prints one line and exits ``128 + signal``. A second signal abandons the step at once (the
+CLI prints one line and exits ``128 + signal``. A signal during the run's last step lets the run
+finish instead (its checkpoint, the held-out eval after, the ``model/`` export, the summary), so a
+stop requested at the end never leaves a finished run without its exported policy. A second signal abandons the step at once (the
 previous checkpoint stays the latest). Without ``graceful()`` (library use, tests calling the
 driver in-process) nothing changes: ``stop_requested()`` is always False.
 """
