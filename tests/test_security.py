@@ -317,3 +317,22 @@ def test_a_sigterm_in_the_last_step_still_exports_the_model(tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert (run / rundir.MODEL / "model.safetensors").is_file() and (run / rundir.SUMMARY).is_file()
     assert checkpoint.latest(run).name == "step_000002"
+
+
+@pytest.mark.parametrize("setting", ["auto", "bf16"])
+def test_the_start_up_line_and_run_json_name_the_precision_and_why(tmp_path, capsys, setting):
+    from rollyard.model import cpu
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "steps=1", f"trainer.precision={setting}", f"out_dir={run}"]) == 0
+    out = capsys.readouterr().out
+    info = json.loads((run / rundir.RUN_INFO).read_text())
+    said = [ln for ln in out.splitlines() if ln.startswith("trainer precision ")]
+    assert len(said) == 1 and info["precision"] in ("fp32", "bf16") and info["precision_reason"] in said[0]
+    emulated = "bf16 is emulated and slower than fp32"
+    if setting == "auto":  # the tiny preset: fp32 whatever the CPU, and the reason says which rule
+        assert info["precision"] == "fp32" and info["precision_reason"].startswith("auto: fp32")
+        assert emulated not in out
+    else:
+        assert info["precision"] == "bf16"
+        assert (emulated in said[0]) == (not cpu.native_bf16())  # once, only where bf16 is not native
+        assert out.count(emulated) == (0 if cpu.native_bf16() else 1)

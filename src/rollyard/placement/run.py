@@ -49,7 +49,7 @@ from rollyard.telemetry.alarms import Alarms
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records, trainer_names
-from rollyard.trainer.trainer import Trainer
+from rollyard.trainer.trainer import Trainer, precision_choice
 from rollyard.types import Request, Sample
 
 
@@ -239,6 +239,9 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
     reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
     trainer = roles.trainer(cfg, model, device)
+    precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
+                                                                             torch.device(device))))
+    console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
     r = cfg.rollout
     feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed), PromptLedger(), tokenizer,
                       r.samples_per_prompt, r.max_new_tokens, context)
@@ -257,7 +260,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
     rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
     rec.dead_letter(deadletter)
-    (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **(info or {})}, indent=1))
+    (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **precision, **(info or {})}, indent=1))
     _renote_eval(rec)
     if state.eval_before is None:
         state.eval_before = evaluate(rec, handles)
@@ -300,6 +303,14 @@ def _renote_eval(run: RunRecord) -> None:
     for e in rundir.read_jsonl(path) if path.exists() and run.state.step < run.cfg.steps else ():
         if e.get("step") == run.state.step and isinstance(e.get("accuracy"), (int, float)):
             run.telemetry.note(run.state.step, {"eval/accuracy": e["accuracy"]})
+
+
+def kernels_said(device: str) -> str:
+    """``"; CPU kernels on, oneDNN linear off"`` for the start-up line on a CPU (run.json's ``kernels`` has why)."""
+    if not str(device).startswith("cpu"):
+        return ""
+    c = kernels.choices()
+    return f"; CPU kernels {c['cpu_kernels']}, oneDNN linear {'on' if c['onednn_linear'] else 'off'}"
 
 
 def run_info(cfg: RunConfig, model, settings: roles.Settings) -> dict:

@@ -103,6 +103,8 @@ RUN_INFO_EXTRA = {
 
 # run.json keys a reader must not require (runs written before them lack them).
 RUN_INFO_OPTIONAL_KEYS = {
+    "precision": "fp32 | bf16: the trainer's matmul precision (trainer.precision, auto resolved)",
+    "precision_reason": "why: the setting, or auto's rule on this device (an explicit bf16 on a CPU without native bf16 says it is emulated)",
     "sharding": "none | fsdp (trainer parameters sharded over the dp ranks); absent = none",
     "dp_backend": "gloo | nccl: the trainer ranks' collectives (null at dp=1)",
     "device": "cpu | gpu: where the trainer and the rollout engines ran (review prices the sync's software terms for it)",

@@ -591,6 +591,29 @@ def auto_precision(model, device: torch.device) -> str:
     return "fp32"
 
 
+def precision_choice(setting: str, model, device: torch.device) -> tuple[str, str]:
+    """``(the precision the Trainer runs, why)`` for ``trainer.precision=setting``: the start-up line and run.json
+    say it. The choice is :func:`auto_precision`'s (the Trainer's own); this only words it. An explicit bf16 on
+    a CPU without native bf16 says that it is emulated there and slower than fp32."""
+    cpu = device.type == "cpu"
+    native = cpu and cpu_gemm.cpu_has_native_bf16()
+    if setting != "auto":
+        why = f"set by trainer.precision={setting}"
+        if setting == "bf16" and cpu and not native:
+            why += ("; this CPU has no native bf16 (no AVX512-BF16 or AMX): bf16 is emulated and slower than fp32 "
+                    "(12-40x in issue 44's probe); trainer.precision=fp32 or auto is faster here")
+        return setting, why
+    chosen = auto_precision(model, device)
+    if not cpu:
+        return chosen, f"auto: {chosen} on {device.type}"
+    if not native:
+        return chosen, "auto: fp32, this CPU has no native bf16 (no AVX512-BF16 or AMX)"
+    n = decoder_matmul_params(model)
+    side = ">=" if n >= BF16_MIN_DECODER_PARAMS else "<"
+    return chosen, (f"auto: {chosen}, native bf16 on this CPU and {n / 1e6:.1f}M decoder matrix parameters {side} "
+                    f"{BF16_MIN_DECODER_PARAMS / 1e6:.0f}M (below it bf16's casts cost more than its matmuls save)")
+
+
 def trainer_kwargs(cfg: RunConfig) -> dict:
     """The Trainer's keyword arguments from the config (one place, so every rank builds the same one)."""
     t, a = cfg.trainer, cfg.algo
