@@ -336,3 +336,13 @@ def test_the_start_up_line_and_run_json_name_the_precision_and_why(tmp_path, cap
         assert info["precision"] == "bf16"
         assert (emulated in said[0]) == (not cpu.native_bf16())  # once, only where bf16 is not native
         assert out.count(emulated) == (0 if cpu.native_bf16() else 1)
+
+
+def test_a_tool_worker_gets_no_key_to_the_runs_ray_session(monkeypatch):
+    from rollyard.env import tools
+    from rollyard.env.executor import Job, ToolExecutor
+
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "f" * 64)  # what cluster.connect puts in the driver's environment
+    with ToolExecutor(tools.tool_specs(["tool_loud:ray_token"]), num_workers=1, timeout_s=30.0) as ex:
+        (job,) = ex.run([Job(1, "call", "s", "ray_token", {})])
+    assert (job.status, job.value) == ("ok", "none")

@@ -14,3 +14,8 @@ def loud(mb: int) -> str:
     print("PRINTED " + "p" * (mb << 20))
     os.write(1, b"FD-LEVEL WRITE\n")
     return "RETURNED " + "r" * (10 * mb << 20)
+
+
+def ray_token() -> str:
+    """The Ray session token this tool's process can see ("none" when it has none)."""
+    return os.environ.get("RAY_AUTH_TOKEN", "none")

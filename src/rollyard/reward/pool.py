@@ -238,8 +238,10 @@ class WorkerPool:
     # ------------------------------------------------------------------------------------ starting
     def _spawn(self) -> Worker:
         t0 = time.monotonic()
+        # user code (a verifier, a tool fed the model's arguments) gets no key to the run's Ray session
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")}
         proc = subprocess.Popen([sys.executable, self.script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                start_new_session=True, close_fds=True, bufsize=0)
+                                start_new_session=True, close_fds=True, bufsize=0, env=env)
         self.procs.add(proc)
         w = Worker(proc, spawned_at=t0, start_deadline=t0 + self.start_timeout_s)
         if not self.send(w, self.init):
