@@ -48,6 +48,8 @@ def test_trls_neutral_defaults_are_accepted():
                              "num_train_epochs=3", "chat_template_kwargs={}", "trust_remote_code=false"])
     assert cfg == load_config(None, ["steps=3"])
     assert load_config(None, ["top_k=20"]).rollout.top_k == 20
+    assert load_config(None, ["actor_rollout_ref.rollout.top_k=-1"]).rollout.top_k == 0  # verl's off
+    assert load_config(None, ["actor_rollout_ref.rollout.top_k=50"]).rollout.top_k == 50
 
 
 @pytest.mark.parametrize("args, says", [

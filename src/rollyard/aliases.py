@@ -330,6 +330,8 @@ ALIASES_LIST: list[Alias] = [
     _same("actor_rollout_ref.rollout.n", VERL, "rollout.samples_per_prompt"),
     _same("actor_rollout_ref.rollout.temperature", VERL, "rollout.temperature"),
     _same("actor_rollout_ref.rollout.top_p", VERL, "rollout.top_p"),
+    Alias("actor_rollout_ref.rollout.top_k", VERL, ("rollout.top_k",), "same value; -1 (verl's off) -> 0",
+          lambda v, _c: {"rollout.top_k": 0 if v in (-1, None) else v}),
     Alias("actor_rollout_ref.rollout.name", VERL, ("rollout.backend",), "'vllm' -> vllm; 'hf' -> native",
           _choice("rollout.backend", {"vllm": "vllm", "hf": "native"}, "rollout.name")),
     Alias("algorithm.adv_estimator", VERL, (), "'grpo' only (rollyard's advantages are GRPO's)",
