@@ -18,6 +18,10 @@ The support, in the order vLLM and ``transformers.generate`` apply it (temperatu
   whose predecessors' mass is below ``top_p`` (the smallest prefix reaching ``top_p``; the top token always
   stays).
 
+The logprob canary (``sync/canary.py``) still scores its fixed probe under the full distribution on both sides:
+equal logits give equal supports, so it checks the same weights and kernels; the samples' own gap
+(``train/logprob_diff``) is the one taken on the support, every step.
+
 Tokens outside the support get the logit ``finfo.min`` rather than ``-inf``: their probability is exactly 0
 after a softmax, and ``0 * logit`` stays finite where an entropy is summed over the vocabulary.
 """
