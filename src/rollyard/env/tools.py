@@ -109,8 +109,8 @@ def environment_class(factory, what: str) -> type:
     try:
         return type(factory())
     except Exception as e:  # noqa: BLE001 - the user's factory failing is bad input
-        raise ConfigError(f"{what}() raised {type(e).__name__}: {e}; the factory is called with no arguments and "
-                          f"must return an environment instance") from None
+        raise ConfigError(f"{what}() raised {type(e).__name__}: {e}; expected a class or a function returning an "
+                          f"environment, called with no arguments (TRL's environment_factory)") from None
 
 
 def environment_specs(path: str) -> tuple[tuple[str, str, str], list[ToolSpec], bool]:
