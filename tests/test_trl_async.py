@@ -104,3 +104,17 @@ def test_an_environment_factory_run_trains_on_the_environments_reward(tmp_path):
     with pytest.raises(ConfigError, match="closest: one class whose reset"):
         rollyard.train(small, model=model, tokenizer=tok, dataset=rows,
                        environment_factory={"a": trl_tools.make_adder_env, "b": trl_tools.AdderEnv})
+
+
+def test_a_factory_made_environment_runs_in_the_tool_workers_with_their_timeout():
+    from rollyard.env.executor import Job, ToolExecutor
+
+    target, specs, _ = tools.environment_specs("trl_tools:make_slow_env")
+    with ToolExecutor(specs, target, num_workers=1, timeout_s=1.0) as ex:
+        ex.run([Job(0, "reset", "a"), Job(1, "reset", "b")])
+        assert [j.value for j in ex.run([Job(2, "call", "a", "wait", {"seconds": 0.1})])] == ["waited 0.1"]
+        (hung,) = ex.run([Job(3, "call", "b", "wait", {"seconds": 30})])
+        assert hung.status == "error" and hung.value.startswith("TimeoutError") and hung.seconds < 10
+        assert ex.stats["timeouts"] == 1 and ex.stats["errors"] == 1
+        (lost,) = ex.run([Job(4, "call", "a", "wait", {"seconds": 0})])  # its worker was replaced: a's instance too
+        assert lost.status == "error" and "environment lost" in lost.value

@@ -118,3 +118,26 @@ class AdderEnv:
 def make_adder_env() -> AdderEnv:
     """A factory function (TRL's environment_factory is any callable returning an environment)."""
     return AdderEnv(start=0)
+
+
+class SlowEnv:
+    """An environment whose tool can hang: its calls are timed and isolated like any tool's."""
+
+    def reset(self, **row) -> None:
+        self.waited = 0.0
+
+    def wait(self, seconds: float) -> str:
+        """
+        Wait.
+
+        Args:
+            seconds: How long to wait.
+        """
+        import time
+        time.sleep(seconds)
+        self.waited += seconds
+        return f"waited {self.waited:g}"
+
+
+def make_slow_env() -> SlowEnv:
+    return SlowEnv()
