@@ -31,10 +31,37 @@ def _book(prompts=2, n=3, **kw) -> RoundBook:
     return RoundBook(PromptFeed(stream, PromptLedger(), TOK, n, 8, 64), TailPolicy(prompts, n, **kw), refill=True)
 
 
+def _issue(b: RoundBook, round_: int) -> tuple[str, list, list]:
+    """``b.issue`` with its requests collected, not handed out (the test does that)."""
+    got, dead = [], []
+    kind = b.issue(round_, lambda q, d: (got.extend(q), dead.extend(d)))
+    return kind, got, dead
+
+
+def test_round_book_refills_a_round_whose_prompt_was_dead_lettered_handing_each_out_once():
+    """The pool's rounds stay full (an async trainer waits for P groups): a prompt that cannot fit the context is
+    dead-lettered and another drawn; each draw is handed out before the next, so no prompt goes out twice."""
+    prompts = [Prompt(id=f"p{i}", text=f"{i}+{i}=" if i % 4 != 3 else "9" * 100, meta={}) for i in range(16)]
+    feed = PromptFeed(PromptStream(prompts, seed=0), PromptLedger(), TOK, 3, 8, 64)
+    b = RoundBook(feed, TailPolicy(4, 3, overprovision=1.0), refill=True)
+    sent, dead = [], []
+
+    def send(requests, lost):
+        b.ledger.hand_out([q.id for q in requests], "w0")  # raises on a prompt handed out twice
+        sent.extend(requests)
+        dead.extend(lost)
+
+    for round_ in range(2):
+        b.issue(round_, send)
+    assert len(sent) == 8 and len({q.id for q in sent}) == 8  # two full rounds of 4
+    assert dead and all(d["source"] in ("p3", "p7", "p11", "p15") for d in dead)  # the ones past the context
+    assert all("longer than the model context" in d["reason"] for d in dead)
+
+
 def _round_cut() -> RoundBook:
     """A book whose short round 0 (4 prompts) closed at its 2nd complete prompt and deferred the other 2."""
     b = _book(overprovision=2.0)
-    ids = [q.id for q in b.issue(0)[1]]
+    ids = [q.id for q in _issue(b, 0)[1]]
     b.ledger.hand_out(ids, "w0")
     b.ledger.finished(ids[:2])
     b.arrived(ids[0])
@@ -44,7 +71,7 @@ def _round_cut() -> RoundBook:
 
 def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
     b = _book(overprovision=2.0, extra_samples=1)
-    kind, reqs, dead = b.issue(0)
+    kind, reqs, dead = _issue(b, 0)
     assert kind == "short" and len(reqs) == 4 and all(q.n == 4 for q in reqs) and not dead  # n + extra_samples
     ids = [q.id for q in reqs]
     b.ledger.hand_out(ids, "w0")
@@ -53,7 +80,7 @@ def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
     b.defer(ids[2:])
     assert list(b.long) == ids[2:] and {b.ledger.state[i] for i in ids[2:]} == {"deferred"}
     assert b.arrived(ids[0]) == []  # a closed round counts no more (a late group)
-    kind, reqs, _ = b.issue(1)  # the queue holds a round: a long one, its prompts whole with n samples
+    kind, reqs, _ = _issue(b, 1)  # the queue holds a round: a long one, its prompts whole with n samples
     assert kind == "long" and [q.id for q in reqs] == ids[2:] and all(q.n == 3 for q in reqs) and not b.long
     b.ledger.hand_out([q.id for q in reqs], "w1")
     b.took(ids[:2])
@@ -63,7 +90,7 @@ def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
     assert b.metrics(0)["tail/deferred"] == 0.0  # per step: reset
     # round 2 is open with one complete prompt, whose group waits in the buffer: a resumed run samples that
     # prompt again, so the carried count leaves it out
-    kind, reqs, _ = b.issue(2)
+    kind, reqs, _ = _issue(b, 2)
     later = [q.id for q in reqs]
     b.ledger.hand_out(later, "w0")
     b.ledger.finished(later[:1])
@@ -80,7 +107,7 @@ def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
 
 def test_round_book_rerolls_a_stale_long_group_and_counts_it():
     b = _round_cut()
-    kind, long, _ = b.issue(1)
+    kind, long, _ = _issue(b, 1)
     assert kind == "long"  # round 0 deferred a round's worth
     b.dropped(long[0].id)  # the trainer found it past the bound: re-rolled whole
     assert b.metrics(0)["tail/rerolled"] == 1.0
@@ -96,16 +123,16 @@ def test_round_book_resumes_a_checkpoint_written_before_it():
     u.restore(extra, step=1)
     assert "tail_pool" not in extra and list(u.long) == list(b.long)
     assert {u.ledger.state[i] for i in u.long} == {"deferred"}
-    kind, reqs, _ = u.issue(1)
+    kind, reqs, _ = _issue(u, 1)
     assert kind == "long" and [q.id for q in reqs] == list(b.long)
 
 
 def test_round_book_long_every():
     b = _book(prompts=4, n=2, long_every=2)
-    _, reqs, _ = b.issue(0)
+    _, reqs, _ = _issue(b, 0)
     b.ledger.hand_out([reqs[0].id], "w0")
     b.defer([reqs[0].id])
-    assert b.issue(1)[0] == "long"  # round 1 of every 2: due, with one prompt queued
+    assert _issue(b, 1)[0] == "long"  # round 1 of every 2: due, with one prompt queued
     assert _book(prompts=4, n=2).policy.kind(1, 1) == "short"
 
 

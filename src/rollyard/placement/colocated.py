@@ -64,7 +64,8 @@ class LocalRollout:
         if self.streamed:  # rollout.scheduler=tail: streamed round + streaming trainer
             requests, samples, train_metrics, extra = streamed_step(run, r, engine, step, self.book)
             return grpo.Taken(requests, samples, extra, train_metrics)
-        _, requests, dead = self.book.issue(step)
+        requests, dead = [], []
+        self.book.issue(step, lambda got, lost: (requests.extend(got), dead.extend(lost)))
         run.dead_letter(dead, step)
         r.feed.ledger.hand_out([q.id for q in requests], "local")
         tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))

@@ -153,14 +153,14 @@ class RolloutPool:
     def fill(self, horizon: int, step: int) -> None:
         """Hand out every round up to ``horizon`` (each round meant for the step of its number)."""
         while self.book.next_round <= horizon:
-            round_ = self.book.next_round
-            _, requests, dead = self.book.issue(round_)
-            self._send(round_, requests, dead, step)
+            self.book.issue(self.book.next_round, self._sender(self.book.next_round, step))
 
-    def _send(self, round_: int, requests: list[Request], dead: list[dict], step: int) -> None:
-        self.run.dead_letter(dead, step)
-        self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
-        self._hand_out([(q, round_) for q in requests])
+    def _sender(self, round_: int, step: int):
+        def send(requests: list[Request], dead: list[dict]) -> None:  # the book's draws, handed out as they come
+            self.run.dead_letter(dead, step)
+            self.run.telemetry.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+            self._hand_out([(q, round_) for q in requests])
+        return send
 
     def _cut(self, ids: list[str]) -> None:
         """A round closed (the book's answer): abort its unfinished prompts on their workers; the book defers them."""
@@ -206,7 +206,7 @@ class RolloutPool:
         for rid, why in item["rejected"]:
             self.run.dead_letter([{"source": rid, "reason": why}], step)
             if (round_ := self.book.rejected(rid)) is not None:  # a round still filling gets a fresh prompt
-                self._send(round_, *self.book.draw(round_, 1), step)
+                self.book.draw(round_, 1, self._sender(round_, step))
         late = item.get("pid", self.pids.get(name)) != self.pids.get(name)  # sent by a worker since replaced
         for rid, samples in item["groups"]:
             if late or self.ledger.state.get(rid) != "in_flight" or self.ledger.worker.get(rid) != name:

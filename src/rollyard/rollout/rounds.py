@@ -38,6 +38,7 @@ from rollyard.types import Request, Sample
 STATE_KEY = "rounds"  # TrainState.extra: the book's state (a policy that keeps none beyond the ledger writes none)
 LEGACY_KEYS = ("tail_pool", "tail")  # written before the book (the Ray pool's tail, colocated's): still resumed
 MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
+Send = Callable[[list[Request], list[dict]], None]  # a round's requests (to hand out) and dead-letter records
 
 
 @dataclass
@@ -143,7 +144,7 @@ def stream_round(engine, rewards, requests: list[Request], n: int, need: int,
 class RoundBook:
     """The rounds of a run over its prompt feed and ledger, under one policy (module docstring).
 
-    ``issue`` a round (its requests are ledger ``queued``: the caller hands them out); ``arrived``: a prompt's
+    ``issue`` a round (its requests go to the caller's ``send``, which hands them out); ``arrived``: a prompt's
     group is complete, returning what its round cuts when that closes it; ``defer`` the cut (ledger
     ``deferred``, queued oldest first for a long round); ``took``: the trainer took these groups; ``metrics``,
     ``state`` and ``restore`` for the step's row and the checkpoint. The ledger holds every request; the book
@@ -165,8 +166,9 @@ class RoundBook:
 
     # -- rounds ----------------------------------------------------------------------------------------
 
-    def issue(self, round_: int) -> tuple[str, list[Request], list[dict]]:
-        """Round ``round_``: ``(kind, requests, dead-letter records)``; a long round takes the queue's first P."""
+    def issue(self, round_: int, send: Send) -> str:
+        """Issue round ``round_`` (a long round takes the queue's first P); returns its kind. Its requests go to
+        ``send(requests, dead-letter records)``, which hands them out (they leave ``queued``)."""
         kind = self.policy.kind(len(self.long), self.rounds)
         self.kind[round_] = kind
         if self.policy.closes_early(kind):
@@ -174,23 +176,27 @@ class RoundBook:
         self.rounds += 1
         self.next_round = max(self.next_round, round_ + 1)
         if kind != "long":
-            return (kind, *self.draw(round_, self.policy.size(kind)))
+            self.draw(round_, self.policy.size(kind), send)
+            return kind
         ids = [self.long.popleft() for _ in range(min(self.policy.P, len(self.long)))]
         requests = [self._form(q, kind) for q in self.ledger.requeue(ids)]
         self._place(requests, round_)
-        return kind, requests, []
+        send(requests, [])
+        return kind
 
-    def draw(self, round_: int, k: int) -> tuple[list[Request], list[dict]]:
-        """``k`` prompts for ``round_`` from the feed (requeued ones first) in the round's form, and the records
-        of those dead-lettered; with ``refill`` these are replaced, so the round stays full."""
-        kind, out, dead = self.kind.get(round_, "plain"), [], []
+    def draw(self, round_: int, k: int, send: Send) -> None:
+        """``k`` prompts for ``round_`` from the feed (requeued ones first) in the round's form, to ``send`` with
+        the records of those dead-lettered; with ``refill`` these are replaced (each draw sent before the next:
+        a prompt drawn stays ``queued`` until it is handed out), so the round stays full."""
+        kind = self.kind.get(round_, "plain")
         for _ in range(MAX_TOP_UPS if self.refill else 1):
             got, lost = self.feed.take(k, round_)
             got = [self._form(q, kind) for q in got]
             self._place(got, round_)
-            out, dead, k = out + got, dead + lost, k - len(got)
+            send(got, lost)
+            k -= len(got)
             if k <= 0 or not self.refill:
-                return out, dead
+                return
         raise RuntimeError(f"round {round_}: {MAX_TOP_UPS} draws from the prompt set left {k} prompts short, every "
                            f"one dead-lettered; see the run's dead letters for why")
 
@@ -353,8 +359,15 @@ def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[
     """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (``stream_round``): a round
     that closes early stops at P complete prompts and defers the rest. ``Round.requests`` are the accepted
     ones; the complete ones are taken (``book.took``) and stay ``in_flight`` in the ledger until trained."""
-    kind, requests, dead = book.issue(round_)
-    book.ledger.hand_out([q.id for q in requests], worker)
+    requests: list[Request] = []
+    dead: list[dict] = []
+
+    def send(got: list[Request], lost: list[dict]) -> None:
+        book.ledger.hand_out([q.id for q in got], worker)
+        requests.extend(got)
+        dead.extend(lost)
+
+    kind = book.issue(round_, send)
     need = book.policy.P if book.policy.closes_early(kind) else len(requests)
     out, rejected = stream_round(engine, rewards, requests, book.policy.n, need, on_group)
     for q, why in rejected:
