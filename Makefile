@@ -6,7 +6,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.rollyard-installed
 TORCH ?= torch==2.13.0
-export RAY_AUTH_MODE ?= disabled
 # Extra key=value overrides for `make demo`, appended to its command line. Empty for a person; CI
 # (.ci/run) shortens the demo with it (fewer steps), and the run still writes the same files.
 DEMO_ARGS ?=
