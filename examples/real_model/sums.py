@@ -1,4 +1,4 @@
-"""Two-digit sums as a chat dataset, and its reward: the SmolLM2-135M-Instruct example (README "A real model").
+"""Two-digit sums as a chat dataset, and its reward: the SmolLM2-135M-Instruct example (docs/real-models.md).
 
     python examples/real_model/sums.py OUT_DIR          # writes OUT_DIR/train.jsonl (2000) and OUT_DIR/eval.jsonl (64)
 

@@ -157,7 +157,7 @@ class SyncConfig(Section):
     transport: str = Field("auto", description="auto (inprocess when colocated, else ray) | inprocess | dist (torch.distributed broadcast) | ray (object store)")
     every: int = Field(1, ge=1, description="publish weights every N optimizer steps")
     bucket_mb: float = Field(64.0, gt=0.0, description="dist transport: broadcast bucket size in MB")
-    check_every: int = Field(10, ge=0, description="checksum equality check of every rollout copy against the trainer at the first sync, then every N syncs (a copy that differs stops the run); 0: at start-up only. Cost: both sides hash the weights, about 2 s per GB on a CPU core (README, Weight sync)")
+    check_every: int = Field(10, ge=0, description="checksum equality check of every rollout copy against the trainer at the first sync, then every N syncs (a copy that differs stops the run); 0: at start-up only. Cost: both sides hash the weights, about 2 s per GB on a CPU core (docs/weight-sync.md)")
 
 
 class TailConfig(Section):

@@ -53,7 +53,7 @@ def release_freed_memory() -> bool:
     """Hand the heap's free pages back to the kernel (glibc ``malloc_trim``) where :func:`keep_freed_memory`
     keeps them: at a colocated phase switch (trainer -> rollout -> trainer), where the next phase's tensors
     differ in size from the last's and would otherwise fragment the kept heap. On SmolLM2-135M's example
-    (README "A real model") the kept heap crept ~0.17 GB per step (3.5 -> 4.7 GB peak over 8 steps); one trim
+    (docs/real-models.md) the kept heap crept ~0.17 GB per step (3.5 -> 4.7 GB peak over 8 steps); one trim
     per switch took 0.6-1.2 GB back each time. ``True`` if it ran."""
     if not (_STATE and _STATE[0]):
         return False
