@@ -31,7 +31,7 @@ from rollyard.evaluate import (
     no_signal_reason,
     train_reward_is_correctness,
 )
-from rollyard.model import kernels
+from rollyard.model import cpu, kernels
 from rollyard.model import memory as cpu_memory
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.placement import reference as reference_placement
@@ -228,7 +228,8 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     rewards = roles.rewards(cfg, tokenizer, model)
     rewards.dry_run(train_prompts[0].text, {**train_prompts[0].meta, **(  # a bad reward function: one line, now
         {MESSAGES_KEY: train_prompts[0].messages} if train_prompts[0].messages else {})})
-    console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}")
+    console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}"
+                  + (f" (CPU class {cpu.cpu_class()})" if str(device).startswith("cpu") else ""))
     sft_info: dict = {}
     scorer = roles.eval_rewards(cfg, tokenizer, model, rewards)  # held-out correctness (evaluate.accuracy_signal)
     if scorer is not None and scorer is not rewards and held_out:
