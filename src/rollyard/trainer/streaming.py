@@ -63,7 +63,9 @@ class StreamingStep:
                     if p.grad is not None:
                         p.grad.div_(den)
             grad_norm, skipped = t._optimizer_step(total("loss") / den)  # clip, non-finite guard, step
-        ratio = torch.cat([x for a in accs for x in a["log_ratio"]]).exp() if tokens else torch.zeros(0)
+        # every sample of the step may have been skipped (zero advantage): tokens counted, no ratio computed
+        log_ratio = [x for a in accs for x in a["log_ratio"]]
+        ratio = torch.cat(log_ratio).exp() if log_ratio else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         metrics = {"loss": total("loss") / den, "pg_loss": total("pg_loss") / den, "grad_norm": grad_norm,
                    "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95, **step_metrics(accs),
