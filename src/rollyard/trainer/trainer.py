@@ -622,7 +622,6 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
             # greedy rollouts record full logprobs (top-k / top-p do not change an argmax): the trainer's too
             "top_p": cfg.rollout.top_p if cfg.rollout.temperature else 1.0,
             "top_k": cfg.rollout.top_k if cfg.rollout.temperature else 0,
-            # greedy rollouts record full logprobs (top-k / top-p do not change an argmax): the trainer's too
             "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
             "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
             "max_skipped_steps": t.max_skipped_steps, "precision": t.precision,
