@@ -997,3 +997,35 @@ def test_decode_step_overhead_defaults_to_the_backends_published_figure():
     b = H.rollout_s(load_plan(EXAMPLE, ["rollout.backend=vllm", "rollout.step_overhead_s=0"]), 8)
     steps = M.round_steps(H.decode_on(load_plan(EXAMPLE), 8))
     assert a - b == pytest.approx(steps * (6.48e-3 - 16.06e9 / 3.35e12))
+
+
+@pytest.mark.parametrize("name, rule", [("plan_nemo_offpolicy_qwen30b.toml", "load_weights"),
+                                        ("plan_nemo_reshard_dsv3.toml", "direct_write"),
+                                        ("plan_miles_p2p_qwen30b.toml", "rdma_pinned"),
+                                        ("plan_runbook.toml", "copy")])
+def test_every_sync_figure_names_its_receive_path(capsys, name, rule):
+    # Issue 48: the mechanism the plan assumed, in words, next to every sync number. The decision record (plain
+    # markdown, no wrapping): every line with a sync time in seconds names the receive path.
+    import re
+
+    from rollyard.plan.record import decision_record
+
+    plan = make_plan(load_plan(EXAMPLE.parent / name))
+    record = decision_record(plan)
+    timed = [ln for ln in record.splitlines() if re.search(r"\bsync\b[^.;]*?\d+(\.\d+)? (m?s)\b", ln)]
+    assert timed and all(rule in ln for ln in timed), [ln for ln in timed if rule not in ln]
+    assert f"Receive path of every sync time here: {rule}: {M.RECEIVE_WORDS[rule]}" in record
+    # The printed plan: the phase table's sync row, the equal-hardware sync column, the budget's sync row and the
+    # transfer table each carry it (a colocated plan's phase row names the reload's path instead).
+    assert plan.phases.source["sync"].endswith(f"receive path {rule}: {M.RECEIVE_WORDS[rule]}")
+    import io
+
+    from rich.console import Console
+
+    from rollyard.plan.render import print_plan
+
+    buf = io.StringIO()
+    print_plan(plan, Console(file=buf, width=400, highlight=False))
+    out = buf.getvalue()
+    assert f"[{rule}]" in out and f"sync [{rule}]" in out and f"full sync ({rule})" in out
+    assert f"sync s: receive path {rule}: " in out

@@ -136,6 +136,12 @@ def receiver(p: PlanInputs) -> str:
     return "copy" if p.rollout.backend == "native" else "load_weights"
 
 
+def receiver_words(p: PlanInputs) -> str:
+    """The receive path in words, for every sync figure the plan prints: ``rule: what it does``."""
+    rule = receiver(p)
+    return f"{rule}: {M.RECEIVE_WORDS.get(rule, rule)}"
+
+
 def sync_costs(p: PlanInputs) -> SyncCosts:
     s, ro = p.sync, p.rollout
     base = {"pause_s": 0.0, "send_per_tensor_s": 0.0, "load_per_tensor_s": 0.0, "per_bucket_s": 0.0,

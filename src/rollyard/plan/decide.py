@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from rollyard.plan.bytes import StepBytes, fmt_bytes, training_state_bytes
+from rollyard.plan.bytes import StepBytes, fmt_bytes, receiver, training_state_bytes
 from rollyard.plan.inputs import PlanInputs
 from rollyard.plan.phases import Phases, trainer_gpus
 
@@ -116,14 +116,14 @@ def decide_sync(p: PlanInputs, b: StepBytes, ph: Phases, placement: str) -> tupl
         return "lora", (f"only the adapter trains: {fmt_bytes(b.lora_sync)} per sync, "
                         f"{b.full_sync / b.lora_sync:.0f}x less than full")
     if full_s <= SYNC_SHARE_LIMIT * step:
-        return "full", (f"a full sync takes {full_s:.2f} s over {p.network.sync_link}, "
+        return "full", (f"a full sync takes {full_s:.2f} s over {p.network.sync_link} ({receiver(p)}), "
                         f"{full_s / step:.1%} of a {step:.1f} s step (limit {SYNC_SHARE_LIMIT:.0%}): "
                         f"the simplest mode is cheap enough")
     if delta_s >= full_s:
-        return "full", (f"a full sync takes {full_s:.2f} s over {p.network.sync_link}, {full_s / step:.0%} of a "
+        return "full", (f"a full sync takes {full_s:.2f} s over {p.network.sync_link} ({receiver(p)}), {full_s / step:.0%} of a "
                         f"{step:.1f} s step, but delta would take {delta_s:.2f} s (export/compare, fixed costs): "
                         f"shrinking the bytes does not shrink the time")
-    return "delta", (f"a full sync would take {full_s:.2f} s over {p.network.sync_link}, {full_s / step:.0%} of a "
+    return "delta", (f"a full sync would take {full_s:.2f} s over {p.network.sync_link} ({receiver(p)}), {full_s / step:.0%} of a "
                      f"{step:.1f} s step (limit {SYNC_SHARE_LIMIT:.0%}); delta moves {fmt_bytes(b.delta_sync)} "
                      f"({b.full_sync / b.delta_sync:.0f}x less) in {delta_s:.2f} s including its export/compare")
 
@@ -194,7 +194,7 @@ def rate_match(p: PlanInputs, ph: Phases, equal: dict | None = None) -> RateMatc
         br, bt, step = best.rollout_gpus, best.trainer_gpus, best.step_s
         total = br + bt
         how = (f"At equal hardware the async split that minimizes the step is {br}:{bt} (rollout:trainer): "
-               f"rollout {best.rollout_s:.1f} s (bubble-free), trainer {best.trainer_s:.1f} s, sync {best.sync_s:.2f} s "
+               f"rollout {best.rollout_s:.1f} s (bubble-free), trainer {best.trainer_s:.1f} s, sync {best.sync_s:.2f} s ({receiver(p)}) "
                f"-> ~{step:.1f} s per step")
     else:
         total = gr + gt

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from rollyard.plan import hardware as H
-from rollyard.plan.bytes import StepBytes
+from rollyard.plan.bytes import StepBytes, receiver_words
 from rollyard.plan.inputs import PlanInputs
 
 
@@ -81,6 +81,7 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     src["reference"] = ("no reference model" if not ph.use_reference else "given" if ph.reference_s is not None
                         else "estimated: 2 x P_active x tokens (forward only) on the trainer GPUs")
     src["reward"] = src["algorithm"] = "given"
-    src["sync"] = f"one sync over {p.network.sync_link} (fixed + gather/wire/load), per {p.sync.every_steps} step(s)"
+    src["sync"] = (f"one sync over {p.network.sync_link} (fixed + gather/wire/load), per {p.sync.every_steps} "
+                   f"step(s); receive path {receiver_words(p)}")
     return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, algorithm=ph.algorithm_s,
                   train=train, sync=sync_seconds / p.sync.every_steps, source=src)

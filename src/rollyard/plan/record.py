@@ -8,7 +8,7 @@ enforced, the overlaps that must hold, the rate-matching plan, the collectives' 
 from __future__ import annotations
 
 from rollyard.plan import tools as plan_tools
-from rollyard.plan.bytes import dtype_name, fmt_bytes, fmt_seconds, fmt_tokens
+from rollyard.plan.bytes import dtype_name, fmt_bytes, fmt_seconds, fmt_tokens, receiver, receiver_words
 from rollyard.plan.planner import Plan
 
 
@@ -36,7 +36,7 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
             L.append(f"- {s.question} **{s.answer}** - {s.evidence}")
     L.append("")
     L.append(f"Phases per step: rollout {ph.rollout:.1f} s, reward {ph.reward:.1f} s, reference {ph.reference:.1f} s, "
-             f"train {ph.train:.1f} s, sync {plan.sync_seconds():.2f} s. Simulated steps/hour: "
+             f"train {ph.train:.1f} s, sync {plan.sync_seconds():.2f} s ({receiver(p)}). Simulated steps/hour: "
              + ", ".join(f"{k} {v.steps_per_hour:.1f} ({v.period_s:.1f} s/step)" for k, v in sims.items())
              + f". Cadence: {plan.cadence()}.")
     L.append("")
@@ -60,11 +60,13 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
     L.append("")
     L.append(d.sync_why + ".")
     L.append("")
-    L.append(f"| mode | per sync | per hour | on {link} |")
+    L.append(f"| mode | per sync | per hour | on {link} ({receiver(p)}) |")
     L.append("|---|---|---|---|")
     for mode in ("full", "delta", "lora"):
         L.append(f"| {mode} | {fmt_bytes(b.sync(mode))} | {fmt_bytes(plan.per_hour[mode + '_sync'], 1)} | "
                  f"{fmt_seconds(plan.sync_times[mode][link])} |")
+    L.append("")
+    L.append(f"Receive path of every sync time here: {receiver_words(p)}.")
     L.append("")
     collective = "ring all-reduce" if p.trainer.sharding == "ddp" else "FSDP reduce-scatter + 2 all-gathers"
     L.append(f"Rollout payload {fmt_bytes(b.rollout_payload, 3)}/step; gradient {collective} "
@@ -101,10 +103,12 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
         how = ("CUDA-IPC handle inside the node" if p.rollout.device == "gpu"
                else "the trainer's tensors in the same process")
         L.append(f"- weights: {how}, no bytes between pools; the {p.rollout.backend} engine's reload of its "
-                 f"shard costs {fmt_seconds(plan.sync_seconds())} per sync (`rollyard plan` Sync lines: its terms)")
+                 f"shard costs {fmt_seconds(plan.sync_seconds())} per sync ({receiver(p)}; `rollyard plan` Sync "
+                 "lines: its terms)")
     else:
         L.append(f"- weights: {d.sync_mode} sync {fmt_bytes(b.sync(d.sync_mode))} trainer -> rollout over {link}: "
-                 f"{fmt_seconds(plan.sync_seconds())} per sync; rollout replicas restart individually")
+                 f"{fmt_seconds(plan.sync_seconds())} per sync ({receiver(p)}); rollout replicas restart "
+                 "individually")
     if verification is not None:
         L.append("")
         L.append("## Verification")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rollyard.plan import bytes as B
@@ -71,7 +72,8 @@ def print_plan(plan: Plan, c: Console) -> None:
         t.add_column(col, justify="right" if col == "seconds" else "left")
     for role, secs in ph.seconds().items():
         if role == "sync" and d.placement == "colocated":
-            t.add_row(role, "0.00", "colocated: in-process handle")
+            t.add_row(role, "0.00", "colocated: in-process handle (the engine reload is in the rollout's "
+                                    f"turn: {B.fmt_seconds(plan.sync_seconds())}, receive path {B.receiver_words(p)})")
         else:
             t.add_row(role, f"{secs:.2f}", ph.source.get(role, ""))
     c.print(t)
@@ -91,8 +93,8 @@ def print_plan(plan: Plan, c: Console) -> None:
     text(c, f"Cadence: {plan.cadence()}")
     t = Table(title=f"Equal hardware: every placement on the same {p.total_gpus()} GPUs, best split of each",
               title_justify="left")
-    for col in ("placement", "rollout:trainer GPUs", "rollout s", "trainer s", "sync s", "s/step", "steps/h",
-                "vs colocated"):
+    for col in ("placement", "rollout:trainer GPUs", "rollout s", "trainer s", escape(f"sync s\n[{B.receiver(p)}]"),
+                "s/step", "steps/h", "vs colocated"):
         t.add_column(col, justify="left" if col == "placement" else "right")
     for name, v in plan.equal_hardware().items():
         split = "shared" if name == "colocated" else f"{v['rollout_gpus']}:{v['trainer_gpus']}"
@@ -107,7 +109,8 @@ def print_plan(plan: Plan, c: Console) -> None:
     c.print(t)
     text(c, "  colocated: synchronous rounds (the step waits for its longest response) + trainer + engine reload; "
             "disaggregated: synchronous rounds, pools one step apart; async: continuous batching with partial "
-            "rollout (bubble-free), pools decoupled by the staleness bound")
+            "rollout (bubble-free), pools decoupled by the staleness bound; sync s: receive path "
+            f"{B.receiver_words(p)}")
     if plan.sync_detail:
         for line in sync_lines(plan):
             text(c, line)
@@ -141,7 +144,8 @@ def print_plan(plan: Plan, c: Console) -> None:
         t.add_column(col, justify="left" if col in ("role", "optimizations") else "right")
     for role in bw.before:
         names = ", ".join(a["name"] for a in bw.applied if a["role"] == role)
-        t.add_row(role, f"{bw.shares[role]:.1%}", f"{bw.before[role]:.2f}", f"{bw.after[role]:.2f}", names)
+        label = escape(f"{role} [{B.receiver(p)}]") if role == "sync" else role
+        t.add_row(label, f"{bw.shares[role]:.1%}", f"{bw.before[role]:.2f}", f"{bw.after[role]:.2f}", names)
     t.add_row("step", "100%", f"{bw.step_s:.2f}", f"{bw.new_step_s:.2f}", f"win {bw.win:.2f}x" if bw.win else "")
     c.print(t)
 
