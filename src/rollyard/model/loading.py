@@ -98,8 +98,9 @@ def load_policy(name_or_path: str, seed: int = 0, max_position_embeddings: int =
         raise ConfigError(f"model.name={path} is a file; expected a Hugging Face model directory (with config.json), "
                           f"a .gguf file or a preset ({', '.join(sorted(PRESETS))})")
     if name_or_path not in PRESETS:
+        where = "" if Path(name_or_path).is_absolute() else f" (relative to {Path.cwd()})"
         raise ConfigError(f"model.name={name_or_path!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor an "
-                          f"existing directory (relative to {Path.cwd()}); fix the path or use model.name=tiny")
+                          f"existing model directory, .gguf file or pkg:<module>{where}; fix the path or use model.name=tiny")
     tokenizer = char_tokenizer()
     return build_preset(name_or_path, tokenizer, seed, max_position_embeddings), tokenizer
 
