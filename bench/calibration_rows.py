@@ -170,10 +170,104 @@ SPEEDUPS = [
 ]
 
 
-def speedup_table() -> list[dict]:
+# ---- New figures (issue 48 item 5): gathered 2026-11-27 after the v5 rules were committed (ddc8a01, 11:34 UTC),
+# none of them in the repository before; the rules were not changed after reading them. Each row states the
+# published configuration only; the hardware of the GB200 rows is NVIDIA's datasheet (HBM3e 8 TB/s, dense BF16
+# 2.5 PFLOP/s, 186 GB per GPU). Where the published table does not give the 1-step-off split of the GPUs, the
+# row says so (an ASSUMPTION, as in the N rows' file). Prompt length stays the file's ASSUMPTION (256 tokens):
+# avg_tokens = the published on-policy mean sequence - 256.
+GATHERED = "2026-11-27"
+NEW = "new: gathered 2026-11-27, after the v5 rules; not in the repository before"
+PERF_V06 = ("NVIDIA-NeMo/RL docs/about/performance-summary.md (mirror 7ea279ab, Aug 2026), NeMo RL v0.6, "
+            "GB200 BF16 table")
+PERF_V04 = "NVIDIA-NeMo/RL docs/about/performance-summary.md at 06beed91 (NeMo RL v0.4 table, DGX-H100 BF16)"
+GB200 = ("rollout.mem_bandwidth=8e12", "trainer.peak_flops=2.5e15", "cluster.gpu_memory=186e9")
+G1 = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
+      "rollout.avg_tokens=444", "tail.max_tokens=1280", "rollout.tp=16", "rollout.gpus=128", "trainer.dp=128",
+      "trainer.gpus=128", "rollout.kv_bytes_per_token=70272", "cluster.gpus=256", *GB200)
+G2 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945", "rollout.prompts=32",
+      "rollout.avg_tokens=5437", "tail.max_tokens=7936", "rollout.tp=8", "rollout.gpus=64", "trainer.dp=64",
+      "trainer.gpus=64", "rollout.kv_bytes_per_token=193536", "cluster.gpus=128", *GB200)
+V1 = ("policy.params=8.03e9", "policy.active_params=8.03e9", "policy.weight_tensors=291", "rollout.avg_tokens=804",
+      "tail.max_tokens=3840", "rollout.tp=1", "rollout.gpus=8", "trainer.dp=8", "trainer.gpus=8",
+      "rollout.kv_bytes_per_token=131072", "cluster.gpus=16")
+V2 = ("rollout.avg_tokens=2898",)
+
+
+@dataclass(frozen=True)
+class NewSpeedup(Speedup):
+    source: str = ""
+    gathered: str = GATHERED
+    note: str = ""
+    published_colocated_s: float = 0.0  # the published on-policy step (s), set below from the note's figure
+
+
+NEW_SPEEDUPS = [
+    NewSpeedup("G1", "NeMo-RL v0.6 GB200, 1-step off (128:128, gen TP16) vs on-policy, DeepSeek-V3, 256 GPUs",
+               "plan_nemo_offpolicy_qwen30b.toml", 98.7 / 61.7, NEW, G1, "disaggregated", PERF_V06,
+               note="published 98.7 s -> 61.7 s; training EP16 x PP8 = 128 GPUs", published_colocated_s=98.7),
+    NewSpeedup("G2", "NeMo-RL v0.6 GB200, 1-step off (64:64, gen TP8) vs on-policy, Qwen3-235B-A22B, 128 GPUs",
+               "plan_nemo_offpolicy_qwen30b.toml", 345 / 278, NEW, G2, "disaggregated", PERF_V06,
+               note="published 345 s -> 278 s; training TP4 x EP16 x PP4 on 64 GPUs", published_colocated_s=345),
+    NewSpeedup("V1", "NeMo-RL v0.4 H100, 1-step off vs on-policy, Llama-3.1-8B, 16 GPUs (8:8 ASSUMED)",
+               "plan_nemo_offpolicy_qwen30b.toml", 97.7 / 74.6, NEW, V1, "disaggregated", PERF_V04,
+               note="published 97.7 s -> 74.6 s; the split of the 16 GPUs is not published",
+               published_colocated_s=97.7),
+    NewSpeedup("V2", "NeMo-RL v0.4 H100, 1-step off (16:16, gen TP2) vs on-policy, Qwen3-30B-A3B, 32 GPUs",
+               "plan_nemo_offpolicy_qwen30b.toml", 225 / 244, NEW, V2, "disaggregated", PERF_V04,
+               note="published 225 s -> 244 s: 1-step off was slower in v0.4", published_colocated_s=225),
+]
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """A colocated (on-policy) step published at two GPU counts: how much doubling the GPUs bought."""
+
+    id: str
+    what: str
+    file: str
+    overrides: tuple[str, ...]
+    small_gpus: int
+    published_small_s: float
+    published_full_s: float
+    source: str
+    sample: str = NEW
+
+
+SCALINGS = [
+    Scaling("C1", "NeMo-RL v0.6 H100 on-policy, DeepSeek-V3, 256 -> 512 GPUs", "plan_nemo_offpolicy_qwen30b.toml",
+            N3, 256, 134, 111, "NVIDIA-NeMo/RL performance-summary.md, v0.6 H100 BF16 (the 256-GPU row is new)"),
+    Scaling("C2", "NeMo-RL v0.6 H100 on-policy, Qwen3-235B-A22B (gen TP16), 128 -> 256 GPUs",
+            "plan_nemo_offpolicy_qwen30b.toml", (*N2, "rollout.tp=16"), 128, 395, 312,
+            "NVIDIA-NeMo/RL performance-summary.md, v0.6 H100 BF16 (the 128-GPU row is new)"),
+    Scaling("C3", "NeMo-RL v0.6 GB200 on-policy, DeepSeek-V3 (gen TP32), 128 -> 256 GPUs",
+            "plan_nemo_offpolicy_qwen30b.toml", (*G1, "rollout.tp=32"), 128, 108, 98.7, PERF_V06),
+    Scaling("C4", "NeMo-RL v0.6 GB200 on-policy, Qwen3-235B-A22B, 64 -> 128 GPUs", "plan_nemo_offpolicy_qwen30b.toml",
+            G2, 64, 286, 345, PERF_V06),
+]
+
+
+def scaling_table() -> list[dict]:
+    """Each row: the plan's colocated step at the small and the full GPU count, and its gain against the published."""
+    out = []
+    for r in SCALINGS:
+        full = make_plan(load_plan(EXAMPLES / r.file, list(r.overrides))).equal_hardware()["colocated"]["step_s"]
+        small = make_plan(load_plan(EXAMPLES / r.file, [*r.overrides, f"cluster.gpus={r.small_gpus}"]))
+        small_s = small.equal_hardware()["colocated"]["step_s"]
+        published_x = r.published_small_s / r.published_full_s
+        out.append({**asdict(r), "plan_small_s": small_s, "plan_full_s": full, "plan_x": small_s / full,
+                    "published_x": published_x, "ratio": (small_s / full) / published_x})
+    return out
+
+
+def new_speedup_table() -> list[dict]:
+    return speedup_table(NEW_SPEEDUPS)
+
+
+def speedup_table(rows: list[Speedup] | None = None) -> list[dict]:
     """Each row: the plan's speed-up at the published split (the file's pools) and at its best split."""
     out = []
-    for r in SPEEDUPS:
+    for r in SPEEDUPS if rows is None else rows:
         plan = make_plan(load_plan(EXAMPLES / r.file, list(r.overrides)))
         eq = plan.equal_hardware()
         placement = r.placement
@@ -191,8 +285,9 @@ def speedup_table() -> list[dict]:
 def main(argv: list[str]) -> int:
     rows = table()
     speedups = speedup_table()
+    new, scaling = new_speedup_table(), scaling_table()
     if "--json" in argv:
-        print(json.dumps({"sync": rows, "speedups": speedups}, indent=1))
+        print(json.dumps({"sync": rows, "speedups": speedups, "new_speedups": new, "scaling": scaling}, indent=1))
         return 0
     print(f"{'row':5} {'published':>10} {'plan':>8} {'ratio':>6}  sample  configuration (receive path)")
     for r in rows:
@@ -215,6 +310,19 @@ def main(argv: list[str]) -> int:
     print(f"speed-ups within 25% at the published split: verl rows (measured phases, in sample for the serial "
           f"fraction) {sum(r['within_25'] for r in verl)} of {len(verl)}; rows on stated phases (NeMo-RL) "
           f"{sum(r['within_25'] for r in stated)} of {len(stated)}")
+    print()
+    print(f"New figures, gathered {GATHERED} after the v5 rules (none in the repository before; rules unchanged):")
+    print(f"{'row':4} {'published':>9} {'plan':>6} {'ratio':>6} {'rollout':>8} {'trainer':>8} {'mean':>5} "
+          f"{'colocated plan / published':>27}  configuration")
+    for r in new:
+        print(f"{r['id']:4} {r['published_x']:8.2f}x {r['plan_x']:5.2f}x {r['ratio']:6.2f} {r['rollout_s']:7.1f}s "
+              f"{r['trainer_s']:7.1f}s {r['mean_tokens']:5.0f} {r['colocated_s']:10.1f} / {r['published_colocated_s']:5.1f} s "
+              f"({r['colocated_s'] / r['published_colocated_s']:.2f})  {r['what']}")
+    print(f"new speed-ups within 25% at the published split: {sum(r['within_25'] for r in new)} of {len(new)}")
+    print(f"{'row':4} {'published':>9} {'plan':>6} {'ratio':>6} {'plan small/full s':>18}  colocated step, GPUs doubled")
+    for r in scaling:
+        print(f"{r['id']:4} {r['published_x']:8.2f}x {r['plan_x']:5.2f}x {r['ratio']:6.2f} "
+              f"{r['plan_small_s']:8.1f} / {r['plan_full_s']:6.1f}  {r['what']}")
     return 0
 
 
