@@ -108,6 +108,37 @@ ROWS = [
 ]
 
 
+# New weight-sync figures (issue 48 item 5), gathered 2026-11-27 after the v5 rules, not in the repository before;
+# the rules were not changed after reading them. THUDM/slime PR #2146 (CalvinXKY, 2026-06-29): Qwen3-8B GRPO on one
+# node of 8 x A100 80GB, non-colocated, 4 training GPUs (Megatron TP4) + 4 rollout GPUs (SGLang TP4),
+# perf/update_weights_time steady-state mean over steps 2-49: NCCL broadcast 0.755 s (all-gather over the TP group,
+# then rank 0 broadcasts whole tensors), P2P 0.484 s (each TP rank sends its local shard to the matching SGLang
+# rank: no gather, 4 streams). Configuration only: Qwen3-8B 8.19e9 parameters, 36 layers x 11 tensors + 3 = 399;
+# A100 SXM HBM2e 2.039 TB/s and NVLink 3 300 GB/s per direction (NVIDIA datasheet); slime's default
+# --update-weight-buffer-size 512 MiB (not stated in the PR).
+SLIME_2146 = "THUDM/slime PR #2146 (2026-06-29), Qwen3-8B P2P vs NCCL broadcast benchmark"
+Q8_A100 = ("policy.params=8.19e9", "policy.active_params=8.19e9", "policy.weight_tensors=399", "trainer.dp=4",
+           "rollout.gpus=4", "rollout.tp=4", "rollout.mem_bandwidth=2.039e12", "network.custom={nvlink_a100 = 300e9}",
+           "network.sync_link=nvlink_a100", "network.gather_link=nvlink_a100", "cluster.gpus=8",
+           "sync.bucket_bytes=536870912")
+
+
+@dataclass(frozen=True)
+class NewRow(Row):
+    source: str = ""
+    gathered: str = "2026-11-27"
+
+
+NEW_ROWS = [
+    NewRow("W1", "slime NCCL broadcast Megatron TP4 -> SGLang TP4, Qwen3-8B, 8 x A100 (one node)",
+           "plan_miles_broadcast_qwen30b.toml", Q8_A100, 0.755,
+           "new: gathered 2026-11-27, after the v5 rules; not in the repository before", SLIME_2146),
+    NewRow("W2", "slime P2P shard send/recv TP4 -> SGLang TP4 (4 streams, no gather), Qwen3-8B, 8 x A100",
+           "plan_miles_broadcast_qwen30b.toml", (*Q8_A100, "network.senders=4", "trainer.sharding=ddp"), 0.484,
+           "new: gathered 2026-11-27, after the v5 rules; not in the repository before", SLIME_2146),
+]
+
+
 def plan_sync(row: Row):
     """One weight update as the plan prices it on its defaults (the sync breakdown: ``total``, ``mechanism``)."""
     return make_plan(load_plan(EXAMPLES / row.file, list(row.overrides))).sync_detail
@@ -117,9 +148,9 @@ def plan_seconds(row: Row) -> float:
     return plan_sync(row).total
 
 
-def table() -> list[dict]:
+def table(rows: list[Row] | None = None) -> list[dict]:
     out = []
-    for r in ROWS:
+    for r in ROWS if rows is None else rows:
         d = plan_sync(r)
         s = d.total
         out.append({**asdict(r), "plan_s": s, "ratio": s / r.published_s, "within_2x": 0.5 <= s / r.published_s <= 2,
@@ -285,9 +316,10 @@ def speedup_table(rows: list[Speedup] | None = None) -> list[dict]:
 def main(argv: list[str]) -> int:
     rows = table()
     speedups = speedup_table()
-    new, scaling = new_speedup_table(), scaling_table()
+    new, scaling, new_sync = new_speedup_table(), scaling_table(), table(NEW_ROWS)
     if "--json" in argv:
-        print(json.dumps({"sync": rows, "speedups": speedups, "new_speedups": new, "scaling": scaling}, indent=1))
+        print(json.dumps({"sync": rows, "speedups": speedups, "new_sync": new_sync, "new_speedups": new,
+                          "scaling": scaling}, indent=1))
         return 0
     print(f"{'row':5} {'published':>10} {'plan':>8} {'ratio':>6}  sample  configuration (receive path)")
     for r in rows:
@@ -312,6 +344,10 @@ def main(argv: list[str]) -> int:
           f"{sum(r['within_25'] for r in stated)} of {len(stated)}")
     print()
     print(f"New figures, gathered {GATHERED} after the v5 rules (none in the repository before; rules unchanged):")
+    for r in new_sync:
+        print(f"{r['id']:5} {r['published_s']:9.3f}s {r['plan_s']:7.3f}s {r['ratio']:6.2f}  new     {r['what']} "
+              f"({r['mechanism']})")
+    print(f"new weight syncs within 2x on defaults: {sum(r['within_2x'] for r in new_sync)} of {len(new_sync)}")
     print(f"{'row':4} {'published':>9} {'plan':>6} {'ratio':>6} {'rollout':>8} {'trainer':>8} {'mean':>5} "
           f"{'colocated plan / published':>27}  configuration")
     for r in new:

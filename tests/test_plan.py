@@ -1059,6 +1059,14 @@ def test_new_published_figures_checked_out_of_sample():
     # The plan's colocated step against the published on-policy step: 0.22-0.57 (the stated phases are too fast).
     assert {k: round(r["colocated_s"] / r["published_colocated_s"], 2) for k, r in new.items()} == {
         "G1": 0.22, "G2": 0.24, "V1": 0.57, "V2": 0.31}
+    # Weight sync, slime PR #2146 (Qwen3-8B, one node of 8 x A100, Megatron TP4 -> SGLang TP4): published steady-state
+    # means 0.755 s (NCCL broadcast) and 0.484 s (P2P shards). The plan prices 61 / 57 ms: 0 of 2 within 2x, and its
+    # P2P / broadcast ratio is 0.93 against the published 0.64.
+    sync = {r["id"]: r for r in rows.table(rows.NEW_ROWS)}
+    assert {k: r["published_s"] for k, r in sync.items()} == {"W1": 0.755, "W2": 0.484}
+    assert {k: round(r["plan_s"], 3) for k, r in sync.items()} == {"W1": 0.061, "W2": 0.057}
+    assert not any(r["within_2x"] for r in sync.values())
+    assert sync["W2"]["plan_s"] / sync["W1"]["plan_s"] == pytest.approx(0.93, abs=0.01)
     # The on-policy step published at two GPU counts: the plan's gain from doubling the GPUs against the published.
     scaling = {r["id"]: r for r in rows.scaling_table()}
     for rid, (small, full) in {"C1": (134, 111), "C2": (395, 312), "C3": (108, 98.7), "C4": (286, 345)}.items():
