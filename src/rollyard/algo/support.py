@@ -18,15 +18,17 @@ The support, in the order vLLM and ``transformers.generate`` apply it (temperatu
   whose predecessors' mass is below ``top_p`` (the smallest prefix reaching ``top_p``; the top token always
   stays).
 
-The logprob canary (``sync/canary.py``) still scores its fixed probe under the full distribution on both sides:
-equal logits give equal supports, so it checks the same weights and kernels; the samples' own gap
-(``train/logprob_diff``) is the one taken on the support, every step.
+The logprob canary (``sync/canary.py``) scores its fixed probe on the same support on both sides (``restrict`` with
+the probe's tokens as ``targets``, as the trainer keeps a sampled token): a rollout whose support differs from the
+trainer's shows there, not only in the samples' own gap (``train/logprob_diff``).
 
 Tokens outside the support get the logit ``finfo.min`` rather than ``-inf``: their probability is exactly 0
 after a softmax, and ``0 * logit`` stays finite where an entropy is summed over the vocabulary.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
@@ -90,3 +92,41 @@ def restrict(logits: torch.Tensor, top_p: float = 1.0, top_k: int = 0,
     if targets is not None:
         keep.scatter_(-1, targets.reshape(-1, 1).to(keep.device), True)
     return logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+
+
+class Support(NamedTuple):
+    """The distribution a rollout samples from, as the logprob canary (``sync/canary.py``) scores its probe on
+    both sides: the engine from its own settings (:meth:`of_engine`), the trainer from those its ratio uses."""
+
+    temperature: float = 1.0  # the logits are divided by it
+    top_p: float = 1.0  # nucleus mass kept (1: all)
+    top_k: int = 0  # most likely tokens kept (0: all)
+
+    @classmethod
+    def of(cls, temperature: float, top_p: float, top_k: int) -> Support:
+        """The support of a rollout sampling at ``(temperature, top_p, top_k)``. Greedy (T = 0) records the full
+        ``log_softmax(logits)`` (truncation does not change an argmax), as the trainer takes it
+        (``trainer_kwargs``); a support that truncates nothing is :data:`FULL`, at T = 1 (the probe then checks
+        weights and kernels, and vLLM needs no more than the probe tokens' own logprobs: ``rollout/vllm.py``)."""
+        if not temperature or not active(top_p, top_k):
+            return cls()
+        return cls(float(temperature), float(top_p), int(top_k))
+
+    @classmethod
+    def of_engine(cls, engine) -> Support:
+        """The support ``engine`` samples from (its ``temperature``, ``top_p``, ``top_k``)."""
+        return cls.of(engine.temperature, engine.top_p, engine.top_k)
+
+    def logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """``[C]`` fp32 ``log q(targets[i])`` for ``logits [C, V]`` (any shift per row: raw logits or
+        log-probabilities): divided by the temperature, restricted with the target kept (:func:`restrict`, as
+        ``trainer.chunked_token_logprobs`` does), renormalised."""
+        x = logits.float()
+        if self.temperature != 1.0:
+            x = x / self.temperature
+        targets = targets.reshape(-1).to(x.device)
+        x = restrict(x, self.top_p, self.top_k, targets)
+        return torch.log_softmax(x, dim=-1).gather(1, targets[:, None])[:, 0]
+
+
+FULL = Support()  # nothing truncated, T = 1

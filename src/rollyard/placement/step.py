@@ -24,11 +24,13 @@ import contextlib
 from dataclasses import dataclass, field
 
 from rollyard.algo.advantages import assign_advantages
+from rollyard.algo.support import Support
 from rollyard.placement.run import Roles, RunRecord, finish
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.sync import canary
 from rollyard.telemetry.report import StepProgress
 from rollyard.trainer.dp import after_step
+from rollyard.trainer.trainer import trainer_kwargs
 from rollyard.types import Request, Sample
 
 
@@ -95,10 +97,13 @@ def publish(run: RunRecord, side, step: int) -> int:
 def logprob_canary(side, version: int) -> dict[str, float]:
     """The trainer's model and the rollout side score the fixed probe right after the sync (``sync/canary.py``):
     ``canary/logprob_gap`` at equal versions and ``canary/lag`` of the latest answered canary (a Ray side
-    answers without holding the step up: its row may carry the previous sync's); none without a copy."""
-    r = side.r
+    answers without holding the step up: its row may carry the previous sync's); none without a copy. The
+    trainer's side scores on the support its ratio is taken over (``trainer_kwargs``: every rank's), the
+    rollout side on the one its engine samples from."""
+    r, kw = side.r, trainer_kwargs(side.run.cfg)
     probe = canary.probe(r.model.config.vocab_size, r.context)
-    return side.canary(version, probe, canary.score(r.model, probe))
+    under = Support.of(kw["temperature"], kw["top_p"], kw["top_k"])
+    return side.canary(version, probe, canary.score(r.model, probe, under))
 
 
 def settle(run: RunRecord, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:

@@ -283,12 +283,13 @@ class EngineBase:
     def score(self, sample: Sample, copy_only: bool = False) -> list[float] | None:
         """Completion-token logprobs of ``sample`` through what this engine samples with (the logprob canary).
 
-        Here: the engine's module (``sync.canary.score``). ``copy_only``: the module is the trainer's own (mode
+        Here: the engine's module (``sync.canary.score``), on the support the engine samples from
+        (``algo.support.Support.of_engine``). ``copy_only``: the module is the trainer's own (mode
         inprocess), so scoring it would compare the trainer with itself: None, unless the engine samples through
         weights of its own (an override). None also when the module is not one a forward can run."""
         if copy_only or not canary.scorable(self.model):
             return None
-        return canary.score(self.model, sample)
+        return canary.score(self.model, sample, support.Support.of_engine(self))
 
     @property
     def own_copy(self) -> bool:
@@ -406,7 +407,7 @@ class RolloutEngine(EngineBase):
         draws the samples; copies freed for the trainer's step and not rebuilt since: the module the next step
         rebuilds them from (``EngineBase.score``). The HF backends decode with the module itself."""
         if isinstance(self.backend, native.NativeBackend) and not self.backend.asleep:
-            return canary.score_fast(self.backend.fwd, sample)
+            return canary.score_fast(self.backend.fwd, sample, support.Support.of_engine(self))
         return super().score(sample, copy_only)
 
     def _step(self, admit: bool = True) -> None:

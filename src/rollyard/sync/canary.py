@@ -15,8 +15,9 @@ Each engine answers through its own ``score`` (the engine contract, ``rollout/en
 never reaches into an engine's internals:
 
 - vLLM (``rollout/vllm.py``): the engine's own forward over the copy inside vLLM (``engine.score``:
-  prompt logprobs), so a reload that did not reach vLLM shows. The gap at equal versions is the
-  kernels' rounding (fp32: 4.8e-7 on ``tiny64`` at init; the samples' gap, the same kernels, stays
+  prompt logprobs, which are raw: enough of them are requested to restrict them here), so a reload that
+  did not reach vLLM shows. The gap at equal versions is the kernels' rounding (fp32: 4.8e-7 on ``tiny64``
+  at init, at top_p=0.9 and top_k=20 too: ``tests/test_canary_support.py``; the samples' gap, the same kernels, stays
   <= 2e-6 over a trained run: ``tests/test_vllm.py``), never exactly 0.
 - the native fast path (``rollout/native.py``): its fused weight copies (:func:`score_fast`,
   rebuilt from the module at every load) through its prefill and decode, the path that draws the
@@ -24,6 +25,13 @@ never reaches into an engine's internals:
   ``bench/canary.py``), a bf16 copy its rounding. Copies freed for the trainer's step and not rebuilt
   by a load since: the module the engine's next step rebuilds them from.
 - an HF backend (a model the fast path does not run): the engine's module, :func:`score`.
+
+Both sides score the probe on the support the rollout samples from (``algo.support.Support``: ``rollout.temperature``,
+``rollout.top_p``, ``rollout.top_k``, through ``algo/support.py``'s rule with the probe's token kept, as the trainer
+keeps a sampled one): the engine from its own settings (``Support.of_engine``), the trainer from the settings its
+ratio is taken with. At equal weights the gap is the kernels' rounding at any top-p / top-k; a rollout that samples
+from another support than the trainer's (a worker at top_p=0.9 against a trainer at 1.0) shows as a gap of the
+truncated mass's log, as it would bias every ratio.
 
 In mode ``inprocess`` the engine reads the trainer's own module: no version can lag, so a gap is a
 kernel mismatch or fused copies the refresh did not rebuild (the fast path; vLLM's copy is
@@ -62,24 +70,35 @@ def scorable(model) -> bool:
     return isinstance(model, torch.nn.Module) and callable(getattr(model, "forward", None))
 
 
+def logprobs(logits: torch.Tensor, targets: torch.Tensor, under=None) -> list[float]:
+    """``log q(targets[i])`` for ``logits [C, V]`` in fp32: on the support ``under`` (an ``algo.support.Support``:
+    its ``logprobs``, the rule the trainer's ratio uses; this layer does not import algo), or with None the full
+    ``log_softmax``. Every side of the canary ends here."""
+    if under is not None:
+        return under.logprobs(logits, targets).cpu().tolist()
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    return lp.gather(1, targets.reshape(-1, 1).to(lp.device))[:, 0].cpu().tolist()
+
+
 @torch.no_grad()
-def score(model, sample: Sample) -> list[float]:
-    """Completion-token logprobs of ``sample`` under ``model`` (one forward, fp32 log-softmax)."""
+def score(model, sample: Sample, under=None) -> list[float]:
+    """Completion-token logprobs of ``sample`` under ``model`` (one forward) on the support ``under``
+    (:func:`logprobs`)."""
     device = next(model.parameters()).device
     ids = torch.tensor([sample.prompt_ids + sample.completion_ids], device=device)
     was_training = model.training
     model.eval()
-    logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    logits = model(input_ids=ids, use_cache=False).logits[0]
     model.train(was_training)
-    lp = torch.log_softmax(logits[:-1], dim=-1).gather(1, ids[0, 1:, None])[:, 0]
-    return lp[len(sample.prompt_ids) - 1:].cpu().tolist()
+    P = len(sample.prompt_ids)
+    return logprobs(logits[P - 1:-1], ids[0, P:], under)
 
 
 @torch.no_grad()
-def score_fast(fwd, sample: Sample) -> list[float]:
-    """Completion-token logprobs of ``sample`` through a fast-path forward (``model.llama.LlamaFast``):
-    its prefill over the prompt, then one decode step per completion token, in a cache of its own (the
-    engine's is untouched), as the engine computes the logprobs of what it samples."""
+def score_fast(fwd, sample: Sample, under=None) -> list[float]:
+    """Completion-token logprobs of ``sample`` through a fast-path forward (``model.llama.LlamaFast``) on the
+    support ``under``: its prefill over the prompt, then one decode step per completion token, in a cache of
+    its own (the engine's is untouched), as the engine computes the logprobs of what it samples."""
     P, C = len(sample.prompt_ids), sample.completion_ids
     dev = fwd.device
     kv = fwd.new_cache(1, P + len(C))
@@ -87,8 +106,7 @@ def score_fast(fwd, sample: Sample) -> list[float]:
                           torch.tensor([P - 1], device=dev))[0]]
     for i, t in enumerate(C[:-1]):
         logits.append(fwd.decode(torch.tensor([t], device=dev), torch.tensor([P + i], device=dev), kv, P + i + 1)[0])
-    lp = torch.log_softmax(torch.stack(logits).float(), dim=-1)
-    return lp.gather(1, torch.tensor(C, device=dev)[:, None])[:, 0].cpu().tolist()
+    return logprobs(torch.stack(logits), torch.tensor(C, device=dev), under)
 
 
 def answer(engine, sample: Sample, shared: bool = False) -> list[float] | None:
