@@ -195,3 +195,15 @@ def test_split_search_is_bounded_and_finds_the_exhaustive_best(monkeypatch):
     # A million GPUs prices a bounded number of splits (pricing every one took 41 s).
     big = make_plan(load_plan(None, ["cluster.gpus=1e6"])).equal
     assert all(len(big[n]["all"]) <= 6 * M.SPLIT_POINTS for n in ("disaggregated", "async"))
+
+
+def test_pp_beyond_the_trainer_is_refused_by_the_cli_in_one_line():
+    # Issue 48 item 4, through the installed `rollyard plan` command (a real subprocess): pp = 1024 on the default
+    # 8-rank trainer is one line naming the rule, the values and the fix, exit 2, nothing on stdout, no traceback.
+    import subprocess
+    import sys
+    exe = Path(sys.executable).parent / "rollyard"
+    r = subprocess.run([str(exe), "plan", "--defaults", "trainer.pp=1024"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "trainer.pp x trainer.tp = 1024 x 1 = 1024 exceeds the trainer's 8 GPUs" in r.stderr and "fix" in r.stderr
