@@ -54,7 +54,9 @@ class Settings:
 
 
 def settings(cfg: RunConfig) -> Settings:
-    """The run's :class:`Settings`; a device or sync setting that cannot work fails here (ConfigError, one line)."""
+    """The run's :class:`Settings`; a device, sync or rollout-side (``tools.*``: ``env.setup.check``) setting that
+    cannot work fails here (ConfigError, one line), before the run directory is touched."""
+    env_setup.check(cfg)  # the engine's side: the tools, and the settings they cannot run with
     device = device_of(cfg)
     return Settings(device, resolve(cfg, device), staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every))
 

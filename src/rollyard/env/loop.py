@@ -29,7 +29,6 @@ nothing to decode, waiting on tools, is ``tools/wait_s``.
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from rollyard.env.executor import Job, ToolExecutor
 from rollyard.env.rewards import ENV_REWARD_KEY
 from rollyard.env.tools import error_content
 from rollyard.reward.hooks import MESSAGES_KEY, PROMPT_KEY
+from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.types import Request, Sample
 
 
@@ -100,16 +100,7 @@ def _text(content) -> str:
     return content if isinstance(content, str) else json.dumps(content, default=str)
 
 
-TOOL_SECONDS = "tools/seconds"  # a step's per-call latencies, placement -> run record (popped there, never a metric)
-
-
-def latency_metrics(seconds: list[float], prefix: str = "tools/latency_") -> dict[str, float]:
-    """Tool-call latency percentiles (nearest rank) and maximum, in seconds: ``tools/latency_p50_s``, ``_p90_s``,
-    ``_p99_s``, ``_max_s``; all 0.0 without calls."""
-    lat = sorted(seconds)
-    at = lambda q: lat[min(len(lat) - 1, math.ceil(q * len(lat)) - 1)] if lat else 0.0  # noqa: E731
-    return {f"{prefix}p50_s": at(0.5), f"{prefix}p90_s": at(0.9), f"{prefix}p99_s": at(0.99),
-            f"{prefix}max_s": lat[-1] if lat else 0.0}
+TOOL_ROLE, TOOL_NAME = "tool", "tools"  # the timeline role of the calls, the prefix of their metrics and traffic edge
 
 
 class Turns(NamedTuple):
@@ -150,7 +141,7 @@ class MultiTurn:
         self._by_engine: dict[str, list[str]] = {}  # engine request id -> the trajectories it carries
         self._ended: list[_Traj] = []  # finished; waiting for get_reward / the drop of their environment
         self._out: list[Sample] = []
-        self._jobs: list[Job] = []  # finished jobs since the last metrics() (the tool role's intervals)
+        self._jobs: list[Job] = []  # finished jobs since the last drain() (the tool role's intervals)
         self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
         self._calls0, self._lat0, self._turns = dict(box.executor.stats), len(box.executor.seconds), []
 
@@ -250,13 +241,14 @@ class MultiTurn:
         return self._abort(list(self._trajs.values()))
 
     def metrics(self) -> dict[str, float]:
-        """The ``tools/*`` metrics since the last call (counts, latency percentiles, waits, bytes, turns)."""
-        counts, seconds = self.drain()
-        return {**counts, **latency_metrics(seconds)}
+        """The ``tools/*`` metrics since the last drain (counts, latency percentiles, waits, bytes, turns)."""
+        return metrics(self.drain())
 
-    def drain(self) -> tuple[dict[str, float], list[float]]:
-        """``(the tools/* counts and turns_mean, every call's wall seconds)`` since the last drain: a Ray rollout
-        worker ships both, and the driver takes percentiles over all workers' calls (``latency_metrics``)."""
+    def drain(self) -> SideWork:
+        """The engine contract's ``drain``: the tool calls since the last drain, as one ``SideWork`` of role
+        ``tool`` and name ``tools``: the ``tools/*`` counts and ``turns_mean``, every call's wall seconds (a Ray
+        rollout worker ships them; the driver takes percentiles over all workers' calls) and the tool role's
+        wall-clock intervals."""
         ex = self.box.executor
         seconds = list(ex.seconds[self._lat0:])
         m = {f"tools/{k}": float(ex.stats[k] - self._calls0[k]) for k in ("calls", "errors", "timeouts", "crashes", "cut")}
@@ -264,12 +256,8 @@ class MultiTurn:
         m["tools/turns_mean"] = statistics.fmean(self._turns) if self._turns else 0.0
         self._calls0, self._lat0, self._turns = dict(ex.stats), len(ex.seconds), []
         self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
-        return m, seconds
-
-    def busy(self) -> list[tuple[float, float]]:
-        """The tool role's wall-clock intervals since the last call."""
         jobs, self._jobs = self._jobs, []
-        return busy_intervals(jobs)
+        return SideWork(TOOL_ROLE, TOOL_NAME, m, seconds, busy_intervals(jobs))
 
     def close(self) -> None:
         """The engine contract's ``close``: the tool executor's processes, then the engine's own."""
@@ -389,8 +377,14 @@ class MultiTurn:
         return out
 
 
+def metrics(side: SideWork) -> dict[str, float]:
+    """The ``tools/*`` metrics of a drain: its counts and its calls' latency percentiles (``tools/latency_p50_s``...)."""
+    return {**side.counts, **latency_metrics(side.seconds, f"{side.name}/latency_")}
+
+
 def generate(engine, requests: list[Request], box: Toolbox) -> Turns:
     """Multi-turn ``engine.generate`` in one call: the samples, the rejected, metrics and the tool intervals."""
     turns = MultiTurn(engine, box)
     samples, rejected = turns.generate(requests)
-    return Turns(samples, rejected, turns.metrics(), turns.busy())
+    side = turns.drain()
+    return Turns(samples, rejected, metrics(side), side.intervals)

@@ -15,10 +15,9 @@ from pathlib import Path
 
 from rollyard import roles
 from rollyard.config import RunConfig
-from rollyard.env.loop import TOOL_SECONDS
 from rollyard.model import memory as cpu_memory
 from rollyard.placement import step as grpo
-from rollyard.placement.run import Roles, RunRecord, start
+from rollyard.placement.run import SIDE_WORK, Roles, RunRecord, start
 from rollyard.placement.streamed import streamed_step
 from rollyard.rollout.rounds import STATE_KEY, make_book
 from rollyard.sync import canary
@@ -42,7 +41,7 @@ class LocalRollout:
         self.session = SyncSession(plan, r.model, s.every, s.check_every, s.bucket_mb)
         # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
         model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
-        self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)  # tools.*: multi-turn
+        self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)  # as every side builds one
         self.session.shared = self.engine.model is r.model  # vLLM in mode inprocess still holds a copy: checked
         if "engine" in extra_rng:
             self.engine.generator.set_state(extra_rng["engine"])
@@ -73,11 +72,10 @@ class LocalRollout:
         with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
             samples, rejected = engine.generate(requests)
         extra = {"rollout/engine_cpu_s": time.process_time() - cpu}
-        counts, seconds = engine.drain()  # work beside decoding (tool calls): counters, calls' latencies, intervals
-        if counts:
-            extra.update({**counts, TOOL_SECONDS: seconds})  # the run record takes the percentiles (run.py)
-        for a, b in engine.busy():
-            tel.record({"role": "tool", "step": step, "worker": "tools", "start": a, "end": b})
+        if (side := engine.drain()) is not None:  # work beside decoding, as the engine names it: forwarded
+            extra[SIDE_WORK] = side  # the run record takes its counters and percentiles (run.py)
+            for span in side.spans(step, side.name):
+                tel.record(span)
         run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
         for q, _ in rejected:
             self.book.rejected(q.id)

@@ -25,16 +25,16 @@ from rich.markup import escape
 
 from rollyard import staleness
 from rollyard.config import RunConfig
-from rollyard.env.loop import TOOL_SECONDS
 from rollyard.placement.rollout_actor import RolloutWorker, actor_class, handshake, held_checksums
 from rollyard.placement.rules import RestartWindow
-from rollyard.placement.run import Roles, RunRecord
+from rollyard.placement.run import SIDE_WORK, Roles, RunRecord
 from rollyard.placement.step import Taken, no_turn
 from rollyard.rollout.rounds import STATE_KEY, make_book
 from rollyard.sync import canary
 from rollyard.sync.check import WeightsDiffer
 from rollyard.sync.session import SyncSession
 from rollyard.sync.transport_dist import SyncBroken
+from rollyard.telemetry.side import SideWork
 from rollyard.types import Request, Sample
 
 
@@ -65,8 +65,7 @@ class RolloutPool:
         self.restarts: Counter = Counter()
         self.crashes = RestartWindow()  # workers replaced within the window: past its limit the run stops
         self.stats: Counter = Counter()
-        self.engine_counts: Counter = Counter()  # the engines' counters beside decoding (tool calls), summed
-        self.call_seconds: list[float] | None = None  # this step's tool calls' latencies, every worker's (metrics())
+        self.side: SideWork | None = None  # this step's work beside decoding, every worker's (metrics())
         self.canaries = canary.Answers()  # the workers answer through the queue, the step is not held up
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
         self.target: dict[str, int] = {}  # request id -> the target step it was last handed out with (a cut names it)
@@ -197,10 +196,9 @@ class RolloutPool:
         for span in item["spans"]:
             tel.record(span, self.offsets.get(name, 0.0))
         self.stats.update(item["stats"])
-        self.engine_counts.update(item.get("engine", {}))
         tel.memory.observe("rollout_actor", item.get("memory_peak"))  # the actor process's peak RSS so far
-        if item.get("tool_seconds") is not None:  # a multi-turn engine's: from then on every row has the key
-            self.call_seconds = (self.call_seconds or []) + item["tool_seconds"]
+        if (side := item.get("side")) is not None:  # from then on every row reports it (zeros in a step without)
+            self.side = (self.side or side.emptied()).plus(side)
         if item.get("needs_full") and name in self.workers:
             self._catch_up(name)
         for rid, why in item["rejected"]:
@@ -316,8 +314,7 @@ class RolloutPool:
     def metrics(self) -> dict:
         """This step's pool counters (reset), for the step's metrics row."""
         s, self.stats = self.stats, Counter()
-        engine, self.engine_counts = self.engine_counts, Counter()
-        seconds, self.call_seconds = self.call_seconds, (None if self.call_seconds is None else [])
+        side, self.side = self.side, (self.side and self.side.emptied())
         for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
         if (state := self.book.state(list(self.buffer))) is not None:  # into the checkpoint this step may write
@@ -325,8 +322,8 @@ class RolloutPool:
         worker = {f"rollout/{k}": s[k] for k in ("aborted", "restarts", "held_s", "engine_s", "engine_cpu_s", "ship_s", "tokens")}
         return {**self.book.metrics(s["cut_tokens"]), "staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"],
                 **worker, "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
-                **{f"prompts/{k}": v for k, v in self.ledger.counts().items()}, **engine,  # the engines' counters beside decoding
-                **({TOOL_SECONDS: seconds} if seconds is not None else {}),  # their calls' latencies
+                **{f"prompts/{k}": v for k, v in self.ledger.counts().items()},
+                **({SIDE_WORK: side} if side is not None else {}),  # the engines' work beside decoding (run.py)
                 **({"restart/seconds": s["restart_s"]} if s["restart_s"] else {})}  # the step-time alarm skips it
 
     def stop(self) -> None:

@@ -231,12 +231,12 @@ class RolloutWorker:
         if (not rejected and not self._needs_full and not self._canary_out and self.engine.num_active
                 and time.perf_counter() - self._ready_since < SHIP_HOLD_S):
             return
-        # work the engine drives beside decoding (tool calls): its intervals, its counters (summed over workers and
-        # items; a mean is not) and each call's wall seconds (the driver takes percentiles over all workers)
+        # work the engine drives beside decoding, as the engine names it: its intervals as spans here, the rest
+        # shipped as it is (the driver sums the workers' counters and takes percentiles over all their calls)
         step = self._busy["step"] if self._busy else self._target_now()
-        self.spans += [{"role": "tool", "step": step, "worker": self.name, "pid": os.getpid(), "start": a, "end": b}
-                       for a, b in self.engine.busy()]
-        counts, tool_seconds = self.engine.drain()
+        if (side := self.engine.drain()) is not None:
+            self.spans += [{**span, "pid": os.getpid()} for span in side.spans(step, self.name)]
+            side = side._replace(intervals=[])
         spans, self.spans = self.spans, []
         stats, self.stats = self.stats, _fresh_stats()
         t0 = time.perf_counter()
@@ -249,8 +249,7 @@ class RolloutWorker:
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
                    "reference": refs, "canary": self._canary_out, "memory_peak": peak_rss_bytes(),
-                   "engine": {k: v for k, v in counts.items() if not k.endswith("_mean")},  # summed by the driver
-                   "tool_seconds": tool_seconds if counts else None})  # None: nothing beside decoding
+                   "side": side})  # None: nothing beside decoding
         self._canary_out = []
         self.stats["ship_s"] += time.perf_counter() - t0
         self._needs_full = False

@@ -7,7 +7,6 @@ import time
 from collections import deque
 
 from rollyard.config import ConfigError, RunConfig
-from rollyard.env import setup as env_setup
 from rollyard.placement import reference
 
 PLACEMENTS = ("colocated", "disaggregated", "async")
@@ -43,7 +42,6 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
     if cfg.placement not in PLACEMENTS:
         raise ConfigError(f"placement={cfg.placement!r} is not a placement: expected one of "
                           f"{', '.join(PLACEMENTS)}; set placement=colocated (the default)")
-    env_setup.check(cfg)  # tools.*: the tools, and the placements that run them
     reference.check(cfg)  # reference.placement: where the reference model can run
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "

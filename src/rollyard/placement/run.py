@@ -23,7 +23,6 @@ from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
 from rollyard.env import setup as env_setup
-from rollyard.env.loop import TOOL_SECONDS, latency_metrics
 from rollyard.evaluate import (
     accuracy_signal,
     cadence_note,
@@ -47,10 +46,13 @@ from rollyard.tasks.dataset import check_context
 from rollyard.telemetry import rundir, sessions
 from rollyard.telemetry.alarms import Alarms
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
+from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records, trainer_names
 from rollyard.trainer.trainer import Trainer, precision_choice
 from rollyard.types import Request, Sample
+
+SIDE_WORK = "side_work"  # a step's ``SideWork`` (telemetry/side.py), placement -> run record (popped there, never a metric)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ class RunRecord:
     deadletters: int = 0
     flags: dict[str, int] = field(default_factory=lambda: {"timeouts": 0, "errors": 0})
     totals: dict[str, float] = field(default_factory=dict)  # run-wide counters a placement adds to the summary
-    tool_seconds: list[float] = field(default_factory=list)  # every tool call's latency this session (summary)
+    side_seconds: dict[str, list[float]] = field(default_factory=dict)  # by role: every call beside decoding (summary)
     reward_failures: RewardFailures | None = None
     settings: roles.Settings | None = None  # resolved once at start-up (device, sync plan, staleness bound)
     _clock: float = field(default_factory=time.time)
@@ -125,9 +127,10 @@ class RunRecord:
         that consumed ``samples`` (their staleness is measured against it, here, where they are used)."""
         now = time.time()
         extra = dict(extra or {})
-        if (seconds := extra.pop(TOOL_SECONDS, None)) is not None:  # tools: the step's calls, from any placement
-            self.tool_seconds += seconds
-            extra.update(latency_metrics(seconds))
+        side: SideWork | None = extra.pop(SIDE_WORK, None)  # the engines' work beside decoding, from any placement
+        if side is not None:
+            self.side_seconds.setdefault(side.role, []).extend(side.seconds)
+            extra.update({**side.counts, **latency_metrics(side.seconds, f"{side.name}/latency_")})
         rewards = [s.reward for s in samples if s.reward is not None] or [0.0]
         lengths = [len(s.completion_ids) for s in samples] or [0]
         flags = [s.reward_flag or "" for s in samples]
@@ -165,8 +168,9 @@ class RunRecord:
         if every and step % every == 0:
             self.telemetry.completions(step, completion_records(step, samples, r.tokenizer))
         self.telemetry.lengths(step, lengths, [len(q.prompt_ids) for q in requests])
-        if "tools/bytes" in values:  # counted by the multi-turn loop where calls go out and outputs come back
-            self.telemetry.traffic(step, "tools", int(values["tools/bytes"]), count=int(values.get("tools/calls", 0)))
+        if side is not None and f"{side.name}/bytes" in side.counts:  # counted by the engine where calls go and come
+            self.telemetry.traffic(step, side.name, int(side.counts[f"{side.name}/bytes"]),
+                                   count=int(side.counts.get(f"{side.name}/calls", 0)))
         return self.telemetry.end_step(step, values)
 
     def close_step(self, step: int, r: Roles, progress, requests: list[Request], samples: list[Sample],
@@ -357,8 +361,9 @@ def finish(run: RunRecord, r: Roles) -> dict:
         "role_seconds_per_step": {k: s for k, s, _ in role_shares(run.telemetry.step_seconds)},
         "memory_peak_gb": run.telemetry.memory.run_peaks_gb(),  # this session's measured peak RSS per role (GB)
         **({"memory_gpu_peak_gb": gpu} if (gpu := run.telemetry.memory.run_peaks_gb(gpu=True)) else {}),  # on CUDA
-        **({"tool_latency_s": {**latency_metrics(run.tool_seconds, prefix=""), "calls": len(run.tool_seconds)}}
-           if run.tool_seconds else {}),  # this session's tool calls, every worker's (p50_s, p90_s, p99_s, max_s)
+        # this session's calls beside decoding by role, every worker's (p50_s, p90_s, p99_s, max_s, calls)
+        **{f"{role}_latency_s": {**latency_metrics(seconds, ""), "calls": len(seconds)}
+           for role, seconds in run.side_seconds.items() if seconds},
     }
     summary.update(sessions.whole_run(run.run_dir))  # totals over every session of the run, not just this one
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))

@@ -22,8 +22,8 @@ Contract (callers are written against it):
 - ``sleep()`` / ``wake_up()``: give the trainer the engine's memory while it steps, and take it back;
   ``score(sample, copy_only)``: the completion logprobs of ``sample`` through what the engine samples
   with (the logprob canary, ``sync/canary.py``); ``close()``: release what the engine holds for good;
-  ``drain()`` / ``busy()``: the counters and the busy intervals of work the engine drives beside
-  decoding (multi-turn tool calls, ``env/loop.py``'s ``MultiTurn``). Every engine answers all of them:
+  ``drain()``: the work the engine drives beside decoding since the last call, one ``SideWork`` record
+  (multi-turn tool calls, ``env/loop.py``'s ``MultiTurn``). Every engine answers all of them:
   where an engine has nothing to do, ``EngineBase``'s default is a no-op (or None, or nothing to report),
   so a caller never asks whether an engine has a method.
 
@@ -66,6 +66,7 @@ from rollyard.rollout.backend import Backend, reject_reason
 from rollyard.rollout.backend import Seq as _Seq
 from rollyard.sync import canary
 from rollyard.sync.apply import Receiver
+from rollyard.telemetry.side import SideWork
 from rollyard.types import Request, Sample, WeightUpdate
 
 INFLIGHT_POLICIES = ("finish", "abort", "continue")
@@ -297,14 +298,10 @@ class EngineBase:
         ``score(copy_only=True)`` can measure."""
         return False
 
-    def drain(self) -> tuple[dict[str, float], list[float]]:
-        """``(counters, per-call seconds)`` of work the engine drives beside decoding since the last call (a
-        multi-turn engine's tool calls); a bare engine has none: ``({}, [])``."""
-        return {}, []
-
-    def busy(self) -> list[tuple[float, float]]:
-        """Wall-clock intervals of that work since the last call; none for a bare engine."""
-        return []
+    def drain(self) -> SideWork | None:
+        """The work the engine drove beside decoding since the last call (a multi-turn engine's tool calls), as
+        one :class:`SideWork` record the placements forward without reading; a bare engine has none: None."""
+        return None
 
     # -- introspection -------------------------------------------------------------------------
 
