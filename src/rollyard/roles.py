@@ -14,7 +14,7 @@ from rollyard import staleness
 from rollyard.config import ConfigError, RunConfig
 from rollyard.env import setup as env_setup
 from rollyard.env.loop import MultiTurn
-from rollyard.evaluate import accuracy_signal
+from rollyard.evaluate import accuracy_signal, greedy_accuracy
 from rollyard.model import kv_budget, loading
 from rollyard.model.loading import attach_lora, eos_ids
 from rollyard.reward.dispatcher import RewardDispatcher
@@ -153,6 +153,19 @@ def eval_rewards(cfg: RunConfig, tokenizer, model, train: RewardDispatcher) -> R
                                 timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
                                 memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s, columns=cfg.data.fields)
     return train if accuracy_signal(cfg) else None
+
+
+def held_out_accuracy(cfg: RunConfig, model, tokenizer, prompts: list[Prompt], rewards, context: int) -> float | None:
+    """Greedy accuracy on ``prompts`` (``evaluate.greedy_accuracy``) with the rollouts' own engine side: a run with
+    tools is evaluated multi-turn with them (``env.setup.for_eval``)."""
+    with env_setup.for_eval(cfg, tokenizer) as box:
+        return greedy_accuracy(model, tokenizer, prompts, rewards, cfg.rollout.max_new_tokens, context, tools=box)
+
+
+def rollout_facts(cfg: RunConfig) -> dict:
+    """What run.json states about the rollouts' engine side: ``tools``, the functions or environment the rollouts
+    and the held-out eval run with (None: single-turn)."""
+    return {"tools": env_setup.functions(cfg) or cfg.tools.environment}
 
 
 def with_lora(cfg: RunConfig, model):

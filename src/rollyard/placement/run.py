@@ -22,11 +22,9 @@ import torch
 from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
 from rollyard.config import RunConfig, dump_config
-from rollyard.env import setup as env_setup
 from rollyard.evaluate import (
     accuracy_signal,
     cadence_note,
-    greedy_accuracy,
     no_signal_reason,
     train_reward_is_correctness,
 )
@@ -292,9 +290,7 @@ def evaluate(run: RunRecord, r: Roles) -> float | None:
     Labelled ``run.state.step``, the optimizer steps done so far, i.e. the step that starts from
     this policy: eval.jsonl's ``step`` and the metrics row that holds ``eval/accuracy`` are the same
     (0: before RL; the eval after the last step has no row)."""
-    with env_setup.for_eval(run.cfg, r.tokenizer) as tools:  # a run with tools is evaluated with them (multi-turn)
-        acc = greedy_accuracy(r.model, r.tokenizer, r.held_out, r.held_out_rewards, run.cfg.rollout.max_new_tokens,
-                              r.context, tools=tools)
+    acc = roles.held_out_accuracy(run.cfg, r.model, r.tokenizer, r.held_out, r.held_out_rewards, r.context)
     if acc is not None:
         run.telemetry.evaluation(run.state.step, acc)
         if run.state.step < run.cfg.steps:  # eval/prompts: the held-out regression alarm's noise
@@ -338,7 +334,7 @@ def run_info(cfg: RunConfig, model, settings: roles.Settings) -> dict:
         "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
         "device": "gpu" if gpu else "cpu",
         "backend": cfg.rollout.backend, "accuracy_signal": accuracy_signal(cfg),  # what scores the held-out eval (None: no held-out accuracy)
-        "tools": env_setup.functions(cfg) or cfg.tools.environment,  # rollouts and held-out eval run with them (None: single-turn)
+        **roles.rollout_facts(cfg),  # the engine side's (roles.py)
     }
 
 
