@@ -1,11 +1,9 @@
 """A TRL user's tools run unchanged (issue 47, item 1): any return value goes back as TRL's loop sends it
 (``str(value)``, a list of content blocks as it is), a tool that raises becomes TRL's ``{'error': ...}`` turn
-and a failed call, schemas are transformers' ``get_json_schema``; a TRL GRPO script with ``tools=`` trains
-through ``rollyard.train`` with only its import line changed."""
+and a failed call, schemas are transformers' ``get_json_schema``. A TRL GRPO script with ``tools=`` running with
+only its import line changed: tests/test_trl_script.py."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import tool_chat
@@ -91,26 +89,3 @@ def test_a_raising_tool_is_trls_error_turn_and_a_failed_call(taught):
         assert s.completion_ids[:len(turn1) + len(error)] == turn1 + error  # the model reads TRL's error turn
         assert s.completion_mask[len(turn1):len(turn1) + len(error)] == [0] * len(error)
     assert metrics["tools/calls"] == 2 and metrics["tools/errors"] == 2  # each counted as a failed call
-
-
-def correct(completions, answer, **kwargs):
-    """A TRL reward function, as a TRL script defines it."""
-    return [1.0 if f"answer is {a}." in c[-1]["content"] else 0.0 for c, a in zip(completions, answer)]
-
-
-def test_a_trl_grpo_script_with_tools_trains_with_only_the_import_changed(taught, tmp_path):
-    import rollyard  # the TRL script's `from trl import GRPOConfig, GRPOTrainer`
-
-    tok, _, model = taught
-    dataset = [{"prompt": tool_chat.QUESTION, "answer": "5"}] * 4
-    args = {  # GRPOConfig's names and units, as the script passes them
-        "output_dir": str(tmp_path / "run"), "learning_rate": 1e-6, "num_generations": 2, "temperature": 0.0,
-        "per_device_train_batch_size": 2, "max_completion_length": 80, "max_steps": 2, "max_tool_calling_iterations": 3,
-        "logging_steps": 1, "report_to": "none"}
-    run = rollyard.train(args, model=copy.deepcopy(model), tokenizer=tok, dataset=dataset, reward_funcs=[correct],
-                         tools=[trl_tools.add], overrides=["progress=false", "sft.auto=false", "log.plots=false",
-                                                           "reward.num_workers=1", "tools.num_workers=1"])
-    assert run.config.tools.functions == ["trl_tools:add"] and run.config.rollout.prompts_per_step == 1
-    assert [r["step"] for r in run.metrics] == [0, 1]
-    for row in run.metrics:  # greedy: each sample calls add(2, 3) -> 5 (an int, sent as "5") and says so
-        assert row["tools/calls"] == 2 and row["tools/errors"] == 0 and row["reward"] == 1.0

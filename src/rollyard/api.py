@@ -85,6 +85,63 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
     return Run(run, cfg, summary, list(rundir.read_jsonl(run / rundir.METRICS)), _plots(run, cfg))
 
 
+class GRPOConfig(dict):
+    """TRL's ``GRPOConfig`` as a TRL script builds it: its keyword arguments in TRL's names and units, which
+    :class:`GRPOTrainer` hands to :func:`train` as the config (the mapping: ``rollyard config --trl``; a name
+    without an equivalent stops the run in one line naming the closest rollyard setting). With it a TRL script
+    runs by changing ``from trl import GRPOConfig, GRPOTrainer`` to ``from rollyard import ...`` alone."""
+
+    def __init__(self, output_dir: str | None = None, **kwargs: Any):
+        super().__init__(kwargs if output_dir is None else {"output_dir": output_dir, **kwargs})
+
+    def __getattr__(self, name: str) -> Any:  # a script reads back what it set: training_args.output_dir
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"GRPOConfig has no {name!r} set (only the names given are kept)") from None
+
+
+# GRPOTrainer's arguments rollyard has no equivalent for: why, and the closest rollyard setting
+NO_EQUIVALENT = {
+    "eval_dataset": "held-out prompts are a file the run reads; closest rollyard setting: data.eval_path",
+    "reward_processing_classes": "rollyard runs no reward models; closest rollyard setting: reward_funcs (a function "
+                                 "that scores with the model)",
+    "callbacks": "rollyard's loop takes no Trainer callbacks; closest rollyard setting: log.* (every step's row is in "
+                 "metrics.jsonl)",
+    "optimizers": "the trainer builds its own AdamW; closest rollyard setting: trainer.lr / trainer.weight_decay",
+    "quantization_config": "the trainer keeps fp32 or bf16 weights; closest rollyard setting: trainer.precision",
+    "peft_config": "a PEFT config object is not read; closest rollyard setting: model.lora.r / model.lora.alpha / "
+                   "model.lora.targets",
+    "rollout_func": "rollouts are the engine's; closest rollyard setting: tools= / environment_factory= (multi-turn)",
+}
+
+
+class GRPOTrainer:
+    """TRL's ``GRPOTrainer`` signature over :func:`train`: ``GRPOTrainer(model, reward_funcs, args,
+    train_dataset, processing_class=..., tools=..., environment_factory=...).train()`` is ``train(args,
+    model=model, tokenizer=processing_class, dataset=train_dataset, reward_funcs=reward_funcs, ...)``
+    and returns its :class:`Run`. An argument rollyard has no equivalent for is refused when given
+    (``NO_EQUIVALENT``: ConfigError, one line with the closest setting)."""
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | dict | None = None, train_dataset=None,
+                 eval_dataset=None, processing_class=None, reward_processing_classes=None, callbacks=None,
+                 optimizers=(None, None), quantization_config=None, peft_config=None, tools=None, rollout_func=None,
+                 environment_factory=None):  # TRL 1.16-1.18's order
+        given = {"eval_dataset": eval_dataset, "reward_processing_classes": reward_processing_classes,
+                 "callbacks": callbacks, "optimizers": None if tuple(optimizers) == (None, None) else optimizers,
+                 "quantization_config": quantization_config, "peft_config": peft_config, "rollout_func": rollout_func}
+        for name, value in given.items():
+            if value is not None:
+                raise ConfigError(f"GRPOTrainer({name}=...): no rollyard equivalent: {NO_EQUIVALENT[name]}")
+        self.model, self.reward_funcs, self.args, self.train_dataset = model, reward_funcs, args, train_dataset
+        self.processing_class, self.tools, self.environment_factory = processing_class, tools, environment_factory
+
+    def train(self) -> Run:
+        return train(dict(self.args or {}), model=self.model, tokenizer=self.processing_class,
+                     dataset=self.train_dataset, reward_funcs=self.reward_funcs, tools=self.tools,
+                     environment_factory=self.environment_factory)
+
+
 # data.* settings that decide the training prompt stream; a checkpoint's dataset cursor is only valid for it
 STREAM_KEYS = ("task", "task_options", "path", "fields", "train_size", "seed", "chat_template")
 
