@@ -307,3 +307,24 @@ def test_tail_refuses_what_it_does_not_drive(override, words):
     cfg = load_config(None, ["rollout.scheduler=tail", override])
     with pytest.raises(ConfigError, match=words):
         check(cfg)
+
+
+def test_a_colocated_tail_step_scores_through_the_steps_scoring_with_its_spans(tmp_path):
+    """Each complete group of a streamed round goes through ``step.score_rewarded`` (settle, reference, advantages,
+    with their spans) and the step's edges once: the same timeline roles and ledger edges as a plain step."""
+    args = ["model.context=64", "data.task=countdown", "data.train_size=32", "data.eval_size=2",
+            "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=8",
+            "sft.auto=false", "progress=false", "reward.num_workers=1", "algo.kl_coef=0.1", "log.plots=false"]
+    runs = {}
+    for scheduler in ("plain", "tail"):
+        out = tmp_path / scheduler
+        assert main(["train", *args, f"rollout.scheduler={scheduler}", "steps=2", f"out_dir={out}"]) == 0
+        runs[scheduler] = out
+    for scheduler, out in runs.items():
+        roles = {(s["step"], s["role"]) for s in rundir.read_jsonl(out / rundir.SPANS)}
+        assert {(k, r) for k in (0, 1) for r in ("reference", "algorithm", "train")} <= roles, scheduler
+        edges = [(t["step"], t["edge"]) for t in rundir.read_jsonl(out / rundir.TRAFFIC)]
+        for k in (0, 1):  # one row per edge and step, a reference logprob per trained completion token
+            assert edges.count((k, "rewards")) == 1 and edges.count((k, "ref_logprobs")) == 1, scheduler
+        rows = list(rundir.read_jsonl(out / rundir.METRICS))
+        assert all(r["time/reference"] > 0 and "time/algorithm" in r for r in rows), scheduler

@@ -126,17 +126,32 @@ def add_reference(r: Roles, samples: list[Sample], step: int = 0, telemetry=None
 def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
     """reward -> reference -> advantages, with their spans and edges. Returns ``(scored, trained)``:
     every scored sample (for the step's metrics) and those to train on, advantages set."""
+    with run.telemetry.span("reward", step):
+        samples = r.rewards.score(samples)
+    samples, trained = score_rewarded(run, r, step, samples)
+    edges(run, r, step, samples, trained)
+    return samples, trained
+
+
+def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
+    """The scoring after the verifiers, with its spans: settle (``settle``), reference logprobs, advantages (GRPO:
+    per group). The plain step calls it once over the step's samples; a streamed round (``streamed.py``) once per
+    complete group while the rest decodes. Returns ``(scored, trained)``; the edges are the caller's (``edges``)."""
     tel, cfg = run.telemetry, run.cfg
-    with tel.span("reward", step):
-        samples, trained = settle(run, step, r.rewards.score(samples))
-    tel.traffic(step, "rewards", 4 * len(samples))
-    if r.reference is not None:
+    samples, trained = settle(run, step, samples)
+    if r.reference is not None and trained:  # (a streamed group whose every verifier call failed has none)
         with tel.span("reference", step, placement=cfg.reference.placement):  # the trainer's wait for it
             add_reference(r, trained, step, tel)
-        tel.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
     with tel.span("algorithm", step):
         assign_advantages(trained, cfg.algo.normalize_std)
     return samples, trained
+
+
+def edges(run: RunRecord, r: Roles, step: int, scored: list[Sample], trained: list[Sample]) -> None:
+    """The step's scoring edges: a reward per scored sample, a reference logprob per trained completion token."""
+    run.telemetry.traffic(step, "rewards", 4 * len(scored))
+    if r.reference is not None:  # its logprobs travel to the trainer
+        run.telemetry.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
 
 
 no_turn = contextlib.nullcontext  # a side whose rollout holds nothing the trainer needs while it steps

@@ -2,7 +2,8 @@
 
 The colocated rollout side calls ``streamed_step`` over the run's round book (``rollout/rounds.py``)
 in place of its plain round; ``step.py`` then skips its own scoring and training for that step. Scoring is the step's own
-(``step.settle``, ``step.add_reference``, GRPO advantages per group), applied per complete group.
+(``step.score_rewarded``: settle, reference, GRPO advantages, with their spans), applied per complete group, and
+its edges (``step.edges``) once per step.
 Why this path trains inside the round: RollPacker's stream-based training overlaps the trainer's
 forward/backward of finished groups with the decoding of the rest (the long tail), so each
 complete group's gradient is accumulated while the engine keeps decoding; only the optimizer step
@@ -15,8 +16,7 @@ from __future__ import annotations
 
 import time
 
-from rollyard.algo.advantages import assign_advantages
-from rollyard.placement.step import add_reference, settle
+from rollyard.placement.step import edges, score_rewarded
 from rollyard.rollout.rounds import STATE_KEY, RoundBook, run_round
 from rollyard.trainer.streaming import StreamingStep
 from rollyard.types import Request, Sample
@@ -28,7 +28,7 @@ def streamed_step(ctx, roles, engine, step: int, book: RoundBook
     (``requests``: the round's complete ones, trained now; ``samples``: every scored sample, as ``step.score()``
     returns them, failed verifier calls included). ``ctx``: the run record; ``roles``: the driver's role
     handles; ``engine``: the local rollout engine."""
-    cfg, tel = ctx.cfg, ctx.telemetry
+    tel = ctx.telemetry
     stream = StreamingStep(roles.trainer)
     in_round = {"train_s": 0.0}
     trained: list[Sample] = []
@@ -36,13 +36,12 @@ def streamed_step(ctx, roles, engine, step: int, book: RoundBook
 
     def on_group(group: list[Sample]) -> None:
         t0 = time.perf_counter()
-        group, kept = settle(ctx, step, group)  # failed verifier calls (per group; the step row shows the last)
+        # the step's own scoring and spans, per complete group (failed verifier calls: the step row shows the last)
+        group, kept = score_rewarded(ctx, roles, step, group)
         scored.extend(group)
         trained.extend(kept)
         if not kept:
             return
-        add_reference(roles, kept)
-        assign_advantages(kept, cfg.algo.normalize_std)  # one group: its own GRPO normalization
         stream.add(kept)
         in_round["train_s"] += time.perf_counter() - t0
 
@@ -51,7 +50,7 @@ def streamed_step(ctx, roles, engine, step: int, book: RoundBook
     ctx.dead_letter(rnd.dead, step)
     tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in rnd.requests))
     tel.traffic(step, "samples", sum(s.payload_bytes() for s in rnd.samples))
-    tel.traffic(step, "rewards", 4 * len(scored))
+    edges(ctx, roles, step, scored, trained)
     with tel.span("train", step):
         train_metrics = stream.finish()
     ctx.state.extra[STATE_KEY] = book.state()
