@@ -134,6 +134,7 @@ def test_a_cpu_rollout_actor_starts_on_the_settings_of_a_trainer_on_cuda(monkeyp
     w = RolloutWorker(cfg.model_dump(mode="json"), "rollout-0", 0, update, _Out(), settings.bound, "finish", settings)
     assert next(w.engine.model.parameters()).dtype == torch.bfloat16
     assert weights_checksum(w.engine.model) == expected_checksum(update)  # the pool's start-up equality check
+    assert w.bound == settings.bound  # the carried staleness bound (admission), not one of its own
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
