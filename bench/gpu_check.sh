@@ -35,7 +35,16 @@ EOF
 echo "== 2b. disaggregated on CUDA, 3 GRPO steps: the trainer on the GPU, one Ray rollout actor on CPU started with the"
 echo "       driver's settings (device, sync plan and dtype resolved once, roles.settings): it must start equal (checksum)"
 timeout 150 $PY -m rollyard.cli train --config examples/demo.toml placement=disaggregated trainer.device=cuda \
-    rollout.workers=1 out_dir="$OUT/disaggregated" steps=3 progress=false checkpoint_every=1000 2>&1 | tail -8
+    rollout.workers=1 sft.auto=false out_dir="$OUT/disaggregated" steps=3 progress=false checkpoint_every=1000 2>&1 | tail -8
+$PY - "$OUT/disaggregated" <<'EOF'
+import json, sys, pathlib
+d = pathlib.Path(sys.argv[1]); s = json.loads((d / "summary.json").read_text()); info = json.loads((d / "run.json").read_text())
+rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+print("disaggregated:", {k: s.get(k) for k in ("steps", "version", "placement")},
+      {k: info.get(k) for k in ("device", "sync_mode", "sync_transport", "bytes_per_param", "staleness_bound")},
+      "staleness/max per step", [r.get("staleness/max") for r in rows])
+assert s["steps"] == 3 and info["device"] == "gpu" and info["staleness_bound"] == 1, "disaggregated: not 3 steps on the GPU"
+EOF
 
 echo "== 3. SmolLM2-135M-shaped random init, real-model example, 4 steps"
 timeout 150 $PY - "$TOK" "$OUT/smollm2-rand" <<'EOF'
