@@ -54,7 +54,8 @@ class Alias:
         if self.ignored:
             return {}
         if self.convert is None and not self.to:
-            if any(value == n and type(value) is not bool for n in self.neutral) or (value is None and None in self.neutral):
+            if any(value == n and isinstance(value, bool) == isinstance(n, bool) for n in self.neutral) or (
+                    value is None and None in self.neutral):  # a bool matches a bool only (True == 1 is no match)
                 return {}
             raise NoEquivalent(f"no rollyard equivalent: {self.rule}")
         return self.convert(value, ctx) if self.convert else {self.to[0]: value}
@@ -265,6 +266,90 @@ ALIASES_LIST: list[Alias] = [
                                                                      "auto": "auto"}, "dtype")),
     Alias("trust_remote_code", TRL, (), "false only (rollyard runs architectures transformers ships)",
           _choice("", {False: None}, "trust_remote_code")),
+    # ---- the rest of TRL 1.16's GRPOConfig fields: speed / memory / logging knobs are accepted with a note; a
+    # field that changes the math is refused (TRL's default accepted where it is rollyard's behaviour too)
+    _no("model_init_kwargs", TRL, "rollyard loads the model directory with from_pretrained itself",
+        "model.name (a local directory) / trainer.precision", (None, {})),
+    _no("disable_dropout", TRL, "rollyard leaves dropout as the model's config sets it",
+        "the model's config.json (its dropout probabilities at 0)", (False,)),
+    _no("cast_lm_head_to_fp32", TRL, "rollyard sets one precision for the whole trainer model, no fp32 head apart",
+        "trainer.precision=fp32 (every weight in fp32)", (False,)),
+    _ignored("remove_unused_columns", TRL, "every dataset column reaches the reward functions (as with False)"),
+    _ignored("num_generations_eval", TRL, "held-out eval is greedy, one sample per prompt"),
+    _ignored("ds3_gather_for_generation", TRL, "DeepSpeed ZeRO-3 only: rollyard's rollout holds its own full copy "
+                                               "of the weights (trainer.sharding=fsdp shards the trainer's)"),
+    _no("shuffle_dataset", TRL, "rollyard always hands prompts out in a seeded order, reshuffled every pass",
+        "data.seed (the order's seed)", (True,)),
+    _ignored("pad_to_multiple_of", TRL, "padding only: rollyard packs sequences on its own"),
+    _no("generation_batch_size", TRL, _ONE_UPDATE + " (a generation batch larger than the training batch is "
+        "several)", _REUSE, (None,)),
+    _no("generation_kwargs", TRL, "rollyard's sampler takes temperature, top-p and top-k only, the distribution "
+        "the trainer's ratio models", "rollout.temperature / rollout.top_p / rollout.top_k", (None, {})),
+    _ignored("cache_implementation", TRL, "the rollout engine keeps its own KV cache (rollout.kv_memory_gb)"),
+    _no("vllm_mode", TRL, "rollyard runs vLLM in-process in the rollout worker of each placement",
+        "placement=disaggregated (rollout workers with their own vLLM engine, as 'server')", ("colocate",)),
+    _no("vllm_model_impl", TRL, "rollyard's vLLM engine runs vLLM's own model implementation",
+        "rollout.backend=native (rollyard's engine runs any transformers causal LM)", ("vllm",)),
+    _ignored("vllm_enable_sleep_mode", TRL, "rollyard's colocated vLLM engine always sleeps around the trainer's step "
+                                            "on GPU (nothing to free on CPU)"),
+    _no("vllm_structured_outputs_regex", TRL, "rollyard samples unconstrained (a constraint changes the distribution "
+        "the trainer's ratio models)", "a reward function that scores the format", (None,)),
+    _ignored("vllm_server_host", TRL, _NO_SERVER),
+    _ignored("vllm_server_port", TRL, _NO_SERVER),
+    _ignored("vllm_group_port", TRL, _NO_SERVER + " (weights go over sync.transport)"),
+    _ignored("vllm_gpu_memory_utilization", TRL, "memory only: see rollout.kv_memory_gb"),
+    _no("vllm_max_model_length", TRL, "vLLM's context is the model's", "model.context (prompt + rollout.max_new_tokens "
+        "must fit it)", (None,)),
+    _no("vllm_tensor_parallel_size", TRL, "one vLLM engine runs on one device in each rollout worker",
+        "rollout.workers (more engines, each with its own copy)", (1,)),
+    _no("delta", TRL, "rollyard's loss is the standard PPO clip, without a second upper bound", "algo.clip_high",
+        (None,)),
+    _no("sapo_temperature_neg", TRL, "only loss_type='sapo' reads it, which rollyard has not", "loss_type "
+        "(algo.loss_agg) with algo.clip_low / algo.clip_high", (1.05,)),
+    _no("sapo_temperature_pos", TRL, "only loss_type='sapo' reads it, which rollyard has not", "loss_type "
+        "(algo.loss_agg) with algo.clip_low / algo.clip_high", (1.0,)),
+    _no("vespo_k_pos", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (2.0,)),
+    _no("vespo_lambda_pos", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (3.0,)),
+    _no("vespo_k_neg", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (3.0,)),
+    _no("vespo_lambda_neg", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (2.0,)),
+    _no("importance_sampling_level", TRL, "rollyard's ratio and clip are per token ('token')",
+        "algo.clip_low / algo.clip_high", ("token",)),
+    _no("multi_objective_aggregation", TRL, "rollyard sums the weighted rewards, then normalises per group "
+        "('sum_then_normalize')", "reward.weights / algo.normalize_std", ("sum_then_normalize",)),
+    _no("mask_truncated_completions", TRL, "a completion cut at max_new_tokens is trained on like the others",
+        "rollout.max_new_tokens (fewer completions cut)", (False,)),
+    _no("sync_ref_model", TRL, "rollyard's reference model stays the initial policy", "algo.kl_coef", (False,)),
+    _no("ref_model_mixup_alpha", TRL, "only sync_ref_model=True reads it", "algo.kl_coef", (0.6,)),
+    _no("ref_model_sync_steps", TRL, "only sync_ref_model=True reads it", "algo.kl_coef", (512,)),
+    _no("top_entropy_quantile", TRL, "every completion token is in rollyard's loss", "algo.loss_agg", (1.0,)),
+    _no("entropy_coef", TRL, "rollyard's loss has no entropy term", "algo.kl_coef (its only extra term)", (0, 0.0)),
+    _no("use_adaptive_entropy", TRL, "rollyard's loss has no entropy term", "algo.kl_coef (its only extra term)",
+        (False,)),
+    _no("entropy_coef_min", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (0, 0.0)),
+    _no("entropy_coef_max", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (1.0,)),
+    _no("entropy_coef_delta", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (0.005,)),
+    _no("entropy_target", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (0.2,)),
+    _no("vllm_importance_sampling_correction", TRL, "rollyard always corrects the rollout / trainer mismatch by "
+        "truncated importance sampling per token", "algo.tis_cap (its cap)", (True,)),
+    _no("vllm_importance_sampling_mode", TRL, "rollyard truncates per token ('token_truncate')", "algo.tis_cap",
+        ("token_truncate",)),
+    _no("vllm_importance_sampling_clip_max", TRL, "rollyard's cap applies per token, TRL's default mode per "
+        "sequence", "algo.tis_cap (the per-token cap)"),
+    _no("vllm_importance_sampling_clip_min", TRL, "rollyard's truncation has no lower bound", "algo.tis_cap", (None,)),
+    _no("vllm_importance_sampling_cap", TRL, "rollyard's cap applies per token, TRL's default mode per sequence",
+        "algo.tis_cap (the per-token cap)", (None,)),
+    _no("off_policy_mask_threshold", TRL, "rollyard masks no sequence by its KL", "max_staleness / algo.tis_cap",
+        (None,)),
+    _no("use_bias_correction_kl", TRL, "rollyard's k3 KL term is not weighted by the importance ratio",
+        "algo.kl_coef", (False,)),
+    _ignored("log_multimodal", TRL, "rollyard's prompts are text"),
+    _ignored("log_unique_prompts", TRL, "completions.jsonl has every sample (log.completions_every)"),
+    _no("log_completions_hub_repo", TRL, "rollyard uploads nothing", "log.completions_every (completions.jsonl in the "
+        "run directory)", (None,)),
+    _ignored("use_transformers_continuous_batching", TRL, "speed only: rollyard's engine batches continuously "
+                                                          "(rollout.backend)"),
+    _ignored("transformers_continuous_batching_config", TRL, "speed only: see rollout.max_concurrent"),
+    _ignored("use_transformers_paged", TRL, "speed only: rollyard's engine batches continuously (rollout.backend)"),
     # ---- TRL AsyncGRPOConfig (AsyncGRPOTrainer, stable since TRL 1.18): staleness, weight-sync cadence, buffers
     Alias("max_staleness", TRL, ("max_staleness",), "same value: weight versions a trained sample may lag the "
           "trainer (placement=async)"),

@@ -1,0 +1,77 @@
+"""Every field of TRL 1.16's GRPOConfig is a name rollyard knows (issue 47, item 4): set, converted, accepted with a
+note (speed, memory, logging), or refused in one line that says why and names the closest rollyard setting, never
+"unknown config key". TRL's value where it is rollyard's behaviour too is accepted. trl itself is not needed: the
+field list is TRL 1.16's ``trl/trainer/grpo_config.py``, frozen here."""
+
+from __future__ import annotations
+
+import pytest
+
+from rollyard import aliases
+from rollyard.cli import main
+from rollyard.config import ConfigError, load_config
+
+GRPO_CONFIG_FIELDS = """
+learning_rate model_init_kwargs trust_remote_code router_aux_loss_coef disable_dropout cast_lm_head_to_fp32
+remove_unused_columns num_generations num_generations_eval max_completion_length ds3_gather_for_generation
+shuffle_dataset pad_to_multiple_of generation_batch_size steps_per_generation temperature top_p top_k min_p
+generation_kwargs chat_template_kwargs repetition_penalty cache_implementation use_vllm vllm_mode
+vllm_model_impl vllm_enable_sleep_mode vllm_structured_outputs_regex vllm_server_base_url vllm_server_host
+vllm_server_port vllm_server_timeout vllm_group_port vllm_gpu_memory_utilization vllm_max_model_length
+vllm_tensor_parallel_size beta num_iterations epsilon delta epsilon_high sapo_temperature_neg
+sapo_temperature_pos vespo_k_pos vespo_lambda_pos vespo_k_neg vespo_lambda_neg importance_sampling_level
+reward_weights multi_objective_aggregation scale_rewards loss_type mask_truncated_completions sync_ref_model
+ref_model_mixup_alpha ref_model_sync_steps top_entropy_quantile entropy_coef use_adaptive_entropy
+entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target max_tool_calling_iterations
+vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max
+vllm_importance_sampling_clip_min off_policy_mask_threshold use_bias_correction_kl log_completions
+log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo
+use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged
+vllm_importance_sampling_cap
+""".split()
+
+
+def test_every_grpo_config_field_is_a_name_rollyard_knows():
+    assert len(GRPO_CONFIG_FIELDS) == 79
+    trl = {a.name for a in aliases.ALIASES_LIST if a.source == aliases.TRL}
+    assert [f for f in GRPO_CONFIG_FIELDS if f not in trl] == []
+
+
+@pytest.mark.parametrize("override, says", [
+    ("disable_dropout=true", "the model's config.json"),
+    ("generation_kwargs={min_tokens: 4}", "rollout.temperature / rollout.top_p / rollout.top_k"),
+    ("vllm_mode=server", "placement=disaggregated"),
+    ("importance_sampling_level=sequence", "algo.clip_low / algo.clip_high"),
+    ("entropy_coef=0.01", "algo.kl_coef"),
+    ("vllm_importance_sampling_clip_max=3.0", "algo.tis_cap"),
+    ("mask_truncated_completions=true", "rollout.max_new_tokens"),
+    ("sync_ref_model=true", "algo.kl_coef"),
+    ("generation_batch_size=64", "max_staleness with placement=async"),
+    ("shuffle_dataset=false", "data.seed"),
+])
+def test_a_field_that_changes_the_math_is_one_line_naming_the_closest_setting(override, says, capsys, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert "no rollyard equivalent" in str(e.value) and f"closest rollyard setting: {says}" in str(e.value)
+    assert main(["train", override, f"out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and "unknown config key" not in err
+
+
+def test_trls_values_that_are_rollyards_behaviour_and_speed_knobs_change_nothing():
+    same = ["disable_dropout=false", "shuffle_dataset=true", "vllm_mode=colocate", "importance_sampling_level=token",
+            "entropy_coef=0.0", "use_adaptive_entropy=false", "entropy_target=0.2", "sync_ref_model=false",
+            "multi_objective_aggregation=sum_then_normalize", "vllm_importance_sampling_correction=true",
+            "use_bias_correction_kl=false", "generation_batch_size=null", "sapo_temperature_neg=1.05",
+            "vllm_tensor_parallel_size=1", "vllm_server_port=9000", "vllm_gpu_memory_utilization=0.5",
+            "pad_to_multiple_of=64", "remove_unused_columns=true", "use_transformers_continuous_batching=true"]
+    assert load_config(None, same) == load_config(None, [])
+    with pytest.raises(ConfigError):  # a bool is not the number it equals: True is no neutral 1
+        load_config(None, ["vllm_tensor_parallel_size=true"])
+
+
+def test_config_trl_lists_the_new_names_with_their_rule(capsys):
+    assert main(["config", "--trl"]) == 0
+    out = capsys.readouterr().out
+    for name in ("disable_dropout", "vllm_mode", "entropy_coef", "vllm_importance_sampling_mode", "log_multimodal"):
+        assert any(line.startswith(name + " ") for line in out.splitlines()), name
