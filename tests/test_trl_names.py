@@ -75,3 +75,19 @@ def test_config_trl_lists_the_new_names_with_their_rule(capsys):
     out = capsys.readouterr().out
     for name in ("disable_dropout", "vllm_mode", "entropy_coef", "vllm_importance_sampling_mode", "log_multimodal"):
         assert any(line.startswith(name + " ") for line in out.splitlines()), name
+
+
+def test_the_training_arguments_a_trl_script_commonly_sets_are_known():
+    """GRPOConfig inherits transformers' TrainingArguments: the ones TRL's examples set are known too, with the same
+    three outcomes. rollyard's AdamW uses beta2 = 0.99: transformers' 0.999 is refused, not silently changed."""
+    cfg = load_config(None, ["disable_tqdm=true", "data_seed=5", "run_name=x", "logging_dir=logs", "optim=adamw_torch",
+                             "adam_beta1=0.9", "adam_beta2=0.99", "adam_epsilon=1e-8", "push_to_hub=false",
+                             "save_strategy=steps", "fp16=false", "deepspeed=null", "eval_strategy=no",
+                             "use_liger_kernel=true", "torch_compile=true"])
+    assert cfg == load_config(None, ["progress=false", "data.seed=5"])
+    for override, says in [("adam_beta2=0.999", "trainer.lr"), ("optim=adafactor", "trainer.optimizer_state"),
+                           ("fp16=true", "trainer.precision=bf16"), ("push_to_hub=true", "out_dir"),
+                           ("save_strategy=epoch", "checkpoint_every"), ("deepspeed=ds.json", "trainer.dp")]:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [override])
+        assert f"closest rollyard setting: {says}" in str(e.value) and len(str(e.value).splitlines()) == 1, override
