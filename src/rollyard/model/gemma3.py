@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.gemm import pack, packed_linear
+from rollyard.model.shapes import read_shapes
 
 MODEL_TYPES = ("gemma3_text",)
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -103,23 +104,10 @@ class Gemma3Fast:
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"fast path unsupported: {reason}")
-        self.model = model
-        cfg = model.config
-        inner = model.model
-        attn = inner.layers[0].self_attn
-        self.L = len(inner.layers)
-        self.H = cfg.num_attention_heads
-        self.KVH = cfg.num_key_value_heads
-        self.hd = attn.head_dim
-        self.D = cfg.hidden_size
-        self.I = inner.layers[0].mlp.gate_proj.weight.shape[0]
-        self.context = int(cfg.max_position_embeddings)
-        self.scale = float(attn.scaling)
+        p = read_shapes(self, model)
         self.window = window_of(model)
-        self.types = list(cfg.layer_types)
-        self.softcap = getattr(cfg, "final_logit_softcapping", None)
-        p = next(model.parameters())
-        self.device, self.weight_dtype = p.device, p.dtype
+        self.types = list(model.config.layer_types)
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
         # As llama.LlamaFast: bf16 weights keep an fp32 cache on CPU; compute in the weights' dtype.
         self.dtype = p.dtype
         self.kv_dtype = torch.float32 if p.device.type == "cpu" and p.dtype == torch.bfloat16 else p.dtype

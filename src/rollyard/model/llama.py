@@ -44,6 +44,7 @@ from rollyard.model import gemm as cpu_gemm
 from rollyard.model import gemma3
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.gemm import pack, packed_linear
+from rollyard.model.shapes import read_shapes
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # On CPU, bf16 weights of a model narrower than this compute in fp32: at hidden 96 a bf16 decode
@@ -85,20 +86,8 @@ class LlamaFast:
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"fast path unsupported: {reason}")
-        self.model = model
-        cfg = model.config
-        inner = model.model
-        attn = inner.layers[0].self_attn
-        self.L = len(inner.layers)
-        self.H = cfg.num_attention_heads
-        self.KVH = getattr(cfg, "num_key_value_heads", None) or self.H
-        self.hd = attn.head_dim
-        self.D = cfg.hidden_size
-        self.I = inner.layers[0].mlp.gate_proj.weight.shape[0]
-        self.context = int(cfg.max_position_embeddings)
-        self.scale = float(attn.scaling)
-        p = next(model.parameters())
-        self.device, self.weight_dtype = p.device, p.dtype
+        p = read_shapes(self, model)
+        attn = model.model.layers[0].self_attn
         cpu_bf16 = p.device.type == "cpu" and p.dtype == torch.bfloat16
         # Compute dtype: bf16 weights of a narrow model on CPU are upcast once per refresh (see the
         # module docstring); the values are the bf16 weights', only the arithmetic is wider.
