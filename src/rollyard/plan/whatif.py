@@ -16,6 +16,7 @@ Samples of a prompt are drawn independently from the length distribution.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from dataclasses import asdict, dataclass
@@ -211,19 +212,20 @@ def _round(prompts: list[tuple[int, int]], samples: int) -> tuple[int, float]:
     return length, 1 - used / (length * samples * len(prompts))
 
 
-def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int, seed: int, cap: int,
-                rollout_s: float, lengths: list[int] | None = None, mean: float | None = None,
-                sigma: float = 0.6, source: str = "") -> TailWhatIf:
-    """Predicted rollout time per step: plain synchronous rounds vs tail batching (bounded cost:
-    MAX_UNITS units per round, order statistics above EXACT_DRAWS responses per unit)."""
+@functools.lru_cache(maxsize=32)
+def _simulate(prompts: int, samples: int, overprovision: float, steps: int, seed: int, cap: int,
+              lengths: tuple[int, ...] | None, mean: float | None, sigma: float):
+    """The what-if's seeded simulation: (plain rounds, tail rounds, short, long, sorted length sample, draws).
+    Cached on its arguments (a pure function of them), so a process pricing many plans with one tail
+    setting (a sweep, the calibration rows) simulates it once."""
     group = math.ceil(prompts / MAX_UNITS)  # prompts per simulated unit
     issue = math.ceil((prompts + max(1, math.ceil(prompts * overprovision))) / group)
     prompts = math.ceil(prompts / group)
     samples *= group  # responses per unit
-    plain_s = LengthSampler(random.Random(seed), cap, lengths, mean, sigma)
+    plain_s = LengthSampler(random.Random(seed), cap, list(lengths) if lengths else None, mean, sigma)
     plain = [_round(_prompt_lengths(plain_s, prompts, samples), samples) for _ in range(steps)]
 
-    tail_s = LengthSampler(random.Random(seed), cap, lengths, mean, sigma)
+    tail_s = LengthSampler(random.Random(seed), cap, list(lengths) if lengths else None, mean, sigma)
     issue = max(issue, prompts + 1)
     queue: list[tuple[int, int]] = []
     tail: list[tuple[int, float]] = []
@@ -243,7 +245,16 @@ def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int,
             short += 1
 
     sample_pool = sorted(plain_s.draw() for _ in range(4000)) if not lengths else sorted(lengths)
-    draws = plain_s.draws + tail_s.draws
+    return tuple(plain), tuple(tail), short, long, tuple(sample_pool), plain_s.draws + tail_s.draws
+
+
+def tail_whatif(*, prompts: int, samples: int, overprovision: float, steps: int, seed: int, cap: int,
+                rollout_s: float, lengths: list[int] | None = None, mean: float | None = None,
+                sigma: float = 0.6, source: str = "") -> TailWhatIf:
+    """Predicted rollout time per step: plain synchronous rounds vs tail batching (bounded cost:
+    MAX_UNITS units per round, order statistics above EXACT_DRAWS responses per unit)."""
+    plain, tail, short, long, sample_pool, draws = _simulate(
+        prompts, samples, overprovision, steps, seed, cap, tuple(lengths) if lengths else None, mean, sigma)
 
     def pct(q: float) -> float:
         return float(sample_pool[min(len(sample_pool) - 1, int(q * len(sample_pool)))])
