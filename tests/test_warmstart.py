@@ -58,6 +58,29 @@ def test_rl_overrides_and_lora_reuse_the_cached_warm_start(tmp_path, capsys):
     assert len(list((tmp_path / "cache").iterdir())) == 1
 
 
+def test_a_run_that_finds_its_warm_start_written_meanwhile_keeps_that_copy(tmp_path, capsys, monkeypatch):
+    # Two runs warm-starting one setup at once: the other run renames its copy into place while this one is still
+    # writing its own. This run trains on, the cache holds exactly one complete copy, and no half-written one is left.
+    import rollyard.sft as sft
+
+    cache = tmp_path / "cache"
+    real_export = sft.export
+
+    def export_while_another_run_finishes(model, tokenizer, out):
+        other = out.with_name(out.name.split(".tmp")[0])  # the final name: the other run got there first
+        real_export(model, tokenizer, other)
+        (other / "sft.json").write_text('{"other": true}')
+        real_export(model, tokenizer, out)
+
+    monkeypatch.setattr(sft, "export", export_while_another_run_finishes)
+    assert main(["train", *SFT, f"sft.cache_dir={cache}", "steps=1", f"out_dir={tmp_path / 'a'}"]) == 0
+    [entry] = list(cache.iterdir())
+    assert ".tmp" not in entry.name and (entry / "sft.json").read_text() == '{"other": true}'
+    monkeypatch.setattr(sft, "export", real_export)
+    assert main(["train", *SFT, f"sft.cache_dir={cache}", "steps=1", f"out_dir={tmp_path / 'b'}"]) == 0
+    assert "warm start: loading cached SFT model" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_the_warm_start_stops_it_with_one_line(tmp_path, signum):
     cache = tmp_path / "cache"
@@ -81,7 +104,7 @@ def test_a_signal_during_the_warm_start_stops_it_with_one_line(tmp_path, signum)
     assert last == (f"rollyard train: stopped by {signal.Signals(signum).name}: the warm start was abandoned before RL "
                     f"began (nothing cached, no checkpoint); run the command again"), err
     assert "Traceback" not in err
-    assert not any(p.is_dir() and not p.name.endswith(".tmp") for p in cache.iterdir())  # nothing cached
+    assert not any(p.is_dir() and ".tmp" not in p.name for p in cache.iterdir())  # nothing cached
 
 
 def test_the_cpu_class_is_part_of_the_key(monkeypatch):

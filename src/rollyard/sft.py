@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -153,10 +154,18 @@ def warm_start(model, tokenizer, train: list[Prompt], held: list[Prompt], reward
         return model.to(device), {**info, "cached": True}
     log(f"warm start: SFT on task demonstrations (up to {cfg.sft.steps} steps, target {cfg.sft.target_accuracy:.0%})")
     info = train_sft(model, tokenizer, train, held, rewards, cfg, context, device, log)
-    tmp = cache.with_name(cache.name + ".tmp")
+    # Written aside under a name of this process's own, then renamed into place: two runs warm-starting the same
+    # setup at once (the same key: the same model) each write their own copy, the first rename wins and the other
+    # copy is dropped; a reader never sees a half-written directory.
+    tmp = cache.with_name(f"{cache.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     export(model, tokenizer, tmp)
     (tmp / "sft.json").write_text(json.dumps(info))
-    shutil.rmtree(cache, ignore_errors=True)
-    tmp.rename(cache)
+    if not (cache / "config.json").exists():
+        shutil.rmtree(cache, ignore_errors=True)  # a directory left without its config: an interrupted older write
+        try:
+            tmp.rename(cache)
+        except OSError:  # another run renamed its copy in between
+            pass
+    shutil.rmtree(tmp, ignore_errors=True)
     return model, {**info, "cached": False}
