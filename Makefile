@@ -9,6 +9,10 @@ TORCH ?= torch==2.13.0
 # Extra key=value overrides for `make demo`, appended to its command line. Empty for a person; CI
 # (.ci/run) shortens the demo with it (fewer steps), and the run still writes the same files.
 DEMO_ARGS ?=
+# pytest worker processes for `make test` (pytest-xdist, whole files per worker). The suite runs each test on one
+# intra-op thread, so a 2-core machine runs two files at once; every worker has its own Ray session (~0.9 GB).
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 # VLLM=1: also install vLLM for rollout.backend=vllm (the CPU build on a machine without CUDA, the GPU build
 # otherwise), then remove the torchvision/torchaudio/torchcodec builds it pulls in (they break `import vllm`).
 # Default: 1 on CPU-only Linux x86-64 (so `make test` runs tests/test_vllm.py; the CPU build pins
@@ -41,7 +45,7 @@ test: setup
 	$(BIN)/ruff check src tests bench
 	@d=$$(mktemp -d) && out=$$($(BIN)/mkdocs build --strict -d $$d 2>&1); rc=$$?; rm -rf $$d; \
 	  if [ $$rc -ne 0 ]; then echo "$$out" >&2; echo "docs: mkdocs build --strict failed (a broken link, or a page not in mkdocs.yml's nav)" >&2; exit $$rc; fi
-	$(BIN)/python -m pytest -q -x --durations=10
+	$(BIN)/python -m pytest -q -x $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) --durations=10
 
 # The user's guide (docs/, nav in mkdocs.yml) as a static site in site/ (git-ignored).
 docs: setup

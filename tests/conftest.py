@@ -26,7 +26,8 @@ def toy_defaults():
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray session for the whole test run (tests marked ``ray`` use it)."""
+    """One local Ray session per test process (tests marked ``ray`` use it): one for the run, or one per
+    pytest-xdist worker under ``make test`` (TEST_WORKERS, each worker a whole file at a time)."""
     import ray
 
     from rollyard.placement import cluster
