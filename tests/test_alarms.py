@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from rollyard.cli import main
 from rollyard.telemetry import rundir
-from rollyard.telemetry.alarms import Alarms
+from rollyard.telemetry.alarms import Alarms, first_canary_max
 
 
 def _steps(alarms: Alarms, times: list[float], start: int = 0, **extra) -> list[float]:
@@ -52,6 +54,22 @@ def test_reward_hacking_is_one_alarm_per_episode():
     assert [values[s] for s in (3, 7, 11, 15)] == [0.0, 1.0, 1.0, 0.0]
     assert len([m for m in seen if m.startswith("ALARM")]) == 1
     assert seen[-1].startswith("alarm cleared at step 15")
+
+
+def test_a_first_canary_past_the_copy_dtypes_rounding_is_an_alarm():
+    # A copy that never matched the trainer (another sampling support, a wrong weight mapping) reads a large gap
+    # from the first sync on; with the first gap as the floor it would never alarm.
+    seen: list[str] = []
+    alarms = Alarms(canary_first_max=first_canary_max(torch.float32), log=seen.append)
+    values = [alarms.check({"step": s, "canary/logprob_gap": g})["alarm/logprob_canary"]
+              for s, g in enumerate([0.3, 0.25, 2e-6])]
+    assert values == [1.0, 1.0, 0.0]
+    assert seen[0].startswith("ALARM step 0: logprob canary: at the first sync") and "rollout.top_p" in seen[0]
+    assert seen[1].startswith("alarm cleared at step 2") and len(seen) == 2
+    # a bf16 copy's own rounding (measured up to 2.1e-2) is a floor, not an alarm
+    bf16 = Alarms(canary_first_max=first_canary_max(torch.bfloat16), log=seen.append)
+    assert [bf16.check({"step": s, "canary/logprob_gap": g})["alarm/logprob_canary"] for s, g in
+            enumerate([2e-2, 3e-2, 0.5])] == [0.0, 0.0, 1.0]
 
 
 def test_a_resumed_run_keeps_the_alarm_state_without_printing_again():

@@ -120,14 +120,20 @@ def _canary_gaps(tmp_path, overrides: list[str], engine_support: tuple[float, in
     if engine_support is not None:  # the engine samples from another support than the trainer's ratio uses
         side.engine.top_p, side.engine.top_k = engine_support
     grpo.train(run, r, side)
-    return [row["canary/logprob_gap"] for row in rundir.read_jsonl(Path(run.run_dir) / rundir.METRICS)]
+    return [row for row in rundir.read_jsonl(Path(run.run_dir) / rundir.METRICS) if "canary/logprob_gap" in row]
 
 
 def test_a_colocated_run_at_top_p_reads_the_kernels_and_a_mismatched_one_reads_the_truncated_mass(tmp_path):
-    ok = _canary_gaps(tmp_path / "ok", ["rollout.top_p=0.9", "rollout.top_k=20"])
+    rows = _canary_gaps(tmp_path / "ok", ["rollout.top_p=0.9", "rollout.top_k=20"])
+    ok = [row["canary/logprob_gap"] for row in rows]
     assert len(ok) == 3 and max(ok) < 1e-5, ok  # trained weights: the kernels' rounding (test_canary's KERNELS)
-    off = _canary_gaps(tmp_path / "off", ["rollout.top_p=1.0"], engine_support=(0.9, 20))
+    assert not any(row["alarm/logprob_canary"] for row in rows)
+    rows = _canary_gaps(tmp_path / "off", ["rollout.top_p=1.0"], engine_support=(0.9, 20))
+    off = [row["canary/logprob_gap"] for row in rows]
     assert len(off) == 3 and min(off) > 1e-2, off
+    # mismatched from the first sync on: the first canary is past an fp32 copy's rounding ceiling, so the alarm
+    # fires there and holds (judging later syncs against a first gap that was already wrong would say nothing)
+    assert [row["alarm/logprob_canary"] for row in rows] == [1.0, 1.0, 1.0]
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from rollyard.sync.factory import sync_facts
 from rollyard.tasks.base import DataError, Prompt
 from rollyard.tasks.dataset import check_context
 from rollyard.telemetry import rundir, sessions
-from rollyard.telemetry.alarms import Alarms
+from rollyard.telemetry.alarms import Alarms, first_canary_max
 from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role_shares
 from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.telemetry.telemetry import Telemetry
@@ -256,7 +256,8 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
                       + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
     rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
-                                        alarms=Alarms(regression_z=cfg.eval.regression_z)), state,
+                                        alarms=Alarms(regression_z=cfg.eval.regression_z,
+                                                      canary_first_max=first_canary_max(settings.plan.dtype))), state,
                     settings=settings)
     rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
     handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer)

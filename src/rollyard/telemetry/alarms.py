@@ -18,7 +18,10 @@
   trainer's at the same version (``canary/logprob_gap``, ``sync/canary.py``) by more than
   ``canary_ratio`` x the run's first canary (the copy's dtype rounding, measured on the first sync's
   weights, which the equality check verifies by default) + ``canary_abs``: a copy that stopped
-  taking weights or loaded them wrong. The staleness lag (``canary/lag``) is not part of it.
+  taking weights or loaded them wrong. The staleness lag (``canary/lag``) is not part of it. The first
+  canary is held to ``canary_first_max`` (the copy's dtype's rounding with room: 1e-3 nats for an fp32
+  copy, 0.1 for bf16, ``first_canary_max``): past it the copy never matched (a sampling support, a
+  dtype or a weight mapping that differs from the first sync on), and the floor is that ceiling.
 
 Both have hysteresis: an alarm is printed once when it fires, the row value stays 1 while the
 condition holds, and it re-arms only after a recovery: a step back under ``recover_ratio`` x the
@@ -42,6 +45,12 @@ from rollyard.telemetry import rundir
 EVAL_KEY = "eval/accuracy"
 EVAL_N_KEY = "eval/prompts"  # held-out prompts behind EVAL_KEY (its noise)
 CANARY_KEY = "canary/logprob_gap"
+
+
+def first_canary_max(copy_dtype) -> float:
+    """The largest first-sync canary gap a rollout copy of ``copy_dtype`` reads from rounding alone, with room:
+    measured at most 3.3e-6 (fp32) and 2.1e-2 (bf16) nats (docs/weight-sync.md, ``bench/canary.py --part gaps``)."""
+    return 1e-3 if str(copy_dtype) in ("torch.float32", "fp32", "float32") else 0.1
 # Row values: seconds of this step's wall time spent outside the step's own work (see RunRecord)
 OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds", "restart/seconds")
 
@@ -49,11 +58,12 @@ OVERHEAD_KEYS = ("eval/seconds", "checkpoint/seconds", "restart/seconds")
 class Alarms:
     def __init__(self, window: int = 20, min_history: int = 5, slow_ratio: float = 1.2, recover_ratio: float = 1.1,
                  reward_rise: float = 0.05, accuracy_flat: float = 0.01, regression_z: float = 2.0,
-                 canary_ratio: float = 10.0, canary_abs: float = 1e-4, log: Callable[[str], None] | None = None):
+                 canary_ratio: float = 10.0, canary_abs: float = 1e-4, canary_first_max: float = 0.1,
+                 log: Callable[[str], None] | None = None):
         self.window, self.min_history = window, min_history
         self.slow_ratio, self.recover_ratio = slow_ratio, min(recover_ratio, slow_ratio)
         self.reward_rise, self.accuracy_flat, self.regression_z = reward_rise, accuracy_flat, regression_z
-        self.canary_ratio, self.canary_abs = canary_ratio, canary_abs
+        self.canary_ratio, self.canary_abs, self.canary_first_max = canary_ratio, canary_abs, canary_first_max
         self.canary_floor: float | None = None   # the run's first canary gap
         self.canary_off = False                  # a canary alarm is active
         self.log = log or (lambda m: print(m, flush=True))
@@ -124,8 +134,18 @@ class Alarms:
     def _canary(self, row: dict[str, Any]) -> float:
         gap = float(row[CANARY_KEY])
         if self.canary_floor is None:
-            self.canary_floor = gap
-            return 0.0
+            self.canary_floor = min(gap, self.canary_first_max)
+            if gap <= self.canary_first_max:
+                return 0.0
+            limit = self.canary_first_max
+            if not self.canary_off:
+                self.log(f"ALARM step {row.get('step')}: logprob canary: at the first sync the rollout copy's logprobs "
+                         f"of the fixed probe already differ from the trainer's by {gap:.2e}, past the copy dtype's "
+                         f"rounding ({limit:g}): the two sides never matched. Check that rollout.top_p / top_k / "
+                         f"temperature reach both sides, rollout.dtype, and the weight names the copy loads "
+                         f"(sync.check_every=1 names a differing tensor)")
+            self.canary_off = True
+            return 1.0
         limit = self.canary_ratio * self.canary_floor + self.canary_abs
         off = gap > limit
         if off and not self.canary_off:
