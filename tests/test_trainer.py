@@ -98,7 +98,9 @@ def test_chunked_logprobs_never_keep_full_logits(monkeypatch):
         lp.sum().backward()
         return sum(seen)
 
-    assert saved_numel() < N * Vb / 16
+    assert saved_numel() < N * Vb / 16  # a plain head: trainer/head.py's own backward
+    monkeypatch.setattr(trainer_mod.head_grad, "applies", lambda *a: False)
+    assert saved_numel() < N * Vb / 16  # any other head: per-chunk checkpointing
     # Control: the same measure without per-chunk checkpointing sees every chunk's logits.
     monkeypatch.setattr(trainer_mod, "checkpoint", lambda fn, *args, **kw: fn(*args))
     assert saved_numel() > N * Vb

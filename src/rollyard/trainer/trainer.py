@@ -48,6 +48,7 @@ from rollyard.config import RunConfig
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import llama as llama_forward
 from rollyard.model import memory as cpu_memory
+from rollyard.trainer import head as head_grad
 from rollyard.trainer.adamw_bf16 import AdamWBf16
 from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan, prefix_shared
@@ -76,6 +77,11 @@ def chunked_token_logprobs(
     """
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
 
+    if need_grad and hidden.shape[0] and head_grad.applies(lm_head, hidden, softcap, support.active(top_p, top_k)):
+        # one weight-sized gradient instead of one per chunk plus the sum (trainer/head.py: 262k-vocab heads)
+        lp, ent = head_grad.HeadLogprobs.apply(hidden, lm_head.weight, targets, float(temperature), int(chunk),
+                                               with_entropy)
+        return lp, (ent if with_entropy else None)
     plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
 
     def one_chunk(h: torch.Tensor, y: torch.Tensor):

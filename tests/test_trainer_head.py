@@ -1,0 +1,74 @@
+"""trainer/head.py: the LM head's logprobs with a hand-written backward (one weight-sized gradient) give the
+checkpointed autograd path's values and gradients, to float rounding, and are what ``chunked_token_logprobs``
+uses for a plain head; a head it does not cover (soft cap, top-p) keeps the autograd path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollyard.trainer import head as head_grad
+from rollyard.trainer import trainer
+
+
+def _case(N=37, D=24, V=101, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lm = torch.nn.Linear(D, V, bias=False).to(dtype)
+    with torch.no_grad():
+        lm.weight.copy_(torch.randn(V, D, generator=g) * 0.5)
+    h = (torch.randn(N, D, generator=g)).to(dtype).requires_grad_()
+    y = torch.randint(0, V, (N,), generator=g)
+    w = torch.randn(N, generator=g)  # a weighted sum: every row's gradient differs
+    return lm, h, y, w
+
+
+def _autograd_reference(lm, h, y, T):
+    """log_softmax over the full logits, plain autograd (no chunks)."""
+    logits = (h @ lm.weight.t()).float() / T
+    lp = torch.log_softmax(logits, -1).gather(1, y[:, None])[:, 0]
+    p = torch.softmax(logits, -1)
+    return lp, -(p * torch.log_softmax(logits, -1)).sum(-1)
+
+
+@pytest.mark.parametrize("T, chunk", [(1.0, 8), (0.7, 37), (1.3, 1000)])
+def test_values_and_gradients_equal_autograd(T, chunk):
+    lm, h, y, w = _case()
+    lp, ent = trainer.chunked_token_logprobs(h, lm, y, temperature=T, chunk=chunk, with_entropy=True)
+    assert lp.grad_fn is not None and type(lp.grad_fn).__name__ == "HeadLogprobsBackward"  # the new path ran
+    (lp * w).sum().backward()
+    gh, gw = h.grad.clone(), lm.weight.grad.clone()
+    h.grad = lm.weight.grad = None
+    ref, ref_ent = _autograd_reference(lm, h, y, T)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(lp, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, ref_ent, rtol=1e-4, atol=1e-4)  # logz - sum p z: a difference of O(logz) terms
+    torch.testing.assert_close(gh, h.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gw, lm.weight.grad, rtol=1e-5, atol=1e-5)
+    assert gw.abs().max() > 1e-2  # a gradient worth comparing
+
+
+def test_a_frozen_head_gets_no_gradient_and_the_input_still_does():
+    lm, h, y, w = _case(seed=1)
+    lm.weight.requires_grad_(False)
+    lp, _ = trainer.chunked_token_logprobs(h, lm, y, chunk=5)
+    (lp * w).sum().backward()
+    assert lm.weight.grad is None and h.grad.abs().max() > 0
+    got = h.grad.clone()
+    h.grad = None
+    ref, _ = _autograd_reference(lm, h, y, 1.0)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(got, h.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_other_heads_keep_the_checkpointed_path():
+    lm, h, y, _ = _case(seed=2)
+    assert head_grad.applies(lm, h, None, False)
+    assert not head_grad.applies(lm, h, 30.0, False)  # soft cap
+    assert not head_grad.applies(lm, h, None, True)  # top-p / top-k support
+    biased = torch.nn.Linear(24, 101)
+    assert not head_grad.applies(biased, h, None, False)
+    lp, _ = trainer.chunked_token_logprobs(h, lm, y, chunk=8, top_p=0.9)
+    assert type(lp.grad_fn).__name__ != "HeadLogprobsBackward"
+    with torch.no_grad():  # no gradient wanted: the plain chunked forward
+        lp, _ = trainer.chunked_token_logprobs(h, lm, y, chunk=8)
+    assert lp.grad_fn is None
