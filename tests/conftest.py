@@ -35,3 +35,19 @@ def ray_session():
     cluster.connect()
     yield ray
     ray.shutdown()
+
+
+# The files whose Ray / subprocess tests take longest, started first: `make test` runs whole files on two
+# pytest-xdist workers, handed out in collection order, so a long file collected last would run alone at the
+# end while the other worker idles (longest first: the last file to start is a short one). Order only: every
+# file still runs every test. The list: the files with the longest tests in `pytest --durations=60` (2026-11-27).
+LONGEST_FIRST = ("test_sync_grid.py", "test_placements.py", "test_restarts.py", "test_vllm.py", "test_reference.py",
+                 "test_tail_ray.py", "test_reliability.py", "test_two_nodes.py", "test_dp_faults.py",
+                 "test_determinism.py", "test_orphans.py", "test_tools.py", "test_ray_dp.py", "test_trainer.py",
+                 "test_restart_booking.py", "test_review_runs.py", "test_security.py", "test_weight_check.py",
+                 "test_dp.py", "test_trl_script.py", "test_plan.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
