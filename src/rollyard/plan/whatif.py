@@ -179,8 +179,13 @@ class LengthSampler:
         The maximum of n i.i.d. draws has CDF F^n, so it is F^-1(U^(1/n)); the other n - 1 are i.i.d.
         draws conditioned to lie below it, counted at their conditional mean E[X | X <= max]
         (lognormal: closed form; given lengths: a prefix sum over the sorted list)."""
-        if n <= EXACT_DRAWS:
-            d = [self.draw() for _ in range(n)]
+        if n <= EXACT_DRAWS:  # draw() n times, inlined (the what-if's hot loop): the same draws, the same order
+            self.draws += n
+            if self.lengths:
+                d = [self._clip(self.rng.choice(self.lengths)) for _ in range(n)]
+            else:
+                gauss, mu, sigma, cap, exp = self.rng.gauss, self.mu, self.sigma, self.cap, math.exp
+                d = [min(max(round(exp(gauss(mu, sigma))), 1), cap) for _ in range(n)]
             return max(d), sum(d)
         self.draws += 1
         u = self.rng.random() ** (1.0 / n)
