@@ -725,7 +725,7 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
 def overlap_item(run: Run, plan: Plan, overlaps: list[dict], per: dict[str, list[float]]) -> dict:
     """'Designed overlaps actually overlap': rollout/train judged step by step (``pipelined_steps``;
     a majority of judged steps must be pipelined: one step held up by a scheduling hiccup is not the
-    design failing, most steps held up is); other designed pairs by seconds of overlap, NOT CHECKED
+    design failing, most steps held up is, so a run with one judged step is not checked unless it pipelined); other designed pairs by seconds of overlap, NOT CHECKED
     when the run cannot show them (the rollout side idles by design when it is faster than the
     trainer, so the sync has nothing to hide under). Which side paces is read from the steady state:
     the first step carries one-off start-up costs (engine warm-up, first transfers) and is left out,
@@ -748,6 +748,11 @@ def overlap_item(run: Run, plan: Plan, overlaps: list[dict], per: dict[str, list
                 notes.append(f"{pair}: not checked: no step whose next round's rollout and own training were both "
                              f"recorded with the round's weights delivered before training ended (the run is too "
                              f"short, or each training step was shorter than a weight transfer)")
+            elif judged < 2 and not ok:
+                results.append(NOT_CHECKED)
+                notes.append(f"{pair}: not checked: the one judged step (step {serial[0]}) was serialized, and one "
+                             f"step cannot tell a scheduling hiccup from the design failing; a run with more steps "
+                             f"can (a majority of judged steps must be pipelined)")
             elif 2 * ok >= judged:
                 results.append(PASS)
                 notes.append(f"{pair}: {ok} of {judged} steps pipelined (next round decoding before training ended), "
