@@ -45,7 +45,8 @@ LONGEST_FIRST = ("test_sync_grid.py", "test_placements.py", "test_restarts.py", 
                  "test_tail_ray.py", "test_reliability.py", "test_two_nodes.py", "test_dp_faults.py",
                  "test_determinism.py", "test_orphans.py", "test_tools.py", "test_ray_dp.py", "test_trainer.py",
                  "test_restart_booking.py", "test_review_runs.py", "test_security.py", "test_weight_check.py",
-                 "test_dp.py", "test_trl_script.py", "test_plan.py")
+                 "test_dp.py", "test_trl_script.py", "test_support_learning.py", "test_memory_peaks.py",
+                 "test_output.py", "test_plan.py")
 
 
 def pytest_collection_modifyitems(config, items):
