@@ -21,12 +21,14 @@ RUN = ["model.context=64", "data.train_size=64", "data.eval_size=4", "rollout.pr
 def test_kill9_of_the_driver_leaves_no_process_behind(tmp_path):
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
-    driver = subprocess.Popen([sys.executable, "-m", "rollyard.cli", "train", *RUN, f"out_dir={tmp_path / 'r'}"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    err = tmp_path / "driver.err"
+    with err.open("w") as sink:
+        driver = subprocess.Popen([sys.executable, "-m", "rollyard.cli", "train", *RUN, f"out_dir={tmp_path / 'r'}"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=sink)
     metrics = tmp_path / "r" / "metrics.jsonl"
     deadline = time.time() + 180
     while not (metrics.exists() and metrics.stat().st_size) and time.time() < deadline:
-        assert driver.poll() is None, "the run ended before it could be killed"
+        assert driver.poll() is None, f"the run ended before it could be killed: {err.read_text()[-3000:]}"
         time.sleep(0.5)
     started = {(p.pid, p.create_time()): p.name() for p in psutil.Process(driver.pid).children(recursive=True)}
     assert any("raylet" in n for n in started.values()), started  # a local Ray session is up

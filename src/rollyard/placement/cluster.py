@@ -60,7 +60,9 @@ def connect() -> None:
     _watcher = _watcher or reaper.watch()  # a local session dies with this process, even on kill -9
     _token_auth()
     try:
-        _init(lambda env: ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, runtime_env=env,
+        # address="local": a new session of this run's own, even where another Ray runs on this machine
+        # (`ray start`, another run's cluster); without it ray.init joins the newest one it finds in /tmp/ray
+        _init(lambda env: ray.init(address="local", num_cpus=os.cpu_count() or 1, include_dashboard=False, runtime_env=env,
                                    log_to_driver=True, configure_logging=False, _node_ip_address=LOOPBACK))
     finally:  # Ray's processes have it now; a process this one starts later (a cluster of its own) does not
         os.environ.pop(SINGLE_MACHINE, None) if before is None else os.environ.update({SINGLE_MACHINE: before})
