@@ -72,7 +72,9 @@ ray_test = pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("placement, fault", [("async", "corrupting"), ("disaggregated", "stale")])
 def test_ray_worker_corrupted_after_a_sync_stops_the_run(tmp_path, placement, fault):
     """corrupting: the weights go bad after the sync; stale: the worker claims the version, keeps the old weights."""
-    cfg = load_config(None, [*RUN, f"placement={placement}", "max_staleness=1", f"out_dir={tmp_path / 'r'}"])
+    # steps=12: the worker's answer to the first check travels back through the sample queue; the run stops when it
+    # lands, so the extra steps cost nothing, and a loaded machine (two test workers) cannot end a 4-step run first
+    cfg = load_config(None, [*RUN, f"placement={placement}", "max_staleness=1", f"out_dir={tmp_path / 'r'}", "steps=12"])
     driver = async_ if placement == "async" else disaggregated
     worker = faults.corrupting_worker(from_version=1) if fault == "corrupting" else faults.stale_worker(from_version=1)
     with pytest.raises(WeightsDiffer) as e:  # the default cadence checks the first sync: the one that went bad
