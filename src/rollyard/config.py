@@ -70,6 +70,8 @@ class DataConfig(Section):
     eval_path: str | None = Field(None, description="held-out prompt file for a dataset run; none: eval uses the built-in task's eval split or is skipped")
     seed: int = Field(0, ge=0, description="seed of task generation and of the shuffle order")
     chat_template: str | None = Field(None, description="Jinja chat template (or a file holding one) for message-list prompts; none: the tokenizer's own")
+    system_prompt: str | None = Field(None, description="a system turn put first in every chat prompt without one (a plain prompt: its first paragraph); reasoning_gym:<name> takes one of reasoning-gym's SYSTEM_PROMPTS (default, direct, ...)")
+    few_shot: int = Field(0, ge=0, le=32, description="reasoning_gym tasks: this many solved examples (from seeds that neither split uses) put before every prompt, as user/assistant turns or plain question/answer paragraphs")
 
     @model_validator(mode="before")
     @classmethod

@@ -22,7 +22,7 @@ from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.sync.factory import SyncPlan, resolve
-from rollyard.tasks import builtin_verifier, chat, load_task, render_task
+from rollyard.tasks import builtin_verifier, chat, framing, load_task, render_task
 from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 
@@ -100,14 +100,34 @@ def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Pro
                             f"fix the file or data.fields")
         held = (load_prompts(d.eval_path, fields=d.fields or None, on_error=d.on_error, deadletter=deadletter,
                              key="data.eval_path") if d.eval_path else [])
+        if d.few_shot:
+            raise DataError(f"data.few_shot={d.few_shot} takes its solved examples from a reasoning_gym:<task>, and "
+                            f"this run reads prompts from data.path; put the examples in the file's messages, or "
+                            f"set data.few_shot=0")
+        system = framing.system_text(d.system_prompt)
+        framing.frame(train + held, system)
         if not held and d.task:
             held = _task_prompts(cfg, "eval", d.eval_size)
+            framing.frame(held, system)
             render_task(d.task, held, tokenizer, d.chat_template)
         chat.render(train + held, tokenizer, d.chat_template)
         return train, held
     train, held = _task_prompts(cfg, "train", d.train_size), _task_prompts(cfg, "eval", d.eval_size)
+    framing.frame(train + held, framing.system_text(d.system_prompt), _shots(cfg))
     render_task(d.task, train + held, tokenizer, d.chat_template)  # reasoning_gym: chat or plain by the template
     return train, held
+
+
+def _shots(cfg: RunConfig) -> list[Prompt]:
+    """``data.few_shot`` solved examples of a reasoning_gym task, from seeds neither split uses."""
+    d = cfg.data
+    if not d.few_shot:
+        return []
+    if not (d.task or "").startswith("reasoning_gym:"):
+        raise DataError(f"data.few_shot={d.few_shot} needs a reasoning_gym:<task> (its solved examples come from "
+                        f"seeds neither split uses); data.task is {d.task!r}: set data.few_shot=0")
+    from rollyard.tasks import reasoning_gym
+    return reasoning_gym.generate(d.task, "shots", d.few_shot, d.seed, **d.task_options)
 
 
 def _task_prompts(cfg: RunConfig, split: str, n: int) -> list[Prompt]:

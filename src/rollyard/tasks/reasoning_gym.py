@@ -76,9 +76,10 @@ def _version() -> str:
 
 
 def split_seed(split: str, seed: int) -> int:
-    """The reasoning-gym seed of ``split`` for ``data.seed``: the train and eval seed ranges never meet."""
+    """The reasoning-gym seed of ``split`` (train, eval, or shots: ``data.few_shot``'s solved examples) for
+    ``data.seed``: the three seed ranges never meet."""
     base = (seed % 2147) * SPAN
-    return base + (EVAL_OFFSET if split == "eval" else 0)
+    return base + {"train": 0, "eval": EVAL_OFFSET, "shots": 2 * EVAL_OFFSET}[split]
 
 
 def _dataset(gym: str, name: str, options: dict[str, Any], seed: int, size: int):
@@ -122,16 +123,31 @@ def plain_text(question: str) -> str:
     return f"{question}\nAnswer:"
 
 
+def plain_of(messages: list[dict]) -> str:
+    """A chat prompt as plain text for a base model: a system turn as the first paragraph, each question as
+    :func:`plain_text` and each answer after it (``data.few_shot``'s examples), the last question open."""
+    parts = []
+    for m in messages:
+        role, content = m.get("role"), str(m.get("content", ""))
+        if role == "assistant":
+            parts[-1] += f" {content}\n\n"
+        elif role == "user":
+            parts.append(plain_text(content))
+        else:
+            parts.append(f"{content.strip()}\n\n")
+    return "".join(parts)
+
+
 def render(prompts: list[Prompt], tokenizer, override: str | None = None) -> None:
     """Chat prompts by the model's chat template (or ``override``, ``data.chat_template``) when it has one;
-    else plain text (:func:`plain_text`), with ``messages`` cleared (in place)."""
+    else plain text (:func:`plain_of`), with ``messages`` cleared (in place)."""
     if chat.template_of(override, tokenizer):
         chat.render(prompts, tokenizer, override)
         return
     for p in prompts:
         if p.messages is not None:
+            p.text = plain_of(p.messages)
             p.messages = None
-            p.text = plain_text(p.meta["entry"]["question"])
 
 
 def extract(completion: str) -> str:
