@@ -62,16 +62,17 @@ def cadence_note(cfg: RunConfig) -> str | None:
 
 
 def greedy_accuracy(model, tokenizer, prompts: list[Prompt], rewards: RewardDispatcher | None,
-                    max_new_tokens: int, context: int, max_concurrent: int = 256, tools=None) -> float | None:
+                    max_new_tokens: int, context: int, max_concurrent: int = 256, tools=None,
+                    stop: list[str] | tuple[str, ...] = ()) -> float | None:
     """Fraction of ``prompts`` whose greedy completion ``rewards`` scores > 0.5; None with no prompts or
     no correctness signal (``rewards`` None). ``tools`` (an ``env.loop.Toolbox``, e.g. ``env.setup.for_eval``'s):
-    the completion is multi-turn with those tools, as the run's rollouts are."""
+    the completion is multi-turn with those tools, as the run's rollouts are. ``stop``: ``rollout.stop_tokens``."""
     if not prompts or rewards is None:
         return None
     requests, _dead = to_requests(prompts, tokenizer, n=1, max_new_tokens=max_new_tokens, context=context, suffix="@eval")
     # KV budget: these requests at once, not the engine's default 65536 tokens (3 GB for a 135M real model)
     width = max((len(q.prompt_ids) + max_new_tokens for q in requests), default=64)
-    engine = RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
+    engine = RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer, stop), pad_token_id=tokenizer.pad_token_id or 0,
                            temperature=0.0, max_concurrent=max_concurrent,
                            max_cache_tokens=max(64, min(len(requests), max_concurrent) * width))
     was_training = model.training

@@ -159,7 +159,7 @@ def rewards(cfg: RunConfig, tokenizer, model=None) -> RewardDispatcher:
     policy = (AnchorTimeout(t.reward_t_min, t.reward_lambda, cfg.reward.timeout_s, t.reward_window)
               if cfg.rollout.scheduler == "tail" else None)
     return RewardDispatcher(reward_hooks(cfg), weights=cfg.reward.weights or None, num_workers=cfg.reward.num_workers,
-                            timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
+                            timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer, cfg.rollout.stop_tokens),
                             memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s,
                             timeout_policy=policy, columns=cfg.data.fields)
 
@@ -170,7 +170,7 @@ def eval_rewards(cfg: RunConfig, tokenizer, model, train: RewardDispatcher) -> R
     if cfg.eval.reward:
         decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
         return RewardDispatcher([cfg.eval.reward], num_workers=min(cfg.reward.num_workers, 2),
-                                timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer),
+                                timeout_s=cfg.reward.timeout_s, decode=decode, eos_token_id=eos_ids(model, tokenizer, cfg.rollout.stop_tokens),
                                 memory_mb=cfg.reward.memory_mb, cpu_s=cfg.reward.cpu_s, columns=cfg.data.fields)
     return train if accuracy_signal(cfg) else None
 
@@ -179,7 +179,8 @@ def held_out_accuracy(cfg: RunConfig, model, tokenizer, prompts: list[Prompt], r
     """Greedy accuracy on ``prompts`` (``evaluate.greedy_accuracy``) with the rollouts' own engine side: a run with
     tools is evaluated multi-turn with them (``env.setup.for_eval``)."""
     with env_setup.for_eval(cfg, tokenizer) as box:
-        return greedy_accuracy(model, tokenizer, prompts, rewards, cfg.rollout.max_new_tokens, context, tools=box)
+        return greedy_accuracy(model, tokenizer, prompts, rewards, cfg.rollout.max_new_tokens, context, tools=box,
+                               stop=cfg.rollout.stop_tokens)
 
 
 def rollout_facts(cfg: RunConfig) -> dict:
@@ -208,11 +209,11 @@ def _bare_engine(cfg: RunConfig, model, tokenizer, version: int, seed: int | Non
     budget = kv_budget.cache_tokens(cfg, model, _device(model))  # rollout.kv_memory_gb over the model's KV bytes/token
     if r.backend == "vllm":
         from rollyard.rollout.vllm import VllmEngine
-        return VllmEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
+        return VllmEngine(model, eos_token_id=eos_ids(model, tokenizer, cfg.rollout.stop_tokens), pad_token_id=tokenizer.pad_token_id or 0,
                           temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_concurrent=r.max_concurrent,
                           max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
                           version=version, options=r.vllm)
-    return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer), pad_token_id=tokenizer.pad_token_id or 0,
+    return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer, cfg.rollout.stop_tokens), pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_concurrent=r.max_concurrent,
                          max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
                          version=version)

@@ -127,13 +127,21 @@ def context_length(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 2048))
 
 
-def eos_ids(model, tokenizer) -> list[int]:
-    """Every id that ends a response: the tokenizer's EOS and all of ``generation_config.eos_token_id``
-    (chat models list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``)."""
+def eos_ids(model, tokenizer, stop: list[str] | tuple[str, ...] = ()) -> list[int]:
+    """Every id that ends a response: the tokenizer's EOS, all of ``generation_config.eos_token_id``
+    (chat models list several, e.g. ``<|im_end|>`` and ``<|endoftext|>``) and the ``stop`` strings'
+    (``rollout.stop_tokens``), each of which must be one token of ``tokenizer``."""
     ids = [tokenizer.eos_token_id]
     gen = getattr(model, "generation_config", None) if model is not None else None
     extra = getattr(gen, "eos_token_id", None)
     ids += extra if isinstance(extra, (list, tuple)) else [extra]
+    for s in stop:
+        enc = tokenizer.encode(s, add_special_tokens=False) if s else []
+        if len(enc) != 1:
+            raise ConfigError(f"rollout.stop_tokens: {s!r} is {len(enc)} tokens of this tokenizer ({enc}), and a stop "
+                              f"token must be exactly one; give a string the tokenizer holds as one token (e.g. "
+                              f"{tokenizer.decode(enc[:1])!r}), or remove it")
+        ids += enc
     return sorted({int(i) for i in ids if i is not None})
 
 
