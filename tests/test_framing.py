@@ -30,7 +30,8 @@ def _prompts(*overrides, template=None):
 def test_system_prompt_and_shots_come_before_every_chat_prompt():
     train, held = _prompts("data.system_prompt=Reply with the number.", "data.few_shot=2", template=TEMPLATE)
     bare_train, bare_held = _prompts(template=TEMPLATE)
-    shots = rgt.generate(TASK, "shots", 2, 0, min_terms=2, max_terms=2, min_digits=1, max_digits=2)
+    shots = rgt.generate(TASK, "shots", 2, 0, min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                         exclude=rgt.questions(held))
     head = (f"<system>Reply with the number.\n<user>{shots[0].meta['entry']['question']}\n<assistant>"
             f"{shots[0].meta['answer']}\n<user>{shots[1].meta['entry']['question']}\n<assistant>"
             f"{shots[1].meta['answer']}\n")
@@ -41,8 +42,9 @@ def test_system_prompt_and_shots_come_before_every_chat_prompt():
 
 
 def test_a_base_model_gets_question_answer_paragraphs():
-    (p, *_), _ = _prompts("data.system_prompt=Add the numbers.", "data.few_shot=1")
-    shot = rgt.generate(TASK, "shots", 1, 0, min_terms=2, max_terms=2, min_digits=1, max_digits=2)[0]
+    (p, *_), held = _prompts("data.system_prompt=Add the numbers.", "data.few_shot=1")
+    shot = rgt.generate(TASK, "shots", 1, 0, min_terms=2, max_terms=2, min_digits=1, max_digits=2,
+                        exclude=rgt.questions(held))[0]
     q = p.meta["entry"]["question"]
     assert p.messages is None
     assert p.text == (f"Add the numbers.\n\n{shot.meta['entry']['question']}\nAnswer: {shot.meta['answer']}\n\n"
@@ -87,3 +89,28 @@ def test_bad_framing_is_one_line_exit_2(tmp_path, capsys, args, says):
     assert main(["train", "steps=1", "sft.auto=false", "progress=false", *args, f"out_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0] and "Traceback" not in err[0], err
+
+
+def test_no_held_out_question_is_trained_on_or_shown_as_an_example():
+    # two 1-digit terms: 200 questions, so a 4000-prompt train split and 64 held-out prompts would share ~55
+    one_digit = "data.task_options={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}"
+    cfg = load_config(None, [f"data.task={TASK}", one_digit, "data.train_size=4000", "data.eval_size=64",
+                             "data.few_shot=8"])
+    train, held = roles.prompts(cfg, [], char_tokenizer())
+    q = {p.meta["entry"]["question"] for p in held}
+    raw_train = rgt.generate(TASK, "train", 4000, 0, min_terms=2, max_terms=2, min_digits=1, max_digits=1)
+    assert len(q) > 40 and sum(p.meta["entry"]["question"] in q for p in raw_train) > 500  # the case is real
+    assert len(train) == 4000 and not {p.meta["entry"]["question"] for p in train} & q
+    shots = train[0].text.split("\n\n")[:8]  # the examples' paragraphs, before the question
+    assert len(shots) == 8 and all(s.rsplit("\nAnswer:", 1)[0] not in q for s in shots)
+    # every question outside the held-out split is still trained on
+    assert {p.meta["entry"]["question"] for p in train} == {p.meta["entry"]["question"] for p in raw_train} - q
+
+
+def test_a_problem_space_the_held_out_split_fills_is_one_line(tmp_path, capsys):
+    capsys.readouterr()
+    tiny = "data.task_options={min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 1}"
+    assert main(["train", "steps=1", "sft.auto=false", "progress=false", f"data.task={TASK}", tiny,
+                 "data.eval_size=4000", f"out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "problem space is too small for a held-out split" in err[0], err

@@ -112,14 +112,16 @@ def prompts(cfg: RunConfig, deadletter: list[dict], tokenizer) -> tuple[list[Pro
             render_task(d.task, held, tokenizer, d.chat_template)
         chat.render(train + held, tokenizer, d.chat_template)
         return train, held
-    train, held = _task_prompts(cfg, "train", d.train_size), _task_prompts(cfg, "eval", d.eval_size)
-    framing.frame(train + held, framing.system_text(d.system_prompt), _shots(cfg))
+    held = _task_prompts(cfg, "eval", d.eval_size)
+    train = _task_prompts(cfg, "train", d.train_size, held)  # a reasoning-gym train split skips held-out questions
+    framing.frame(train + held, framing.system_text(d.system_prompt), _shots(cfg, held))
     render_task(d.task, train + held, tokenizer, d.chat_template)  # reasoning_gym: chat or plain by the template
     return train, held
 
 
-def _shots(cfg: RunConfig) -> list[Prompt]:
-    """``data.few_shot`` solved examples of a reasoning_gym task, from seeds neither split uses."""
+def _shots(cfg: RunConfig, held: list[Prompt]) -> list[Prompt]:
+    """``data.few_shot`` solved examples of a reasoning_gym task, from seeds neither split uses, none of them a
+    held-out question (its answer would be in every prompt)."""
     d = cfg.data
     if not d.few_shot:
         return []
@@ -127,13 +129,14 @@ def _shots(cfg: RunConfig) -> list[Prompt]:
         raise DataError(f"data.few_shot={d.few_shot} needs a reasoning_gym:<task> (its solved examples come from "
                         f"seeds neither split uses); data.task is {d.task!r}: set data.few_shot=0")
     from rollyard.tasks import reasoning_gym
-    return reasoning_gym.generate(d.task, "shots", d.few_shot, d.seed, **d.task_options)
+    return reasoning_gym.generate(d.task, "shots", d.few_shot, d.seed, exclude=reasoning_gym.questions(held),
+                                  **d.task_options)
 
 
-def _task_prompts(cfg: RunConfig, split: str, n: int) -> list[Prompt]:
+def _task_prompts(cfg: RunConfig, split: str, n: int, held: list[Prompt] = ()) -> list[Prompt]:
     d = cfg.data
     try:
-        return load_task(d.task, split, n, d.seed, **d.task_options)
+        return load_task(d.task, split, n, d.seed, held_out=held, **d.task_options)
     except DataError:
         raise
     except (TypeError, ValueError) as e:  # a knob of the right name with a value the task cannot use

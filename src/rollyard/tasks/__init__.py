@@ -35,11 +35,12 @@ def _task(name: str):
     return TASKS[name]
 
 
-def load_task(name: str, split: str, n: int, seed: int, **kwargs: Any) -> list[Prompt]:
+def load_task(name: str, split: str, n: int, seed: int, held_out: list[Prompt] = (), **kwargs: Any) -> list[Prompt]:
     """``n`` prompts of built-in task ``name``'s ``split`` ("train" or "eval"), deterministic in ``seed``.
 
     ``kwargs`` are the task's difficulty knobs (``arithmetic``: ``max_operand``, ``ops``;
-    ``repeat``: ``max_times``, ``max_unit``).
+    ``repeat``: ``max_times``, ``max_unit``). ``held_out``: the eval split's prompts, which the train split of a
+    reasoning-gym task skips (a built-in task's splits are disjoint by construction).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -47,7 +48,7 @@ def load_task(name: str, split: str, n: int, seed: int, **kwargs: Any) -> list[P
         raise ValueError(f"n must be >= 0, got {n}")
     if _is_gym(name):
         from rollyard.tasks import reasoning_gym
-        return reasoning_gym.generate(name, split, n, seed, **kwargs)
+        return reasoning_gym.generate(name, split, n, seed, exclude=reasoning_gym.questions(held_out), **kwargs)
     task = _task(name)
     knobs = [k for k in inspect.signature(task.generate).parameters if k not in ("split", "n", "seed")]
     unknown = sorted(set(kwargs) - set(knobs))

@@ -7,8 +7,9 @@ verl, prime-rl and TRL users train on. ``data.task_options`` are passed to its `
 
 - **Splits.** The train split is the dataset built with ``seed = B``, the held-out split with ``seed = 2**31 + B``
   (``B = (data.seed % 2147) * 10**6``): reasoning-gym draws item ``i`` from ``seed + i``, so for up to 10**6
-  prompts a split the two never share a seed (a problem space smaller than the splits can still repeat a
-  question by chance: a 1-digit ``chain_sum`` has a few hundred).
+  prompts a split the two never share a seed. A problem space smaller than the splits repeats questions (a
+  2-term 1-digit ``chain_sum`` has 200), so the train split skips every question the held-out split holds:
+  held-out accuracy is on questions the run never trains on.
 - **Prompts.** Each question is a user message, rendered with the model's chat template (or
   ``data.chat_template``) by :func:`render`; a model without one (a base model) gets the plain text
   ``"<question>\\nAnswer:"``.
@@ -101,21 +102,36 @@ def _dataset(gym: str, name: str, options: dict[str, Any], seed: int, size: int)
                         f"{e or 'its config check failed'}; see the task's config class in reasoning-gym") from None
 
 
-def generate(name: str, split: str, n: int, seed: int, **options: Any) -> list[Prompt]:
-    """``n`` prompts of reasoning-gym task ``name`` (``reasoning_gym:<task>``), split ``train`` or ``eval``."""
+def generate(name: str, split: str, n: int, seed: int, exclude: frozenset[str] | set[str] = frozenset(),
+             **options: Any) -> list[Prompt]:
+    """``n`` prompts of reasoning-gym task ``name`` (``reasoning_gym:<task>``), split ``train``, ``eval`` or
+    ``shots``, skipping the items whose question is in ``exclude`` (the held-out questions, for the train split)."""
     gym = _gym_name(name)
     if n > SPAN:
         raise DataError(f"data.{'eval' if split == 'eval' else 'train'}_size={n}: a reasoning-gym split holds at "
                         f"most {SPAN} prompts (its seed range); lower it")
     ds = _dataset(gym, name, options, split_seed(split, seed), n)
-    out = []
-    for i in range(n):
-        entry = ds[i]
-        meta = {"task": name, "answer": str(entry["answer"]), "options": dict(options), "entry": entry}
+    out: list[Prompt] = []
+    index = 0
+    while len(out) < n:
+        if index >= SPAN or (index >= 64 + 20 * n and len(out) < index / 20):
+            raise DataError(f"data.task={name} with data.task_options={options}: {len(out)} of the first {index} "
+                            f"{split} questions are not held-out questions; the task's problem space is too small "
+                            f"for a held-out split of data.eval_size: lower data.eval_size or widen data.task_options")
+        entry = ds[index]
+        index += 1
         question = entry["question"]
-        out.append(Prompt(id=f"{name}/{split}/{i}", text=plain_text(question), meta=meta, demo=str(entry["answer"]),
-                          messages=[{"role": "user", "content": question}]))
+        if question in exclude:
+            continue
+        meta = {"task": name, "answer": str(entry["answer"]), "options": dict(options), "entry": entry}
+        out.append(Prompt(id=f"{name}/{split}/{len(out)}", text=plain_text(question), meta=meta,
+                          demo=str(entry["answer"]), messages=[{"role": "user", "content": question}]))
     return out
+
+
+def questions(prompts: list[Prompt]) -> frozenset[str]:
+    """The questions of ``prompts`` (a split's, to keep out of another)."""
+    return frozenset(p.meta["entry"]["question"] for p in prompts)
 
 
 def plain_text(question: str) -> str:
