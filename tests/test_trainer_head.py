@@ -4,6 +4,8 @@ uses for a plain head; a head it does not cover (soft cap, top-p) keeps the auto
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -72,3 +74,31 @@ def test_other_heads_keep_the_checkpointed_path():
     with torch.no_grad():  # no gradient wanted: the plain chunked forward
         lp, _ = trainer.chunked_token_logprobs(h, lm, y, chunk=8)
     assert lp.grad_fn is None
+
+
+def test_a_train_step_reports_its_seconds_in_the_head(monkeypatch):
+    """``lm_head_s`` (trainer.step_metrics): the time the step spent in HeadLogprobs' forward and backward. A head
+    made slower by a known amount shows at least that much; a step on the other path reports none."""
+    from rollyard.model.loading import build_preset, char_tokenizer
+    from rollyard.types import Sample
+
+    tok = char_tokenizer()
+    model = build_preset("tiny", tok, seed=0, max_position_embeddings=64)
+    samples = [Sample(id=f"s{i}", request_id=f"r{i // 2}", prompt_ids=[5, 6, 7 + i], completion_ids=[8, 9, 10 + i],
+                      logprobs=[-1.0] * 3, versions=[0] * 3, finish_reason="stop", advantage=(-1.0) ** i)
+               for i in range(4)]
+    tr = trainer.Trainer(model, micro_batch_tokens=4096, logprob_chunk=2)
+    real = head_grad._logits
+    calls = []
+
+    def slow(*a, **k):
+        calls.append(1)
+        time.sleep(0.02)
+        return real(*a, **k)
+
+    monkeypatch.setattr(head_grad, "_logits", slow)
+    t0 = time.perf_counter()
+    m = tr.step(samples)
+    wall = time.perf_counter() - t0
+    assert calls and 0.02 * len(calls) <= m["lm_head_s"] <= wall, (len(calls), m["lm_head_s"], wall)
+    assert "lm_head_s" not in trainer.Trainer(model, micro_batch_tokens=4096, top_p=0.9).step(samples)

@@ -448,6 +448,7 @@ class Trainer:
                "skipped_seqs": num_seqs - len(trained),
                "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained),
                "computed_positions": 0}
+        head_grad.CLOCK.take()
         for mb in self.micro_batches([samples[i] for i in trained]):
             idx = [trained[k] for k in mb.members]  # into ``samples``
             members = [samples[i] for i in idx]
@@ -487,6 +488,7 @@ class Trainer:
             acc["micro_batches"] += 1
             acc["packed_tokens"] += mb.num_tokens
             acc["computed_positions"] += mb.real_positions
+        acc["lm_head_s"] = head_grad.CLOCK.take()  # the LM head's logprobs, forward and backward (trainer/head.py)
         return acc
 
     def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
@@ -557,6 +559,8 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
     ``positions``: that count over every sequence (what an unshared, unskipped step computes without
     padding); ``computed_positions``: the real (not pad) positions the micro-batches computed, each
     shared prompt prefix once: the work 6 x params x positions prices (``packed_tokens`` adds the pads).
+    ``lm_head_s``: seconds in the LM head's logprobs, forward and backward, when ``trainer/head.py`` computed them
+    (a 262k-vocabulary head is most of Gemma 3's step).
     """
     def total(key: str) -> float:
         return float(sum(float(a[key]) for a in accs))
@@ -571,6 +575,9 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
            "positions": total("positions"), "computed_positions": total("computed_positions")}
     if accs and all(a["want_kl"] for a in accs):
         out["kl"] = total("kl_sum") / computed
+    head_s = sum(float(a.get("lm_head_s", 0.0)) for a in accs)
+    if head_s:  # seconds of the step in the LM head (trainer/head.py's path: a plain head, fp32 or bf16 weights)
+        out["lm_head_s"] = head_s
     return out
 
 
