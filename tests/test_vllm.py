@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from perturb import perturbed
 
 vllm = pytest.importorskip("vllm")
 
@@ -92,15 +93,6 @@ def test_top_p_and_top_k_logprobs_are_the_truncated_distributions_the_trainers(s
     d = torch.cat([(torch.tensor(s.logprobs) - lp).abs() for s, lp in zip(out, trainer.logprobs(out))])
     assert d.max().item() < GAP, d.max().item()  # kernels' rounding (measured in the module docstring's range)
     assert gap(model, out) > 1e-2  # against the full distribution: the bias the support removes
-
-
-def perturbed(model, scale=0.02, seed=0):
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return out
 
 
 def test_samples_follow_the_contract(setup):

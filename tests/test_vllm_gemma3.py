@@ -16,6 +16,7 @@ import copy
 import pytest
 import torch
 from gemma3_files import WINDOW, gemma_tokenizer, tiny_gemma3, write_gemma3_gguf
+from perturb import perturbed
 
 vllm = pytest.importorskip("vllm")
 
@@ -72,15 +73,6 @@ def test_vllm_samples_gemma3_at_transformers_and_the_trainers_logprobs(setup):
     unwindowed = copy.deepcopy(model)
     unwindowed.config.sliding_window = 4096  # the same weights, every layer attending to the whole sequence
     assert worst(out, transformers_logprobs(unwindowed, out)) > 1e-2  # the check sees a window vLLM did not apply
-
-
-def perturbed(model, scale: float, seed: int):
-    out = copy.deepcopy(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in out.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale)
-    return out
 
 
 def test_full_and_delta_updates_land_in_vllms_gemma3(setup):
