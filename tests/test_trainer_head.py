@@ -102,3 +102,55 @@ def test_a_train_step_reports_its_seconds_in_the_head(monkeypatch):
     wall = time.perf_counter() - t0
     assert calls and 0.02 * len(calls) <= m["lm_head_s"] <= wall, (len(calls), m["lm_head_s"], wall)
     assert "lm_head_s" not in trainer.Trainer(model, micro_batch_tokens=4096, top_p=0.9).step(samples)
+
+
+def test_a_second_micro_batch_adds_into_the_gradient_held():
+    """Two backward passes (two micro-batches of one step) through a tied head: the head weight's gradient is the
+    sum of plain autograd's, the embedding lookup's share included, and the second pass adds into the tensor the
+    first left (no second weight-sized buffer)."""
+    lm, h, y, w = _case(seed=3)
+    emb = torch.nn.Embedding(101, 24)
+    emb.weight = lm.weight  # tied, as Gemma 3's and SmolLM2's heads are
+    ids = torch.randint(0, 101, (37,), generator=torch.Generator().manual_seed(4))
+
+    def micro_batch(k, fn):
+        x = emb(ids.roll(k)) + h.detach()  # the embedding's rows reach the weight's gradient too
+        lp = fn(x, y.roll(k))
+        (lp * w.roll(k)).sum().backward()
+
+    ours = lambda x, t: trainer.chunked_token_logprobs(x, lm, t, chunk=8)[0]  # noqa: E731
+    micro_batch(0, ours)
+    held = lm.weight.grad
+    micro_batch(1, ours)
+    assert lm.weight.grad is held  # added in place
+    got = lm.weight.grad.clone()
+    lm.weight.grad = None
+    ref = lambda x, t: _autograd_reference(lm, x, t, 1.0)[0]  # noqa: E731
+    micro_batch(0, ref)
+    micro_batch(1, ref)
+    torch.testing.assert_close(got, lm.weight.grad, rtol=1e-5, atol=1e-5)
+
+
+def _weight_sized_allocations(fn, nbytes: int) -> int:
+    """How many allocations of at least ``nbytes`` bytes ``fn()`` makes (torch's profiler, CPU memory)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.cpu_memory_usage >= nbytes and e.name.startswith("aten::"))
+
+
+def test_the_second_backward_allocates_no_weight_sized_buffer():
+    lm, h, y, w = _case(N=64, D=32, V=4096, seed=5)  # the weight (512 kB) well above a chunk of logits (8 rows)
+    nbytes = lm.weight.numel() * lm.weight.element_size()
+
+    def backward():
+        lp, _ = trainer.chunked_token_logprobs(h, lm, y, chunk=8)
+        (lp * w).sum().backward()
+
+    assert _weight_sized_allocations(backward, nbytes) >= 1  # the first: the gradient it leaves
+    assert _weight_sized_allocations(backward, nbytes) == 0  # the second adds into it
+    hooked = []
+    lm.weight.register_hook(lambda g: hooked.append(g.shape))
+    backward()  # a hook on the weight sees the head's gradient: autograd accumulates it, as without this path
+    assert hooked == [lm.weight.shape]

@@ -58,6 +58,7 @@ class HeadLogprobs(torch.autograd.Function):
                 ents.append(logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1))
         ctx.save_for_backward(hidden, weight, targets, torch.cat(logzs))
         ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.leaf = weight if weight.is_leaf and weight.requires_grad else None  # the parameter, for its .grad
         ent = torch.cat(ents) if with_entropy else hidden.new_zeros(0, dtype=torch.float32)
         ctx.mark_non_differentiable(ent)
         out = torch.cat(lps), ent
@@ -70,7 +71,9 @@ class HeadLogprobs(torch.autograd.Function):
         hidden, weight, targets, logz = ctx.saved_tensors
         T, chunk = ctx.temperature, ctx.chunk
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        # a later micro-batch adds into the gradient held, not into a second weight-sized buffer
+        into = _held_grad(ctx.leaf) if ctx.needs_input_grad[1] else None
+        grad_w = into if into is not None else torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         for s in range(0, hidden.shape[0], chunk):
             h, g = hidden[s:s + chunk], grad_lp[s:s + chunk].float() / T
             dz = _logits(h, weight, T).sub_(logz[s:s + chunk, None]).exp_().mul_(-g[:, None])  # -g p
@@ -80,7 +83,23 @@ class HeadLogprobs(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(dz.t(), h)
         CLOCK.seconds += time.perf_counter() - t0
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, (None if into is not None else grad_w), None, None, None, None
+
+
+def _held_grad(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """``weight.grad`` when this backward may add into it in place: a leaf parameter that already holds a dense
+    gradient of its own shape and dtype (a second micro-batch of one step), outside a double backward.
+
+    Autograd would add the returned gradient into ``.grad`` itself, with the returned weight-sized buffer alive
+    meanwhile: at Gemma 3's 262k x 640 head, 0.67 GB on top of the one held (the trainer's peak, on the steps
+    that pack two micro-batches, measured 5.7 GB against 4.8 GB with one). Returning no gradient for the weight
+    leaves its tied uses (the embedding lookup) to accumulate as before."""
+    g = None if weight is None else weight.grad
+    if g is None or torch.is_grad_enabled() or g.is_sparse or g.shape != weight.shape or g.dtype != weight.dtype:
+        return None
+    if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
+        return None  # a hook on the weight's gradient sees what autograd accumulates: leave it to autograd
+    return g
 
 
 def _logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
