@@ -101,6 +101,7 @@ def test_a_train_step_reports_its_seconds_in_the_head(monkeypatch):
     m = tr.step(samples)
     wall = time.perf_counter() - t0
     assert calls and 0.02 * len(calls) <= m["lm_head_s"] <= wall, (len(calls), m["lm_head_s"], wall)
+    assert 0 < m["optimizer_s"] and m["lm_head_s"] + m["optimizer_s"] <= wall  # the step's other priced part
     assert "lm_head_s" not in trainer.Trainer(model, micro_batch_tokens=4096, top_p=0.9).step(samples)
 
 

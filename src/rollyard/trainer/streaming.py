@@ -52,6 +52,7 @@ class StreamingStep:
             return float(sum(float(a[key]) for a in accs))
 
         skipped = False
+        t.optimizer_s = 0.0
         if tokens == 0:
             t.optimizer.zero_grad(set_to_none=True)
             grad_norm = 0.0
@@ -69,6 +70,7 @@ class StreamingStep:
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         metrics = {"loss": total("loss") / den, "pg_loss": total("pg_loss") / den, "grad_norm": grad_norm,
                    "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95, **step_metrics(accs),
-                   "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total)}
+                   "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total),
+                   "optimizer_s": t.optimizer_s}
         self.accs, self.groups = [], 0
         return metrics

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import warnings
 
 import torch
@@ -276,6 +277,7 @@ class Trainer:
         self.attn_weight = attention_pair_weight(model)
         self.group_cost = micro_batch_cost(model, self.device, self.precision)
         self.skips = SkipGuard(max_skipped_steps)  # non-finite loss/gradient: skip loudly, stop if it repeats
+        self.optimizer_s = 0.0  # seconds of the last optimizer step (clip + AdamW): train/optimizer_s
         self.params = [p for p in model.parameters() if p.requires_grad]
         if optimizer_state not in OPTIMIZER_STATES:
             raise ValueError(f"optimizer_state={optimizer_state!r}: expected one of {OPTIMIZER_STATES}")
@@ -494,11 +496,13 @@ class Trainer:
     def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
         """Clip, step, zero; returns ``(grad_norm, skipped)``. A non-finite loss or gradient norm
         skips the update (printed and counted by ``self.skips``, which raises if it repeats)."""
+        t0 = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
         skipped = self.skips.check(loss, float(grad_norm))
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_s = time.perf_counter() - t0  # the step's clip + AdamW (per step, by parameter count)
         return float(grad_norm), skipped
 
     def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
@@ -511,6 +515,7 @@ class Trainer:
         taken from this same forward (no extra pass).
         """
         self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_s = 0.0
         acc = self.accumulate_gradients(samples, old_logprobs)
         skipped = False
         if acc["tokens"] == 0:
@@ -524,7 +529,8 @@ class Trainer:
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         return {"loss": float(acc["loss"]), "pg_loss": float(acc["pg_loss"]), "grad_norm": grad_norm,
                 "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95,
-                **step_metrics([acc]), "skipped": float(skipped), "skipped_steps": float(self.skips.total)}
+                **step_metrics([acc]), "skipped": float(skipped), "skipped_steps": float(self.skips.total),
+                "optimizer_s": self.optimizer_s}
 
     # -- supervised warm start --------------------------------------------------------------------
 
