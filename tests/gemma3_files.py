@@ -30,11 +30,12 @@ def gemma_tokenizer() -> GemmaTokenizer:
     return GemmaTokenizer(vocab=vocab, merges=[("\u2581", d) for d in "0123456789"])
 
 
-def tiny_gemma3(tokenizer, seed: int = 0, layers: int = 6, head_dim: int = 16) -> Gemma3ForCausalLM:
+def tiny_gemma3(tokenizer, seed: int = 0, layers: int = 6, head_dim: int = 16, context: int = 128) -> Gemma3ForCausalLM:
     """Random-init Gemma 3 text model (layer 6 of 6 full attention, the rest sliding), fp32, norms randomized.
-    ``head_dim=32`` for vLLM's CPU attention (its smallest head size)."""
+    ``head_dim=32`` for vLLM's CPU attention (its smallest head size); ``context``: max_position_embeddings
+    (Gemma-3-270M's is 32768)."""
     cfg = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=128,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=context,
                            sliding_window=WINDOW, rms_norm_eps=1e-6, tie_word_embeddings=True,
                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                            pad_token_id=tokenizer.pad_token_id)

@@ -35,7 +35,10 @@ NEW = 12  # new tokens a sample: prompt + completion run well past the window
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tok = gemma_tokenizer()
-    path = write_gemma3_gguf(tiny_gemma3(tok, head_dim=32), tok, tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+    # Gemma-3-270M's 32k context over a cache of 1024 tokens: vLLM refuses a cache shorter than max_model_len, so the
+    # engine sizes max_model_len to the cache (rollout/vllm.py)
+    path = write_gemma3_gguf(tiny_gemma3(tok, head_dim=32, context=32768), tok,
+                             tmp_path_factory.mktemp("gguf") / "tiny.gguf")
     mp = pytest.MonkeyPatch()
     mp.setenv("ROLLYARD_GGUF_CACHE", str(tmp_path_factory.mktemp("gguf-cache")))
     model, ltok = load_policy(str(path))

@@ -295,10 +295,16 @@ class VllmEngine(EngineBase):
         if not torch.cuda.is_available():  # plain linear weights from the first load on (the checksum reads them)
             from vllm.model_executor.layers.linear import LinearBase
             LinearBase._cpu_skip_gemm_dispatch = True
+        # vLLM refuses a cache that cannot hold one sequence of max_model_len, and rollyard rejects a request longer
+        # than the cache anyway (rollout/engine.reject_reason): a 32k-context model (Gemma 3) under a cache of a
+        # step's sequences gets max_model_len = the cache, in whole blocks. vLLM holds one block back (its null
+        # block): the cache gets one block more than max_cache_tokens
+        block = int(self._args.get("block_size", 16))
+        max_len = min(self.context, max(block, self.max_cache_tokens // block * block))
         try:
-            self.llm = vllm.LLM(dtype=str(dtype).removeprefix("torch."), max_model_len=self.context,
+            self.llm = vllm.LLM(dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
                                 max_num_seqs=self.max_concurrent, logprobs_mode="processed_logprobs",
-                                kv_cache_memory_bytes=self._kv_bytes_per_token(conf, dtype) * self.max_cache_tokens,
+                                kv_cache_memory_bytes=self._kv_bytes_per_token(conf, dtype) * (self.max_cache_tokens + block),
                                 skip_tokenizer_init=True, **self._args)
         finally:
             torch.set_num_threads(threads)  # vLLM's CPU worker lowers the process's torch threads to 1
