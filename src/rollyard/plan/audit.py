@@ -176,7 +176,7 @@ def versions(spans: list[dict], metrics: list[dict], bound: int) -> tuple[str, s
     return PASS, f"{len(have)} span versions consistent with the trainer's versions and bound {bound}"
 
 
-# ---- every record counted (issue 35 item 4) ----
+# ---- every record counted ----
 #
 # How the runtime writes the files (telemetry/telemetry.py, placement/run.py, telemetry/sessions.py):
 # at the end of optimizer step s the driver writes exactly one metrics.jsonl row, one traffic.jsonl

@@ -60,7 +60,7 @@ LOAD_WEIGHTS_PER_TENSOR_S = 127e-6  # SGLang load_weights per tensor on H100: th
 VLLM_PAUSE_S = 0.14  # vLLM's native update lifecycle (pause -> start_weight_update -> finish -> resume):
 # huggingface/trl PR #5892, Qwen3-0.6B whole sync 0.18 s on H100, less its 310 tensors x 127 us and 1.5 GB of wire
 # Each receive mechanism's own rule (plan/mechanisms.py: load_weights_terms, direct_write_terms,
-# receiver_reshard_terms, pinned_rdma_terms); these are its software constants on a GPU (issue 48; rules
+# receiver_reshard_terms, pinned_rdma_terms); these are its software constants on a GPU (rules
 # written 2026-11-27). A mechanism prices only the terms it has: no per-tensor receiver cost where the bytes
 # land in place, no fixed floor where none is published for it.
 GPU_SYNC: dict[str, dict[str, float]] = {
@@ -115,7 +115,7 @@ NVLINK_CLASS_BW = 200e9
 # Qwen2.5-Math-7B DAPO on H20, FSDP2, the fully_async_policy rows' update_actor as corrected after 2025-12 (read
 # 2026-11-27 at volcengine/verl b178a3cd): 313.81 s on 16 trainer GPUs, 156.98 s on 32, 113.16 s on 64). Least
 # squares of t = a + b / g over those three rows: a = 34.74 s, b = 4386 GPU-seconds (rows at 0.98 / 1.09 / 0.91 of
-# the fit); the serial fraction is a / (a + b) = 0.0079. (Fitted 2026-11-27, issue 48; before, 0.0165 from the
+# the fit); the serial fraction is a / (a + b) = 0.0079. (Fitted 2026-11-27; before, 0.0165 from the
 # table's earlier 269.80 s for 16:16, which the table now gives to colocate sync on 32.) docs/calibration.md marks
 # the verl rows in sample (same table, same system).
 TRAINER_SERIAL_FRACTION = 0.0079
@@ -123,7 +123,7 @@ TRAINER_SERIAL_FRACTION = 0.0079
 # vLLM's from a published single-request decode: Llama-3.1-8B fp16 on one H100-80GB-HBM3, vLLM 0.21.0, TPOT p50
 # 6.48 ms at concurrency 1 (yobitelcomm.github.io/bench recipes/concurrency-sweep, read 2026-11-27), less its
 # roofline, the weight read 16.06e9 B / 3.35e12 B/s = 4.79 ms: 1.69 ms. SGLang's is not published (0); the
-# native engine's is not measured on a GPU (0). Written 2026-11-27 (issue 48).
+# native engine's is not measured on a GPU (0). Written 2026-11-27.
 STEP_OVERHEAD_S: dict[str, float] = {"vllm": 6.48e-3 - 16.06e9 / 3.35e12, "sglang": 0.0, "native": 0.0}
 
 Placement = Literal["colocated", "disaggregated", "async"]

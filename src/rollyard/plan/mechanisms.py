@@ -368,7 +368,7 @@ def copy_s(nbytes: float, receivers: int, load_bw: float) -> float:
     return 2 * nbytes / (receivers * load_bw)
 
 
-# ---- the receive path: one rule per mechanism (issue 48) ----
+# ---- the receive path: one rule per mechanism ----
 #
 # What an update costs on the receiving side depends on how the engine takes it, not on one constant per
 # tensor. Each rule below prices (per-tensor seconds, byte seconds) for one receiving GPU, or, for P2P, the

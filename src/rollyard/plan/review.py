@@ -353,7 +353,7 @@ def _with_shape(run: Run, data: dict) -> dict:
     return data
 
 
-# Memory: a measured peak per role against the plan's prediction (issue 35 item 3). A run measures each
+# Memory: a measured peak per role against the plan's prediction. A run measures each
 # role's peak resident set (telemetry/memory.py: host RSS of the process while the role's span was open);
 # the plan prices the tensors a role holds (weights, optimizer state, activations, KV cache). A process
 # holds at least its tensors, so on a CPU (tensors in host memory) the measured peak must reach the
