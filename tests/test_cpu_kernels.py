@@ -206,7 +206,7 @@ def test_without_a_compiler_torch_attention_is_used_and_said_once(monkeypatch, t
     with pytest.raises(cpu_kernels.KernelsRequired, match="ROLLYARD_CPU_KERNELS=1 but .* unavailable: .*install a C"):
         cpu_kernels.kernel()
     # ... and no fallback swallows it: the engine and the trainer's forward check both raise
-    from rollyard.model.llama import train_forward_matches
+    from rollyard.model.families import train_forward_matches
     from rollyard.rollout.engine import RolloutEngine
 
     with pytest.raises(cpu_kernels.KernelsRequired):

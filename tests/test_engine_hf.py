@@ -21,7 +21,7 @@ from transformers import (
     Phi3Config,
 )
 
-from rollyard.model.llama import unsupported_reason
+from rollyard.model.families import unsupported_reason
 from rollyard.rollout.hf import BatchedHFBackend
 from rollyard.types import Request, WeightUpdate
 

@@ -13,7 +13,7 @@ import torch
 from gemma3_files import WINDOW, gemma_tokenizer, tiny_gemma3, write_gemma3_gguf
 
 from rollyard.cli import main
-from rollyard.model import gemma3, llama
+from rollyard.model import families, gemma3
 from rollyard.model.loading import load_policy
 from rollyard.rollout import native
 from rollyard.rollout.engine import RolloutEngine
@@ -58,7 +58,7 @@ def test_the_gguf_loads_back_as_a_gemma3_on_the_fast_path(tiny):
     ids = _ids(2, 12, cfg.vocab_size)
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)  # F32 tensors, norms stored as 1 + w: bit-equal
-    assert llama.unsupported_reason(loaded) is None and llama.train_unsupported_reason(loaded) is None
+    assert families.unsupported_reason(loaded) is None and families.train_unsupported_reason(loaded) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback warning: the engine takes the fast path
         eng = RolloutEngine(loaded, eos_token_id=tok.eos_token_id, max_concurrent=8, max_cache_tokens=512)

@@ -289,7 +289,8 @@ def _family(arch):
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch, onednn, monkeypatch):
     from rollyard.model import gemm as cpu_gemm
-    from rollyard.model.llama import train_forward_matches, train_hidden
+    from rollyard.model.families import train_forward_matches
+    from rollyard.model.llama import train_hidden
 
     calls = []
     if onednn:  # every projection through cpu_gemm's oneDNN Function, however small
@@ -324,7 +325,7 @@ def test_fast_train_forward_equals_hf_decoder_values_and_grads(arch, onednn, mon
 def test_cpu_grouped_causal_attention_equals_sdpa_values_and_grads(H, KVH, T):
     """The trainer's CPU attention (query heads stacked per K/V head, additive causal mask, fp32
     softmax) against SDPA's causal GQA kernel: outputs and the gradients of q, k and v."""
-    from rollyard.model.llama import causal_attention
+    from rollyard.model.fast import causal_attention
 
     g = torch.Generator().manual_seed(T)
     q, k, v = (torch.randn(3, h, T, 16, generator=g, requires_grad=True) for h in (H, KVH, KVH))
@@ -347,7 +348,7 @@ def test_fast_forward_is_refused_where_it_would_bypass_module_calls():
     """train_hidden reads projection weights directly: an adapter or a forward hook (FSDP's
     all-gather) would be skipped silently, so those models keep the HF decoder, and a LoRA
     policy's adapter factors get their gradient."""
-    from rollyard.model.llama import train_forward_matches, train_unsupported_reason
+    from rollyard.model.families import train_forward_matches, train_unsupported_reason
     from rollyard.model.loading import attach_lora
 
     peft = attach_lora(_model(5), r=2, alpha=4.0, targets=["q_proj", "v_proj"])

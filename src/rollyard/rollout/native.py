@@ -1,5 +1,5 @@
-"""The native rollout backend: a static slot KV cache over the fast functional Llama-family forward
-(``rollyard.model.llama``; Gemma 3's in ``rollyard.model.gemma3``), the embedded default. Contract: ``rollout/backend.py``.
+"""The native rollout backend: a static slot KV cache over a model family's fast forward (routed by
+``rollyard.model.families``: the Llama family, Gemma 3), the embedded default. Contract: ``rollout/backend.py``.
 
 Memory: one cache ``[layers, 2, slots, kv_heads, width, head_dim]`` with ``slots * width <=
 max_cache_tokens`` (width >= the longest prompt + max_new_tokens admitted), slots grown in powers of two
@@ -12,10 +12,10 @@ import heapq
 
 import torch
 
-from rollyard.model import gemma3, llama
+from rollyard.model import families
 from rollyard.rollout.backend import Seq as _Seq
 
-unsupported_reason = llama.unsupported_reason
+unsupported_reason = families.unsupported_reason
 
 
 def _round_up(x: int, m: int) -> int:
@@ -23,12 +23,12 @@ def _round_up(x: int, m: int) -> int:
 
 
 class NativeBackend:
-    """Fast path: a static slot cache and the functional Llama-family forward."""
+    """Fast path: a static slot cache and the model family's fast forward."""
 
     name = "fast"
 
     def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
-        self.fwd = (gemma3.Gemma3Fast if gemma3.is_gemma3(model) else llama.LlamaFast)(model)
+        self.fwd = families.fast_forward(model)
         self.max_concurrent, self.budget = max_concurrent, max_cache_tokens
         self.context = self.fwd.context
         self.R = self.W = 0

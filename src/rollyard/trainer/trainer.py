@@ -9,7 +9,7 @@ Data path of one micro-batch (see :mod:`rollyard.trainer.packing`)::
 The layout is chosen per micro-batch (``layout="auto"``): padded rows need only causal attention
 (no mask tensor), a packed row pays attention over the whole row with a dense mask; many short
 sequences are cheaper padded, a few very uneven ones packed. ``fast_forward`` (default on) runs
-padded rows of Llama-family models through ``llama_forward.train_hidden`` (checked against the
+padded rows of a model with a fast forward (Llama family, Gemma 3) through ``families.train_hidden`` (checked against the
 decoder at first use): fused q|k|v and gate|up matmuls, RoPE as one cat, and on CPU a grouped
 causal attention in plain matmuls instead of SDPA's kernels, and fp32 projections (forward and
 both gradients) and the lm_head on oneDNN where it beats MKL (:mod:`rollyard.model.gemm`).
@@ -46,8 +46,8 @@ from torch.utils.checkpoint import checkpoint
 from rollyard.algo import support
 from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
 from rollyard.config import RunConfig
+from rollyard.model import families
 from rollyard.model import gemm as cpu_gemm
-from rollyard.model import llama as llama_forward
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer import head as head_grad
 from rollyard.trainer.adamw_bf16 import AdamWBf16
@@ -251,7 +251,7 @@ class Trainer:
             cpu_memory.keep_freed_memory()  # activations reuse the last step's pages (see cpu_memory)
         self.model = model.to(self.device)
         if activation_checkpointing:
-            # The module's own flag: the fast forward (llama.train_hidden) recomputes each layer under it, and
+            # The module's own flag: the fast forward (families.train_hidden) recomputes each layer under it, and
             # so do HF decoder layers (in train mode, HF's rule). Non-reentrant: works with frozen inputs (LoRA).
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.precision = auto_precision(model, self.device) if precision == "auto" else precision
@@ -312,9 +312,9 @@ class Trainer:
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
         with self._autocast():
             if mb.segments is not None:  # prefix-shared rows (only planned for a model on the fast forward)
-                hidden = llama_forward.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True))
+                hidden = families.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True))
             elif pos is None and self._use_fast(model):
-                hidden = llama_forward.train_hidden(model, ids)  # padded rows, Llama family: fewer ops
+                hidden = families.train_hidden(model, ids)  # padded rows, a fast forward: fewer ops
             else:
                 # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
                 # position_ids None => plain causal, pads after every real token (padded; packing.py).
@@ -326,7 +326,7 @@ class Trainer:
                 softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
 
     def _use_fast(self, model) -> bool:
-        """Whether padded rows of ``model`` take ``llama_forward.train_hidden`` (checked once per model).
+        """Whether padded rows of ``model`` take ``families.train_hidden`` (checked once per model).
 
         On by default. Trainer step, 32 x 68 tokens, 2 threads, same process interleaved
         (``bench`` numbers in bench/README.md): bf16 0.74x (tiny) and 0.83x (small) the HF
@@ -336,7 +336,7 @@ class Trainer:
         if not self.fast_forward:
             return False
         if id(model) not in self._fast:
-            self._fast[id(model)] = (model, llama_forward.train_forward_matches(model))
+            self._fast[id(model)] = (model, families.train_forward_matches(model))
         return self._fast[id(model)][1]
 
     def _pack(self, pairs):
@@ -362,7 +362,7 @@ class Trainer:
         if id(model) not in self._said_unshared:
             self._said_unshared[id(model)] = model
             why = ("trainer fast_forward=False" if not self.fast_forward
-                   else llama_forward.train_unsupported_reason(model) or "its output differs from the HF decoder's")
+                   else families.train_unsupported_reason(model) or "its output differs from the HF decoder's")
             warnings.warn(f"{type(model).__name__}: each prompt is computed once per sample, not once per group "
                           f"(prefix sharing needs the fast Llama-family training forward: {why})", stacklevel=3)
         return False

@@ -1,0 +1,575 @@
+"""What every fast forward shares: :class:`FastForward`, the native engine's prefill and decode and the trainer's
+forward over an HF decoder module's own weights, written once; a family's file (``llama.py``, ``gemma3.py``) says
+only what differs, and ``families.py`` routes a model to it.
+
+Why a fast forward exists: on a CPU with a tiny policy, a decode step is bound by per-op Python overhead, not
+FLOPs. Once per weight version the weights that are always used together are fused into copies:
+
+- ``wqkv``: rows ``[q | k | v]``, one matmul (and ``bqkv``, the biases). RoPE is ``qk * cos + swap_halves(qk) *
+  sin_signed`` (``rotate_half`` as one cat of the two halves with the sign folded into the sin table; a last-dim
+  gather measured up to ~4x slower on CPU at training shapes). The attention scale ``head_dim ** -0.5`` sits in the
+  q rows, or, with per-head q/k norms (``qkn``), in the q part of their weights.
+- ``wgu``: ``[gate | up]``, so the MLP is one matmul, the family's activation, and one matmul for down.
+
+The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it from
+``load_weights``). On a CPU where oneDNN is the faster GEMM (``rollyard.model.gemm``), the projections large enough
+to repay its per-call cost are stored prepacked in oneDNN's layout.
+
+KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``; a slot's entries at
+positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. With bf16 weights on a
+CPU the cache and the decode attention are fp32 (``kv_dtype``): CPU bf16 batched matmuls copy their strided cache
+views and run ~2x slower than fp32 at these shapes. ``dtype`` is the compute dtype (a family may upcast narrow bf16
+models: ``CPU_BF16_MIN_HIDDEN``), ``weight_dtype`` the module's. On CPU the decode step's attention, RMSNorms and
+(without q/k norms) RoPE with the cache write run through ``rollyard.model.kernels`` (compiled at first use; torch's
+ops where it cannot be built).
+
+Layer kinds: ``kinds[l]`` names layer ``l``'s RoPE and attention (``None``: the one kind of a family without
+variants; Gemma 3: ``config.layer_types``). A ``"sliding_attention"`` layer sees only the last ``window`` keys; every
+other layer sees every earlier key. Each kind has its own RoPE table (``rotary_emb(..., layer_type=kind)``).
+
+A family subclass sets ``MODEL_TYPES``, ``unsupported_reason`` (a static method), the norms of a layer in order
+(``NORMS``), its activation (``_act``), the residual wiring after attention (``block``) and, for training,
+``train_layer``; the rest are class attributes with the Llama family's values as defaults.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from rollyard.model import gemm as cpu_gemm
+from rollyard.model import kernels as cpu_kernels
+from rollyard.model.gemm import pack, packed_linear
+
+SLIDING = "sliding_attention"
+
+
+def read_shapes(fwd, model) -> torch.Tensor:
+    """Set a fast forward's ``model`` and its shapes from a decoder module (``model.model.layers``): ``L`` layers,
+    ``H`` / ``KVH`` query / key-value heads, ``hd`` head dim, ``D`` hidden, ``I`` MLP width, ``context``, attention
+    ``scale``, ``device`` and ``weight_dtype``. Returns the first parameter (its device and dtype)."""
+    fwd.model = model
+    cfg, inner = model.config, model.model
+    attn = inner.layers[0].self_attn
+    fwd.L = len(inner.layers)
+    fwd.H = cfg.num_attention_heads
+    fwd.KVH = getattr(cfg, "num_key_value_heads", None) or fwd.H
+    fwd.hd = attn.head_dim
+    fwd.D = cfg.hidden_size
+    fwd.I = inner.layers[0].mlp.gate_proj.weight.shape[0]
+    fwd.context = int(cfg.max_position_embeddings)
+    fwd.scale = float(attn.scaling)
+    p = next(model.parameters())
+    fwd.device, fwd.weight_dtype = p.device, p.dtype
+    return p
+
+
+def eps_of(norm) -> float:
+    """An HF RMSNorm module's epsilon (``variance_epsilon`` in the Llama family, ``eps`` in Gemma's)."""
+    eps = getattr(norm, "variance_epsilon", None)
+    return float(norm.eps if eps is None else eps)
+
+
+def decoder_reason(model) -> str | None:
+    """What every fast forward needs of the module's layout, or why it does not have it."""
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "no .model.layers / .model.rotary_emb"
+    return None
+
+
+def rope_tables(inner, T: int, like: torch.Tensor, kind: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos [T, hd]`` and ``sin`` with rotate_half's sign folded in, of layer kind ``kind``'s RoPE (``None``: the
+    module's one RoPE); ``like``: dtype and device."""
+    kw = {} if kind is None else {"layer_type": kind}
+    with torch.no_grad():
+        cos, sin = inner.rotary_emb(like, torch.arange(T, device=like.device)[None], **kw)
+        cos, sin = cos[0].to(like.dtype), sin[0].to(like.dtype)
+        half = cos.shape[-1] // 2
+        sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return cos.contiguous(), sin.contiguous()
+
+
+def rope(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``qk * cos + rotate_half(qk) * sin`` over the last dim, with the sign folded into ``sin``."""
+    half = qk.shape[-1] // 2
+    return torch.addcmul(qk * cos, torch.cat((qk[..., half:], qk[..., :half]), dim=-1), sin)
+
+
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class FastForward:
+    """Prefill and decode over ``model``'s weights (see the module docstring), and the class's training forward
+    (:meth:`train_hidden`). Subclasses: one per family."""
+
+    MODEL_TYPES: tuple[str, ...] = ()
+    # The layer norms, in the order a layer applies them (HF attribute names); each is stored as (weight, eps).
+    NORMS: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
+    # On CPU, bf16 weights of a model narrower than this compute in fp32 (0: never).
+    CPU_BF16_MIN_HIDDEN = 0
+    # Whether the compiled decode attention may run when the compute dtype is not fp32 (q is cast to the cache's).
+    ATTN_KERNEL_ANY_COMPUTE = True
+    # Whether the LM head is copied (and packed for oneDNN) at refresh, or read from the module as it is.
+    PACK_HEAD = True
+    # RoPE tables: computed for the whole context at refresh, or grown by doubling as positions are reached.
+    GROW_TABLES = False
+
+    @staticmethod
+    def unsupported_reason(model) -> str | None:
+        raise NotImplementedError
+
+    def __init__(self, model):
+        reason = self.unsupported_reason(model)
+        if reason:
+            raise ValueError(f"fast path unsupported: {reason}")
+        p = read_shapes(self, model)
+        self.kinds = self.layer_kinds(model)
+        self.window = self.window_of(model)
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
+        on_cpu = p.device.type == "cpu"
+        cpu_bf16 = on_cpu and p.dtype == torch.bfloat16
+        # Compute dtype: bf16 weights of a narrow model on CPU are upcast once per refresh; the values are the
+        # bf16 weights', only the arithmetic is wider.
+        self.dtype = torch.float32 if cpu_bf16 and self.D < self.CPU_BF16_MIN_HIDDEN else p.dtype
+        self.kv_dtype = torch.float32 if cpu_bf16 else p.dtype
+        # rollyard.model.kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
+        self.attn_kernel = (on_cpu and self.kv_dtype == torch.float32
+                            and (self.ATTN_KERNEL_ANY_COMPUTE or self.dtype == torch.float32)
+                            and cpu_kernels.attention_supported(self.H, self.KVH, self.hd))
+        self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
+        # RoPE + the cache write of a decode step in one call (all fp32; not with q/k norms).
+        self.rope_kernel = self.attn_kernel and self.norm_kernel and not self.qk_norm
+        self.refresh()
+
+    # -- the family's choices (defaults: the Llama family's) ---------------------------------------------
+
+    @classmethod
+    def layer_kinds(cls, model) -> list[str | None]:
+        return [None] * len(model.model.layers)
+
+    @classmethod
+    def window_of(cls, model) -> int | None:
+        return None
+
+    def _norm_scale(self, w: torch.Tensor) -> torch.Tensor:
+        """An RMSNorm's multiplier from its weight (Gemma: ``1 + w``)."""
+        return self._c(w)
+
+    def _act(self, gu: torch.Tensor) -> torch.Tensor:
+        """The MLP's activation over ``[gate | up]``."""
+        raise NotImplementedError
+
+    def block(self, x: torch.Tensor, o: torch.Tensor, w: dict) -> torch.Tensor:
+        """The layer's output from its input ``x`` and its attention's ``o [..., H * hd]`` (before ``o_proj``)."""
+        raise NotImplementedError
+
+    # -- weights -------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Rebuild the fused weight copies (and the RoPE tables) from the module (after any weight change)."""
+        inner = self.model.model
+        c = self._c
+        self.layers = [self._layer_weights(layer) for layer in inner.layers]
+        self.embed = c(inner.embed_tokens.weight)
+        scale = getattr(inner.embed_tokens, "embed_scale", None)
+        self.embed_scale = None if scale is None else float(scale.to(self.embed.dtype))
+        self.norm_w, self.norm_eps = self._norm(inner.norm)
+        head = c(self.model.lm_head.weight)
+        self.lm_head = pack(head) if self.PACK_HEAD else head
+        self.lm_bias = c(getattr(self.model.lm_head, "bias", None))
+        self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._T = 0
+        if not self.GROW_TABLES:
+            self.tables(self.context)
+        self.n_qk = (self.H + self.KVH) * self.hd
+
+    def _norm(self, n) -> tuple[torch.Tensor, float]:
+        return self._c(self._norm_scale(n.weight)), eps_of(n)
+
+    def _layer_weights(self, layer) -> dict:
+        a, m, c = layer.self_attn, layer.mlp, self._c
+        scale = 1.0 if self.qk_norm else self.scale  # with q/k norms, the scale sits in q's norm weight
+        w = torch.cat((c(a.q_proj.weight) * scale, c(a.k_proj.weight), c(a.v_proj.weight))).contiguous()
+        b = None
+        if a.q_proj.bias is not None:
+            b = torch.cat((c(a.q_proj.bias) * scale, c(a.k_proj.bias), c(a.v_proj.bias))).contiguous()
+        qkn, qk_eps = None, 0.0
+        if self.qk_norm:  # [H + KVH, hd]: per-head norm weights, q rows times the attention scale
+            qkn = torch.cat(((self._norm_scale(a.q_norm.weight) * self.scale).expand(self.H, self.hd),
+                             self._norm_scale(a.k_norm.weight).expand(self.KVH, self.hd))).to(self.dtype).contiguous()
+            qk_eps = eps_of(a.q_norm)
+        out = dict(wqkv=pack(w), bqkv=b, qkn=qkn, qk_eps=qk_eps, wo=pack(c(a.o_proj.weight)), bo=c(a.o_proj.bias),
+                   wgu=pack(torch.cat((c(m.gate_proj.weight), c(m.up_proj.weight)))), wd=pack(c(m.down_proj.weight)))
+        out.update((name, self._norm(getattr(layer, name))) for name in self.NORMS)
+        return out
+
+    def release(self) -> None:
+        """Drop the fused weight copies (``refresh`` rebuilds them): the colocated engine's sleep."""
+        self.layers, self.lm_head = [], None
+
+    @property
+    def released(self) -> bool:
+        return self.lm_head is None
+
+    def _c(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """``t`` in the compute dtype (the module's own tensor when that is its dtype already)."""
+        return None if t is None else t.to(self.dtype)
+
+    def tables(self, T: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer kind's RoPE tables for positions ``0..T-1`` at least (grown by doubling with
+        ``GROW_TABLES``: a 32k-context model's full tables would be 128 MB at head_dim 256)."""
+        if T > self._T:
+            self._T = min(max(T, 2 * self._T, 64), max(self.context, T))
+            like = torch.zeros(1, device=self.device, dtype=self.dtype)
+            self._tables = {k: rope_tables(self.model.model, self._T, like, k) for k in set(self.kinds)}
+        return self._tables
+
+    def new_cache(self, slots: int, width: int) -> torch.Tensor:
+        # Zeros, not empty: masked positions still enter p @ V (as 0 * value), so they must be finite.
+        return torch.zeros(self.L, 2, slots, self.KVH, width, self.hd, device=self.device, dtype=self.kv_dtype)
+
+    # -- the pieces of a step ------------------------------------------------------------------------------
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+        if self.norm_kernel:
+            return cpu_kernels.rms_norm(x, w, eps)
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = F.embedding(tokens, self.embed)
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _qk(self, y: torch.Tensor, shape: tuple, w: dict) -> torch.Tensor:
+        """The q|k heads ``[*shape, H + KVH, hd]`` of the fused projection ``y``, through the q/k norms if any."""
+        qk = y[..., :self.n_qk].view(*shape, self.H + self.KVH, self.hd)
+        if w["qkn"] is None:
+            return qk
+        return F.rms_norm(qk, (self.hd,), eps=w["qk_eps"]) * w["qkn"]
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        x = self._rms(x, self.norm_w, self.norm_eps)
+        return softcap(packed_linear(x, self.lm_head, self.lm_bias), self.softcap)
+
+    @torch.no_grad()
+    def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """Run prompts ``tokens`` [G, P] (right-padded) and write their K/V into ``kv`` at ``slots`` [G].
+
+        Returns logits [G, V] at positions ``last`` [G] (each prompt's last real token) only. Padded positions come
+        after the real ones, so causal attention keeps them out of the real ones.
+        """
+        G, P = tokens.shape
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        x = self._embed(tokens)
+        tables = self.tables(P)
+        sliding = None
+        if self.window is not None and P > self.window:
+            ar = torch.arange(P, device=x.device)
+            sliding = (ar[None, :] <= ar[:, None]) & (ar[None, :] > ar[:, None] - self.window)  # [query, key]
+        first = self.NORMS[0]
+        for l, w in enumerate(self.layers):
+            kind = self.kinds[l]
+            cos, sin = (t[:P, None] for t in tables[kind])  # [P, 1, hd]
+            h = self._rms(x, *w[first])
+            y = packed_linear(h, w["wqkv"], w["bqkv"])
+            qk = rope(self._qk(y, (G, P), w), cos, sin)
+            v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
+            q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+            kv[l, 0, slots, :, :P] = k.to(kv.dtype)
+            kv[l, 1, slots, :, :P] = v.to(kv.dtype)
+            mask = sliding if kind == SLIDING else None
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=1.0,
+                                               enable_gqa=KVH != H)
+            x = self.block(x, o.transpose(1, 2).reshape(G, P, H * hd), w)
+        return self._head(x[torch.arange(G, device=x.device), last])
+
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor | None, kv: torch.Tensor, width: int,
+               same_pos: int | None = None) -> torch.Tensor:
+        """One decode step for slots ``0..B-1``: ``tokens`` [B] at positions ``pos`` [B].
+
+        Writes each slot's new K/V at its position, attends over positions ``<= pos`` (of the first ``width``
+        cache positions; ``width > max(pos)``) and returns logits [B, V]. ``same_pos``: the caller's promise that
+        every slot is at this position (uniform lengths, the common GRPO case): K/V are written with a plain slice
+        and no mask is built, since ``width == same_pos + 1`` leaves nothing to mask (the sliding layers read the
+        cache's last ``window`` positions); ``pos`` is then unused (may be None).
+        """
+        B = tokens.shape[0]
+        x = self._embed(tokens)
+        tables = self.tables(width)
+        # The cache's views for this step, cut once for all layers (per-layer tensor indexing is a measurable
+        # share of a small model's decode step): what each layer reads ([B, KVH, W, hd], strided, no copy).
+        reads = kv[:, :, :B, :, :width].unbind(0)
+        start = 0
+        if same_pos is not None:
+            assert width == same_pos + 1, (width, same_pos)
+            rope_at, masks = (None, same_pos), None
+            if self.window is not None:
+                start = max(0, width - self.window)  # sliding layers read a slice
+        else:
+            pos = pos.to(torch.int64).contiguous()
+            rope_at, masks = (pos, 0), self._decode_masks(pos, width)
+        # Where the new K / V go: ``writes``, per layer a ``[2, B, KVH, hd]`` view at the one shared position, or
+        # else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``; with ``rope_kernel``, the
+        # kernel writes them at ``rope_at = (pos or None, same_pos)``.
+        if self.rope_kernel:
+            at_pos = writes = at = None
+        elif same_pos is not None:
+            at_pos = {k: (c[same_pos:same_pos + 1], s[same_pos:same_pos + 1]) for k, (c, s) in tables.items()}
+            writes, at = kv[:, :, :B, :, same_pos].unbind(0), None
+        else:
+            at_pos = {k: (c[pos][:, None], s[pos][:, None]) for k, (c, s) in tables.items()}  # [B, 1, hd]
+            writes, at = None, (torch.arange(B, device=tokens.device), slice(None), pos)
+        H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
+        first = self.NORMS[0]
+        for l, w in enumerate(self.layers):
+            kind = self.kinds[l]
+            h = self._rms(x, *w[first])
+            y = packed_linear(h, w["wqkv"], w["bqkv"])
+            if self.rope_kernel:
+                q = cpu_kernels.decode_rope_write(y, *tables[kind], *rope_at, kv[l], H, KVH).view(B, H, hd)
+            else:
+                qk = rope(self._qk(y, (B,), w), *at_pos[kind])
+                q, k, v = qk[:, :H], qk[:, H:], y[:, n:].view(B, KVH, hd)
+                if writes is not None:
+                    writes[l][0].copy_(k)
+                    writes[l][1].copy_(v)
+                else:
+                    layer = kv[l]
+                    layer[0][at] = k.to(kv.dtype)
+                    layer[1][at] = v.to(kv.dtype)
+            K, V = reads[l]
+            if start and kind == SLIDING:
+                K, V = K[:, :, start:], V[:, :, start:]
+            x = self.block(x, self._attend(q, K, V, None if masks is None else masks[kind]).to(x.dtype), w)
+        return self._head(x)
+
+    def _attend(self, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask) -> torch.Tensor:
+        """``q [B, H, hd]`` (scaled) over ``K, V [B, KVH, W, hd]``, in the cache's dtype; ``mask``: None (every row
+        sees all ``W``), ``(lengths [B], additive [B, 1, 1, W] or None)`` where each row sees a prefix, or an
+        additive mask alone (:meth:`_decode_masks`). Returns ``[B, H * hd]``."""
+        if self.attn_kernel and (mask is None or isinstance(mask, tuple)):
+            return cpu_kernels.attend(q.to(K.dtype), K, V, None if mask is None else mask[0])
+        B, KVH, _, hd = K.shape
+        s = torch.matmul(q.reshape(B, KVH, self.H // KVH, hd).to(K.dtype), K.transpose(-1, -2))
+        if mask is not None:
+            s = s + (mask[1] if isinstance(mask, tuple) else mask)
+        return torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, self.H * hd)
+
+    def _decode_masks(self, pos: torch.Tensor, width: int) -> dict:
+        """Per layer kind, what hides the keys a row must not see at positions ``pos``: ``(lengths, additive mask
+        or None)`` where a prefix of each row is visible (the kernel takes the lengths; the additive mask ``[B, 1,
+        1, W]`` is built only without it), or an additive mask alone where the sliding window also hides the row's
+        oldest keys."""
+        ar = torch.arange(width, device=pos.device)
+        additive = None
+        if not self.attn_kernel:
+            additive = torch.zeros((pos.shape[0], width), dtype=self.kv_dtype, device=pos.device).masked_fill_(
+                ar[None] > pos[:, None], float("-inf"))[:, None, None]
+        full = (pos + 1, additive)
+        masks = dict.fromkeys(set(self.kinds), full)
+        if self.window is None or SLIDING not in masks or int(pos.max()) < self.window:
+            return masks
+        hidden = (ar[None] > pos[:, None]) | (ar[None] <= pos[:, None] - self.window)
+        masks[SLIDING] = torch.zeros(hidden.shape, dtype=self.kv_dtype, device=pos.device).masked_fill_(
+            hidden, float("-inf"))[:, None, None]
+        return masks
+
+    # -- training (with autograd) ----------------------------------------------------------------------------
+
+    @classmethod
+    def train_norm(cls, x: torch.Tensor, norm) -> torch.Tensor:
+        """An RMSNorm module applied with autograd (``rollyard.model.kernels`` on fp32 CPU)."""
+        return cpu_kernels.train_rms_norm(x, norm.weight, eps_of(norm))
+
+    @classmethod
+    def train_qk_norm(cls, attn) -> tuple[torch.Tensor, float, float] | None:
+        """``(weights [H + KVH, hd], eps, attention scale)`` of per-head q/k norms, or None without them."""
+        if not hasattr(attn, "q_norm"):
+            return None
+        H, KVH, hd = heads(attn)
+        nw = torch.cat((attn.q_norm.weight.expand(H, hd), attn.k_norm.weight.expand(KVH, hd)))
+        return nw, eps_of(attn.q_norm), float(attn.scaling)
+
+    @classmethod
+    def train_layer(cls, x: torch.Tensor, layer, cos: torch.Tensor, sin: torch.Tensor, mask) -> torch.Tensor:
+        """One decoder layer with autograd over the module's own weights (``cos, sin``, ``mask``: see
+        :meth:`train_hidden`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def train_hidden(cls, model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                     segments: torch.Tensor | None = None) -> torch.Tensor:
+        """Final-norm hidden states ``[B, T, D]`` of right-padded rows ``input_ids [B, T]`` (positions 0..T-1,
+        causal), differentiable w.r.t. the module's own parameters. Or, the prefix-shared layout
+        (``trainer/packing.py``): ``position_ids [B, T]`` per token and ``segments [B, T]`` for the attention mask
+        (:func:`prefix_shared_mask`); a sliding window is taken on positions, so it holds in any layout.
+
+        The trainer's padded micro-batches run through this instead of the HF module forward when
+        ``families.train_forward_matches`` holds: the same math in fewer ops (q|k|v and gate|up concatenated per
+        call, so gradients reach the original weights; fused ``rms_norm``; RoPE's half swap as one cat; on CPU
+        :func:`causal_attention`; on CPU in fp32 the RMSNorms, SwiGLU and q|k|v split + RoPE through
+        ``rollyard.model.kernels``). No dropout. Honours the module's gradient checkpointing
+        (``model.gradient_checkpointing_enable()``; the trainer's ``activation_checkpointing``): each layer's input
+        kept only and the layer recomputed in the backward.
+        """
+        inner = model.model
+        e = inner.embed_tokens
+        x = F.embedding(input_ids, e.weight, e.padding_idx)
+        if getattr(e, "embed_scale", None) is not None:
+            x = x * e.embed_scale.to(e.weight.dtype)
+        T = input_ids.shape[1]
+        n = T if position_ids is None else int(position_ids.max()) + 1
+        kinds = cls.layer_kinds(model)
+        tables = {}
+        for kind in set(kinds):
+            cos, sin = rope_tables(inner, n, x, kind)
+            tables[kind] = (cos[:T], sin[:T]) if position_ids is None else (cos[position_ids], sin[position_ids])
+        full, sliding = attention_masks(T, position_ids, segments, cls.window_of(model), x.device)
+        if x.device.type == "cpu":  # additive, once for all layers (grouped_causal_attention)
+            full, sliding = (None if m is None else torch.zeros(m.shape, device=x.device).masked_fill_(~m, float("-inf"))
+                             for m in (full, sliding))
+        recompute = getattr(inner, "gradient_checkpointing", False) and torch.is_grad_enabled()
+        for layer, kind in zip(inner.layers, kinds):
+            cos, sin = tables[kind]
+            mask = sliding if kind == SLIDING else full
+            if recompute:
+                x = checkpoint(cls.train_layer, x, layer, cos, sin, mask, use_reentrant=False)
+            else:
+                x = cls.train_layer(x, layer, cos, sin, mask)
+        return cls.train_norm(x, inner.norm)
+
+
+# ---- training pieces (with autograd) -------------------------------------------------------------------
+
+
+def heads(attn) -> tuple[int, int, int]:
+    """``(H, KVH, hd)`` of an attention module, from its projections' shapes."""
+    hd = attn.head_dim
+    return attn.q_proj.weight.shape[0] // hd, attn.k_proj.weight.shape[0] // hd, hd
+
+
+def train_attention(h: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor, mask,
+                    qk_norm: tuple[torch.Tensor, float, float] | None) -> torch.Tensor:
+    """One layer's attention of normed inputs ``h [B, T, D]``, through ``o_proj``: ``[B, T, D]`` (fused q|k|v
+    matmul, q/k norms ``qk_norm`` if any, RoPE, :func:`causal_attention`). ``cos, sin``: ``[T, hd]``, or ``[B, T,
+    hd]`` with per-row positions; ``mask``: see :meth:`FastForward.train_hidden`."""
+    a = attn
+    B, T, _ = h.shape
+    H, KVH, hd = heads(a)
+    w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
+    b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
+    y = cpu_gemm.linear(h, w, b)
+    fused = None if qk_norm is not None else _qkv_rope(y, cos, sin, H, KVH)
+    if fused is not None:  # q already [B, KVH, G * T, hd]
+        o = grouped_causal_attention(*fused, float(a.scaling), mask).view(B, H, T, hd)
+    else:
+        qk = y[..., :(H + KVH) * hd].view(B, T, H + KVH, hd)
+        scale = float(a.scaling)
+        if qk_norm is not None:
+            nw, eps, scale = qk_norm
+            qk = F.rms_norm(qk, (hd,), eps=eps) * nw
+        qk = rope(qk, cos.unsqueeze(-2), sin.unsqueeze(-2))
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+        v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
+        o = causal_attention(q, k, v, scale, mask)
+    return cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
+
+
+def train_mlp(h: torch.Tensor, mlp, act) -> torch.Tensor:
+    """``down(act([gate | up](h)))`` with autograd (one matmul for gate and up)."""
+    gu = cpu_gemm.linear(h, torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)))
+    return cpu_gemm.linear(act(gu), mlp.down_proj.weight)
+
+
+def _qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, KVH: int):
+    """The compiled split + RoPE (``cpu_kernels.train_qkv_rope``) for ``cos, sin [T, hd]``, or per row for
+    per-row positions (``[B, T, hd]``: the prefix-shared layout); ``None`` where it cannot run."""
+    if cos.dim() == 2:
+        return cpu_kernels.train_qkv_rope(y, cos, sin, H, KVH)
+    parts = [cpu_kernels.train_qkv_rope(y[r:r + 1], cos[r], sin[r], H, KVH) for r in range(y.shape[0])]
+    if any(p is None for p in parts):
+        return None
+    return tuple(torch.cat(t) for t in zip(*parts))
+
+
+def prefix_shared_mask(segments: torch.Tensor) -> torch.Tensor:
+    """Which keys each query may see in the prefix-shared layout (``trainer/packing.py``), ``[B, 1, T, T]``
+    bool from ``segments [B, T]`` (0: the row's shared prompt prefix, k > 0: member k's suffix, -1: pad):
+    causal, and only the prefix's keys or the query's own segment's. So a member's token sees the one copy
+    of the prompt and its own earlier tokens, as it would alone; every row sees at least itself."""
+    T = segments.shape[1]
+    ar = torch.arange(T, device=segments.device)
+    causal = ar[None, :] <= ar[:, None]  # [query, key]
+    same = (segments[:, None, :] == 0) | (segments[:, None, :] == segments[:, :, None])
+    return (causal & same)[:, None]
+
+
+def attention_masks(T: int, position_ids: torch.Tensor | None, segments: torch.Tensor | None, window: int | None,
+                    device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(full, sliding)`` bool masks ``[B or 1, 1, T, T]`` (query, key; True: visible) of the rows, None where
+    plain causal attention is the mask: causal in row order; with ``segments`` (prefix-shared rows)
+    :func:`prefix_shared_mask`; on sliding layers also ``pos_q - pos_k < window``."""
+    base = None if segments is None else prefix_shared_mask(segments)
+    pos = position_ids if position_ids is not None else torch.arange(T, device=device)[None]
+    if window is None or int(pos.max()) < window:
+        return base, base
+    ar = torch.arange(T, device=device)
+    near = (pos[:, :, None] - pos[:, None, :]) < window  # [B, query, key]
+    causal = base[:, 0] if base is not None else (ar[None, :] <= ar[:, None])[None]
+    return base, (causal & near)[:, None]
+
+
+_MASKS: dict[tuple, torch.Tensor] = {}
+
+
+def _grouped_causal_mask(T: int, G: int, device) -> torch.Tensor:
+    """Additive fp32 mask ``[G * T, T]``: row ``g * T + i`` may see keys ``0..i``."""
+    key = (T, G, str(device))
+    m = _MASKS.get(key)
+    if m is None:
+        if len(_MASKS) > 64:
+            _MASKS.clear()
+        m = torch.full((T, T), float("-inf"), device=device).triu_(1).repeat(G, 1)
+        _MASKS[key] = m
+    return m
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention ``q [B, H, T, hd]`` over ``k, v [B, KVH, T, hd]`` (GQA), with autograd.
+
+    On CUDA this is SDPA (flash). On CPU, SDPA's kernels are slow at the short rows RL trains on
+    (flash's backward in bf16 especially; the math kernel expands K/V per query head and runs a
+    "safe" softmax with extra passes), so the CPU path is three plain ops: the query heads that
+    share a K/V head are stacked along the query axis (``[B, KVH, G * T, hd]``: no K/V copies),
+    one matmul for the scores, an fp32 softmax under a cached additive causal mask, one matmul.
+    Every row sees at least its own key, so no row is fully masked. ``mask``: instead of the causal
+    mask, the train forward's (:meth:`FastForward.train_hidden`): ``[B, 1, T, T]`` bool on CUDA, additive fp32 on CPU.
+    """
+    B, H, T, hd = q.shape
+    KVH = k.shape[1]
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=KVH != H)
+    return grouped_causal_attention(q.reshape(B, KVH, H // KVH * T, hd), k, v, scale, mask).view(B, H, T, hd)
+
+
+def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                             mask: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`causal_attention`'s CPU path with the query heads already stacked: ``q [B, KVH, G * T,
+    hd]`` (row ``g * T + i``: head ``kv * G + g`` at position ``i``), ``k, v [B, KVH, T, hd]``;
+    returns ``[B, KVH, G * T, hd]``. ``mask``: an additive fp32 ``[B, 1, T, T]`` instead of the causal one."""
+    B, KVH, GT, _ = q.shape
+    T = k.shape[2]
+    s = torch.matmul(q, k.transpose(-1, -2))
+    if mask is None:
+        s = torch.add(_grouped_causal_mask(T, GT // T, q.device), s, alpha=scale)  # mask + scale * s, fp32
+    else:  # the same per row for each of the G stacked query heads
+        s = torch.add(mask[:, :, None], s.view(B, KVH, GT // T, T, T), alpha=scale).view(B, KVH, GT, T)
+    p = torch.softmax(s, dim=-1).to(v.dtype)
+    return torch.matmul(p, v)
