@@ -620,7 +620,8 @@ def precision_choice(setting: str, model, device: torch.device) -> tuple[str, st
         why = f"set by trainer.precision={setting}"
         if setting == "bf16" and cpu and not native:
             why += ("; this CPU has no native bf16 (no AVX512-BF16 or AMX): bf16 is emulated and slower than fp32 "
-                    "(12-40x in issue 44's probe); trainer.precision=fp32 or auto is faster here")
+                    "(a trainer step measured 12-40x fp32's on such a CPU, 2026-11-27; bench/precision.py measures this "
+                    "one); trainer.precision=fp32 or auto is faster here")
         return setting, why
     chosen = auto_precision(model, device)
     if not cpu:
