@@ -68,14 +68,17 @@ API
     ``old_per_token_logps``, ``sampling_per_token_logps``, ``ref_per_token_logps``, ``tool_mask`` (B, C),
     ``importance_sampling_ratio`` (B, C) for token_* modes, (B, 1) for sequence_* modes.
 
-``trl_loss_and_grads(trainer, batch, *, micro_batches=1, grad_accum=None, num_items_in_batch=None)``
-    ``-> (loss: float, grads: dict[str, Tensor], metrics: dict[str, float])``. Builds ``trl_inputs`` for the whole
-    batch (the generation batch: padded once, ``num_items_in_batch`` counted once, as TRL does), splits it in order
-    into ``micro_batches`` equal parts with TRL's ``split_tensor_dict`` (TRL shuffles the generation batch first;
-    here the order is the caller's), sets ``trainer.current_gradient_accumulation_steps = grad_accum or
-    micro_batches`` and ``model.train()``, then per part calls TRL's ``trainer.compute_loss(model, inputs)`` (=
-    ``_compute_loss``) and ``backward()``, as TRL's ``training_step`` does (GRPO's ``loss_is_scaled_for_ga`` is True:
-    no further division). ``accelerator.sync_gradients`` is False but on the last part, as inside an accumulation
+``trl_loss_and_grads(trainer, batch, *, micro_batches=None, grad_accum=None, num_items_in_batch=None)``
+    ``-> (loss: float, grads: dict[str, Tensor], metrics: dict[str, float])``: one optimizer step's gradient. Builds
+    ``trl_inputs`` for the whole batch (the generation batch: padded once, ``num_items_in_batch`` counted once, as
+    TRL does), splits it in order into ``micro_batches`` (default: the config's ``gradient_accumulation_steps``)
+    equal parts with TRL's ``split_tensor_dict`` (TRL shuffles the generation batch first; here the order is the
+    caller's, and a part holds ``len(batch) / micro_batches`` rows whatever ``per_device_train_batch_size`` says),
+    sets ``trainer.current_gradient_accumulation_steps = grad_accum or micro_batches`` and ``model.train()``, then
+    per part calls TRL's ``trainer.compute_loss(model, inputs)`` (= ``_compute_loss``) and ``backward()``, as TRL's
+    ``training_step`` does (GRPO's ``loss_is_scaled_for_ga`` is True: no further division). With
+    ``steps_per_generation`` > ``gradient_accumulation_steps`` (several optimizer steps per generation batch), pass
+    one step's rows and the whole generation batch's ``num_items_in_batch``. ``accelerator.sync_gradients`` is False but on the last part, as inside an accumulation
     window (the adaptive entropy controller updates once). ``loss`` is the sum of the parts' losses: the scalar whose
     gradient ``grads`` is; ``grads`` maps every parameter name (``model.named_parameters()``) with a gradient to a
     clone; ``metrics`` maps each of TRL's ``_metrics["train"]`` names logged during the call to the mean of its values
@@ -86,10 +89,12 @@ API
 
 ``trl_lr_schedule(trainer_kwargs, n_steps) -> list[float]``
     The learning rate of each of ``n_steps`` optimizer steps of a TRL run with these ``GRPOConfig`` kwargs
-    (``learning_rate``, ``lr_scheduler_type``, ``warmup_ratio``, ``warmup_steps``, ``lr_scheduler_kwargs``,
-    ``optim``...): ``create_optimizer_and_scheduler(num_training_steps=n_steps)`` (as ``max_steps=n_steps`` gives),
-    then ``lrs[i]`` is the rate step ``i`` (0-based) applies. TRL / HF log ``learning_rate`` after the scheduler
-    steps, so the value logged at ``global_step`` k (1-based) is ``lrs[k]`` (for k < n_steps).
+    (``learning_rate``, ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``optim``...):
+    ``create_optimizer_and_scheduler(num_training_steps=n_steps)`` (as ``max_steps=n_steps`` gives). transformers 5
+    has no ``warmup_ratio`` (``GRPOConfig(warmup_ratio=...)`` raises TypeError there): a float ``warmup_steps`` < 1
+    is the ratio, and ``warmup_ratio`` given here is passed as that;
+    then ``lrs[i]`` is the rate step ``i`` (0-based) applies. transformers 5.19 logs the rate the step used (read
+    before ``lr_scheduler.step()``), so TRL's ``learning_rate`` logged at ``global_step`` k (1-based) is ``lrs[k-1]``.
 
 TRL behaviour to know (1.16, ``grpo_trainer.py``)
 -------------------------------------------------
@@ -112,6 +117,7 @@ from __future__ import annotations
 import functools
 import math
 import tempfile
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -171,10 +177,20 @@ def _reward_fn(j: int):
     return reward
 
 
+def _trl():
+    """``trl`` (GRPOConfig, GRPOTrainer), imported without its warning that vllm 0.32 is newer than it supports
+    (vLLM is never used here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+        from trl import GRPOConfig, GRPOTrainer
+    return GRPOConfig, GRPOTrainer
+
+
 def build_trl_trainer(model, tokenizer, *, reward_funcs: int = 1, **grpo_config_kwargs):
     """TRL's ``GRPOTrainer`` on ``model`` (see the module docstring for what is emulated)."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+
+    GRPOConfig, GRPOTrainer = _trl()
 
     kwargs = {**_DEFAULTS, **grpo_config_kwargs}
     use_vllm = bool(kwargs.pop("use_vllm", False))
@@ -282,11 +298,12 @@ def trl_inputs(trainer, batch: list[dict], *, num_items_in_batch: int | float | 
     return inputs
 
 
-def trl_loss_and_grads(trainer, batch: list[dict], *, micro_batches: int = 1, grad_accum: int | None = None,
+def trl_loss_and_grads(trainer, batch: list[dict], *, micro_batches: int | None = None, grad_accum: int | None = None,
                        num_items_in_batch: int | float | None = None) -> tuple[float, dict[str, torch.Tensor], dict]:
     """TRL's loss and gradients for ``batch`` (see the module docstring)."""
     from trl.trainer.utils import split_tensor_dict
 
+    micro_batches = micro_batches or trainer.args.gradient_accumulation_steps
     if len(batch) % micro_batches:
         raise ValueError(f"{len(batch)} sequences do not split into {micro_batches} equal micro-batches")
     model = trainer.model
@@ -313,8 +330,13 @@ def trl_loss_and_grads(trainer, batch: list[dict], *, micro_batches: int = 1, gr
 
 def trl_lr_schedule(trainer_kwargs: dict, n_steps: int) -> list[float]:
     """The learning rate each of ``n_steps`` optimizer steps applies in TRL with these ``GRPOConfig`` kwargs."""
+    kwargs = {"max_steps": n_steps, **trainer_kwargs}
+    if "warmup_ratio" in kwargs:  # transformers 5 dropped it: warmup_steps < 1 is the ratio (ceil(ratio * n) steps)
+        if "warmup_steps" in kwargs:
+            raise ValueError("warmup_ratio and warmup_steps both given")
+        kwargs["warmup_steps"] = float(kwargs.pop("warmup_ratio"))
     tok = tiny_tokenizer()
-    trainer = build_trl_trainer(tiny_model(tokenizer=tok), tok, **{"max_steps": n_steps, **trainer_kwargs})
+    trainer = build_trl_trainer(tiny_model(tokenizer=tok), tok, **kwargs)
     trainer.create_optimizer_and_scheduler(num_training_steps=n_steps)
     lrs = []
     for _ in range(n_steps):
