@@ -8,6 +8,11 @@ finish instead (its checkpoint, the held-out eval after, the ``model/`` export, 
 stop requested at the end never leaves a finished run without its exported policy. A second signal abandons the step at once (the
 previous checkpoint stays the latest). Without ``graceful()`` (library use, tests calling the
 driver in-process) nothing changes: ``stop_requested()`` is always False.
+
+A signal is heard from any wait: a wait that is not a step (a rendezvous, a build lock) checks
+``stop_requested()`` as it polls and raises ``Stopped(..., waiting=what)`` at the first signal (there
+is no step to finish). ``Stopped`` is a ``BaseException``, like ``KeyboardInterrupt``: no ``except
+Exception`` fallback (a fast path's "try it, else the slow one") can swallow a stop.
 """
 
 from __future__ import annotations
@@ -20,14 +25,19 @@ from contextlib import contextmanager
 _requested: list[int] = []  # signals received since graceful() was entered
 
 
-class Stopped(Exception):
+class Stopped(BaseException):
     """The run stopped on a signal; ``step`` is the step the latest checkpoint resumes at (None: unknown).
-    ``warm_start``: it stopped before RL began (no checkpoint, nothing to resume)."""
+    ``warm_start``: it stopped before RL began (no checkpoint, nothing to resume). ``waiting``: what the
+    process was waiting for when it stopped (a rendezvous, a lock), outside any step."""
 
-    def __init__(self, signum: int, step: int | None, abandoned: bool = False, warm_start: bool = False):
+    def __init__(self, signum: int, step: int | None, abandoned: bool = False, warm_start: bool = False,
+                 waiting: str = ""):
         self.signum, self.step, self.abandoned = signum, step, abandoned
         name = signal.Signals(signum).name
-        if warm_start:
+        if waiting:
+            where = (f"it was waiting for {waiting}; nothing was lost (a run resumes from its latest checkpoint "
+                     f"with --resume, one without a checkpoint starts again)")
+        elif warm_start:
             where = "the warm start was abandoned before RL began (nothing cached, no checkpoint); run the command again"
         elif abandoned:
             where = "the step in progress was abandoned; the latest checkpoint is intact; resume with --resume"
@@ -64,6 +74,11 @@ def graceful() -> Iterator[None]:
 
 def stop_requested() -> bool:
     return bool(_requested)
+
+
+def requested() -> int:
+    """The first signal received (SIGTERM when none: a caller asks only after ``stop_requested()``)."""
+    return _requested[0] if _requested else signal.SIGTERM
 
 
 def raise_if_stopping_warm_start() -> None:

@@ -36,12 +36,21 @@ one seed on one machine compute the same numbers, loaded or not. Without a compi
 failure, it says why once on stderr and the engine and trainer keep torch's ops.
 ``ROLLYARD_CPU_KERNELS=0`` turns it off; ``=1`` makes an unavailable or wrong kernel an error
 instead.
+
+**The cache heals.** A build holds ``<key>/rollyard.lock`` (an ``flock``, which the kernel drops when
+the holder dies, ``kill -9`` included, with the holder's pid written in it). Under it, a leftover
+``lock`` file of cpp_extension's own (which it waits on forever) can only be a killed build's: it is
+removed, with a line saying so. A process waiting for another's build says so after a few seconds,
+names the holder, hears a stop signal, and gives up after ``BUILD_WAIT_S`` (one line, torch's ops).
+A cached library that does not load (truncated, overwritten, missing a symbol) is rebuilt once,
+under the lock, before any fallback.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import platform
@@ -54,8 +63,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from rollyard import signals
 from rollyard.config import env_flag
 from rollyard.model import cpu
+
+BUILD_WAIT_S = 600.0  # the longest a process waits for another's build (a build takes seconds to a minute)
+SAY_AFTER_S = 5.0
+LOCK = "rollyard.lock"  # ours: an flock, released by the kernel when its holder dies
+TORCH_LOCK = "lock"  # cpp_extension's FileBaton: a plain file, left behind by a build that was killed
 
 _SOURCE = Path(__file__).with_name("kernels.cc")
 
@@ -63,6 +78,11 @@ _SOURCE = Path(__file__).with_name("kernels.cc")
 class KernelsRequired(RuntimeError):
     """``ROLLYARD_CPU_KERNELS=1`` and the kernels cannot be built, or one is wrong here (never
     swallowed by a fallback: the setting asked for the kernels or nothing)."""
+
+
+class BuildWaitTimeout(RuntimeError):
+    """Another process held the build lock past ``BUILD_WAIT_S`` (torch's ops are used instead)."""
+
 
 _STATE: dict[str, object] = {}  # "lib": the loaded library or None, "why": why not
 
@@ -106,6 +126,109 @@ def _cflags() -> list[str]:
     return ["-O3", f"-march={cpu.march()}", "-fopenmp"]
 
 
+def cache_dir() -> Path:
+    """This machine's build directory for the current source, flags, compiler, torch and CPU."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "rollyard" / "kernels" / build_key(_cflags())
+
+
+def _holder(lock: Path) -> str:
+    try:
+        pid = lock.read_text().split()[0]
+    except (OSError, IndexError):
+        return "another process"
+    return f"pid {pid}"
+
+
+@contextlib.contextmanager
+def build_lock(root: Path, wait_s: float | None = None):
+    """Hold ``root/rollyard.lock`` for a build (see the module docstring): waits said after
+    ``SAY_AFTER_S``, bounded by ``wait_s`` (``BUILD_WAIT_S``: RuntimeError, one line), ended by a
+    stop signal (:class:`signals.Stopped`); cpp_extension's stale ``lock`` file broken under it."""
+    wait_s = BUILD_WAIT_S if wait_s is None else wait_s
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        t0, said = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                pass
+            waited = time.monotonic() - t0
+            if signals.stop_requested():
+                raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {root}")
+            if waited > wait_s:
+                raise BuildWaitTimeout(f"waited {wait_s:.0f} s for {_holder(path)}'s build of the CPU kernels in {root} "
+                                   f"to finish; if that process is stuck, end it (or delete {root})")
+            if not said and waited > SAY_AFTER_S:
+                said = True
+                print(f"[rollyard] waiting for {_holder(path)}'s build of the CPU kernels in {root} (at most "
+                      f"{wait_s:.0f} s)", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        _break_stale(root / TORCH_LOCK, t0, wait_s)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _holders(path: Path) -> bool | None:
+    """Whether some process has ``path`` open (its fds in /proc); None when /proc cannot tell (another user's
+    processes, no /proc). cpp_extension's build keeps its lock file open from taking it to removing it."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    unknown = not Path("/proc/self/fd").is_dir()
+    for pid in os.listdir("/proc") if not unknown else ():
+        if not pid.isdigit():
+            continue
+        try:
+            fds = list(os.scandir(f"/proc/{pid}/fd"))
+        except PermissionError:
+            unknown = True
+            continue
+        except OSError:
+            continue
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                t = os.stat(fd.path)
+                if (t.st_dev, t.st_ino) == (st.st_dev, st.st_ino):
+                    return True
+    return None if unknown else False
+
+
+def _break_stale(lock: Path, t0: float, wait_s: float) -> None:
+    """Under our lock, cpp_extension's ``lock`` file is a killed build's when no process holds it open (or,
+    where that cannot be seen, when it is older than ``wait_s``): removed, and said. One a live process holds
+    (another rollyard version's build sharing this cache) is waited for, with the same bound and word."""
+    said = False
+    while lock.exists():
+        held = _holders(lock)
+        if held is False or (held is None and time.time() - lock.stat().st_mtime > wait_s):
+            time.sleep(0.5)  # a build releasing its lock closes the file, then removes it: let it
+            if lock.exists():
+                lock.unlink(missing_ok=True)
+                print(f"[rollyard] removed a stale CPU-kernel build lock {lock} (left by a build that was killed)",
+                      file=sys.stderr, flush=True)
+            return
+        waited = time.monotonic() - t0
+        if signals.stop_requested():
+            raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {lock.parent}")
+        if waited > wait_s:
+            raise BuildWaitTimeout(f"waited {wait_s:.0f} s for another process's build of the CPU kernels in "
+                                   f"{lock.parent} (it holds {lock}); if that process is stuck, end it")
+        if not said and waited > SAY_AFTER_S:
+            said = True
+            print(f"[rollyard] waiting for another process's build of the CPU kernels in {lock.parent} (at most "
+                  f"{wait_s:.0f} s)", file=sys.stderr, flush=True)
+        time.sleep(0.2)
+
+
 def _compile(rebuild: bool = False) -> Path:
     """The shared library, built (or found already built) by ``torch.utils.cpp_extension.load``.
 
@@ -117,20 +240,43 @@ def _compile(rebuild: bool = False) -> Path:
     from torch.utils import cpp_extension
 
     cflags = _cflags()
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rollyard" / "kernels" / build_key(cflags)
-    if rebuild and root.exists():
-        shutil.rmtree(root, ignore_errors=True)
-    root.mkdir(parents=True, exist_ok=True)
-    fresh = not any(root.glob("*.so"))
-    t = time.perf_counter()
-    with contextlib.redirect_stdout(sys.stderr):  # cpp_extension's own notes go to stderr, never the console
-        path = cpp_extension.load(
-            name="rollyard_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(root),
-            extra_cflags=cflags, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    root = cache_dir()
+    with build_lock(root):
+        for so in root.glob("*.so"):
+            if rebuild or (why := _cached_fault(so)):  # cpp_extension would load it as it is (ninja: up to date)
+                print(f"[rollyard] the cached CPU-kernel library {so} does not load ({why if not rebuild else 'asked'}); "
+                      f"rebuilding it", file=sys.stderr, flush=True)
+                for f in root.iterdir():  # everything but our lock file (held): built again from the source
+                    if f.name != LOCK:
+                        shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
+        fresh = not any(root.glob("*.so"))
+        t = time.perf_counter()
+        with contextlib.redirect_stdout(sys.stderr):  # cpp_extension's own notes go to stderr, never the console
+            path = cpp_extension.load(
+                name="rollyard_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(root),
+                extra_cflags=cflags, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     if fresh:
         print(f"[rollyard] compiled rollyard's CPU kernels in {time.perf_counter() - t:.1f} s "
               f"(-march={cpu.march()}, {root})", file=sys.stderr)
     return Path(path)
+
+
+def _cached_fault(so: Path) -> str | None:
+    """Why a cached library must be built again (truncated, overwritten, built from another source), else None.
+    Its symbols are looked for in its bytes before it is opened: a library once mapped in this process stays
+    the one ``dlopen`` returns for its path, even after a rebuild."""
+    try:
+        data = so.read_bytes()
+    except OSError as e:
+        return f"unreadable: {e.strerror or e}"
+    missing = [name for name in _SYMBOLS if name.encode() not in data]
+    if missing:
+        return f"it lacks {missing[0]}"
+    try:
+        ctypes.CDLL(str(so))
+    except OSError as e:
+        return _first_line(e)
+    return None
 
 
 def _first_line(e: BaseException) -> str:
@@ -138,6 +284,11 @@ def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     errors = [ln for ln in lines if "error" in ln.lower()]
     return f"{type(e).__name__}: {(errors or lines or ['no message'])[0][:300]}"
+
+
+_SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollyard_rms_norm_f32",
+            "rollyard_rms_norm_bwd_f32", "rollyard_swiglu_fwd_f32", "rollyard_swiglu_bwd_f32", "rollyard_qkv_rope_fwd_f32",
+            "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -308,23 +459,39 @@ def kernel() -> ctypes.CDLL | None:
     if flag == "0":
         return None
     if "lib" not in _STATE:
-        try:
-            try:
-                lib = _load(_compile())
-            except AttributeError:  # a library missing a symbol this source declares: rebuilt, never half-loaded
-                lib = _load(_compile(rebuild=True))
-            why = _load_trial(lib)
-        except (OSError, RuntimeError, ImportError, subprocess.SubprocessError, AttributeError) as e:
-            why = _first_line(e)
+        lib, why = _build_and_load()
         if why:
             lib = None
             if flag != "1":  # with 1 the error below says it
-                print(f"[rollyard] CPU kernels not used ({why}); torch's ops instead", file=sys.stderr)
+                print(f"[rollyard] CPU kernels not used ({why}); torch's ops instead"
+                      + ("" if compiler_found() else f" (no C++ compiler: {_cxx()} is not installed; install g++ to "
+                                                     f"build them)"), file=sys.stderr)
         _STATE.update(lib=lib, why=why)
     if _STATE["lib"] is None and flag == "1":
+        fix = ("install a C++ compiler with OpenMP (g++; $CXX names it) or unset it" if not compiler_found() else
+               "unset it (or set 0) and report this machine")
         raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but rollyard's CPU kernels are unavailable: "
-                           f"{_STATE['why']}; install a C++ compiler with OpenMP (g++) or unset it")
+                              f"{_STATE['why']}; {fix}")
     return _STATE["lib"]
+
+
+def _cxx() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def compiler_found() -> bool:
+    """Whether the C++ compiler cpp_extension would use (``$CXX``, else ``c++``) is there to run."""
+    return shutil.which(_cxx()) is not None
+
+
+def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
+    """(library, None) or (None, why not). A cached library that does not load whole (truncated, overwritten,
+    a missing symbol) is rebuilt once, under the lock, and said (:func:`_compile`) before anything falls back."""
+    try:
+        lib = _load(_compile())
+        return lib, _load_trial(lib)
+    except (OSError, RuntimeError, ImportError, subprocess.SubprocessError, AttributeError) as e:
+        return None, _first_line(e)
 
 
 def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:

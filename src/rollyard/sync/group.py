@@ -14,16 +14,28 @@ each rollout rank; both block until every rank has joined. ``broadcast(tensor, s
 
 A store listens where the run is: on this node's address (127.0.0.1 for a local Ray session, the
 node's cluster address when the run spans nodes), never on every interface (:func:`listening_store`;
-``TCPStore`` itself binds the wildcard address whatever host it is given). It carries a per-group
-secret (128 bits, handed to the joining ranks inside ``address`` over Ray's authenticated calls):
-every key the group uses lives under it, and a joining rank checks it first (:func:`admit`), so a
-process that finds the port cannot read or write the group's rendezvous, and a rank given the wrong
-store is one line instead of a hang. Gloo's own sockets bind to the same address.
+``TCPStore`` itself binds the wildcard address whatever host it is given). Any process that reaches
+the port can still talk to a ``TCPStore`` (list, read, write, delete keys): it has no access control.
+So every group's keys go through :class:`SecretStore`, keyed by a per-group secret (128 bits, handed
+to the joining ranks inside ``address`` over Ray's authenticated calls, or to spawned dp ranks over
+spawn's pipe): a key is stored under HMAC-SHA256(secret, name) and its value carries
+HMAC-SHA256(secret, name, value). A process without the secret lists opaque hex names (neither the
+secret nor what the keys are), and a value it writes or swaps fails authentication at the reader,
+one line (:class:`StoreTampered`), never reaching gloo. What it can still do is deny service (delete
+or overwrite keys, bump counters): the run then stops with that line or at the rendezvous bound.
+A joining rank checks the secret first (:func:`admit`), so a rank given the wrong store is one line
+instead of a hang. Gloo's own sockets bind to the same address.
+
+Every wait on a store is bounded by the store's rendezvous timeout (:data:`RENDEZVOUS_S` unless the
+caller sizes it), whatever longer timeout gloo asks for on connect: a peer that never arrives is an
+error within that bound, not a 10- or 30-minute hang.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import secrets
 import socket
 
@@ -55,25 +67,97 @@ def listening_store(ip: str, world: int, timeout: datetime.timedelta) -> dist.TC
 
 
 SECRET_KEY = "rollyard/admitted"
+RENDEZVOUS_S = 120.0  # the longest any rank waits on a store for a peer (spawn + import + model load fit well inside)
+_TAG = 32  # HMAC-SHA256 bytes in front of every value
+
+
+class StoreTampered(RuntimeError):
+    """A value in a group's store failed authentication: written by a process without the group's secret."""
 
 
 def new_secret() -> str:
     return secrets.token_hex(16)
 
 
-def open_to(store: dist.Store, secret: str) -> dist.PrefixStore:
+class SecretStore(dist.Store):
+    """``inner`` (a TCPStore) seen through a group's ``secret``: key names HMAC-ed, values authenticated.
+
+    Key ``k`` lives at ``hex(HMAC(secret, "k" + k))``; its value is ``HMAC(secret, "v" + k + 0 + value) + value``,
+    checked on every ``get`` (:class:`StoreTampered`, one line, on a mismatch). Counters (``add``) are integers the
+    server increments: their names are HMAC-ed, their values cannot carry a tag (tampering with one can only
+    disturb a barrier, i.e. deny service). Waits are capped at ``bound_s`` (see the module docstring)."""
+
+    def __init__(self, inner: dist.Store, secret: str, where: str, bound_s: float = RENDEZVOUS_S):
+        super().__init__()
+        self.inner, self.where, self.bound_s = inner, where, bound_s
+        self._k = hashlib.sha256(b"rollyard-store\0" + secret.encode()).digest()
+
+    def name(self, key: str) -> str:
+        """The name ``key`` is stored under: reveals neither ``key`` nor the secret."""
+        return hmac.new(self._k, b"k" + key.encode(), hashlib.sha256).hexdigest()
+
+    def _tag(self, key: str, value: bytes) -> bytes:
+        return hmac.new(self._k, b"v" + key.encode() + b"\0" + value, hashlib.sha256).digest()
+
+    def set(self, key: str, value) -> None:
+        v = value.encode() if isinstance(value, str) else bytes(value)
+        self.inner.set(self.name(key), self._tag(key, v) + v)
+
+    def get(self, key: str) -> bytes:
+        raw = bytes(self.inner.get(self.name(key)))
+        tag, v = raw[:_TAG], raw[_TAG:]
+        if len(raw) < _TAG or not hmac.compare_digest(tag, self._tag(key, v)):
+            raise StoreTampered(f"a value in the rendezvous store at {self.where} fails its authentication: a process "
+                                f"without this run's secret wrote it; the group cannot be trusted, so the run stops "
+                                f"(find the local process that connects to {self.where}, then start or resume again)")
+        return v
+
+    def add(self, key: str, amount: int) -> int:
+        return self.inner.add(self.name(key), amount)
+
+    def compare_set(self, key: str, expected, desired) -> bytes:
+        exp = expected.encode() if isinstance(expected, str) else bytes(expected)
+        des = desired.encode() if isinstance(desired, str) else bytes(desired)
+        got = bytes(self.inner.compare_set(self.name(key), self._tag(key, exp) + exp if exp else b"",
+                                           self._tag(key, des) + des))
+        return got[_TAG:] if len(got) >= _TAG else got
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check([self.name(k) for k in keys])
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta | None = None) -> None:
+        bound = datetime.timedelta(seconds=self.bound_s)
+        self.inner.wait([self.name(k) for k in keys], bound if timeout is None else min(timeout, bound))
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(self.name(key))
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: datetime.timedelta) -> None:
+        self.inner.set_timeout(min(timeout, datetime.timedelta(seconds=self.bound_s)))
+
+    @property
+    def timeout(self) -> datetime.timedelta:
+        return self.inner.timeout
+
+
+def open_to(store: dist.Store, secret: str, where: str = "", bound_s: float = RENDEZVOUS_S) -> SecretStore:
     """The host's side: the group's keys under ``secret``; joiners check for ``SECRET_KEY`` there."""
-    scoped = dist.PrefixStore(secret, store)
+    scoped = SecretStore(store, secret, where or f"port {getattr(store, 'port', '?')}", bound_s)
     scoped.set(SECRET_KEY, b"1")
     return scoped
 
 
-def admit(store: dist.Store, secret: str, where: str) -> dist.PrefixStore:
-    """The joiner's side: ``store`` scoped to ``secret``; ValueError (one line) when the host did not set it."""
-    scoped = dist.PrefixStore(secret, store)
+def admit(store: dist.Store, secret: str, where: str, bound_s: float = RENDEZVOUS_S) -> SecretStore:
+    """The joiner's side: ``store`` seen through ``secret``; ValueError (one line) when the host did not set it,
+    StoreTampered when what is there was not written with it."""
+    scoped = SecretStore(store, secret, where, bound_s)
     if not scoped.check([SECRET_KEY]):
         raise ValueError(f"the rendezvous store at {where} does not hold this group's secret: it belongs to "
                          f"another run or group; join with the address the trainer handed out")
+    scoped.get(SECRET_KEY)
     return scoped
 
 

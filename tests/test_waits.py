@@ -1,0 +1,228 @@
+"""Every wait has a bound and a word, every signal is heard, and the stores' secret stays secret.
+
+Real processes throughout: a rendezvous store listed and written by another local process, a peer
+that never arrives at a rendezvous, a CPU-kernel build killed with -9 while it holds the build lock,
+a process waiting on a live build stopped by SIGTERM, a cached kernel library overwritten on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from rollyard.model import kernels
+from rollyard.sync.group import (
+    SECRET_KEY,
+    StoreTampered,
+    SyncGroup,
+    admit,
+    listening_store,
+    new_secret,
+    open_to,
+)
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+ENV = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+needs_cxx = pytest.mark.skipif(shutil.which(os.environ.get("CXX", "c++")) is None,
+                               reason="no C++ compiler on this machine: the kernels cannot be built")
+
+# Another local process that finds the store's port: lists every key with its value, then writes over
+# each key it listed and plants the plain names a rendezvous would use.
+ATTACKER = """
+import json, sys
+from datetime import timedelta
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=5))
+keys = s.list_keys()
+print(json.dumps({k: s.get(k).hex() for k in keys}))
+for k in keys:
+    s.set(k, b"127.0.0.1:1")
+s.set("rollyard/admitted", b"1")
+s.set("sync/0", b"127.0.0.1:1")
+"""
+
+
+def test_a_store_listed_by_another_process_shows_no_secret_and_takes_no_value_from_it():
+    secret = new_secret()
+    store = listening_store("127.0.0.1", 2, timedelta(seconds=10))
+    host = open_to(store, secret, f"127.0.0.1:{store.port}")
+    host.set("sync/0", b"10.1.2.3:4567")  # what a rank publishes at a rendezvous
+    out = subprocess.run([sys.executable, "-c", ATTACKER, str(store.port)], env=ENV, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    listed = json.loads(out)
+    assert len(listed) == 2, listed  # the admission key and the rank's address: under names it cannot read
+    for name, value in listed.items():
+        assert re.fullmatch(r"[0-9a-f]{64}", name), name
+        assert secret not in name and secret.encode().hex() not in value
+        assert not any(word in name for word in ("admitted", "sync", "rollyard"))
+    # what it wrote over the group's keys fails authentication, in one line; what it planted is not read
+    with pytest.raises(StoreTampered, match="fails its authentication: a process without this run's secret") as e:
+        host.get("sync/0")
+    assert "\n" not in str(e.value)
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=5))
+    with pytest.raises(StoreTampered):
+        admit(client, secret, f"127.0.0.1:{store.port}")
+    # a joiner without the secret (another run's) is refused in one line, even with the plain key planted
+    assert client.check([SECRET_KEY])
+    with pytest.raises(ValueError, match="does not hold this group's secret"):
+        admit(client, new_secret(), f"127.0.0.1:{store.port}")
+
+
+def test_a_sync_group_rendezvous_and_broadcast_run_through_the_secret_store():
+    address, make = SyncGroup.host(2, timeout_s=20)
+    joined: list = []
+    t = threading.Thread(target=lambda: joined.append(SyncGroup.join(address, 1, 2, timeout_s=20)))
+    t.start()
+    host = make()
+    t.join(timeout=30)
+    x = torch.arange(5.0)
+    y = torch.zeros(5)
+    t = threading.Thread(target=lambda: joined[0].broadcast(y, 0))
+    t.start()
+    host.broadcast(x, 0)
+    t.join(timeout=30)
+    assert torch.equal(x, y)
+
+
+def test_a_peer_that_never_joins_is_an_error_within_the_bound_not_a_long_hang():
+    address, make = SyncGroup.host(2, timeout_s=2)  # rank 1 never comes
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError):
+        make()
+    assert time.monotonic() - t0 < 30
+    assert not dist.is_initialized()
+
+
+# ---------------------------------------------------------------------------------------- the build lock
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from rollyard.model import kernels
+root = kernels.cache_dir()
+with kernels.build_lock(root):
+    (root / kernels.TORCH_LOCK).write_text("")  # as cpp_extension's build does, mid-way
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+LOAD = """
+import sys
+from rollyard import signals
+from rollyard.model import kernels
+with signals.graceful():
+    try:
+        lib = kernels.kernel()
+    except signals.Stopped as e:
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+print("loaded" if lib is not None else "fallback", flush=True)
+"""
+
+
+def _cache(tmp_path: Path) -> dict:
+    """An environment whose kernel cache is a copy of this machine's (no rebuild when it is there)."""
+    env = {**ENV, "XDG_CACHE_HOME": str(tmp_path / "cache"), "ROLLYARD_CPU_KERNELS": "auto"}
+    src = kernels.cache_dir()
+    if src.is_dir():
+        shutil.copytree(src, tmp_path / "cache" / "rollyard" / "kernels" / src.name, symlinks=True)
+    return env
+
+
+def _hold(env: dict) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD], env=env, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+@needs_cxx
+def test_a_build_killed_with_9_leaves_a_lock_the_next_run_breaks_and_says_so(tmp_path):
+    env = _cache(tmp_path)
+    holder = _hold(env)
+    holder.kill()  # kill -9 mid-build: cpp_extension's lock file stays behind
+    holder.wait()
+    root = tmp_path / "cache" / "rollyard" / "kernels" / kernels.cache_dir().name
+    assert (root / kernels.TORCH_LOCK).exists()
+    proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr
+    assert f"removed a stale CPU-kernel build lock {root / kernels.TORCH_LOCK}" in proc.stderr
+    assert "waiting" not in proc.stderr and not (root / kernels.TORCH_LOCK).exists()
+
+
+@needs_cxx
+def test_a_wait_on_a_live_build_says_whose_it_is_and_sigterm_ends_it(tmp_path):
+    env = _cache(tmp_path)
+    holder = _hold(env)
+    try:
+        waiter = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        line = waiter.stderr.readline()  # said after SAY_AFTER_S
+        assert f"waiting for pid {holder.pid}'s build of the CPU kernels" in line, line
+        waiter.send_signal(signal.SIGTERM)
+        out, err = waiter.communicate(timeout=30)
+        assert waiter.returncode == 143, (out, err)
+        assert "stopped by SIGTERM: it was waiting for the CPU-kernel build" in err and "Traceback" not in err
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_wait_on_a_build_lock_is_bounded(tmp_path):
+    env = _cache(tmp_path)
+    holder = _hold(env)
+    try:
+        root = tmp_path / "cache" / "rollyard" / "kernels" / kernels.cache_dir().name
+        t0 = time.monotonic()
+        with pytest.raises(kernels.BuildWaitTimeout, match=f"waited 1 s for pid {holder.pid}'s build"):
+            with kernels.build_lock(root, wait_s=1.0):
+                pass
+        assert time.monotonic() - t0 < 10
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@needs_cxx
+def test_a_corrupt_cached_library_is_rebuilt_once_and_said(tmp_path):
+    env = _cache(tmp_path)
+    subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300, check=True)
+    root = tmp_path / "cache" / "rollyard" / "kernels" / kernels.cache_dir().name
+    lib = root / "rollyard_cpu_kernels.so"  # the name a fresh process loads
+    lib.write_bytes(b"\x7fELF" + b"\0" * 64)  # a truncated, overwritten library: ninja thinks it is up to date
+    proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr
+    assert "does not load" in proc.stderr and "rebuilding it" in proc.stderr, proc.stderr
+    assert "not used" not in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "loaded" and proc.stderr == "", proc.stderr  # healed: the next run says nothing
+
+
+def test_a_failing_compiler_is_not_called_missing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(kernels, "_STATE", {})
+    monkeypatch.setenv("CXX", "false")  # there, but every build fails
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "auto")
+    assert kernels.kernel() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not used" in err[0] and "install" not in err[0], err
+    monkeypatch.setenv("ROLLYARD_CPU_KERNELS", "1")
+    with pytest.raises(kernels.KernelsRequired) as e:
+        kernels.kernel()
+    assert "install a C++ compiler" not in str(e.value)
+    monkeypatch.setattr(kernels, "_STATE", {})
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(kernels.KernelsRequired, match="install a C\\+\\+ compiler"):
+        kernels.kernel()
