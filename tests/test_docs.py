@@ -76,3 +76,59 @@ def test_the_docs_build_strict_and_a_broken_link_fails_it(tmp_path):
     page.write_text(page.read_text() + "\nSee [the demo](../examples/demo.toml).\n")
     broken = _build(work / "docs", tmp_path)
     assert broken.returncode != 0 and "../examples/demo.toml" in broken.stderr
+
+
+# How the work went, not what rollyard does: an issue or work session by number, the work period, who else
+# was on the machine. User-facing text states the product and what was measured (command, date, CPU class,
+# figure); superseded figures go to bench/README.md's "Results history", dated.
+NARRATION = re.compile(r"\bissues? #?\d+|\bthe issue\b|\bissue's|\bsessions? \d+|\b(?:this|previous|last|next) session\b"
+                       r"|\bwork period|\bother (?:engineers|agents|sessions)\b|\bdeadline\b", re.IGNORECASE)
+
+
+def _user_pages() -> list[Path]:
+    return [README, ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+# A citation of another project's issue tracker is a source, not narration.
+CITATION = re.compile(r"[\w.-]+/[\w.-]+ (?:issue|pull request|PR) #\d+|https?://\S+")
+
+
+def _narration(text: str) -> list[str]:
+    return [f"{i}: {line.strip()[:100]}" for i, line in enumerate(text.splitlines(), 1)
+            if NARRATION.search(CITATION.sub("", line))]
+
+
+def test_user_pages_state_the_product_and_its_measurements_not_how_the_work_went():
+    found = {p.relative_to(ROOT).as_posix(): hits for p in _user_pages() if (hits := _narration(p.read_text()))}
+    assert not found, f"issue / session numbers or work narration in user-facing text (state the figure, its date, " \
+                      f"machine and command instead): {found}"
+
+
+def _message_strings(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a module that are not docstrings: what its messages, warnings and help say."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.lineno, n.value) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs]
+
+
+def test_no_message_a_user_sees_cites_an_issue():
+    found = [f"{p.relative_to(ROOT)}:{line}: {text.strip()[:80]!r}" for p in sorted((ROOT / "src").rglob("*.py"))
+             for line, text in _message_strings(p) if NARRATION.search(text)]
+    assert not found, f"a message cites an issue or a work session (state the measured figure and the bench): {found}"
+
+
+def test_the_narration_check_sees_an_issue_number_and_a_session(tmp_path):
+    assert _narration("Measured in session 7 of issue 12 (2-core CPU)") and _narration("the issue's target")
+    assert _narration("shared with ~7 other agents' test runs") and _narration("dated by work period")
+    assert not _narration("Measured 2026-11-23, 2-core AMD EPYC with AVX512-BF16, `bench/vs_trl.py`: 2.2x")
+    assert not _narration("a per-session token; one Ray session per test run; a multi-turn session")
+    assert not _narration("| same system | vllm-project/vime issue #175 | ~3.0 s |")
+    module = tmp_path / "m.py"
+    module.write_text('"""Docstring: issue 7 is history."""\n\n\ndef f():\n    """issue 8"""\n'
+                      '    raise ValueError("slower (in issue 44\'s probe)")\n')
+    assert [line for line, text in _message_strings(module) if NARRATION.search(text)] == [6]
