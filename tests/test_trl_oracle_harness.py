@@ -218,3 +218,41 @@ def test_lr_schedule_is_trls_linear_default_and_cosine_with_warmup():
     lrs = oracle.trl_lr_schedule({"learning_rate": 1e-5, "lr_scheduler_type": "cosine", "warmup_ratio": 0.2}, 10)
     assert lrs[0] == 0.0 and lrs[2] > lrs[1] > 0 and max(lrs) == pytest.approx(1e-5) and lrs.index(max(lrs)) == 2
     assert lrs[-1] < lrs[3]
+
+
+def off_policy_batch(tok) -> list[dict]:
+    batch = make_batch(tok)
+    gen = torch.Generator().manual_seed(3)
+    for s in batch:  # pi_old and the rollout engine's log-probs both well away from the model's (~-5.7)
+        n = len(s["completion_ids"])
+        s["old_per_token_logps"] = (-5.7 + (torch.rand(n, generator=gen) - 0.5)).tolist()
+        s["sampling_per_token_logps"] = (-4.0 + (torch.rand(n, generator=gen) - 0.5)).tolist()
+    return batch
+
+
+@pytest.mark.parametrize("knob", [{"entropy_coef": 0.1}, {"top_entropy_quantile": 0.5}, {"delta": 1.05},
+                                  {"off_policy_mask_threshold": 0.1}, {"mask_truncated_completions": True},
+                                  {"epsilon_high": 0.1}])
+def test_each_knob_reaches_trls_loss(tok, knob):
+    batch = off_policy_batch(tok)
+    base = oracle.build_trl_trainer(oracle.tiny_model(tokenizer=tok), tok, loss_type="dapo", epsilon_high=0.28)
+    with_knob = oracle.build_trl_trainer(oracle.tiny_model(tokenizer=tok), tok, **{"loss_type": "dapo",
+                                                                                   "epsilon_high": 0.28, **knob})
+    base_loss, base_grads, _ = oracle.trl_loss_and_grads(base, batch)
+    loss, grads, _ = oracle.trl_loss_and_grads(with_knob, batch)
+    assert loss != pytest.approx(base_loss, rel=1e-5) or any(
+        not torch.allclose(grads[k], base_grads[k], rtol=1e-4, atol=1e-8) for k in grads), knob
+
+
+def test_adaptive_entropy_applies_no_bonus_until_an_optimizer_step_has_measured_the_entropy(tok):
+    batch = make_batch(tok)
+    plain = oracle.build_trl_trainer(oracle.tiny_model(tokenizer=tok), tok, loss_type="dapo")
+    trainer = oracle.build_trl_trainer(oracle.tiny_model(tokenizer=tok), tok, loss_type="dapo",
+                                       use_adaptive_entropy=True, entropy_coef=0.1, entropy_target=100.0)
+    base = oracle.trl_loss_and_grads(plain, batch)[0]
+    first, _, metrics = oracle.trl_loss_and_grads(trainer, batch)  # _last_world_entropy starts at inf: no bonus
+    assert first == pytest.approx(base, rel=1e-6)
+    assert trainer._last_world_entropy == pytest.approx(metrics["entropy"], rel=1e-5)
+    assert trainer.entropy_coef == pytest.approx(0.1 + 0.005)  # entropy <= target: coefficient up one delta
+    second, _, _ = oracle.trl_loss_and_grads(trainer, batch)
+    assert second == pytest.approx(base - 0.105 * metrics["entropy"], rel=1e-5)

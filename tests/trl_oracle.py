@@ -110,6 +110,11 @@ TRL behaviour to know (1.16, ``grpo_trainer.py``)
   default mode is ``sequence_mask`` with ``clip_max=3.0``; ``vespo`` folds it into its gamma weights instead of
   multiplying the loss.
 * No ``position_ids`` are passed: left-padded prompts shift the positions (RoPE: equal up to float rounding).
+* Adaptive entropy (``use_adaptive_entropy``) applies no bonus in the first optimizer step (``_last_world_entropy``
+  starts at inf); each step's end measures the entropy and moves ``entropy_coef`` by ``entropy_coef_delta`` for the
+  next one. The static bonus is ``entropy_coef`` x the token-mean entropy / grad_accum, whatever the loss type.
+* ``warmup_ratio`` is gone from transformers 5 (``warmup_steps`` < 1 is the ratio); the ``learning_rate`` TRL logs
+  at a step is the rate that step used.
 """
 
 from __future__ import annotations
