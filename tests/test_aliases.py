@@ -50,12 +50,16 @@ def test_verl_names_nested_in_a_file_and_dotted_overrides(tmp_path):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["warmup_ratio=0.1"], "warmup_ratio (TRL) = 0.1: no rollyard equivalent: rollyard has no learning-rate warm-up"),
+    (["loss_type=gspo"], "no rollyard equivalent for loss_type 'gspo'; TRL 1.16's are 'grpo'"),
+    (["steps_per_generation=3", "gradient_accumulation_steps=2"], "steps_per_generation=3 is not a multiple of "
+                                                                  "gradient_accumulation_steps=2"),
+    (["max_steps=5", "num_iterations=2"], "max_steps=5 optimizer steps is not a whole number of generation batches"),
     (["per_device_train_batch_size=3"], "3 completions is not a multiple of num_generations=8"),
     (["learning_rate=1e-6", "trainer.lr=1e-5"], "learning_rate sets trainer.lr=1e-06 but trainer.lr=1e-05 is set too"),
     (["algorithm.adv_estimator=gae"], "no rollyard equivalent for adv_estimator 'gae'; rollyard supports 'grpo'"),
     (["report_to=mlflow"], "no rollyard equivalent for tracker 'mlflow'"),
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=4", "data.train_batch_size=16"], "one optimizer step per batch"),
+    (["actor_rollout_ref.actor.ppo_mini_batch_size=5", "data.train_batch_size=16"], "is not a multiple of "
+                                                                                     "ppo_mini_batch_size=5"),
     # a wrongly typed value is reported under the name typed, not the rollyard key it sets
     (["learning_rate=abc"], "invalid config: learning_rate: Input should be a valid number"),
     (["max_completion_length=-3"], "max_completion_length: Input should be greater than or equal to 1 (got -3; "

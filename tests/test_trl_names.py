@@ -38,15 +38,9 @@ def test_every_grpo_config_field_is_a_name_rollyard_knows():
 
 
 @pytest.mark.parametrize("override, says", [
-    ("disable_dropout=true", "the model's config.json"),
     ("generation_kwargs={min_tokens: 4}", "rollout.temperature / rollout.top_p / rollout.top_k"),
     ("vllm_mode=server", "placement=disaggregated"),
-    ("importance_sampling_level=sequence", "algo.clip_low / algo.clip_high"),
-    ("entropy_coef=0.01", "algo.kl_coef"),
-    ("vllm_importance_sampling_clip_max=3.0", "algo.tis_cap"),
-    ("mask_truncated_completions=true", "rollout.max_new_tokens"),
-    ("sync_ref_model=true", "algo.kl_coef"),
-    ("generation_batch_size=64", "max_staleness with placement=async"),
+    ("repetition_penalty=1.1", "rollout.top_p / rollout.top_k"),
     ("shuffle_dataset=false", "data.seed"),
 ])
 def test_a_field_that_changes_the_math_is_one_line_naming_the_closest_setting(override, says, capsys, tmp_path):
@@ -58,10 +52,54 @@ def test_a_field_that_changes_the_math_is_one_line_naming_the_closest_setting(ov
     assert len(err.splitlines()) == 1 and says in err and "unknown config key" not in err
 
 
+@pytest.mark.parametrize("overrides, expect", [
+    (["loss_type=dr_grpo"], {"algo.policy_loss": "ppo_clip", "algo.loss_agg": "seq-mean-token-sum-norm"}),
+    (["loss_type=grpo"], {"algo.loss_agg": "seq-mean-token-mean"}),
+    (["loss_type=cispo", "epsilon_high=5.0"], {"algo.policy_loss": "cispo", "algo.clip_high": 5.0}),
+    (["loss_type=sapo", "sapo_temperature_pos=0.5"], {"algo.policy_loss": "sapo", "algo.sapo_temperature_pos": 0.5}),
+    (["loss_type=vespo", "vespo_k_pos=1.5"], {"algo.policy_loss": "vespo", "algo.vespo_k_pos": 1.5}),
+    (["importance_sampling_level=sequence"], {"algo.ratio_level": "sequence"}),
+    (["delta=4.0"], {"algo.delta": 4.0}),
+    (["disable_dropout=true"], {"trainer.disable_dropout": True}),
+    (["cast_lm_head_to_fp32=true"], {"trainer.lm_head_fp32": True}),
+    (["entropy_coef=0.01"], {"algo.entropy_coef": 0.01}),
+    (["use_adaptive_entropy=true", "entropy_target=0.5"], {"algo.adaptive_entropy": True, "algo.entropy_target": 0.5}),
+    (["top_entropy_quantile=0.2"], {"algo.top_entropy_quantile": 0.2}),
+    (["mask_truncated_completions=true"], {"algo.mask_truncated": True}),
+    (["sync_ref_model=true", "beta=0.04"], {"reference.sync_every": 512, "reference.mixup_alpha": 0.6}),
+    (["sync_ref_model=true", "ref_model_sync_steps=8", "ref_model_mixup_alpha=0.9", "beta=0.04"],
+     {"reference.sync_every": 8, "reference.mixup_alpha": 0.9}),
+    (["vllm_importance_sampling_correction=true"], {"algo.tis_mode": "sequence_mask", "algo.tis_cap": 3.0}),
+    (["vllm_importance_sampling_mode=token_truncate", "vllm_importance_sampling_clip_max=2.5",
+      "vllm_importance_sampling_clip_min=0.5"], {"algo.tis_mode": "token_truncate", "algo.tis_cap": 2.5,
+                                                 "algo.tis_min": 0.5}),
+    (["vllm_importance_sampling_correction=false"], {"algo.tis_mode": "none"}),
+    (["off_policy_mask_threshold=0.5"], {"algo.off_policy_mask_threshold": 0.5}),
+    (["use_bias_correction_kl=true"], {"algo.kl_bias_correction": True}),
+    (["multi_objective_aggregation=normalize_then_sum", "reward.hooks=[a:f, b:g]"],
+     {"algo.multi_objective": "normalize_then_sum"}),
+    (["scale_rewards=batch"], {"algo.std_scope": "batch", "algo.normalize_std": True}),
+    (["num_iterations=2"], {"trainer.epochs": 2}),
+    (["per_device_train_batch_size=8", "gradient_accumulation_steps=2", "steps_per_generation=4", "num_generations=4"],
+     {"trainer.mini_batches": 2, "rollout.prompts_per_step": 8}),
+    (["per_device_train_batch_size=8", "generation_batch_size=32", "num_generations=4"],
+     {"trainer.mini_batches": 4, "rollout.prompts_per_step": 8}),
+    (["max_steps=12", "num_iterations=2", "per_device_train_batch_size=8", "steps_per_generation=3",
+      "num_generations=8"], {"steps": 2, "trainer.mini_batches": 3, "trainer.epochs": 2}),
+])
+def test_trls_loss_and_loop_names_set_rollyards_keys(overrides, expect):
+    cfg = load_config(None, overrides)
+    for key, value in expect.items():
+        node = cfg
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == value, (key, node, value)
+
+
 def test_trls_values_that_are_rollyards_behaviour_and_speed_knobs_change_nothing():
-    same = ["disable_dropout=false", "shuffle_dataset=true", "vllm_mode=colocate", "importance_sampling_level=token",
+    same = ["shuffle_dataset=true", "vllm_mode=colocate", "importance_sampling_level=token",
             "entropy_coef=0.0", "use_adaptive_entropy=false", "entropy_target=0.2", "sync_ref_model=false",
-            "multi_objective_aggregation=sum_then_normalize", "vllm_importance_sampling_correction=true",
+            "multi_objective_aggregation=sum_then_normalize", "disable_dropout=false",
             "use_bias_correction_kl=false", "generation_batch_size=null", "sapo_temperature_neg=1.05",
             "vllm_tensor_parallel_size=1", "vllm_server_port=9000", "vllm_gpu_memory_utilization=0.5",
             "pad_to_multiple_of=64", "remove_unused_columns=true", "use_transformers_continuous_batching=true"]
@@ -79,13 +117,13 @@ def test_config_trl_lists_the_new_names_with_their_rule(capsys):
 
 def test_the_training_arguments_a_trl_script_commonly_sets_are_known():
     """GRPOConfig inherits transformers' TrainingArguments: the ones TRL's examples set are known too, with the same
-    three outcomes. rollyard's AdamW uses beta2 = 0.99: transformers' 0.999 is refused, not silently changed."""
+    three outcomes."""
     cfg = load_config(None, ["disable_tqdm=true", "data_seed=5", "run_name=x", "logging_dir=logs", "optim=adamw_torch",
-                             "adam_beta1=0.9", "adam_beta2=0.99", "adam_epsilon=1e-8", "push_to_hub=false",
+                             "push_to_hub=false",
                              "save_strategy=steps", "fp16=false", "deepspeed=null", "eval_strategy=no",
                              "use_liger_kernel=true", "torch_compile=true"])
     assert cfg == load_config(None, ["progress=false", "data.seed=5"])
-    for override, says in [("adam_beta2=0.999", "trainer.lr"), ("optim=adafactor", "trainer.optimizer_state"),
+    for override, says in [("optim=adafactor", "trainer.optimizer_state"),
                            ("fp16=true", "trainer.precision=bf16"), ("push_to_hub=true", "out_dir"),
                            ("save_strategy=epoch", "checkpoint_every"), ("deepspeed=ds.json", "trainer.dp")]:
         with pytest.raises(ConfigError) as e:

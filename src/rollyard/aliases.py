@@ -81,7 +81,40 @@ def _trl_batch(_value: Any, ctx: Ctx) -> dict[str, Any]:
         raise NoEquivalent(f"per_device_train_batch_size x gradient_accumulation_steps x trainer.dp = {per} x {ga} "
                            f"x {dp} = {completions} completions is not a multiple of num_generations={n}; rollyard "
                            f"counts a step in whole prompts ({BATCH_RULE}): make it a multiple of {n}")
-    return {"rollout.prompts_per_step": completions // n}
+    spg, gbs = ctx.alias("steps_per_generation"), ctx.alias("generation_batch_size")
+    if spg is not None and gbs is not None:
+        raise NoEquivalent("steps_per_generation and generation_batch_size are both set (TRL refuses it too); keep one")
+    if gbs is not None:
+        if _int("generation_batch_size", gbs) % (per * dp):
+            raise NoEquivalent(f"generation_batch_size={gbs} is not a multiple of per_device_train_batch_size x "
+                               f"trainer.dp = {per * dp}; make it one")
+        spg = gbs // (per * dp)
+    spg = ga if spg is None else _int("steps_per_generation", spg)
+    if spg % ga:
+        raise NoEquivalent(f"steps_per_generation={spg} is not a multiple of gradient_accumulation_steps={ga}: rollyard "
+                           f"steps the optimizer on whole batches of {completions} completions; make it one")
+    return {"rollout.prompts_per_step": completions * (spg // ga) // n, "trainer.mini_batches": spg // ga}
+
+
+def _trl_generation(value: Any, ctx: Ctx) -> dict[str, Any]:
+    """steps_per_generation / generation_batch_size: None (TRL's default) alone changes nothing."""
+    if value is None and not any(ctx.alias(n) is not None for n in (
+            "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
+            "generation_batch_size")):
+        return {}
+    return _trl_batch(value, ctx)
+
+
+def _trl_steps(value: Any, ctx: Ctx) -> dict[str, Any]:
+    """TRL's max_steps counts optimizer steps; a rollyard step makes epochs x mini_batches of them."""
+    steps = _int("max_steps", value)
+    mini = _trl_batch(None, ctx)["trainer.mini_batches"]
+    per_step = mini * _int("num_iterations", ctx.alias("num_iterations", 1))
+    if steps % per_step:
+        raise NoEquivalent(f"max_steps={steps} optimizer steps is not a whole number of generation batches of "
+                           f"{per_step} optimizer steps each (num_iterations x steps_per_generation / "
+                           f"gradient_accumulation_steps); make it a multiple of {per_step}")
+    return {"steps": steps // per_step}
 
 
 def _epsilon(value: Any, ctx: Ctx) -> dict[str, Any]:
@@ -170,6 +203,72 @@ def _token_budget(value: Any, _ctx: Ctx) -> dict[str, Any]:
     return {} if value is None else {"trainer.micro_batch_tokens": _int("token_budget", value)}
 
 
+_LOSS_TYPES = {"grpo": ("ppo_clip", "seq-mean-token-mean"), "bnpo": ("ppo_clip", "token-mean"),
+               "dapo": ("ppo_clip", "token-mean"), "dr_grpo": ("ppo_clip", "seq-mean-token-sum-norm"),
+               "luspo": ("ppo_clip", "seq-mean-token-sum"), "cispo": ("cispo", "token-mean"),
+               "sapo": ("sapo", "seq-mean-token-mean"), "vespo": ("vespo", "token-mean")}
+
+
+def _loss_type(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    if value not in _LOSS_TYPES:
+        raise NoEquivalent(f"no rollyard equivalent for loss_type {value!r}; TRL 1.16's are "
+                           f"{', '.join(repr(k) for k in _LOSS_TYPES)}")
+    loss, agg = _LOSS_TYPES[value]
+    return {"algo.policy_loss": loss, "algo.loss_agg": agg}
+
+
+def _scale_rewards(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    table = {True: ("group", True), "group": ("group", True), "batch": ("batch", True), False: ("group", False),
+             "none": ("group", False)}
+    if value not in table or (isinstance(value, bool) is False and isinstance(value, int)):
+        raise NoEquivalent(f"no rollyard equivalent for scale_rewards {value!r}; rollyard supports 'group', "
+                           f"'batch', 'none', true, false")
+    scope, on = table[value]
+    return {"algo.normalize_std": on, "algo.std_scope": scope}
+
+
+def _sync_ref(_value: Any, ctx: Ctx) -> dict[str, Any]:
+    on = ctx.alias("sync_ref_model", False)
+    return {"reference.sync_every": _int("ref_model_sync_steps", ctx.alias("ref_model_sync_steps", 512)) if on else 0}
+
+
+_TRL_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def _trl_is(_value: Any, ctx: Ctx) -> dict[str, Any]:
+    """TRL's rollout correction: its mode and cap, TRL's defaults (sequence_mask, 3.0) where not given."""
+    if ctx.alias("vllm_importance_sampling_correction", True) is False:
+        return {"algo.tis_mode": "none"}
+    mode = ctx.alias("vllm_importance_sampling_mode", "sequence_mask")
+    if mode not in _TRL_IS_MODES:
+        raise NoEquivalent(f"vllm_importance_sampling_mode must be one of {', '.join(_TRL_IS_MODES)}, got {mode!r}")
+    cap = ctx.alias("vllm_importance_sampling_clip_max", ctx.alias("vllm_importance_sampling_cap", 3.0))
+    return {"algo.tis_mode": mode, "algo.tis_cap": cap}
+
+
+def _verl_loss_mode(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    table = {"vanilla": ("ppo_clip", "token"), "gspo": ("ppo_clip", "sequence"), "cispo": ("cispo", "token")}
+    if value not in table:
+        raise NoEquivalent(f"no rollyard equivalent for policy_loss.loss_mode {value!r}; rollyard supports "
+                           f"{', '.join(repr(k) for k in table)} (and TRL's loss_type values: sapo, vespo, ...)")
+    return {"algo.policy_loss": table[value][0], "algo.ratio_level": table[value][1]}
+
+
+def _verl_mini(value: Any, ctx: Ctx) -> dict[str, Any]:
+    batch = ctx.alias("data.train_batch_size", ctx.keys("rollout.prompts_per_step"))
+    mini = _int("ppo_mini_batch_size", value)
+    if batch is None or batch % mini:
+        raise NoEquivalent(f"data.train_batch_size={batch} is not a multiple of ppo_mini_batch_size={mini}: verl cuts "
+                           f"the batch into whole mini-batches; make it a multiple of {mini}")
+    return {"trainer.mini_batches": batch // mini}
+
+
+def _verl_overlong(_value: Any, ctx: Ctx) -> dict[str, Any]:
+    on = ctx.alias("reward_model.overlong_buffer.enable", False)
+    return {"algo.overlong_buffer": _int("overlong_buffer.len", ctx.alias("reward_model.overlong_buffer.len", 0))
+            if on else 0}
+
+
 def _no(name: str, source: str, why: str, closest: str, neutral: tuple = ()) -> Alias:
     """A name with no rollyard equivalent: using it stops the run with ``why`` and the closest rollyard setting;
     the ``neutral`` values (those that change nothing, e.g. TRL's defaults) are accepted."""
@@ -184,6 +283,99 @@ def _epochs(value: Any, ctx: Ctx) -> dict[str, Any]:
                        "rollyard setting: steps (max_steps): epochs x dataset rows / rollout.prompts_per_step")
 
 
+# transformers' schedules rollyard does not have (rollyard.schedule.SCHEDULES has the rest, by the same names)
+_NO_SCHEDULE = {"reduce_lr_on_plateau": "it follows an eval metric; rollyard's schedules follow the step count",
+                "greedy": "it follows an eval metric; rollyard's schedules follow the step count",
+                "warmup_stable_decay": "not implemented"}
+
+
+def _lr_schedule(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    name = str(getattr(value, "value", value)).lower()  # transformers' SchedulerType is a str enum
+    if name in _NO_SCHEDULE:
+        raise NoEquivalent(f"no rollyard equivalent for lr_scheduler_type {name!r} ({_NO_SCHEDULE[name]}); closest "
+                           f"rollyard setting: trainer.lr_schedule=cosine_with_min_lr (rollyard config lists them)")
+    return {"trainer.lr_schedule": name}
+
+
+def _trl_warmup_steps(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    # transformers 5: an integer >= 1 is steps, a float in [0, 1) a share of the training steps (get_warmup_steps)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise NoEquivalent(f"warmup_steps must be a number >= 0 (steps, or a share of the steps below 1), got {value!r}")
+    return {"trainer.warmup_steps": int(value)} if value >= 1 or value == 0 else {"trainer.warmup_ratio": float(value)}
+
+
+def _schedule_kwargs(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    if isinstance(value, str):  # transformers accepts the dict as a JSON string (the command line's form)
+        import json
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except ValueError:
+            raise NoEquivalent(f"lr_scheduler_kwargs {value!r} is neither a mapping nor JSON; give e.g. "
+                               f'{{"num_cycles": 1}}') from None
+    if value is not None and not isinstance(value, dict):
+        raise NoEquivalent(f"lr_scheduler_kwargs must be a mapping of the schedule's arguments, got {value!r}")
+    return {"trainer.lr_schedule_kwargs": dict(value or {})}
+
+
+_FP32_ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf")  # torch's AdamW, fp32 moments (adamw_hf: transformers 4's)
+
+
+def _optim(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    name = str(getattr(value, "value", value)).lower()
+    if name in _FP32_ADAMW:
+        return {"trainer.optimizer_state": "fp32"}
+    raise NoEquivalent(f"no rollyard equivalent for optim {name!r}: rollyard's optimizer is AdamW with fp32 moments "
+                       f"({', '.join(_FP32_ADAMW)}) or bf16 moments; closest rollyard setting: "
+                       f"trainer.optimizer_state=bf16 (4 bytes of optimizer state per parameter instead of 8)")
+
+
+_VERL_OPTIM = "actor_rollout_ref.actor.optim."
+_BY_STEP = {"trainer.lr_schedule_unit": "step"}  # verl steps its scheduler once per generation batch
+
+
+def _verl_warmup_steps(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    if value is None or value <= 0:  # verl: None, 0 or negative delegate to lr_warmup_steps_ratio
+        return {}
+    return {"trainer.warmup_steps": _int("lr_warmup_steps", value), **_BY_STEP}
+
+
+def _verl_warmup_ratio(value: Any, ctx: Ctx) -> dict[str, Any]:
+    if (ctx.alias(_VERL_OPTIM + "lr_warmup_steps") or -1) > 0 or not value:
+        return {}
+    return {"trainer.warmup_ratio": value, "trainer.warmup_rounding": "floor", **_BY_STEP}  # verl: int(ratio x steps)
+
+
+def _verl_schedule(value: Any, ctx: Ctx) -> dict[str, Any]:
+    name = str(value).lower()
+    cycles, floor = ctx.alias(_VERL_OPTIM + "num_cycles"), ctx.alias(_VERL_OPTIM + "min_lr_ratio")
+    if name == "constant":  # verl's constant schedule warms up (lr_warmup_steps) and then holds the rate
+        return {"trainer.lr_schedule": "constant_with_warmup", **_BY_STEP}
+    if name != "cosine":
+        raise NoEquivalent(f"no rollyard equivalent for verl's lr_scheduler_type {value!r}; verl's FSDP actor has "
+                           f"'constant' and 'cosine'")
+    kwargs = {} if cycles is None else {"num_cycles": cycles}
+    if floor:
+        return {"trainer.lr_schedule": "cosine_with_min_lr", "trainer.lr_schedule_kwargs": {**kwargs, "min_lr_rate": floor},
+                **_BY_STEP}
+    return {"trainer.lr_schedule": "cosine", "trainer.lr_schedule_kwargs": kwargs, **_BY_STEP}
+
+
+def _verl_cosine_arg(name: str, neutral: tuple) -> Callable[[Any, Ctx], dict[str, Any]]:
+    def convert(value: Any, ctx: Ctx) -> dict[str, Any]:
+        kind = ctx.alias(_VERL_OPTIM + "lr_scheduler_type", ctx.alias(_VERL_OPTIM + "warmup_style", "constant"))
+        if str(kind).lower() != "cosine" and value not in neutral:
+            raise NoEquivalent(f"{name} shapes verl's cosine schedule, but the schedule is {kind!r} (verl ignores it "
+                               f"there); set {_VERL_OPTIM}lr_scheduler_type=cosine, or remove {name}")
+        return {}  # read by the schedule's conversion
+    return convert
+
+
+def _verl_betas(value: Any, _ctx: Ctx) -> dict[str, Any]:
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise NoEquivalent(f"betas must be two numbers [beta1, beta2], got {value!r}")
+    return {"trainer.adam_beta1": float(value[0]), "trainer.adam_beta2": float(value[1])}
+
+
 def _ignored(name: str, source: str, why: str) -> Alias:
     return Alias(name, source, (), why, ignored=True)
 
@@ -196,7 +388,6 @@ _BATCH = "completions -> prompts: x gradient_accumulation_steps x trainer.dp / n
 _ONE_UPDATE = "rollyard takes one optimizer step per batch of rollouts, never several on one batch"
 _REUSE = ("max_staleness with placement=async (each sample trained once, up to that many weight versions old, the "
           "ratio and clip correcting for it); remove it")
-_NO_WARMUP = "trainer.lr (constant from the first step; lower it for a gentler start); remove it"
 _SUPPORT = "rollout.top_p / rollout.top_k (the trainer's ratio is taken over the same support); remove it"
 _NO_SERVER = "rollyard starts no vLLM server: its engines run in-process in each rollout worker"
 _MEMORY = "memory only, the math is the same: rollyard sizes micro-batches by trainer.micro_batch_tokens"
@@ -211,11 +402,14 @@ ALIASES_LIST: list[Alias] = [
     Alias("epsilon", TRL, ("algo.clip_low", "algo.clip_high"), "clip_low; clip_high too unless epsilon_high is given",
           _epsilon),
     _same("epsilon_high", TRL, "algo.clip_high"),
-    Alias("per_device_train_batch_size", TRL, ("rollout.prompts_per_step",), _BATCH, _trl_batch),
-    Alias("gradient_accumulation_steps", TRL, ("rollout.prompts_per_step",), _BATCH, _trl_batch),
+    Alias("per_device_train_batch_size", TRL, ("rollout.prompts_per_step", "trainer.mini_batches"), _BATCH,
+          _trl_batch),
+    Alias("gradient_accumulation_steps", TRL, ("rollout.prompts_per_step", "trainer.mini_batches"), _BATCH,
+          _trl_batch),
     _same("temperature", TRL, "rollout.temperature"),
     _same("top_p", TRL, "rollout.top_p"),
-    _same("max_steps", TRL, "steps"),
+    Alias("max_steps", TRL, ("steps",), "optimizer steps -> steps = max_steps / (num_iterations x "
+          "steps_per_generation / gradient_accumulation_steps): a rollyard step is one generation batch", _trl_steps),
     _same("seed", TRL, "seed"),
     _same("output_dir", TRL, "out_dir"),
     _same("weight_decay", TRL, "trainer.weight_decay"),
@@ -227,24 +421,29 @@ ALIASES_LIST: list[Alias] = [
     Alias("report_to", TRL, ("log.wandb", "log.tensorboard"), "wandb / tensorboard / all / none -> log.wandb, "
           "log.tensorboard", _trackers),
     _same("reward_weights", TRL, "reward.weights"),
-    Alias("scale_rewards", TRL, ("algo.normalize_std",), "true / 'group' -> true; false / 'none' -> false",
-          _choice("algo.normalize_std", {True: True, False: False, "group": True, "none": False}, "scale_rewards")),
-    Alias("loss_type", TRL, ("algo.loss_agg",), "'grpo' -> seq-mean; 'bnpo' / 'dapo' -> token-mean",
-          _choice("algo.loss_agg", {"grpo": "seq-mean", "bnpo": "token-mean", "dapo": "token-mean"}, "loss_type")),
+    Alias("scale_rewards", TRL, ("algo.normalize_std", "algo.std_scope"), "true / 'group' -> normalize_std, "
+          "std_scope=group; 'batch' -> std_scope=batch; false / 'none' -> normalize_std=false", _scale_rewards),
+    Alias("loss_type", TRL, ("algo.policy_loss", "algo.loss_agg"), "grpo -> ppo_clip, seq-mean-token-mean; dapo / "
+          "bnpo -> ppo_clip, token-mean (bnpo: over the optimizer batch, TRL's per device micro-batch: equal with "
+          "gradient_accumulation_steps=1); dr_grpo -> ppo_clip, seq-mean-token-sum-norm; luspo -> ppo_clip, "
+          "seq-mean-token-sum; cispo -> cispo, token-mean; sapo -> sapo, seq-mean-token-mean; vespo -> vespo, "
+          "token-mean", _loss_type),
     Alias("bf16", TRL, ("trainer.precision",), "true -> bf16, false -> fp32",
           _choice("trainer.precision", {True: "bf16", False: "fp32"}, "bf16")),
     Alias("use_vllm", TRL, ("rollout.backend",), "true -> vllm, false -> native",
           _choice("rollout.backend", {True: "vllm", False: "native"}, "use_vllm")),
     _same("model_name_or_path", TRL, "model.name"),
     Alias("dataset_name", TRL, ("data.path",), "a local .jsonl or .parquet file (no Hub download)"),
-    _no("num_iterations", TRL, _ONE_UPDATE, _REUSE, (1,)),
-    _no("steps_per_generation", TRL, _ONE_UPDATE, _REUSE, (None,)),
     Alias("num_train_epochs", TRL, (), "accepted beside max_steps (which wins, as in TRL); alone: no equivalent "
           "(rollyard counts optimizer steps), closest rollyard setting: steps (max_steps)", _epochs),
-    _no("lr_scheduler_type", TRL, "rollyard keeps the learning rate constant", "trainer.lr (the constant rate); "
-        "remove it", ("constant",)),
-    _no("warmup_ratio", TRL, "rollyard has no learning-rate warm-up", _NO_WARMUP, (0,)),
-    _no("warmup_steps", TRL, "rollyard has no learning-rate warm-up", _NO_WARMUP, (0,)),
+    Alias("lr_scheduler_type", TRL, ("trainer.lr_schedule",), "same name (transformers' schedules; "
+          "reduce_lr_on_plateau, greedy and warmup_stable_decay refused); a TRL script that sets none gets TRL's "
+          "'linear'", _lr_schedule),
+    Alias("warmup_ratio", TRL, ("trainer.warmup_ratio",), "same value: ceil(ratio x optimizer steps) warm-up steps "
+          "(transformers 4's name; transformers 5 takes a share below 1 in warmup_steps)"),
+    Alias("warmup_steps", TRL, ("trainer.warmup_steps", "trainer.warmup_ratio"), "an integer >= 1 -> "
+          "trainer.warmup_steps; a float below 1 -> trainer.warmup_ratio (transformers 5's share of the steps)",
+          _trl_warmup_steps),
     _no("max_prompt_length", TRL, "rollyard does not truncate prompts (one longer than the context is an error)",
         "model.context (prompt + rollout.max_new_tokens must fit it); remove it", (None,)),
     Alias("top_k", TRL, ("rollout.top_k",), "same value (None -> 0: off); the trainer's ratio over the same support",
@@ -266,14 +465,58 @@ ALIASES_LIST: list[Alias] = [
                                                                      "auto": "auto"}, "dtype")),
     Alias("trust_remote_code", TRL, (), "false only (rollyard runs architectures transformers ships)",
           _choice("", {False: None}, "trust_remote_code")),
+    # ---- TRL 1.16's loss and optimisation-loop settings
+    Alias("num_iterations", TRL, ("trainer.epochs",), "same value: passes over each generation batch"),
+    Alias("steps_per_generation", TRL, ("trainer.mini_batches", "rollout.prompts_per_step"), "mini_batches = "
+          "steps_per_generation / gradient_accumulation_steps (must divide); the generation batch is that many "
+          "optimizer batches (the batch rule)", _trl_generation),
+    Alias("generation_batch_size", TRL, ("trainer.mini_batches", "rollout.prompts_per_step"), "completions -> "
+          "prompts_per_step = generation_batch_size / num_generations; mini_batches = generation_batch_size / "
+          "(per_device_train_batch_size x gradient_accumulation_steps x trainer.dp)", _trl_generation),
+    _same("delta", TRL, "algo.delta"),
+    _same("sapo_temperature_pos", TRL, "algo.sapo_temperature_pos"),
+    _same("sapo_temperature_neg", TRL, "algo.sapo_temperature_neg"),
+    _same("vespo_k_pos", TRL, "algo.vespo_k_pos"),
+    _same("vespo_lambda_pos", TRL, "algo.vespo_lambda_pos"),
+    _same("vespo_k_neg", TRL, "algo.vespo_k_neg"),
+    _same("vespo_lambda_neg", TRL, "algo.vespo_lambda_neg"),
+    Alias("importance_sampling_level", TRL, ("algo.ratio_level",), "'token' / 'sequence' (GSPO) / 'sequence_token' "
+          "(GSPO-token)", _choice("algo.ratio_level", {"token": "token", "sequence": "sequence",
+                                                        "sequence_token": "sequence_token"},
+                                  "importance_sampling_level")),
+    Alias("multi_objective_aggregation", TRL, ("algo.multi_objective",), "same value ('sum_then_normalize' / "
+          "'normalize_then_sum')", _choice("algo.multi_objective", {"sum_then_normalize": "sum_then_normalize",
+                                                                    "normalize_then_sum": "normalize_then_sum"},
+                                           "multi_objective_aggregation")),
+    _same("mask_truncated_completions", TRL, "algo.mask_truncated"),
+    Alias("sync_ref_model", TRL, ("reference.sync_every",), "true -> reference.sync_every = ref_model_sync_steps "
+          "(512 if not given); false -> 0", _sync_ref),
+    Alias("ref_model_sync_steps", TRL, ("reference.sync_every",), "read with sync_ref_model=true", _sync_ref),
+    _same("ref_model_mixup_alpha", TRL, "reference.mixup_alpha"),
+    _same("top_entropy_quantile", TRL, "algo.top_entropy_quantile"),
+    _same("entropy_coef", TRL, "algo.entropy_coef"),
+    _same("use_adaptive_entropy", TRL, "algo.adaptive_entropy"),
+    _same("entropy_coef_min", TRL, "algo.entropy_coef_min"),
+    _same("entropy_coef_max", TRL, "algo.entropy_coef_max"),
+    _same("entropy_coef_delta", TRL, "algo.entropy_coef_delta"),
+    _same("entropy_target", TRL, "algo.entropy_target"),
+    Alias("vllm_importance_sampling_correction", TRL, ("algo.tis_mode", "algo.tis_cap"), "false -> "
+          "tis_mode=none; true -> TRL's mode and cap (vllm_importance_sampling_mode, default sequence_mask; "
+          "vllm_importance_sampling_clip_max, default 3.0)", _trl_is),
+    Alias("vllm_importance_sampling_mode", TRL, ("algo.tis_mode", "algo.tis_cap"), "same mode; the cap "
+          "vllm_importance_sampling_clip_max (TRL's default 3.0 when not given)", _trl_is),
+    Alias("vllm_importance_sampling_clip_max", TRL, ("algo.tis_cap",), "same value", _trl_is),
+    Alias("vllm_importance_sampling_cap", TRL, ("algo.tis_cap",), "TRL's older name of "
+          "vllm_importance_sampling_clip_max", _trl_is),
+    _same("vllm_importance_sampling_clip_min", TRL, "algo.tis_min"),
+    _same("off_policy_mask_threshold", TRL, "algo.off_policy_mask_threshold"),
+    _same("use_bias_correction_kl", TRL, "algo.kl_bias_correction"),
+    _same("disable_dropout", TRL, "trainer.disable_dropout"),
+    _same("cast_lm_head_to_fp32", TRL, "trainer.lm_head_fp32"),
     # ---- the rest of TRL 1.16's GRPOConfig fields: speed / memory / logging knobs are accepted with a note; a
     # field that changes the math is refused (TRL's default accepted where it is rollyard's behaviour too)
     _no("model_init_kwargs", TRL, "rollyard loads the model directory with from_pretrained itself",
         "model.name (a local directory) / trainer.precision", (None, {})),
-    _no("disable_dropout", TRL, "rollyard leaves dropout as the model's config sets it",
-        "the model's config.json (its dropout probabilities at 0)", (False,)),
-    _no("cast_lm_head_to_fp32", TRL, "rollyard sets one precision for the whole trainer model, no fp32 head apart",
-        "trainer.precision=fp32 (every weight in fp32)", (False,)),
     _ignored("remove_unused_columns", TRL, "every dataset column reaches the reward functions (as with False)"),
     _ignored("num_generations_eval", TRL, "held-out eval is greedy, one sample per prompt"),
     _ignored("ds3_gather_for_generation", TRL, "DeepSpeed ZeRO-3 only: rollyard's rollout holds its own full copy "
@@ -281,8 +524,6 @@ ALIASES_LIST: list[Alias] = [
     _no("shuffle_dataset", TRL, "rollyard always hands prompts out in a seeded order, reshuffled every pass",
         "data.seed (the order's seed)", (True,)),
     _ignored("pad_to_multiple_of", TRL, "padding only: rollyard packs sequences on its own"),
-    _no("generation_batch_size", TRL, _ONE_UPDATE + " (a generation batch larger than the training batch is "
-        "several)", _REUSE, (None,)),
     _no("generation_kwargs", TRL, "rollyard's sampler takes temperature, top-p and top-k only, the distribution "
         "the trainer's ratio models", "rollout.temperature / rollout.top_p / rollout.top_k", (None, {})),
     _ignored("cache_implementation", TRL, "the rollout engine keeps its own KV cache (rollout.kv_memory_gb)"),
@@ -302,46 +543,6 @@ ALIASES_LIST: list[Alias] = [
         "must fit it)", (None,)),
     _no("vllm_tensor_parallel_size", TRL, "one vLLM engine runs on one device in each rollout worker",
         "rollout.workers (more engines, each with its own copy)", (1,)),
-    _no("delta", TRL, "rollyard's loss is the standard PPO clip, without a second upper bound", "algo.clip_high",
-        (None,)),
-    _no("sapo_temperature_neg", TRL, "only loss_type='sapo' reads it, which rollyard has not", "loss_type "
-        "(algo.loss_agg) with algo.clip_low / algo.clip_high", (1.05,)),
-    _no("sapo_temperature_pos", TRL, "only loss_type='sapo' reads it, which rollyard has not", "loss_type "
-        "(algo.loss_agg) with algo.clip_low / algo.clip_high", (1.0,)),
-    _no("vespo_k_pos", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (2.0,)),
-    _no("vespo_lambda_pos", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (3.0,)),
-    _no("vespo_k_neg", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (3.0,)),
-    _no("vespo_lambda_neg", TRL, "only loss_type='vespo' reads it, which rollyard has not", "algo.tis_cap", (2.0,)),
-    _no("importance_sampling_level", TRL, "rollyard's ratio and clip are per token ('token')",
-        "algo.clip_low / algo.clip_high", ("token",)),
-    _no("multi_objective_aggregation", TRL, "rollyard sums the weighted rewards, then normalises per group "
-        "('sum_then_normalize')", "reward.weights / algo.normalize_std", ("sum_then_normalize",)),
-    _no("mask_truncated_completions", TRL, "a completion cut at max_new_tokens is trained on like the others",
-        "rollout.max_new_tokens (fewer completions cut)", (False,)),
-    _no("sync_ref_model", TRL, "rollyard's reference model stays the initial policy", "algo.kl_coef", (False,)),
-    _no("ref_model_mixup_alpha", TRL, "only sync_ref_model=True reads it", "algo.kl_coef", (0.6,)),
-    _no("ref_model_sync_steps", TRL, "only sync_ref_model=True reads it", "algo.kl_coef", (512,)),
-    _no("top_entropy_quantile", TRL, "every completion token is in rollyard's loss", "algo.loss_agg", (1.0,)),
-    _no("entropy_coef", TRL, "rollyard's loss has no entropy term", "algo.kl_coef (its only extra term)", (0, 0.0)),
-    _no("use_adaptive_entropy", TRL, "rollyard's loss has no entropy term", "algo.kl_coef (its only extra term)",
-        (False,)),
-    _no("entropy_coef_min", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (0, 0.0)),
-    _no("entropy_coef_max", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (1.0,)),
-    _no("entropy_coef_delta", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (0.005,)),
-    _no("entropy_target", TRL, "only use_adaptive_entropy=True reads it", "algo.kl_coef", (0.2,)),
-    _no("vllm_importance_sampling_correction", TRL, "rollyard always corrects the rollout / trainer mismatch by "
-        "truncated importance sampling per token", "algo.tis_cap (its cap)", (True,)),
-    _no("vllm_importance_sampling_mode", TRL, "rollyard truncates per token ('token_truncate')", "algo.tis_cap",
-        ("token_truncate",)),
-    _no("vllm_importance_sampling_clip_max", TRL, "rollyard's cap applies per token, TRL's default mode per "
-        "sequence", "algo.tis_cap (the per-token cap)"),
-    _no("vllm_importance_sampling_clip_min", TRL, "rollyard's truncation has no lower bound", "algo.tis_cap", (None,)),
-    _no("vllm_importance_sampling_cap", TRL, "rollyard's cap applies per token, TRL's default mode per sequence",
-        "algo.tis_cap (the per-token cap)", (None,)),
-    _no("off_policy_mask_threshold", TRL, "rollyard masks no sequence by its KL", "max_staleness / algo.tis_cap",
-        (None,)),
-    _no("use_bias_correction_kl", TRL, "rollyard's k3 KL term is not weighted by the importance ratio",
-        "algo.kl_coef", (False,)),
     _ignored("log_multimodal", TRL, "rollyard's prompts are text"),
     _ignored("log_unique_prompts", TRL, "completions.jsonl has every sample (log.completions_every)"),
     _no("log_completions_hub_repo", TRL, "rollyard uploads nothing", "log.completions_every (completions.jsonl in the "
@@ -368,14 +569,14 @@ ALIASES_LIST: list[Alias] = [
     _ignored("save_only_model", TRL, "a checkpoint keeps the optimizer state too, so --resume continues exactly"),
     _no("push_to_hub", TRL, "rollyard uploads nothing", "out_dir (the run directory holds the model)", (False,)),
     _no("hub_model_id", TRL, "rollyard uploads nothing", "out_dir (the run directory holds the model)", (None,)),
-    _no("optim", TRL, "the trainer's optimizer is AdamW (torch's, fused where it can)",
-        "trainer.optimizer_state (fp32 or bf16 moments)", ("adamw_torch", "adamw_torch_fused")),
-    _no("adam_beta1", TRL, "rollyard's AdamW betas are fixed at (0.9, 0.99)", "trainer.lr", (0.9,)),
-    _no("adam_beta2", TRL, "rollyard's AdamW betas are fixed at (0.9, 0.99), not transformers' default 0.999",
-        "trainer.lr", (0.99,)),
-    _no("adam_epsilon", TRL, "rollyard's AdamW epsilon is fixed at 1e-8", "trainer.lr", (1e-8,)),
-    _no("lr_scheduler_kwargs", TRL, "rollyard keeps the learning rate constant", "trainer.lr (the constant rate)",
-        (None, {})),
+    Alias("optim", TRL, ("trainer.optimizer_state",), f"{' / '.join(_FP32_ADAMW)} -> fp32 (torch's AdamW); any "
+          "other optimizer (8-bit, paged, Adafactor, ...) refused, closest trainer.optimizer_state=bf16", _optim),
+    _same("adam_beta1", TRL, "trainer.adam_beta1"),
+    Alias("adam_beta2", TRL, ("trainer.adam_beta2",), "same value (a TRL script that sets none gets TRL's 0.999; "
+          "rollyard's own default is 0.99)"),
+    _same("adam_epsilon", TRL, "trainer.adam_eps"),
+    Alias("lr_scheduler_kwargs", TRL, ("trainer.lr_schedule_kwargs",), "same mapping (or its JSON string): "
+          "num_cycles, min_lr / min_lr_rate, lr_end, power, timescale, warmup_lr_rate", _schedule_kwargs),
     _ignored("gradient_checkpointing_kwargs", TRL, "rollyard's activation checkpointing has no options "
                                                    "(trainer.activation_checkpointing)"),
     _no("fp16", TRL, "rollyard trains in fp32 or bf16", "trainer.precision=bf16", (False,)),
@@ -423,6 +624,26 @@ ALIASES_LIST: list[Alias] = [
     _same("actor_rollout_ref.model.path", VERL, "model.name"),
     _same("actor_rollout_ref.actor.optim.lr", VERL, "trainer.lr"),
     _same("actor_rollout_ref.actor.optim.weight_decay", VERL, "trainer.weight_decay"),
+    Alias(_VERL_OPTIM + "lr_warmup_steps", VERL, ("trainer.warmup_steps", "trainer.lr_schedule_unit"),
+          "> 0 -> trainer.warmup_steps, counted in steps (lr_schedule_unit=step, as verl steps its scheduler once per "
+          "batch); None, 0 or negative -> lr_warmup_steps_ratio decides", _verl_warmup_steps),
+    Alias(_VERL_OPTIM + "lr_warmup_steps_ratio", VERL, ("trainer.warmup_ratio", "trainer.warmup_rounding",
+                                                        "trainer.lr_schedule_unit"),
+          "trainer.warmup_ratio, rounded down as verl does (warmup_rounding=floor), in steps; unused when "
+          "lr_warmup_steps > 0", _verl_warmup_ratio),
+    Alias(_VERL_OPTIM + "lr_scheduler_type", VERL, ("trainer.lr_schedule", "trainer.lr_schedule_kwargs",
+                                                    "trainer.lr_schedule_unit"),
+          "'constant' -> constant_with_warmup (verl's warms up); 'cosine' -> cosine, or cosine_with_min_lr when "
+          "min_lr_ratio > 0; counted in steps (lr_schedule_unit=step)", _verl_schedule),
+    Alias(_VERL_OPTIM + "warmup_style", VERL, ("trainer.lr_schedule", "trainer.lr_schedule_kwargs",
+                                               "trainer.lr_schedule_unit"),
+          "verl's older name of lr_scheduler_type: the same rule", _verl_schedule),
+    Alias(_VERL_OPTIM + "min_lr_ratio", VERL, ("trainer.lr_schedule_kwargs",), "cosine only: min_lr_rate of "
+          "cosine_with_min_lr (None / 0 accepted with any schedule)", _verl_cosine_arg("min_lr_ratio", (None, 0, 0.0))),
+    Alias(_VERL_OPTIM + "num_cycles", VERL, ("trainer.lr_schedule_kwargs",), "cosine only: num_cycles (0.5, verl's "
+          "default, accepted with any schedule)", _verl_cosine_arg("num_cycles", (None, 0.5))),
+    Alias(_VERL_OPTIM + "betas", VERL, ("trainer.adam_beta1", "trainer.adam_beta2"), "[beta1, beta2] -> "
+          "trainer.adam_beta1, trainer.adam_beta2", _verl_betas),
     _same("actor_rollout_ref.actor.grad_clip", VERL, "trainer.max_grad_norm"),
     Alias("actor_rollout_ref.actor.clip_ratio", VERL, ("algo.clip_low", "algo.clip_high"),
           "both bounds unless clip_ratio_low / clip_ratio_high are given", _verl_clip),
@@ -434,15 +655,27 @@ ALIASES_LIST: list[Alias] = [
           "else 0", _verl_kl),
     Alias("actor_rollout_ref.actor.kl_loss_type", VERL, (), "'low_var_kl' (k3) only",
           _choice("", {"low_var_kl": None, "k3": None}, "kl_loss_type")),
-    Alias("actor_rollout_ref.actor.loss_agg_mode", VERL, ("algo.loss_agg",),
-          "'token-mean' -> token-mean; 'seq-mean-token-mean' -> seq-mean",
-          _choice("algo.loss_agg", {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean"}, "loss_agg_mode")),
-    Alias("actor_rollout_ref.actor.entropy_coeff", VERL, (), "0 only (rollyard has no entropy bonus)",
-          _choice("", {0: None}, "entropy_coeff")),
-    Alias("actor_rollout_ref.actor.ppo_mini_batch_size", VERL, (),
-          "must equal data.train_batch_size (one optimizer step per batch)",
-          _same_as_batch("actor_rollout_ref.actor.ppo_mini_batch_size")),
-    _no("actor_rollout_ref.actor.ppo_epochs", VERL, _ONE_UPDATE, _REUSE),
+    Alias("actor_rollout_ref.actor.loss_agg_mode", VERL, ("algo.loss_agg",), "same value (token-mean, "
+          "seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm)",
+          _choice("algo.loss_agg", {m: m for m in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                                   "seq-mean-token-sum-norm")}, "loss_agg_mode")),
+    _same("actor_rollout_ref.actor.entropy_coeff", VERL, "algo.entropy_coef"),
+    _same("actor_rollout_ref.actor.clip_ratio_c", VERL, "algo.delta"),
+    Alias("actor_rollout_ref.actor.policy_loss.loss_mode", VERL, ("algo.policy_loss", "algo.ratio_level"),
+          "'vanilla' -> ppo_clip, token; 'gspo' -> ppo_clip, sequence; 'cispo' -> cispo", _verl_loss_mode),
+    Alias("actor_rollout_ref.actor.ppo_mini_batch_size", VERL, ("trainer.mini_batches",),
+          "mini_batches = data.train_batch_size / ppo_mini_batch_size (prompts; must divide)", _verl_mini),
+    _same("actor_rollout_ref.actor.ppo_epochs", VERL, "trainer.epochs"),
+    Alias("algorithm.filter_groups.enable", VERL, ("algo.dynamic_sampling",), "same value (groups of equal "
+          "rewards dropped, more drawn)", None),
+    _same("algorithm.filter_groups.max_num_gen_batches", VERL, "algo.dynamic_sampling_rounds"),
+    Alias("algorithm.filter_groups.metric", VERL, (), "'acc' / 'score' (rollyard filters on the reward)",
+          _choice("", {"acc": None, "score": None}, "filter_groups.metric")),
+    Alias("reward_model.overlong_buffer.enable", VERL, ("algo.overlong_buffer",), "true -> overlong_buffer = "
+          "overlong_buffer.len; false -> 0", _verl_overlong),
+    Alias("reward_model.overlong_buffer.len", VERL, ("algo.overlong_buffer",), "read with enable=true",
+          _verl_overlong),
+    _same("reward_model.overlong_buffer.penalty_factor", VERL, "algo.overlong_penalty"),
     _ignored("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", VERL, _MEMORY),
     _ignored("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", VERL, _MEMORY),
     _ignored("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu", VERL, _MEMORY),

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rollyard import aliases
+from rollyard import aliases, schedule
 
 
 class ConfigError(ValueError):
@@ -131,12 +131,40 @@ class LogConfig(Section):
 
 
 class AlgoConfig(Section):
-    normalize_std: bool = Field(True, description="GRPO: divide advantages by the group's reward std")
+    normalize_std: bool = Field(True, description="GRPO: divide advantages by the reward std (TRL scale_rewards='group' / 'batch'; false: 'none', Dr. GRPO)")
+    std_scope: Literal["group", "batch"] = Field("group", description="the std advantages are divided by: each group's own (group) or the whole step's (batch, TRL scale_rewards='batch')")
+    std_eps: float = Field(1e-6, ge=0.0, le=1.0, description="added to the std before dividing (TRL: 1e-4); a group whose rewards are all equal gets advantage 0 either way")
+    multi_objective: Literal["sum_then_normalize", "normalize_then_sum"] = Field("sum_then_normalize", description="several reward functions (reward.hooks): sum the weighted rewards, then normalise per group; or normalise each function's reward per group first, sum them weighted, then normalise over the step (TRL multi_objective_aggregation)")
+    policy_loss: Literal["ppo_clip", "cispo", "sapo", "vespo"] = Field("ppo_clip", description="the per-token surrogate: ppo_clip (GRPO, DAPO, Dr. GRPO, GSPO), cispo (clipped detached ratio times logp; clip_high is the ratio's cap), sapo (smooth sigmoid gate, sapo_temperature_*), vespo (gamma-weighted sequence ratio, vespo_*)")
     clip_low: float = Field(0.2, ge=0.0, le=1.0, description="PPO clip: ratio lower bound is 1 - clip_low")
-    clip_high: float = Field(0.28, ge=0.0, le=10.0, description="PPO clip: ratio upper bound is 1 + clip_high")
-    loss_agg: Literal["token-mean", "seq-mean"] = Field("token-mean", description="loss aggregation over tokens")
+    clip_high: float = Field(0.28, ge=0.0, le=100.0, description="PPO clip: ratio upper bound is 1 + clip_high (cispo: the ratio's cap itself)")
+    delta: float | None = Field(None, gt=1.0, description="two-sided clip: the ratio is also capped at delta before the PPO min (a negative-advantage token with a huge ratio); none: off")
+    ratio_level: Literal["token", "sequence", "sequence_token"] = Field("token", description="where the policy ratio is taken (TRL importance_sampling_level): per token; per sequence, the length-normalised geometric mean (GSPO); sequence_token: the sequence ratio's value with each token's own gradient (GSPO-token)")
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean"] = Field("token-mean", description="loss aggregation over the optimizer batch (verl loss_agg_mode): token-mean (TRL dapo, bnpo), seq-mean-token-mean (grpo; seq-mean is its old name), seq-mean-token-sum (luspo), seq-mean-token-sum-norm (dr_grpo: token sums over sequences x rollout.max_new_tokens)")
+    sapo_temperature_pos: float = Field(1.0, gt=0.0, description="policy_loss=sapo: gate temperature of positive-advantage tokens")
+    sapo_temperature_neg: float = Field(1.05, gt=0.0, description="policy_loss=sapo: gate temperature of the others")
+    vespo_k_pos: float = Field(2.0, description="policy_loss=vespo: power k for advantages >= 0")
+    vespo_lambda_pos: float = Field(3.0, description="policy_loss=vespo: decay lambda for advantages >= 0")
+    vespo_k_neg: float = Field(3.0, description="policy_loss=vespo: power k for negative advantages")
+    vespo_lambda_neg: float = Field(2.0, description="policy_loss=vespo: decay lambda for negative advantages")
     kl_coef: float = Field(0.0, ge=0.0, description="weight of the k3 KL to the reference model; 0 skips the reference entirely")
-    tis_cap: float = Field(2.0, ge=1.0, description="truncated importance sampling cap on pi_old/pi_rollout")
+    kl_bias_correction: bool = Field(False, description="multiply the k3 KL by the policy ratio (the unbiased reverse-KL gradient, DeepSeek-V3.2; TRL use_bias_correction_kl, its default on): changes the KL gradient even on-policy")
+    tis_mode: Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "none"] = Field("token_truncate", description="rollout-mismatch correction pi_old / pi_rollout (TRL vllm_importance_sampling_mode): per token or per sequence (the product over its tokens), truncated to [tis_min, tis_cap] or masked to 0 outside it; none: no correction")
+    tis_cap: float | None = Field(2.0, gt=0.0, description="upper bound of the rollout-mismatch ratio (TRL vllm_importance_sampling_clip_max); none: no upper bound")
+    tis_min: float | None = Field(None, ge=0.0, description="lower bound of the rollout-mismatch ratio (TRL vllm_importance_sampling_clip_min); none: no lower bound")
+    off_policy_mask_threshold: float | None = Field(None, ge=0.0, description="drop a negative-advantage sequence whose mean per-token log(pi_rollout / pi_theta) exceeds this (DeepSeek-V3.2's off-policy sequence mask); none: off")
+    entropy_coef: float = Field(0.0, description="entropy bonus: minus this times the mean token entropy over the batch's loss tokens is added to the loss (verl entropy_coeff); 0: off")
+    adaptive_entropy: bool = Field(False, description="adaptive entropy bonus (Skywork-OR1, TRL use_adaptive_entropy): on only while the last step's entropy <= entropy_target, its coefficient moved by entropy_coef_delta each step within [entropy_coef_min, entropy_coef_max]")
+    entropy_target: float = Field(0.2, ge=0.0, description="adaptive_entropy: target mean token entropy (nats)")
+    entropy_coef_min: float = Field(0.0, description="adaptive_entropy: lowest coefficient")
+    entropy_coef_max: float = Field(1.0, description="adaptive_entropy: highest coefficient")
+    entropy_coef_delta: float = Field(0.005, ge=0.0, description="adaptive_entropy: change of the coefficient per optimizer step")
+    top_entropy_quantile: float = Field(1.0, gt=0.0, le=1.0, description="keep the policy term on this top share of the batch's loss tokens by entropy only (the forking tokens; 0.2 in 'Beyond the 80/20 rule'); 1.0: every token")
+    mask_truncated: bool = Field(False, description="leave completions cut at rollout.max_new_tokens out of the loss (TRL mask_truncated_completions); they still count in seq-mean denominators, as in TRL")
+    dynamic_sampling: bool = Field(False, description="DAPO's dynamic sampling: drop groups whose rewards are all equal (no signal) and draw more prompts until the step has rollout.prompts_per_step groups with signal (verl algorithm.filter_groups)")
+    dynamic_sampling_rounds: int = Field(10, ge=1, le=1000, description="dynamic_sampling: rounds of generation one step may draw at most (verl max_num_gen_batches); the step then trains what it has, said in metrics")
+    overlong_buffer: int = Field(0, ge=0, description="DAPO's overlong reward shaping: a response longer than rollout.max_new_tokens - overlong_buffer tokens loses overlong_penalty x (excess / overlong_buffer) of reward; 0: off")
+    overlong_penalty: float = Field(1.0, ge=0.0, description="overlong_buffer: the penalty at the response cap")
 
 
 class TrainerConfig(Section):
@@ -153,6 +181,19 @@ class TrainerConfig(Section):
     max_skipped_steps: int = Field(3, ge=1, le=1000, description="consecutive optimizer steps with a non-finite loss or gradient (each skipped and counted in train/skipped_steps) before the run stops with an error")
     dp: int = Field(1, ge=1, description="data-parallel trainer ranks (processes rollyard starts; gloo on CPU, NCCL on GPU); each trains on its share of a step")
     sharding: Literal["none", "fsdp"] = Field("none", description="none: every rank holds the whole model | fsdp: decoder layers' parameters, gradients and optimizer state sharded over the dp ranks (FSDP2); needs dp >= 2")
+    epochs: int = Field(1, ge=1, le=100, description="passes over each generation batch (TRL num_iterations, verl ppo_epochs); the old policy's log-probs are computed once per batch, so the ratio and clip act from the second optimizer step on")
+    mini_batches: int = Field(1, ge=1, le=1024, description="optimizer steps per pass over a generation batch, each on whole groups (TRL steps_per_generation / gradient_accumulation_steps, verl train_batch_size / ppo_mini_batch_size); a step makes epochs x mini_batches weight versions")
+    disable_dropout: bool = Field(False, description="set every dropout probability of the policy to 0 (TRL disable_dropout): pi_old and the rollout's log-probs are then deterministic")
+    lm_head_fp32: bool = Field(False, description="under trainer.precision=bf16, compute the LM head's logits in fp32 (TRL cast_lm_head_to_fp32)")
+    lr_schedule: Literal[tuple(schedule.SCHEDULES)] = Field("constant", description="learning-rate schedule over the run's optimizer steps (steps x epochs x mini_batches), transformers' by name and formula: constant, constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial, inverse_sqrt, cosine_with_min_lr, cosine_warmup_with_min_lr (TRL's lr_scheduler_type; a TRL script that sets none gets TRL's linear)")
+    lr_schedule_unit: Literal["optimizer_step", "step"] = Field("optimizer_step", description="what the schedule and its warm-up count: optimizer steps (TRL: the rate changes at every one, over steps x epochs x mini_batches) or steps, one per generation batch (verl: every optimizer step of a batch at the same rate, over `steps`)")
+    warmup_steps: int = Field(0, ge=0, description="schedule units (trainer.lr_schedule_unit) of linear warm-up from 0 to trainer.lr; 0: trainer.warmup_ratio decides")
+    warmup_ratio: float = Field(0.0, ge=0.0, le=1.0, description="warm-up as a share of the schedule's length, rounded by trainer.warmup_rounding (used when warmup_steps is 0)")
+    warmup_rounding: Literal["ceil", "floor"] = Field("ceil", description="warmup_ratio x optimizer steps to whole steps: ceil (transformers, TRL) or floor (verl)")
+    lr_schedule_kwargs: dict[str, float | int | None] = Field(default_factory=dict, description="the schedule's own arguments, transformers' names: num_cycles (cosine, cosine_with_restarts, cosine_with_min_lr), min_lr or min_lr_rate (cosine_with_min_lr, cosine_warmup_with_min_lr; one of them required), warmup_lr_rate, lr_end and power (polynomial), timescale (inverse_sqrt)")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW's beta1 (first-moment decay)")
+    adam_beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW's beta2 (second-moment decay); rollyard's default 0.99, transformers' and TRL's 0.999 (a TRL script that sets none gets 0.999)")
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0, description="AdamW's epsilon (added to the root of the second moment)")
 
 
 class SyncConfig(Section):
@@ -179,6 +220,8 @@ class ReferenceConfig(Section):
 
     placement: Literal["inline", "pool", "fused"] = Field("inline", description="inline: a frozen copy in the trainer's process scores after the rewards, on the step's critical path | pool: Ray actors hold the copy and score each group as it finishes (disaggregated and async placements), overlapped with rollout and training | fused: the trainer's own module scores with its LoRA adapter disabled, no reference copy at all (needs model.lora.r > 0)")
     workers: int = Field(1, ge=1, le=256, description="placement=pool: reference actors (one CPU and one model copy each)")
+    sync_every: int = Field(0, ge=0, description="every this many optimizer steps the reference moves towards the policy: ref = mixup_alpha x policy + (1 - mixup_alpha) x ref (TR-DPO; TRL sync_ref_model with ref_model_sync_steps); 0: the reference stays the initial policy")
+    mixup_alpha: float = Field(0.6, ge=0.0, le=1.0, description="sync_every: the policy's share of the new reference (TRL ref_model_mixup_alpha)")
 
 
 class SFTConfig(Section):
@@ -250,10 +293,35 @@ class RunConfig(Section):
         if self.trainer.sharding == "fsdp" and self.trainer.optimizer_state == "bf16":
             raise ValueError("trainer.optimizer_state=bf16 steps plain tensors but trainer.sharding=fsdp shards them "
                              "(DTensor); set trainer.optimizer_state=fp32 or trainer.sharding=none")
+        _check_schedule(self)
         if self.trainer.sharding == "fsdp" and self.trainer.dp < 2:
             raise ValueError(f"trainer.sharding=fsdp shards over data-parallel ranks but trainer.dp={self.trainer.dp}; "
                              f"set trainer.dp=2 (or more) or trainer.sharding=none")
         return self
+
+
+def optimizer_steps_per_step(cfg: RunConfig) -> int:
+    """Optimizer steps per generation batch: epochs x mini-batches."""
+    t = cfg.trainer
+    return int(getattr(t, "epochs", 1)) * int(getattr(t, "mini_batches", 1))
+
+
+def schedule_length(cfg: RunConfig) -> tuple[int, int]:
+    """``(the schedule's length, optimizer steps per schedule unit)``: ``(steps x epochs x mini_batches, 1)`` when the
+    schedule counts optimizer steps (TRL), ``(steps, epochs x mini_batches)`` when it counts generation batches (verl)."""
+    per = optimizer_steps_per_step(cfg)
+    return (cfg.steps * per, 1) if cfg.trainer.lr_schedule_unit == "optimizer_step" else (cfg.steps, per)
+
+
+def _check_schedule(cfg: RunConfig) -> None:
+    """The learning-rate schedule's rules (rollyard.schedule), each one line with the values and the fix."""
+    t = cfg.trainer
+    if t.warmup_steps > 0 and t.warmup_ratio > 0:
+        raise ValueError(f"trainer.warmup_steps={t.warmup_steps} and trainer.warmup_ratio={t.warmup_ratio} are both "
+                         f"set: keep one (transformers lets the steps win silently)")
+    total = schedule_length(cfg)[0]
+    warmup = schedule.warmup_steps(total, t.warmup_steps, t.warmup_ratio, t.warmup_rounding)
+    schedule.check(t.lr_schedule, t.lr_schedule_kwargs, t.lr, total, warmup)
 
 
 def _check_tail(cfg: RunConfig) -> None:

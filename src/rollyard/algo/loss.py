@@ -22,7 +22,8 @@ from typing import Literal
 
 import torch
 
-Agg = Literal["token-mean", "seq-mean"]
+AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean")
+Agg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm", "seq-mean"]
 
 
 def aggregate(
@@ -32,30 +33,39 @@ def aggregate(
     num_tokens: int | None = None,
     num_seqs: int | None = None,
     mask: torch.Tensor | None = None,
+    max_len: int | None = None,
 ) -> torch.Tensor:
-    """Reduce a per-token ``[T]`` quantity to a scalar.
+    """Reduce a per-token ``[T]`` quantity to a scalar (verl's ``loss_agg_mode`` names; TRL's loss types in brackets).
 
-    - ``token-mean``: ``sum_t x_t / num_tokens`` (default: T). Every token weighs the same.
-    - ``seq-mean``: ``sum_s mean_{t in s} x_t / num_seqs`` (default: sequences present). Every
-      sequence weighs the same, whatever its length. A sequence must not be split across calls
-      that share denominators (its mean is taken within one call).
+    - ``token-mean`` (dapo, bnpo, cispo, vespo): ``sum_t x_t / num_tokens`` (default: T). Every token weighs the same.
+    - ``seq-mean-token-mean`` (grpo, sapo; ``seq-mean`` is its old name): ``sum_s mean_{t in s} x_t / num_seqs``
+      (default: sequences present). Every sequence weighs the same, whatever its length.
+    - ``seq-mean-token-sum`` (luspo): ``sum_s sum_{t in s} x_t / num_seqs``.
+    - ``seq-mean-token-sum-norm`` (dr_grpo): ``sum_t x_t / (num_seqs * max_len)``, ``max_len`` the response cap: no
+      length normalisation that would favour long wrong answers.
 
-    ``mask [T]`` (1 trained, 0 not: a multi-turn sample's tool tokens) leaves tokens out of the
-    counts: the caller has already zeroed them in ``per_token``.
+    A sequence must not be split across calls that share denominators. ``mask [T]`` (1 trained, 0 not: a multi-turn
+    sample's tool tokens) leaves tokens out of the counts: the caller has already zeroed them in ``per_token``.
     """
     if agg == "token-mean":
         n = (per_token.numel() if mask is None else int(mask.sum())) if num_tokens is None else num_tokens
         return per_token.sum() / max(n, 1)
-    if agg == "seq-mean":
-        if per_token.numel() == 0:
-            return per_token.sum()
-        S = int(seq_index.max()) + 1
-        sums = torch.zeros(S, dtype=per_token.dtype, device=per_token.device).index_add(0, seq_index, per_token)
-        counts = torch.bincount(seq_index, weights=mask, minlength=S).to(per_token.dtype)
-        present = counts > 0
-        n = int(present.sum()) if num_seqs is None else num_seqs
-        return (sums[present] / counts[present]).sum() / max(n, 1)
-    raise ValueError(f"unknown loss aggregation {agg!r}: expected 'token-mean' or 'seq-mean'")
+    if agg not in AGGS:
+        raise ValueError(f"unknown loss aggregation {agg!r}: expected one of {AGGS}")
+    if per_token.numel() == 0:
+        return per_token.sum()
+    S = int(seq_index.max()) + 1
+    sums = torch.zeros(S, dtype=per_token.dtype, device=per_token.device).index_add(0, seq_index, per_token)
+    counts = torch.bincount(seq_index, weights=mask, minlength=S).to(per_token.dtype)
+    present = torch.bincount(seq_index, minlength=S) > 0
+    n = int(present.sum()) if num_seqs is None else num_seqs
+    if agg == "seq-mean-token-sum-norm":
+        if not max_len:
+            raise ValueError("seq-mean-token-sum-norm needs max_len (the response token cap)")
+        return sums.sum() / (max(n, 1) * max_len)
+    if agg == "seq-mean-token-sum":
+        return sums[present].sum() / max(n, 1)
+    return (sums[present] / counts[present].clamp(min=1.0)).sum() / max(n, 1)
 
 
 def ppo_clip_loss(

@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import copy
 
+import torch
+
 from rollyard.config import ConfigError, RunConfig
 from rollyard.types import Sample
 
@@ -29,6 +31,7 @@ class InlineReference:
 
     def __init__(self, model):
         self.model = copy.deepcopy(model).eval().requires_grad_(False)
+        self.syncs = 0  # reference updates towards the policy (reference.sync_every)
 
     def submit(self, samples: list[Sample]) -> None:
         return None
@@ -43,8 +46,19 @@ class InlineReference:
     def _scoring(self):
         return contextlib.nullcontext()
 
+    @torch.no_grad()
+    def follow(self, trainer, before: int, after: int, ref_cfg) -> None:
+        """TR-DPO's reference update (TRL ``sync_ref_model``): each time the policy's version crosses a multiple of
+        ``ref_cfg.sync_every`` (``before`` -> ``after``), ``ref = alpha x policy + (1 - alpha) x ref``."""
+        every, alpha = ref_cfg.sync_every, ref_cfg.mixup_alpha
+        policy = dict(trainer.model.named_parameters())
+        for _ in range(after // every - before // every):
+            for name, p in self.model.named_parameters():
+                p.mul_(1.0 - alpha).add_(policy[name].detach().to(p.dtype), alpha=alpha)
+            self.syncs += 1
+
     def metrics(self) -> dict:
-        return {}
+        return {"reference/syncs": float(self.syncs)} if self.syncs else {}
 
     def stop(self) -> None:
         return None
@@ -55,6 +69,7 @@ class FusedReference(InlineReference):
 
     def __init__(self, policy):
         self.model = policy  # no copy: the same module, scored with its adapter off
+        self.syncs = 0
 
     def _scoring(self):
         return self.model.disable_adapter()
@@ -63,6 +78,15 @@ class FusedReference(InlineReference):
 def check(cfg: RunConfig) -> None:
     """Raise ``ConfigError`` (one line, with the fix) for a reference placement that cannot work."""
     where = cfg.reference.placement
+    if cfg.reference.sync_every and cfg.algo.kl_coef == 0:
+        raise ConfigError(f"reference.sync_every={cfg.reference.sync_every} moves the reference towards the policy, "
+                          f"but algo.kl_coef=0 uses no reference; set algo.kl_coef > 0 (e.g. 0.04) or "
+                          f"reference.sync_every=0")
+    if cfg.reference.sync_every and (where != "inline" or cfg.model.lora.r > 0):
+        what = f"reference.placement={where}" if where != "inline" else f"model.lora.r={cfg.model.lora.r}"
+        raise ConfigError(f"reference.sync_every={cfg.reference.sync_every} mixes the policy's weights into a reference "
+                          f"copy in the trainer's process, which {what} does not have (as TRL refuses it with PEFT); "
+                          f"set reference.placement=inline and model.lora.r=0, or reference.sync_every=0")
     if where == "inline":
         return
     if cfg.algo.kl_coef == 0:

@@ -50,6 +50,7 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
         raise ConfigError(f"rollout.scheduler=tail runs with one trainer process (colocated streams each group's gradient "
                           f"into it; the Ray placements' tail rounds are not tested with trainer ranks), but "
                           f"trainer.dp={cfg.trainer.dp}; set trainer.dp=1 or rollout.scheduler=plain")
+    recipe(cfg)
     if cfg.placement == "colocated":
         return
     if cfg.sync.transport == "inprocess":
@@ -65,7 +66,47 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
     if cpus is not None and cfg.rollout.workers > cpus:
         raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs one CPU each, but Ray can give {cpus:g}; "
                           f"set rollout.workers={max(1, int(cpus))} or fewer")
-    if cfg.placement == "async" and cfg.sync.every > cfg.max_staleness + 1:
-        raise ConfigError(f"sync.every={cfg.sync.every} leaves samples up to {cfg.sync.every - 1} versions old, over "
+    k = updates_per_step(cfg)
+    lag = (-(-cfg.sync.every // k) - 1) * k  # the rollout's weights lag the trainer's by this at a step's start
+    if cfg.placement == "async" and lag > cfg.max_staleness:
+        per = f" (trainer.epochs x trainer.mini_batches = {k} versions a step)" if k > 1 else ""
+        raise ConfigError(f"sync.every={cfg.sync.every} leaves samples up to {lag} versions old{per}, over "
                           f"max_staleness={cfg.max_staleness}: no sample could be trained; set "
-                          f"max_staleness={cfg.sync.every - 1} or sync.every={cfg.max_staleness + 1}")
+                          f"max_staleness={lag} or sync.every={k}")
+
+
+def updates_per_step(cfg: RunConfig) -> int:
+    """Optimizer steps (weight versions) one step makes: ``trainer.epochs x trainer.mini_batches``."""
+    return cfg.trainer.epochs * cfg.trainer.mini_batches
+
+
+def recipe(cfg: RunConfig) -> None:
+    """The loss and optimisation settings a placement or scheduler cannot honour: one line each, never ignored."""
+    a, t = cfg.algo, cfg.trainer
+    streamed = cfg.rollout.scheduler == "tail" and cfg.placement == "colocated"
+    if streamed:
+        asked = [name for name, on in (
+            ("trainer.epochs", t.epochs > 1), ("trainer.mini_batches", t.mini_batches > 1),
+            ("algo.top_entropy_quantile", a.top_entropy_quantile < 1.0), ("algo.entropy_coef", a.entropy_coef != 0),
+            ("algo.adaptive_entropy", a.adaptive_entropy), ("algo.dynamic_sampling", a.dynamic_sampling)) if on]
+        if asked:
+            raise ConfigError(f"rollout.scheduler=tail with placement=colocated trains each group as it completes, "
+                              f"into one optimizer step over the whole round, but {asked[0]} needs the whole batch "
+                              f"before the first update; set rollout.scheduler=plain, or placement=disaggregated, or "
+                              f"{asked[0]} back to its default")
+    if cfg.rollout.scheduler == "tail" and a.dynamic_sampling:
+        raise ConfigError("algo.dynamic_sampling draws extra rounds inside a step, but rollout.scheduler=tail plans "
+                          "each step's rounds itself (short and long rounds); set rollout.scheduler=plain or "
+                          "algo.dynamic_sampling=false")
+    if t.dp > 1 and a.top_entropy_quantile < 1.0:
+        raise ConfigError(f"algo.top_entropy_quantile={a.top_entropy_quantile} takes its threshold over every loss "
+                          f"token of the batch, which trainer.dp={t.dp} splits over ranks; set trainer.dp=1 or "
+                          f"algo.top_entropy_quantile=1.0")
+    if a.multi_objective == "normalize_then_sum" and len(cfg.reward.hooks) < 2:
+        raise ConfigError(f"algo.multi_objective=normalize_then_sum normalises each reward function apart, but "
+                          f"{max(len(cfg.reward.hooks), 1)} reward function is set (reward.hooks); give several in "
+                          f"reward.hooks or leave algo.multi_objective=sum_then_normalize")
+    if a.overlong_buffer >= cfg.rollout.max_new_tokens:
+        raise ConfigError(f"algo.overlong_buffer={a.overlong_buffer} must be below rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens} (the penalty starts that many tokens before the cap); set "
+                          f"algo.overlong_buffer={cfg.rollout.max_new_tokens // 4}")

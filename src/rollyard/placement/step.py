@@ -2,16 +2,8 @@
 
 A placement only chooses its rollout side (``colocated.LocalRollout``: an engine in this process;
 ``pool.RolloutPool``: Ray actors, disaggregated or async with its staleness bound) and calls
-``train(run, roles, side)``. A side answers:
-
-- ``take(step, version) -> Taken``: the step's requests and their samples (``train_metrics`` set
-  only when the side trained inside its round: tail batching, see ``streamed.py``);
-- ``trainer_turn()``: a context held while the trainer steps (vLLM colocated: the engine sleeps);
-- ``session``: its ``sync.session.SyncSession`` (the publish rule ``due``, the check cadence);
-- ``publish(step, version) -> bytes``: the new weights to every receiver, catch-ups included;
-- ``check(step, version)``: the equality check of every receiver against the trainer;
-- ``metrics()``: its counters for the step's row (reset); ``rng_state()``: RNG state to checkpoint
-  (or None); ``stop()``.
+``train(run, roles, side)``. A side implements ``placement/side.py``'s ``RolloutSide`` (take, trainer_turn,
+session, publish, check, canary, metrics, checkpoint, stop).
 
 The publish rule is the session's: a version newer than the last published and a multiple of
 ``sync.every``. A skipped optimizer step (non-finite loss) makes no version, so no placement
@@ -23,13 +15,14 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, field
 
-from rollyard.algo.advantages import assign_advantages
+from rollyard.algo.advantages import assign_advantages, overlong_penalty
 from rollyard.algo.support import Support
 from rollyard.placement.run import Roles, RunRecord, finish
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.sync import canary
 from rollyard.telemetry.report import StepProgress
 from rollyard.trainer.dp import after_step
+from rollyard.trainer.optimize import optimize
 from rollyard.trainer.trainer import trainer_kwargs
 from rollyard.types import Request, Sample
 
@@ -65,16 +58,58 @@ def grpo_step(run: RunRecord, r: Roles, side, step: int, progress) -> None:
     samples, train_metrics = got.samples, got.train_metrics
     if train_metrics is None:
         samples, trained = score(run, r, step, samples)
+        if run.cfg.algo.dynamic_sampling:
+            got, samples, trained = fill_with_signal(run, r, side, step, got, samples, trained)
+        t, a = run.cfg.trainer, run.cfg.algo
         with side.trainer_turn(), run.telemetry.span("train", step, requests=[q.id for q in got.requests]):
-            train_metrics = r.trainer.step(trained)
+            train_metrics = optimize(r.trainer, trained, t.epochs, t.mini_batches, a.top_entropy_quantile,
+                                     getattr(r.trainer, "loss_mask", None))
     after_step(run.telemetry, step, r.trainer)  # dp ranks: the gradients edge; fsdp: the gather for the publish
     ledger = r.feed.ledger  # rejected prompts are dead already; a tail round's come from its own queue
     ledger.trained([q.id for q in got.requests if ledger.state.get(q.id) in ("in_flight", "deferred")])
-    run.state.version += 0 if train_metrics.get("skipped") else 1  # a skipped update is no new version
+    # a version per optimizer step that was not skipped (a non-finite loss makes none)
+    applied = train_metrics.get("applied", 0.0 if train_metrics.get("skipped") else 1.0)
+    before = run.state.version
+    run.state.version += int(applied)
+    if r.reference is not None and run.cfg.reference.sync_every:
+        r.reference.follow(r.trainer, before, run.state.version, run.cfg.reference)
     checked = publish(run, side, step)
     run.close_step(step, r, progress, got.requests, samples, train_metrics, trained_at,
                    extra={**got.extra, **side.metrics(), "sync/checked": checked,
-                          **(r.reference.metrics() if r.reference is not None else {})}, extra_rng=side.rng_state)
+                          **(r.reference.metrics() if r.reference is not None else {})}, extra_rng=side.checkpoint)
+
+
+def fill_with_signal(run: RunRecord, r: Roles, side, step: int, got: Taken, samples: list[Sample],
+                     trained: list[Sample]) -> tuple[Taken, list[Sample], list[Sample]]:
+    """DAPO's dynamic sampling: keep the groups whose rewards differ (a group of equal rewards has advantage 0
+    everywhere: no signal) and take more rounds from ``side`` until ``rollout.prompts_per_step`` groups are kept or
+    ``algo.dynamic_sampling_rounds`` rounds were drawn. Every group drawn is accounted for (trained on, or counted in
+    ``dynamic/dropped_groups``); the step trains every group kept, so a last round may bring it over the batch."""
+    cfg = run.cfg
+    requests, extra = list(got.requests), dict(got.extra)
+    kept, dropped = with_signal(trained)
+    rounds = 1
+    while len({s.request_id for s in kept}) < cfg.rollout.prompts_per_step and rounds < cfg.algo.dynamic_sampling_rounds:
+        more = side.take(step, run.state.version)
+        rounds += 1
+        scored, t = score(run, r, step, more.samples)
+        requests += more.requests
+        samples = samples + scored
+        k, d = with_signal(t)
+        kept, dropped = kept + k, dropped + d
+    groups = len({s.request_id for s in kept})
+    extra.update({"dynamic/rounds": float(rounds), "dynamic/kept_groups": float(groups),
+                  "dynamic/dropped_groups": float(dropped), "dynamic/short": float(groups < cfg.rollout.prompts_per_step)})
+    return Taken(requests, samples, extra), samples, kept
+
+
+def with_signal(samples: list[Sample]) -> tuple[list[Sample], int]:
+    """``(samples of the groups whose rewards are not all equal, the number of groups left out)``."""
+    by_group: dict[str, list[Sample]] = {}
+    for s in samples:
+        by_group.setdefault(s.request_id, []).append(s)
+    kept = [s for g in by_group.values() if len({x.reward for x in g}) > 1 for s in g]
+    return kept, sum(1 for g in by_group.values() if len({x.reward for x in g}) <= 1)
 
 
 def publish(run: RunRecord, side, step: int) -> int:
@@ -142,8 +177,12 @@ def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -
     if r.reference is not None and trained:  # (a streamed group whose every verifier call failed has none)
         with tel.span("reference", step, placement=cfg.reference.placement):  # the trainer's wait for it
             add_reference(r, trained, step, tel)
+    a = cfg.algo
     with tel.span("algorithm", step):
-        assign_advantages(trained, cfg.algo.normalize_std)
+        for s in trained:  # DAPO's overlong shaping (0 when algo.overlong_buffer = 0)
+            s.reward += overlong_penalty(len(s.completion_ids), cfg.rollout.max_new_tokens, a.overlong_buffer,
+                                         a.overlong_penalty)
+        assign_advantages(trained, a.normalize_std, a.std_eps, a.std_scope, a.multi_objective, cfg.reward.weights)
     return samples, trained
 
 

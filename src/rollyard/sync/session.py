@@ -77,7 +77,9 @@ class SyncSession:
         self.sender.connect(receivers)
 
     def due(self, version: int) -> bool:
-        return version > self.last.version and version % self.every == 0
+        """A version newer than the last published that reached a multiple of ``sync.every`` (a step of several
+        optimizer steps may pass one without landing on it)."""
+        return version > self.last.version and version // self.every > self.last.version // self.every
 
     def check_due(self) -> bool:
         """The equality check runs after the first publish, then every ``sync.check_every``-th (0: never).

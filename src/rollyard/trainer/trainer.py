@@ -43,9 +43,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
-from rollyard.algo import support
-from rollyard.algo.loss import aggregate, kl_k3, ppo_clip_loss, tis_weights
-from rollyard.config import RunConfig
+from rollyard import schedule
+from rollyard.algo import correction, support
+from rollyard.algo.entropy_control import EntropyControl
+from rollyard.algo.loss import AGGS
+from rollyard.algo.policy_loss import Batch, LossSpec, policy_loss
+from rollyard.config import RunConfig, schedule_length
 from rollyard.model import families
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import memory as cpu_memory
@@ -56,6 +59,7 @@ from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan, prefix_shared
 from rollyard.types import Sample
 
 PRECISIONS = ("auto", "fp32", "bf16")
+SCHEDULE_STEP = "schedule_step"  # param-group key: optimizer steps taken, the learning-rate schedule's position
 OPTIMIZER_STATES = ("fp32", "bf16")  # AdamW moments: torch.optim.AdamW, or bf16 (trainer/adamw_bf16.py)
 
 
@@ -69,16 +73,18 @@ def chunked_token_logprobs(
     with_entropy: bool = False,
     top_p: float = 1.0,
     top_k: int = 0,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log_softmax(lm_head(hidden) / temperature)[i, targets[i]]`` for ``hidden [N, H]``.
 
-    Returns ``(logp [N] fp32, entropy [N] fp32 or None)``; entropy carries no gradient. At most
+    Returns ``(logp [N] fp32, entropy [N] fp32 or None)``; entropy carries a gradient only with ``entropy_grad``
+    (a loss with an entropy bonus). At most
     ``chunk x V`` logits exist at a time, forward and backward (each chunk is checkpointed when
     gradients are needed). ``softcap``: the model's final-logit soft cap (Gemma-2 style), if any.
     """
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
 
-    if need_grad and hidden.shape[0] and head_grad.applies(lm_head, hidden, softcap, support.active(top_p, top_k)):
+    if need_grad and not entropy_grad and hidden.shape[0] and head_grad.applies(lm_head, hidden, softcap, support.active(top_p, top_k)):
         # one weight-sized gradient instead of one per chunk plus the sum (trainer/head.py: 262k-vocab heads)
         lp, ent = head_grad.HeadLogprobs.apply(hidden, lm_head.weight, targets, float(temperature), int(chunk),
                                                with_entropy)
@@ -96,7 +102,9 @@ def chunked_token_logprobs(
         logz = torch.logsumexp(logits, dim=-1)
         lp = logits.gather(-1, y[:, None]).squeeze(-1) - logz
         ent = None
-        if with_entropy:
+        if with_entropy and entropy_grad and need_grad:  # H = logz - sum_v p_v logit_v, differentiable
+            ent = logz - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        elif with_entropy:
             # After every tensor the backward needs has been saved: checkpoint's recomputation
             # stops early (before this) in the backward pass, so entropy costs one pass, not two.
             # H = logz - sum_v p_v * logit_v, as a batched dot product (no second [n, V] buffer).
@@ -233,14 +241,18 @@ class Trainer:
     (``skip_zero_advantage``), its tokens kept in the denominators.
     """
 
-    def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), max_grad_norm=1.0,
+    def __init__(self, model, *, lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8, max_grad_norm=1.0,
                  micro_batch_tokens=4096, temperature=1.0, logprob_chunk=1024, loss_agg="token-mean",
                  clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
                  max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto",
                  activation_checkpointing=False, optimizer_state="fp32", top_p=1.0, top_k=0, skip_zero_advantage=True,
-                 share_prompts=True):
-        if loss_agg not in ("token-mean", "seq-mean"):
-            raise ValueError(f"loss_agg={loss_agg!r}: expected 'token-mean' or 'seq-mean'")
+                 share_prompts=True, loss: LossSpec | None = None, mask_truncated=False,
+                 entropy: EntropyControl | None = None, lr_schedule="constant", schedule_steps=0, warmup_steps=0,
+                 lr_schedule_kwargs=None, schedule_every=1):
+        if loss is None:  # the plain GRPO loss from the short keywords
+            loss = LossSpec(agg=loss_agg, clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef, is_cap=tis_cap)
+        if loss.agg not in AGGS:
+            raise ValueError(f"loss_agg={loss.agg!r}: expected one of {AGGS}")
         if temperature <= 0:
             raise ValueError(f"temperature={temperature}: logprobs are taken under log_softmax(logits / T), "
                              f"T must be > 0 (use 1.0 for greedy rollouts)")
@@ -259,10 +271,10 @@ class Trainer:
         self.micro_batch_tokens = micro_batch_tokens
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.logprob_chunk = logprob_chunk
-        self.loss_agg = loss_agg
-        self.clip_low, self.clip_high = clip_low, clip_high
-        self.kl_coef = kl_coef
-        self.tis_cap = tis_cap
+        self.loss = loss  # what the loss computes (algo/policy_loss.py)
+        self.loss_agg, self.kl_coef = loss.agg, loss.kl_coef
+        self.mask_truncated = mask_truncated
+        self.entropy = entropy if entropy is not None else EntropyControl(start=loss.entropy_coef)
         # Leave samples that cannot move the weights out of the forward/backward (moves_weights); off only
         # to measure or test against the unskipped step.
         self.skip_zero_advantage = skip_zero_advantage
@@ -282,9 +294,15 @@ class Trainer:
         if optimizer_state not in OPTIMIZER_STATES:
             raise ValueError(f"optimizer_state={optimizer_state!r}: expected one of {OPTIMIZER_STATES}")
         if optimizer_state == "bf16":  # bf16 moments, stochastically rounded (trainer/adamw_bf16.py)
-            self.optimizer = AdamWBf16(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+            self.optimizer = AdamWBf16(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         else:
-            self.optimizer = adamw(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+            self.optimizer = adamw(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # The learning rate of optimizer step k is lr x the schedule's multiplier (rollyard/schedule.py) at
+        # k // schedule_every of schedule_steps, set before the step by schedule_lr(); k is kept in the optimizer's
+        # param groups, so a checkpoint (and every data-parallel rank's copy of it) carries it.
+        self.base_lr = lr
+        self.lr_schedule = (lr_schedule, int(schedule_steps), int(warmup_steps),
+                            schedule.resolve(lr_schedule, lr_schedule_kwargs, lr, int(warmup_steps)), int(schedule_every))
         # Fail over at start-up, not silently an hour in: if this model's attention does not turn
         # restarting position_ids into sequence boundaries, train one sequence per micro-batch.
         self.packing = packing_is_isolated(self.model)
@@ -305,7 +323,7 @@ class Trainer:
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         return stack
 
-    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False):
+    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False):
         """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``."""
         decoder = _decoder(model)
         ids = mb.input_ids.to(self.device, non_blocking=True)
@@ -323,7 +341,8 @@ class Trainer:
             return chunked_token_logprobs(
                 hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
                 temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, chunk=self.logprob_chunk,
-                softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy)
+                softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy,
+                entropy_grad=entropy_grad)
 
     def _use_fast(self, model) -> bool:
         """Whether padded rows of ``model`` take ``families.train_hidden`` (checked once per model).
@@ -372,8 +391,10 @@ class Trainer:
         a KL term. With ``kl_coef == 0`` (and the loss has no entropy term) a sample whose advantage is
         exactly 0 contributes exactly 0 to every parameter's gradient (each token's surrogate is
         ``-min(r * 0, clip(r) * 0) = 0``), so its forward and backward are left out; its tokens still
-        count in the loss denominators of the whole batch, so the update is unchanged."""
-        return bool(s.completion_ids) and (s.advantage != 0.0 or self.kl_coef > 0 or not self.skip_zero_advantage)
+        count in the loss denominators of the whole batch, so the update is unchanged. A KL or entropy term
+        (:meth:`LossSpec.needs_every_sample`, or an adaptive entropy bonus) makes every sample matter."""
+        every = self.loss.needs_every_sample() or self.entropy.on or not self.skip_zero_advantage
+        return bool(s.completion_ids) and (s.advantage != 0.0 or every)
 
     def trained_indices(self, samples: list[Sample]) -> list[int]:
         """Indices of the samples the forward/backward computes (:meth:`moves_weights`)."""
@@ -394,27 +415,35 @@ class Trainer:
         ``model`` defaults to the policy; pass the frozen reference model to get reference
         logprobs through the same packed path. No gradients, no optimizer state touched.
         """
+        return self.logprobs_and_entropy(samples, model, with_entropy=False)[0]
+
+    @torch.no_grad()
+    def logprobs_and_entropy(self, samples: list[Sample], model=None, with_entropy: bool = True):
+        """``(logprobs, entropies)``: per sample ``[len]`` fp32 CPU tensors (entropies ``None`` without
+        ``with_entropy``), one no-grad pass: the old policy's log-probs of a generation batch, and the entropies
+        a top-entropy mask is taken from."""
         model = self.model if model is None else model
         out: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
+        ents: list[torch.Tensor] = [torch.zeros(0) for _ in samples]
         for mb in self.micro_batches(samples, model):
-            lp, _ = self._forward(model, mb)
+            lp, ent = self._forward(model, mb, with_entropy=with_entropy)
             for i, part in zip(mb.members, lp.float().cpu().split(mb.lengths)):
                 out[i] = part
-        return out
+            if with_entropy:
+                for i, part in zip(mb.members, ent.float().cpu().split(mb.lengths)):
+                    ents[i] = part
+        return out, (ents if with_entropy else None)
 
     # -- RL step --------------------------------------------------------------------------------
 
-    def accumulate_gradients(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None,
-                             denominators: tuple[int, int] | None = None) -> dict:
-        """Forward/backward every micro-batch of ``samples``, adding into ``.grad``; no step.
+    def loss_mask(self, s: Sample) -> list[int]:
+        """Per completion token, 1 in the loss: the model's own tokens, none of a completion cut at the response
+        cap when ``mask_truncated`` (TRL's ``mask_truncated_completions``)."""
+        if self.mask_truncated and s.finish_reason == "length":
+            return [0] * len(s.completion_ids)
+        return s.loss_mask
 
-        Returns raw accumulators (tensors) that :meth:`step` turns into metrics. Exposed so tests
-        can compare the accumulated gradient across micro-batch sizes. ``denominators``
-        (``num_tokens, num_seqs`` of the loss aggregation) default to this call's; ``(1, 1)`` makes
-        the loss a plain sum, for a caller that scales the gradient once per step itself
-        (trainer/streaming.py), or the whole step's counts when ``samples``
-        is one data-parallel rank's share (trainer/dp.py).
-        """
+    def _check_inputs(self, samples: list[Sample], old_logprobs) -> None:
         if old_logprobs is not None and len(old_logprobs) != len(samples):
             raise ValueError(f"old_logprobs has {len(old_logprobs)} entries for {len(samples)} samples")
         for i, s in enumerate(samples):
@@ -432,66 +461,105 @@ class Trainer:
                 raise ValueError(f"sample {s.id!r}: old_logprobs has {len(old_logprobs[i])} entries for "
                                  f"{len(s.completion_ids)} completion tokens")
 
-        num_tokens = sum(sum(s.loss_mask) for s in samples)  # tool tokens (env/loop.py) carry no loss
+    def accumulate_gradients(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None,
+                             denominators: tuple[int, int] | None = None,
+                             entropy_masks: list[torch.Tensor] | None = None) -> dict:
+        """Forward/backward every micro-batch of ``samples``, adding into ``.grad``; no step.
+
+        Returns raw accumulators (tensors) that :meth:`step` turns into metrics. Exposed so tests
+        can compare the accumulated gradient across micro-batch sizes. ``denominators``
+        (``num_tokens, num_seqs`` of the loss aggregation) default to this call's; ``(1, 1)`` makes
+        the loss a plain sum, for a caller that scales the gradient once per step itself
+        (trainer/streaming.py), or the whole step's counts when ``samples``
+        is one data-parallel rank's share (trainer/dp.py). ``entropy_masks`` (per sample ``[len]``, from
+        :func:`rollyard.algo.policy_loss.entropy_mask`): the top-entropy tokens the policy term keeps.
+        """
+        self._check_inputs(samples, old_logprobs)
+        masks = [self.loss_mask(s) for s in samples]
+        num_tokens = sum(sum(m) for m in masks)  # tool tokens (env/loop.py) carry no loss
         num_seqs = sum(1 for s in samples if s.completion_ids)
         den_tokens, den_seqs = denominators if denominators is not None else (num_tokens, num_seqs)
+        ent_tokens = den_tokens if entropy_masks is None else int(sum(
+            float((torch.as_tensor(m, dtype=torch.float32) * e).sum()) for m, e in zip(masks, entropy_masks)))
         want_kl = self.kl_coef > 0 or (num_seqs > 0 and all(s.ref_logprobs is not None for s in samples if s.completion_ids))
         # Only what moves the weights is computed (moves_weights); the denominators above stay the whole batch's.
-        trained = self.trained_indices(samples)
+        trained = [i for i in self.trained_indices(samples) if any(masks[i])]
         positions = [len(s.prompt_ids) + len(s.completion_ids) - 1 if s.completion_ids else 0 for s in samples]
-        dev = self.device
-        zero = torch.zeros((), device=dev)
+        zero = torch.zeros((), device=self.device)
         acc = {"loss": zero.clone(), "pg_loss": zero.clone(), "kl_sum": zero.clone(), "entropy_sum": zero.clone(),
+               "eff_entropy_sum": zero.clone(), "eff_tokens": zero.clone(),
                "clipped": zero.clone(), "capped": zero.clone(), "diff_sum": zero.clone(), "diff_max": zero.clone(),
                "log_ratio": [], "tokens": num_tokens, "seqs": num_seqs, "micro_batches": 0, "packed_tokens": 0,
                "want_kl": want_kl,
                # the computed share: diagnostics (entropy, logprob gap, KL) are means over the computed tokens
-               "computed_tokens": sum(sum(samples[i].loss_mask) for i in trained),
+               "computed_tokens": sum(sum(masks[i]) for i in trained),
                "skipped_seqs": num_seqs - len(trained),
                "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained),
                "computed_positions": 0}
         head_grad.CLOCK.take()
         for mb in self.micro_batches([samples[i] for i in trained]):
             idx = [trained[k] for k in mb.members]  # into ``samples``
-            members = [samples[i] for i in idx]
-            cat = lambda rows: torch.tensor([x for r in rows for x in r], dtype=torch.float32).to(dev, non_blocking=True)  # noqa: E731
-            logp, ent = self._forward(self.model, mb, with_entropy=True)
-            if old_logprobs is None:
-                old = logp.detach()  # single update per batch: pi_old is the current policy
-            else:
-                old = torch.cat([old_logprobs[i].reshape(-1).float() for i in idx]).to(dev)
-            mu = cat(s.logprobs for s in members)
-            adv = torch.tensor([s.advantage for s in members], dtype=torch.float32).repeat_interleave(
-                torch.tensor(mb.lengths)).to(dev, non_blocking=True)
-            seq_index = mb.seq_index.to(dev, non_blocking=True)
-            keep = cat(s.loss_mask for s in members)  # 1: the model's token; 0: a tool's (context only)
-            tis = tis_weights(old, mu, self.tis_cap)
-            pg, st = ppo_clip_loss(logp, old, adv, seq_index, clip_low=self.clip_low, clip_high=self.clip_high,
-                                   agg=self.loss_agg, tis_weight=tis, num_tokens=den_tokens, num_seqs=den_seqs,
-                                   mask=keep)
-            loss = pg
-            if want_kl:
-                k3 = kl_k3(logp, cat(s.ref_logprobs for s in members)) * keep
-                if self.kl_coef > 0:
-                    loss = loss + self.kl_coef * aggregate(k3, seq_index, self.loss_agg, den_tokens, den_seqs, keep)
-                acc["kl_sum"] += k3.detach().sum()
+            b = self._loss_batch(mb, samples, idx, masks, old_logprobs, entropy_masks, want_kl)
+            loss, st = policy_loss(self.loss, b, den_tokens, den_seqs, ent_tokens, self.entropy.coef)
             loss.backward()
-
-            with torch.no_grad():
-                log_ratio = (old - mu)[keep > 0]
-                acc["loss"] += loss.detach()
-                acc["pg_loss"] += pg.detach()
-                acc["entropy_sum"] += (ent * keep).sum()
-                acc["clipped"] += st["clipped_tokens"]
-                acc["capped"] += (log_ratio > math.log(self.tis_cap)).sum()
-                acc["diff_sum"] += log_ratio.abs().sum()
-                acc["diff_max"] = torch.maximum(acc["diff_max"], log_ratio.abs().max())
-                acc["log_ratio"].append(log_ratio)
+            self._accumulate(acc, b, loss, st)
             acc["micro_batches"] += 1
             acc["packed_tokens"] += mb.num_tokens
             acc["computed_positions"] += mb.real_positions
         acc["lm_head_s"] = head_grad.CLOCK.take()  # the LM head's logprobs, forward and backward (trainer/head.py)
         return acc
+
+    def _loss_batch(self, mb: MicroBatch, samples: list[Sample], idx: list[int], masks, old_logprobs, entropy_masks,
+                    want_kl: bool) -> Batch:
+        """The loss's per-token tensors of one micro-batch (``idx``: its members' indices into ``samples``)."""
+        dev = self.device
+        members = [samples[i] for i in idx]
+
+        def cat(rows) -> torch.Tensor:
+            return torch.tensor([x for r in rows for x in r], dtype=torch.float32).to(dev, non_blocking=True)
+
+        logp, ent = self._forward(self.model, mb, with_entropy=True, entropy_grad=self.loss.needs_entropy_grad())
+        # one update per batch: pi_old is the current policy, from this same forward (no extra pass)
+        old = logp.detach() if old_logprobs is None else torch.cat(
+            [old_logprobs[i].reshape(-1).float() for i in idx]).to(dev)
+        adv = torch.tensor([s.advantage for s in members], dtype=torch.float32).repeat_interleave(
+            torch.tensor(mb.lengths)).to(dev, non_blocking=True)
+        return Batch(logp=logp, old_logp=old, rollout_logp=cat(s.logprobs for s in members), adv=adv,
+                     seq_index=mb.seq_index.to(dev, non_blocking=True), mask=cat(masks[i] for i in idx),
+                     ref_logp=cat(s.ref_logprobs for s in members) if want_kl else None, entropy=ent,
+                     entropy_mask=None if entropy_masks is None else cat(entropy_masks[i].tolist() for i in idx))
+
+    def _accumulate(self, acc: dict, b: Batch, loss: torch.Tensor, st: dict) -> None:
+        with torch.no_grad():
+            keep = b.mask > 0
+            log_ratio = (b.old_logp - b.rollout_logp)[keep]
+            raw = correction.BY_MODE[self.loss.is_mode](b.old_logp, b.rollout_logp, b.seq_index, b.mask, None, None)
+            acc["loss"] += loss.detach()
+            acc["pg_loss"] += st["pg_loss"]
+            if "kl_sum" in st:
+                acc["kl_sum"] += st["kl_sum"]
+            acc["entropy_sum"] += (b.entropy.detach() * b.mask).sum()
+            eff = b.mask if b.entropy_mask is None else b.mask * b.entropy_mask
+            acc["eff_entropy_sum"] += (b.entropy.detach() * eff).sum()
+            acc["eff_tokens"] += eff.sum()
+            acc["clipped"] += st["clipped"]
+            acc["capped"] += ((st["is_weight"] != raw) & keep).sum()
+            acc["diff_sum"] += log_ratio.abs().sum()
+            if log_ratio.numel():
+                acc["diff_max"] = torch.maximum(acc["diff_max"], log_ratio.abs().max())
+            acc["log_ratio"].append(log_ratio)
+
+    def schedule_lr(self) -> float:
+        """Set the rate of the optimizer step about to run (lr x the schedule at the count of steps taken so far)
+        and count this step; returns the rate. Called once per :meth:`step` whether or not the update runs (a
+        skipped non-finite step and a step with nothing to learn advance the schedule too, as transformers'
+        scheduler steps after every optimizer step)."""
+        name, total, warmup, args, every = self.lr_schedule
+        k = int(self.optimizer.param_groups[0].get(SCHEDULE_STEP, 0))
+        lr = self.base_lr * schedule.multiplier(name, k // every, total, warmup, args)
+        for g in self.optimizer.param_groups:
+            g["lr"], g[SCHEDULE_STEP] = lr, k + 1
+        return lr
 
     def _optimizer_step(self, loss: float = 0.0) -> tuple[float, bool]:
         """Clip, step, zero; returns ``(grad_norm, skipped)``. A non-finite loss or gradient norm
@@ -505,18 +573,20 @@ class Trainer:
         self.optimizer_s = time.perf_counter() - t0  # the step's clip + AdamW (per step, by parameter count)
         return float(grad_norm), skipped
 
-    def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
+    def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None,
+             entropy_masks: list[torch.Tensor] | None = None) -> dict[str, float]:
         """One optimizer step over all ``samples``; returns float metrics (see module docs).
 
         Uses ``sample.advantage`` (per sequence, broadcast over its tokens), ``sample.logprobs``
         (the rollout's mu, for TIS and the canaries) and ``sample.ref_logprobs`` (when
         ``kl_coef > 0``). ``old_logprobs`` (per sample, e.g. from :meth:`logprobs` before the first
         of several updates on one batch) is pi_old; ``None`` means pi_old = the current policy,
-        taken from this same forward (no extra pass).
+        taken from this same forward (no extra pass). ``entropy_masks``: see :meth:`accumulate_gradients`.
         """
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_s = 0.0
-        acc = self.accumulate_gradients(samples, old_logprobs)
+        acc = self.accumulate_gradients(samples, old_logprobs, entropy_masks=entropy_masks)
+        lr = self.schedule_lr()
         skipped = False
         if acc["tokens"] == 0:
             grad_norm = 0.0  # nothing to learn from; leave the weights (and Adam's moments) alone
@@ -525,12 +595,14 @@ class Trainer:
             if acc["micro_batches"] == 0:
                 self.zero_missing_grads()  # every sample skipped: the step on the zero gradient still runs
             grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
+        coef = self.entropy.coef
+        self.entropy.update(float(acc["eff_entropy_sum"]) / max(float(acc["eff_tokens"]), 1.0))
         ratio = torch.cat(acc["log_ratio"]).exp() if acc["log_ratio"] else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         return {"loss": float(acc["loss"]), "pg_loss": float(acc["pg_loss"]), "grad_norm": grad_norm,
                 "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95,
                 **step_metrics([acc]), "skipped": float(skipped), "skipped_steps": float(self.skips.total),
-                "optimizer_s": self.optimizer_s}
+                "optimizer_s": self.optimizer_s, "lr": lr, **({"entropy_coef": coef} if self.entropy.on else {})}
 
     # -- supervised warm start --------------------------------------------------------------------
 
@@ -642,8 +714,31 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
             # greedy rollouts record full logprobs (top-k / top-p do not change an argmax): the trainer's too
             "top_p": cfg.rollout.top_p if cfg.rollout.temperature else 1.0,
             "top_k": cfg.rollout.top_k if cfg.rollout.temperature else 0,
-            "logprob_chunk": t.logprob_chunk, "loss_agg": a.loss_agg, "clip_low": a.clip_low,
-            "clip_high": a.clip_high, "kl_coef": a.kl_coef, "tis_cap": a.tis_cap,
+            "logprob_chunk": t.logprob_chunk, "loss": loss_spec(cfg), "mask_truncated": a.mask_truncated,
+            "entropy": EntropyControl(start=a.entropy_coef, adaptive=a.adaptive_entropy, target=a.entropy_target,
+                                      delta=a.entropy_coef_delta, low=a.entropy_coef_min, high=a.entropy_coef_max),
             "max_skipped_steps": t.max_skipped_steps, "precision": t.precision,
             "activation_checkpointing": t.activation_checkpointing, "optimizer_state": t.optimizer_state,
-            "skip_zero_advantage": t.useful_work, "share_prompts": t.useful_work}
+            "skip_zero_advantage": t.useful_work, "share_prompts": t.useful_work, **optimizer_settings(cfg)}
+
+
+def optimizer_settings(cfg: RunConfig) -> dict:
+    """AdamW's betas and epsilon, and the learning-rate schedule over the run's optimizer steps (or its steps)."""
+    t = cfg.trainer
+    total, every = schedule_length(cfg)
+    return {"betas": (t.adam_beta1, t.adam_beta2), "eps": t.adam_eps, "lr_schedule": t.lr_schedule,
+            "schedule_steps": total, "schedule_every": every, "lr_schedule_kwargs": dict(t.lr_schedule_kwargs),
+            "warmup_steps": schedule.warmup_steps(total, t.warmup_steps, t.warmup_ratio, t.warmup_rounding)}
+
+
+def loss_spec(cfg: RunConfig) -> LossSpec:
+    """What the loss computes, from ``algo.*`` (one place: every rank and every placement builds the same)."""
+    a = cfg.algo
+    return LossSpec(objective=a.policy_loss, agg="seq-mean-token-mean" if a.loss_agg == "seq-mean" else a.loss_agg,
+                    level=a.ratio_level, clip_low=a.clip_low, clip_high=a.clip_high, delta=a.delta,
+                    sapo_temperature_pos=a.sapo_temperature_pos, sapo_temperature_neg=a.sapo_temperature_neg,
+                    vespo=(a.vespo_k_pos, a.vespo_lambda_pos, a.vespo_k_neg, a.vespo_lambda_neg),
+                    is_mode=a.tis_mode, is_cap=a.tis_cap, is_floor=a.tis_min,
+                    off_policy_threshold=a.off_policy_mask_threshold, kl_coef=a.kl_coef,
+                    kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef,
+                    top_entropy_quantile=a.top_entropy_quantile, max_len=cfg.rollout.max_new_tokens)
