@@ -363,6 +363,29 @@ def test_abort_returns_partials_and_frees_slots():
     assert eng.abort(["queued"]) == []  # already finished: nothing to abort
 
 
+def test_a_group_completes_at_keep_samples_and_the_engine_aborts_the_rest():
+    """``submit(keep=2)``: a group of 4 returns its first 2 finished samples; the others stop at once (an aborted
+    partial) or, finished in the same step as the 2nd, never come out: both are ``surplus()``. A group of n <= keep
+    runs whole."""
+    eng = _engine(_model(), temperature=1.0, max_concurrent=8)
+    caps = {"g#0": 3, "g#1": 3, "g#2": 3, "g#3": 20, "h#0": 5, "h#1": 9}
+    eng._length_cap = caps.__getitem__  # the length oracle (test hook)
+    assert eng.submit([Request("g", _prompt(0, 4), n=4, max_new_tokens=30),
+                       Request("h", _prompt(1, 4), n=2, max_new_tokens=30)], keep=2) == []
+    assert eng.busy and not eng.idle
+    first = eng.step() + eng.step() + eng.step()  # 3 tokens in: g#0..2 finish together
+    assert [s.id for s in first] == ["g#0", "g#1"] and all(len(s.completion_ids) == 3 for s in first)
+    assert eng.num_active == 2  # h#0, h#1: g#3 stopped with its group
+    cut = {s.id: s for s in eng.surplus()}
+    assert sorted(cut) == ["g#2", "g#3"] and eng.surplus() == []
+    assert cut["g#2"].finish_reason == "length" and len(cut["g#2"].completion_ids) == 3  # finished, dropped
+    assert cut["g#3"].finish_reason == "abort" and len(cut["g#3"].completion_ids) == 3  # stopped mid-way
+    rest = list(eng.results())
+    assert sorted(s.id for s in rest) == ["h#0", "h#1"] and eng.surplus() == []
+    assert not eng.busy and eng.idle
+    assert eng.submit([Request("g", _prompt(0, 4), n=4, max_new_tokens=30)], keep=2) == []  # nothing held of g
+
+
 def _perturbed(model, seed=1):
     g = torch.Generator().manual_seed(seed)
     return {n: p.detach() + 0.05 * torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}

@@ -26,7 +26,8 @@ LAYERS: list[set[str]] = [
     {"config", "tasks", "staleness", "accounting"},
     {"model", "telemetry", "algo", "sync"},
     {"reward", "checkpoint", "plan"},
-    {"rollout", "trainer", "runguard", "env"},  # env: tools / multi-turn, rollout-side
+    {"rollout", "trainer", "runguard"},
+    {"env"},  # tools / multi-turn, rollout-side: MultiTurn wraps a rollout engine (rollout.engine.Engine)
     {"evaluate"},
     {"sft", "roles"},
     {"placement"},

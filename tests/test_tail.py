@@ -16,7 +16,7 @@ from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.timeout import AnchorTimeout, adaptive_timeout
 from rollyard.rollout.engine import RolloutEngine
 from rollyard.rollout.plain import PlainPolicy
-from rollyard.rollout.rounds import STATE_KEY, RoundBook, bubble, run_round
+from rollyard.rollout.rounds import STATE_KEY, RoundBook, bubble, decode_steps, run_round
 from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.rollout.tail import TailPolicy, is_long_round
 from rollyard.tasks import load_task
@@ -138,6 +138,91 @@ def test_plain_round_runs_every_prompt_to_the_end():
     long = [s for s in rnd.samples if _pid(s.request_id) in LONG]
     assert long and max(len(s.completion_ids) for s in long) == 40
     assert rnd.bubble == pytest.approx(bubble([len(s.completion_ids) for s in rnd.samples], 12))
+
+
+def _reference_round(book, eng, round_):
+    """A round as the in-process side ran it before the engine completed groups and ``book.arrived`` closed rounds:
+    the caller counted each group to n and aborted its surplus, counted complete prompts to P and cut the rest, then
+    deferred them (the reference ``run_round`` is checked against)."""
+    requests, dead = [], []
+
+    def send(got, lost):
+        book.ledger.hand_out([q.id for q in got], "local")
+        requests.extend(got)
+        dead.extend(lost)
+
+    kind = book.issue(round_, send)
+    n = book.policy.n
+    need = book.policy.P if book.policy.closes_early(kind) else len(requests)
+    rejected = eng.submit(requests)
+    live = {q.id: q for q in requests if q.id not in {r.id for r, _ in rejected}}
+    need = min(need, len(live))
+    rewards, finished, scored, groups = InlineRewards(), {}, {}, []
+    complete, closed, lengths, wasted = set(), set(), [], 0
+    for s in eng.results():
+        lengths.append(len(s.completion_ids))
+        rid = s.request_id
+        if rid in closed:
+            wasted += len(s.completion_ids)
+            continue
+        finished.setdefault(rid, []).append(s)
+        rewards.submit(s)
+        if len(finished[rid]) == n:
+            complete.add(rid)
+            closed.add(rid)
+            done = {x.id for x in finished[rid]}
+            surplus = eng.abort([f"{rid}#{k}" for k in range(live[rid].n) if f"{rid}#{k}" not in done])
+            lengths += [len(x.completion_ids) for x in surplus]
+            wasted += sum(len(x.completion_ids) for x in surplus)
+            if len(complete) == need:
+                rest = [r for r in live if r not in closed]
+                cut = eng.abort(rest)
+                lengths += [len(x.completion_ids) for x in cut]
+                wasted += sum(len(x.completion_ids) for x in cut)
+                closed.update(rest)
+        for x in rewards.poll():
+            if x.request_id in closed and x.request_id not in complete:
+                continue
+            scored.setdefault(x.request_id, []).append(x)
+            if x.request_id in complete and len(scored[x.request_id]) == n:
+                groups.append(sorted(scored.pop(x.request_id), key=lambda y: int(y.id.rsplit("#", 1)[1])))
+    incomplete = [r for r in live if r not in complete]
+    wasted += sum(len(x.completion_ids) for r in incomplete for x in finished.get(r, []))
+    slots = min(eng.max_concurrent, sum(q.n for q in live.values()))
+    book.defer(incomplete)
+    book.close(round_)
+    book.took([g[0].request_id for g in groups])
+    book.ledger.trained([g[0].request_id for g in groups])
+    order = {q: i for i, q in enumerate(live)}
+    groups.sort(key=lambda g: order[g[0].request_id])
+    return kind, list(live), groups, incomplete, wasted, bubble(lengths, slots), decode_steps(lengths, slots)
+
+
+@pytest.mark.parametrize("policy", ["plain", "tail"])
+def test_run_round_gives_the_rounds_the_caller_side_bookkeeping_gave(policy):
+    """The engine completing groups (``submit(keep=n)``) and ``book.arrived`` closing rounds change no number: the
+    same rounds, samples (tokens, logprobs, rewards), cuts, wasted tokens, bubble and book state as the reference
+    (``_reference_round``), round after round, from one seed."""
+    def book():
+        stream = PromptStream(_prompts(), seed=0)
+        if policy == "plain":
+            return RoundBook(PromptFeed(stream, PromptLedger(), TOK, 3, 40, 96), PlainPolicy(3, 3))
+        return _tail(stream, prompts=2, overprovision=2.0)
+
+    ref_book, new_book, ref_eng, new_eng = book(), book(), _engine(_model(), seed=3), _engine(_model(), seed=3)
+    kinds, cuts = [], 0
+    for step in range(4 if policy == "tail" else 2):
+        kind, ids, groups, cut, wasted, idle, steps = _reference_round(ref_book, ref_eng, step)
+        kinds.append(kind)
+        cuts += len(cut)
+        rnd = _round(new_book, new_eng, step)
+        assert (rnd.kind, [q.id for q in rnd.requests], [q.id for q in rnd.deferred]) == (kind, ids, cut)
+        assert [(s.id, s.completion_ids, s.logprobs, s.reward) for s in rnd.samples] == \
+            [(s.id, s.completion_ids, s.logprobs, s.reward) for g in groups for s in g]
+        assert (rnd.wasted_tokens, rnd.bubble, rnd.decode_steps) == (wasted, idle, steps)
+        assert new_book.state() == ref_book.state() and list(new_book.long) == list(ref_book.long)
+    assert kinds == (["short", "long", "short", "long"] if policy == "tail" else ["plain", "plain"])
+    assert cuts > 0 or policy == "plain"  # the tail rounds did cut (and the engine drop surplus samples)
 
 
 def test_bubble():

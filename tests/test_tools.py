@@ -15,7 +15,7 @@ from rollyard.env import setup, template, tools
 from rollyard.env.executor import Job, ToolExecutor
 from rollyard.env.loop import MultiTurn, Toolbox, busy_intervals, generate
 from rollyard.reward.hooks import MESSAGES_KEY
-from rollyard.rollout.engine import RolloutEngine
+from rollyard.rollout.engine import Engine, RolloutEngine
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, WeightUpdate
 
@@ -323,6 +323,31 @@ def test_abort_while_a_tool_runs_ends_the_trajectory_and_ignores_the_late_output
         assert s.finish_reason == "abort" and s.completion_ids == turn1
         assert list(turns.results()) == [] and turns.idle  # the tool's late answer went to nobody
         assert engine.idle
+
+
+def test_a_multi_turn_group_completes_at_keep_trajectories(taught):
+    """``submit(keep=2)`` over 3 trajectories: the first 2 to end come out; the third is stopped (``surplus()``)."""
+    tok, specs, schemas, model = taught
+    engine = RolloutEngine(model, eos_token_id=tok.eos_token_id, temperature=0.0)
+    prompt, turn1, tool, turn2 = tool_chat.conversation(tok, schemas)
+    with ToolExecutor(specs, num_workers=1) as ex:
+        turns = MultiTurn(engine, Toolbox(tok, schemas, ex, 3))
+        req = Request("q0", prompt, n=3, max_new_tokens=100, meta={MESSAGES_KEY: tool_chat.QUESTION})
+        assert isinstance(turns, Engine) and turns.submit([req], keep=2) == [] and turns.busy
+        out = list(turns.results())
+        assert len(out) == 2 and all(s.completion_ids == turn1 + tool + turn2 for s in out)
+        (cut,) = turns.surplus()
+        assert cut.id not in {s.id for s in out} and turns.surplus() == []
+        assert turns.idle and not turns.busy and engine.idle
+
+
+def test_multi_turn_declares_the_engine_contract_it_delegates():
+    """``MultiTurn`` is an ``Engine`` (``rollout/engine.py``'s Protocol) by its own methods: each member of the
+    contract is defined on it (no ``__getattr__`` passing unknown names to the engine), as on ``RolloutEngine``."""
+    members = [n for n in vars(Engine) if not n.startswith("_")]
+    assert "__getattr__" not in vars(MultiTurn) and {"submit", "busy", "surplus", "score", "sleep"} <= set(members)
+    for cls in (MultiTurn, RolloutEngine):
+        assert [n for n in members if getattr(cls, n) is getattr(Engine, n)] == [], cls  # none left to the stub
 
 
 # ---------------------------------------------------------------------------------- a run, end to end

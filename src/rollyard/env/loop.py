@@ -1,8 +1,8 @@
 """The multi-turn rollout: model turns and tool turns over the engine's public interface.
 
-:class:`MultiTurn` wraps a rollout engine and keeps its contract (``submit`` / ``step`` / ``idle`` /
-``abort`` / ``load_weights`` / ``generate``), so a placement or a rollout actor drives it where it drove
-the engine. It uses only the engine's public interface (token ids in; token ids, logprobs and versions
+:class:`MultiTurn` wraps a rollout engine and implements its contract (``rollout.engine.Engine``), so a
+placement or a rollout actor drives it where it drove the engine: the trajectory methods are its own, the
+rest (weights, memory, scoring, the sampling RNG) are the engine's, each delegated by name. It uses only the engine's public interface (token ids in; token ids, logprobs and versions
 out; ``abort``; ``load_weights``): no engine internals, so it runs over any backend that keeps that
 contract (native, vLLM). :func:`generate` is the one-call form.
 
@@ -39,6 +39,7 @@ from rollyard.env.executor import Job, ToolExecutor
 from rollyard.env.rewards import ENV_REWARD_KEY
 from rollyard.env.tools import error_content
 from rollyard.reward.hooks import MESSAGES_KEY, PROMPT_KEY
+from rollyard.rollout.engine import Engine, keep_first
 from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.types import Request, Sample
 
@@ -124,31 +125,66 @@ def busy_intervals(jobs: list[Job]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-class MultiTurn:
-    """A rollout engine's contract (``submit`` / ``step`` / ``idle`` / ``abort`` / ``load_weights`` /
-    ``generate``) over multi-turn trajectories: what a placement drives instead of the bare engine.
+class MultiTurn(Engine):
+    """The engine contract (``rollout.engine.Engine``) over multi-turn trajectories: what a placement drives
+    instead of the bare engine.
 
     ``step()`` runs one engine step and collects the tool calls that finished (without blocking while
     the engine has work; up to ``wait_s`` when only tools are running) and returns the trajectories
-    that ended. ``load_weights`` passes through; with ``inflight="abort"`` every trajectory in progress
+    that ended; ``submit``'s ``keep`` counts ended trajectories (a group's others are aborted, ``surplus()``).
+    ``load_weights`` passes through; with ``inflight="abort"`` every trajectory in progress
     (decoding or waiting on a tool) ends with reason ``"abort"`` and is returned, the engine's partial
-    turn included. Any other attribute (``version``, ``model``, ``generator``, ``sleep``...) is the engine's.
+    turn included. Weights, memory, scoring and the sampling RNG are the engine's (the delegates below).
     """
 
-    def __init__(self, engine, box: Toolbox, wait_s: float = 0.05):
+    def __init__(self, engine: Engine, box: Toolbox, wait_s: float = 0.05):
         self.engine, self.box, self.wait_s = engine, box, wait_s
         self._trajs: dict[str, _Traj] = {}
         self._by_engine: dict[str, list[str]] = {}  # engine request id -> the trajectories it carries
         self._ended: list[_Traj] = []  # finished; waiting for get_reward / the drop of their environment
         self._out: list[Sample] = []
+        self._keep: dict[str, int] = {}  # request id -> trajectories still to keep (submit's keep)
+        self._surplus: list[Sample] = []  # what the keep rule dropped since the last surplus()
         self._jobs: list[Job] = []  # finished jobs since the last drain() (the tool role's intervals)
         self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
         self._calls0, self._lat0, self._turns = dict(box.executor.stats), len(box.executor.seconds), []
 
-    def __getattr__(self, name):
-        return getattr(self.engine, name)
+    # ------------------------------------------------------------------------------ the engine's, delegated
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    @property
+    def generator(self):
+        return self.engine.generator
+
+    @property
+    def max_concurrent(self) -> int:
+        return self.engine.max_concurrent
+
+    @property
+    def own_copy(self) -> bool:
+        return self.engine.own_copy
+
+    def score(self, sample: Sample, copy_only: bool = False) -> list[float] | None:
+        return self.engine.score(sample, copy_only)
+
+    def sleep(self) -> None:
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
 
     # ------------------------------------------------------------------------------ the contract
+    @property
+    def busy(self) -> bool:
+        """Trajectories in progress: decoding, waiting on a tool or on their environment's reward."""
+        return self.engine.busy or bool(self._trajs or self._ended)
+
     @property
     def idle(self) -> bool:
         return self.engine.idle and not self._trajs and not self._out and not self.box.executor.busy
@@ -162,9 +198,10 @@ class MultiTurn:
     def num_queued(self) -> int:
         return self.engine.num_queued
 
-    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
+    def submit(self, requests: list[Request], keep: int | None = None) -> list[tuple[Request, str]]:
         """Start a trajectory per sample of ``requests``; the rejected requests with the engine's reason.
-        With an environment, each sample's instance is reset first (a blocking call per request batch)."""
+        With an environment, each sample's instance is reset first (a blocking call per request batch).
+        ``keep``: a group is complete at its first ``keep`` ended trajectories, the others aborted."""
         box, ex = self.box, self.box.executor
         observations: dict[str, str | None] = {}
         if box.environment:
@@ -197,6 +234,8 @@ class MultiTurn:
             for s in sids:
                 self._trajs[s] = _Traj(s, r, base)
             self._by_engine[r.id] = sids
+        refused = {q.id for q, _ in rejected}
+        self._keep.update({r.id: keep for r in requests if keep is not None and keep < r.n and r.id not in refused})
         return rejected
 
     def step(self) -> list[Sample]:
@@ -209,6 +248,11 @@ class MultiTurn:
         if not busy:
             self._stats["wait_s"] += time.monotonic() - t0
         out, self._out = self._out, []
+        return keep_first(out, self._keep, self.abort, self._surplus) if self._keep else out
+
+    def surplus(self) -> list[Sample]:
+        """The trajectories the keep rule dropped since the last call (``submit``'s ``keep``)."""
+        out, self._surplus = self._surplus, []
         return out
 
     def results(self):
@@ -226,6 +270,8 @@ class MultiTurn:
     def abort(self, ids) -> list[Sample]:
         """End the trajectories of the given request / sample ids (reason ``"abort"``); return them."""
         ids = {ids} if isinstance(ids, str) else set(ids)
+        for rid in ids & self._keep.keys():  # a group stopped by its caller: nothing more to keep
+            del self._keep[rid]
         hit = [t for t in self._trajs.values() if t.sid in ids or t.req.id in ids]
         return self._abort(hit)
 

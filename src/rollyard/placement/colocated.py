@@ -18,8 +18,9 @@ from rollyard.config import RunConfig
 from rollyard.model import memory as cpu_memory
 from rollyard.placement import step as grpo
 from rollyard.placement.run import SIDE_WORK, Roles, RunRecord, start
-from rollyard.placement.streamed import streamed_step
-from rollyard.rollout.rounds import STATE_KEY, make_book
+from rollyard.placement.side import RolloutSide
+from rollyard.placement.streamed import InRound
+from rollyard.rollout.rounds import make_book, run_round
 from rollyard.sync import canary
 from rollyard.sync.check import compare_weights
 from rollyard.sync.factory import SyncPlan
@@ -31,8 +32,9 @@ def train(cfg: RunConfig, run_dir: str | Path, resume: bool = False) -> dict:
     return grpo.train(run, r, LocalRollout(run, r, run.settings.plan, extra_rng))
 
 
-class LocalRollout:
-    """The rollout side in the trainer's process: one engine, loaded through a ``LocalReceiver``."""
+class LocalRollout(RolloutSide):
+    """The rollout side in the trainer's process: one engine, loaded through a ``LocalReceiver``; each step one
+    round of the book on it (``rounds.run_round``)."""
 
     def __init__(self, run: RunRecord, r: Roles, plan: SyncPlan, extra_rng: dict):
         cfg = run.cfg
@@ -53,38 +55,33 @@ class LocalRollout:
         compare_weights(self.session.expected(r.model), self.engine.model, run.state.version)
         self.book = make_book(cfg, r.feed)  # the rounds: plain, or RollPacker's short and long (rollout/rounds.py)
         self.book.restore(run.state.extra, run.state.step)
-        # tail rounds train inside the round (RollPacker's stream-based training overlaps the tail's decoding)
-        self.streamed = self.book.policy.closes_early("short")
         if why := canary.not_measured(self.engine, plan.mode == "inprocess"):
             run.log(why)
 
     def take(self, step: int, version: int) -> grpo.Taken:
-        run, r, engine, tel = self.run, self.r, self.engine, self.run.telemetry
-        if self.streamed:  # rollout.scheduler=tail: streamed round + streaming trainer
-            requests, samples, train_metrics, extra = streamed_step(run, r, engine, step, self.book)
-            return grpo.Taken(requests, samples, extra, train_metrics)
-        requests, dead = [], []
-        self.book.issue(step, lambda got, lost: (requests.extend(got), dead.extend(lost)))
-        run.dead_letter(dead, step)
-        r.feed.ledger.hand_out([q.id for q in requests], "local")
-        tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in requests))
+        """One round. Plain: scored and trained after it by the step; tail (``policy.streamed``): each complete group
+        scored (streaming rewards) and its gradient accumulated inside the round, the optimizer step at its end."""
+        run, engine, tel = self.run, self.engine, self.run.telemetry
+        trainer = InRound(run, self.r, step) if self.book.policy.streamed else None
+        rewards, on_group = (self.r.rewards, trainer.add) if trainer else (None, _unscored)
         cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
-        with tel.span("rollout", step, version=engine.version, requests=[q.id for q in requests]):
-            samples, rejected = engine.generate(requests)
-        extra = {"rollout/engine_cpu_s": time.process_time() - cpu}
+        with tel.span("rollout", step, version=engine.version) as rec:
+            rnd = run_round(self.book, engine, rewards, step, on_group)
+            rec.update(requests=[q.id for q in rnd.requests])
+        # a round that trains inside holds the trainer's CPU time too: there, tail/train_in_round_s says it
+        extra = {} if trainer else {"rollout/engine_cpu_s": time.process_time() - cpu}
         if (side := engine.drain()) is not None:  # work beside decoding, as the engine names it: forwarded
             extra[SIDE_WORK] = side  # the run record takes its counters and percentiles (run.py)
             for span in side.spans(step, side.name):
                 tel.record(span)
-        run.dead_letter([{"source": q.id, "reason": why} for q, why in rejected], step)
-        for q, _ in rejected:
-            self.book.rejected(q.id)
-        refused = {q.id for q, _ in rejected}
-        self.book.took([q.id for q in requests if q.id not in refused])
-        if (state := self.book.state()) is not None:
-            run.state.extra[STATE_KEY] = state
-        tel.traffic(step, "samples", sum(s.payload_bytes() for s in samples))
-        return grpo.Taken(requests, samples, extra)
+        run.dead_letter(rnd.dead, step)
+        tel.traffic(step, "prompts", 4 * sum(len(q.prompt_ids) for q in rnd.requests))
+        tel.traffic(step, "samples", sum(s.payload_bytes() for s in rnd.samples))
+        if trainer is None:
+            return grpo.Taken(rnd.complete, rnd.samples, extra)
+        train_metrics = trainer.finish()
+        self.book.measure(train_in_round_s=trainer.train_s)
+        return grpo.Taken(rnd.complete, trainer.scored, extra, train_metrics)
 
     @contextlib.contextmanager
     def trainer_turn(self):
@@ -123,11 +120,16 @@ class LocalRollout:
         return {} if lp is None else canary.compare(version, trainer_lp, {"local": (self.engine.version, lp)})
 
     def metrics(self) -> dict:
-        return {}
+        return self.book.metrics()
 
-    def rng_state(self) -> dict:
+    def checkpoint(self) -> dict:
+        self.book.save(self.run.state.extra)
         return {"engine": self.engine.generator.get_state()}
 
     def stop(self) -> None:
         self.engine.sleep()  # the run's eval after builds its own engine: this one's memory first
         self.engine.close()
+
+
+def _unscored(group) -> None:
+    """A plain round's complete group: nothing to do in the round (the step scores and trains the round after)."""

@@ -28,8 +28,9 @@ from rollyard.config import RunConfig
 from rollyard.placement.rollout_actor import RolloutWorker, actor_class, handshake, held_checksums
 from rollyard.placement.rules import RestartWindow
 from rollyard.placement.run import SIDE_WORK, Roles, RunRecord
+from rollyard.placement.side import RolloutSide
 from rollyard.placement.step import Taken, no_turn
-from rollyard.rollout.rounds import STATE_KEY, make_book
+from rollyard.rollout.rounds import make_book
 from rollyard.sync import canary
 from rollyard.sync.check import WeightsDiffer
 from rollyard.sync.session import SyncSession
@@ -38,7 +39,9 @@ from rollyard.telemetry.side import SideWork
 from rollyard.types import Request, Sample
 
 
-class RolloutPool:
+class RolloutPool(RolloutSide):
+    """The Ray rollout side (the module docstring)."""
+
     def __init__(self, cfg: RunConfig, run: RunRecord, r: Roles, bound: int, ahead: int, by_round: bool,
                  admission_slack: int = 0, worker: type | None = None):
         """``bound``: the staleness bound; rounds are handed out ``ahead`` steps past the current one;
@@ -68,7 +71,7 @@ class RolloutPool:
         self.side: SideWork | None = None  # this step's work beside decoding, every worker's (metrics())
         self.canaries = canary.Answers()  # the workers answer through the queue, the step is not held up
         self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
-        self.target: dict[str, int] = {}  # request id -> the target step it was last handed out with (a cut names it)
+        self.sent: dict[str, tuple[str, int]] = {}  # request id -> (worker, target step) it was last handed out to
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
         self.session.connect(self.workers)
@@ -144,8 +147,10 @@ class RolloutPool:
 
     trainer_turn = staticmethod(no_turn)  # the workers hold their own copies: nothing to give the trainer
 
-    def rng_state(self) -> None:
-        return None  # each worker's sampling RNG is seeded per start (seed, worker, restarts)
+    def checkpoint(self) -> None:
+        """The book's state, its open rounds' counts less the groups buffered (received, not trained: a resumed run
+        samples them again). No RNG: each worker's sampling RNG is seeded per start (seed, worker, restarts)."""
+        self.book.save(self.run.state.extra, list(self.buffer))
 
     # -- hand out ------------------------------------------------------------------------------------
 
@@ -162,11 +167,11 @@ class RolloutPool:
         return send
 
     def _cut(self, ids: list[str]) -> None:
-        """A round closed (the book's answer): abort its unfinished prompts on their workers; the book defers them."""
+        """A round closed (the book's answer, its cut prompts deferred): abort them on their workers."""
         per: dict[str, list] = {}
         for i in ids:
-            per.setdefault(self.ledger.worker.get(i), []).append((i, self.target[i]))
-        self.book.defer(ids)
+            name, target = self.sent[i]
+            per.setdefault(name, []).append((i, target))
         for name, pairs in per.items():
             if name in self.workers:
                 self.workers[name].cut.remote(pairs)
@@ -179,7 +184,7 @@ class RolloutPool:
             load[w] += 1
             per.setdefault(w, []).append((q, target))
             self.ledger.hand_out([q.id], w)
-            self.target[q.id] = target
+            self.sent[q.id] = (w, target)
         for w, batch in per.items():
             self.workers[w].submit.remote(batch)
 
@@ -213,7 +218,6 @@ class RolloutPool:
                 else:
                     self.stats["duplicates"] += 1  # requeued meanwhile: the other copy counts
                 continue
-            self.ledger.finished([rid])
             if cut := self.book.arrived(rid):  # it closed its round (tail: the P-th complete prompt)
                 self._cut(cut)
             self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
@@ -260,7 +264,7 @@ class RolloutPool:
         chosen.sort(key=self.book.order)
         self.book.took(chosen)
         for i in chosen:
-            self.target.pop(i, None)
+            self.sent.pop(i, None)
         groups = [self.buffer.pop(i)[1] for i in chosen]
         # The samples edge counts a group's bytes in the step that consumes it, so the per-step ledger
         # matches the tokens trained; groups that arrive ahead of the last step are reported at stop.
@@ -317,10 +321,9 @@ class RolloutPool:
         side, self.side = self.side, (self.side and self.side.emptied())
         for key in ("restarts", "dropped", "duplicates", "checked"):
             self.run.count(f"rollout/{key}", s[key])
-        if (state := self.book.state(list(self.buffer))) is not None:  # into the checkpoint this step may write
-            self.run.state.extra[STATE_KEY] = state
+        self.book.measure(wasted_tokens=s["cut_tokens"])  # the workers' cut and surplus tokens, and late groups'
         worker = {f"rollout/{k}": s[k] for k in ("aborted", "restarts", "held_s", "engine_s", "engine_cpu_s", "ship_s", "tokens")}
-        return {**self.book.metrics(s["cut_tokens"]), "staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"],
+        return {**self.book.metrics(), "staleness/dropped": s["dropped"], "sync/catch_ups": s["catch_ups"],
                 **worker, "wait/samples_s": s["wait_s"], "rollout/buffered": len(self.buffer),
                 **{f"prompts/{k}": v for k, v in self.ledger.counts().items()},
                 **({SIDE_WORK: side} if side is not None else {}),  # the engines' work beside decoding (run.py)

@@ -15,10 +15,10 @@ thread-safe). One loop iteration:
 3. one ``engine.step()``; the groups it finished (all ``n`` samples of a request) go to the bounded
    output queue as one item (a full queue blocks the loop: backpressure), with the spans since.
 
-A request is complete at ``rollout.samples_per_prompt`` finished samples: a request that carries more
-(tail batching's short rounds over-provision) has the rest aborted then; ``cut`` aborts the prompts of
-a round the driver has closed (the round book's answer, ``rollout/rounds.py``). The tokens both drop
-are counted as ``cut_tokens``.
+A request is complete at ``rollout.samples_per_prompt`` finished samples: the engine keeps that many
+(``submit(keep=...)``) and aborts the rest of a request that carries more (tail batching's short rounds
+over-provision); ``cut`` aborts the prompts of a round the driver has closed (the round book's answer,
+``rollout/rounds.py``). The tokens both drop are counted as ``cut_tokens``.
 
 This class is a receiver of the driver's ``sync.session.SyncSession``: weights arrive as handles
 (``update``: opened by ``session.receive``) or, for a transport with a handshake, through its
@@ -187,7 +187,7 @@ class RolloutWorker:
             self._apply(receive(handle))
         self._answer_canaries()
         self._admit()
-        if not self.engine.num_active and not self.engine.num_queued:
+        if not self.engine.busy:
             self._close_span()
             if self.held and self._idle_since is None:
                 self._idle_since = time.time()
@@ -219,6 +219,7 @@ class RolloutWorker:
         self.stats["engine_cpu_s"] += time.thread_time() - c0
         for s in done:
             self._collect(s)
+        self.stats["cut_tokens"] += sum(len(x.completion_ids) for x in self.engine.surplus())  # the keep rule's
 
     def _ship(self, rejected: list | None = None) -> None:
         """One queue item with every group finished since the last one: sent once the engine has
@@ -309,7 +310,7 @@ class RolloutWorker:
         if not ok:
             return
         self.held = [(q, t) for q, t in self.held if not due(q, t)]
-        rejected = self.engine.submit([q for q, _ in ok])  # one call: admitted together, as colocated does
+        rejected = self.engine.submit([q for q, _ in ok], keep=self.keep)  # one call: admitted together, as colocated does
         bad = {q.id for q, _ in rejected}
         for q, t in ok:
             if q.id not in bad:
@@ -324,13 +325,8 @@ class RolloutWorker:
         self.stats["tokens"] += len(s.completion_ids)
         group = self.groups.setdefault(s.request_id, [])
         group.append(s)
-        need = min(req.n, self.keep)
-        if len(group) == need:
+        if len(group) == min(req.n, self.keep):  # complete (the engine stopped its other samples)
             del self.requests[s.request_id], self.groups[s.request_id]
-            if need < req.n:  # complete at ``keep``; the group's other samples stop now
-                done = {x.id for x in group}
-                rest = [f"{req.id}#{k}" for k in range(req.n) if f"{req.id}#{k}" not in done]
-                self.stats["cut_tokens"] += sum(len(x.completion_ids) for x in self.engine.abort(rest))
             group.sort(key=lambda x: int(x.id.rsplit("#", 1)[1]))
             if not self._ready:
                 self._ready_since = time.perf_counter()

@@ -7,12 +7,17 @@ samples, the in-flight policy of a weight update, a weight version per token, ab
 
 Contract (callers are written against it):
 
-- ``submit(requests)`` queues requests and returns those rejected with a reason (prompt +
+- ``submit(requests, keep=None)`` queues requests and returns those rejected with a reason (prompt +
   ``max_new_tokens`` beyond the model context or the KV-cache budget, empty prompt, n < 1,
-  duplicate id). Nothing that was accepted can later fail for lack of memory.
+  duplicate id). Nothing that was accepted can later fail for lack of memory. ``keep``: a group is
+  complete at its first ``keep`` finished samples (a request with ``n > keep``: tail batching's
+  over-provisioned short rounds); the engine aborts the rest at once and ``step()`` never returns
+  them. ``surplus()`` hands over what that dropped: the aborted partials, and samples that finished
+  in the same step as their group's last kept one (decoded, never trained on).
 - ``step()`` runs one admit + decode step and returns the samples finished since the last call
   (an actor's loop drives it); ``results()`` loops over ``step()`` and yields each ``Sample`` the
-  moment it finishes; it returns when nothing is queued or in flight.
+  moment it finishes; it returns when nothing is queued or in flight. ``busy``: sequences queued
+  or decoding (a ``step()`` would decode); ``idle``: not busy and nothing finished left to return.
 - ``abort(ids)`` stops requests / samples (``"{request_id}#{k}"``) and returns their partial
   samples (finish reason ``"abort"``); queued ones come back with empty completions.
 - ``load_weights(update, inflight)`` applies a ``WeightUpdate`` between two decode steps; in-flight
@@ -54,7 +59,7 @@ from __future__ import annotations
 import warnings
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Protocol, runtime_checkable
 
 import torch
 
@@ -81,12 +86,66 @@ class _Group:
     logits: torch.Tensor | None = None  # [V] last-prompt-position logits (with stash)
 
 
+def keep_first(finished: list[Sample], keep: dict[str, int], abort, surplus: list[Sample]) -> list[Sample]:
+    """The keep rule (``submit``'s ``keep``) over one step's finished samples, in finish order: a group's first
+    ``keep[request id]`` pass (counted down; the entry goes at zero); at the last of them ``abort(request id)``
+    stops the group's others. What that returns, and any later sample of the group, is added to ``surplus``."""
+    out, full = [], set()
+    for s in finished:
+        rid = s.request_id
+        if rid in full:  # finished in the step that completed its group
+            surplus.append(s)
+            continue
+        out.append(s)
+        if rid in keep:
+            keep[rid] -= 1
+            if not keep[rid]:
+                del keep[rid]
+                full.add(rid)
+                surplus += abort([rid])
+    return out
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The engine contract (the module docstring), as a rollout side drives it: ``EngineBase`` (every backend) and
+    ``env/loop.py``'s ``MultiTurn`` (trajectories over an engine) implement it."""
+
+    version: int  # the weight version new tokens are sampled under
+    model: object  # the module weight updates are staged into
+    generator: torch.Generator  # the sampling RNG (checkpointed by the in-process side)
+    max_concurrent: int  # slots: sequences that decode together
+
+    def submit(self, requests: list[Request], keep: int | None = None) -> list[tuple[Request, str]]: ...
+    def step(self) -> list[Sample]: ...
+    def results(self) -> Iterator[Sample]: ...
+    def generate(self, requests: list[Request]) -> tuple[list[Sample], list[tuple[Request, str]]]: ...
+    def abort(self, ids) -> list[Sample]: ...
+    def surplus(self) -> list[Sample]: ...
+    def load_weights(self, update: WeightUpdate, inflight: str = "finish") -> list[Sample]: ...
+    @property
+    def busy(self) -> bool: ...
+    @property
+    def idle(self) -> bool: ...
+    @property
+    def num_active(self) -> int: ...
+    @property
+    def num_queued(self) -> int: ...
+    @property
+    def own_copy(self) -> bool: ...
+    def score(self, sample: Sample, copy_only: bool = False) -> list[float] | None: ...
+    def sleep(self) -> None: ...
+    def wake_up(self) -> None: ...
+    def close(self) -> None: ...
+    def drain(self) -> SideWork | None: ...
+
+
 # ---------------------------------------------------------------------------------------------
 # The request bookkeeping every engine shares.
 # ---------------------------------------------------------------------------------------------
 
 
-class EngineBase:
+class EngineBase(Engine):
     """Queue, groups, abort, the in-flight policy and per-token versions (the module docstring's contract).
 
     ``model`` is the module weight updates are staged into (``sync.apply.Receiver``). A subclass
@@ -117,6 +176,8 @@ class EngineBase:
         self._active: dict = {}  # sample id -> its sequence, admitted and unfinished
         self._done: deque[Sample] = deque()  # finished, not yet returned by step()
         self._ids: set[str] = set()  # request ids queued or in flight
+        self._keep: dict[str, int] = {}  # request id -> samples still to keep (submitted with keep < n)
+        self._surplus: list[Sample] = []  # what the keep rule dropped since the last ``surplus()``
         self._receiver = Receiver(model, self.version)  # staged apply of weight updates
 
     # -- hooks ---------------------------------------------------------------------------------
@@ -149,8 +210,9 @@ class EngineBase:
     def _reject_reason(self, r: Request) -> str | None:
         return reject_reason(r, self.context, self.max_cache_tokens, self._ids)
 
-    def submit(self, requests: list[Request]) -> list[tuple[Request, str]]:
-        """Queue ``requests``; return the rejected ones as ``(request, reason)``."""
+    def submit(self, requests: list[Request], keep: int | None = None) -> list[tuple[Request, str]]:
+        """Queue ``requests``; return the rejected ones as ``(request, reason)``. ``keep``: each group is complete
+        at its first ``keep`` finished samples, the rest aborted (the module docstring)."""
         rejected = []
         for r in requests:
             why = self._reject_reason(r)
@@ -159,6 +221,8 @@ class EngineBase:
                 continue
             self._ids.add(r.id)
             self._queue.append(self._new_group(r))
+            if keep is not None and keep < r.n:
+                self._keep[r.id] = keep
         return rejected
 
     # -- decoding ------------------------------------------------------------------------------
@@ -173,12 +237,23 @@ class EngineBase:
             self._step()
         out = list(self._done)
         self._done.clear()
+        return keep_first(out, self._keep, self.abort, self._surplus) if self._keep else out
+
+    def surplus(self) -> list[Sample]:
+        """The samples the keep rule dropped since the last call (``submit``'s ``keep``): aborted partials (reason
+        ``"abort"``) and samples that finished in the step their group completed in."""
+        out, self._surplus = self._surplus, []
         return out
+
+    @property
+    def busy(self) -> bool:
+        """Sequences queued or decoding: a ``step()`` would decode."""
+        return bool(self._queue or self._active)
 
     @property
     def idle(self) -> bool:
         """Nothing queued, in flight or finished-but-not-returned."""
-        return not (self._queue or self._active or self._done)
+        return not (self.busy or self._done)
 
     def results(self) -> Iterator[Sample]:
         """Drive decoding; yield each finished sample; return when nothing is queued or in flight."""
@@ -225,6 +300,8 @@ class EngineBase:
         empty completions. Ids that already finished (or are unknown) are ignored.
         """
         ids = {ids} if isinstance(ids, str) else set(ids)
+        for rid in ids & self._keep.keys():  # a group stopped by its caller: nothing more to keep
+            del self._keep[rid]
 
         def hit(rid: str, sid: str) -> bool:
             return rid in ids or sid in ids

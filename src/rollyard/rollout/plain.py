@@ -12,6 +12,7 @@ class PlainPolicy:
     """Every round ``plain``: ``P`` fresh prompts, ``n`` samples each, complete when all ``n`` finish."""
 
     name = "plain"
+    streamed = False  # the trainer steps after the round (``step.py`` scores and trains what the side takes)
 
     def __init__(self, prompts: int, n: int):
         self.P, self.n = prompts, n

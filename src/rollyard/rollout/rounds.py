@@ -1,20 +1,21 @@
-"""Rounds: the one round book every rollout side drives, and one synchronous round streamed in-process.
+"""Rounds: the one round book every rollout side drives, and one synchronous round run in-process.
 
 ``RoundBook`` decides, over the prompt ledger, which prompts a round hands out and with how many samples
-each, which round a prompt belongs to, when a round closes, what it cuts and defers, what the trainer
-took, and what a checkpoint keeps (one ``TrainState.extra`` key). A policy answers the few questions that
-differ (``rollout/plain.py``, ``rollout/tail.py``: RollPacker's short and long rounds); the book is built
-once from the config (``make_book``) and driven by both rollout sides: the in-process engine
-(``run_round``, ``placement/colocated.py``) and the Ray pool (``placement/pool.py``). A rollout side never
-branches on the scheduler.
+each, which round a prompt belongs to, when a round closes (``arrived``: the one close rule), what it cuts
+and defers, what the trainer took, the ``tail/*`` metrics (``metrics``) and what a checkpoint keeps (one
+``TrainState.extra`` key, written by ``save``). A policy answers the few questions that differ
+(``rollout/plain.py``, ``rollout/tail.py``: RollPacker's short and long rounds); the book is built once
+from the config (``make_book``) and driven by both rollout sides (``placement/side.py``): the in-process
+engine (``run_round``, ``placement/colocated.py``) and the Ray pool (``placement/pool.py``). A rollout
+side never branches on the scheduler.
 
-``stream_round`` submits a round's requests and, while the engine is still decoding, sends every
-finished sample to the reward pool and hands each *complete, scored* group to ``on_group`` (the
-streaming trainer accumulates its gradient there). A request is complete when ``n`` of its samples
-have finished (finish reason ``stop`` or ``length``); its other samples are aborted at once. The
-round ends when ``need`` requests are complete: every request still running is aborted and comes
-back in ``incomplete`` (tail batching defers those prompts). With ``need = len(requests)`` and
-``n`` = the request's ``n`` this is the plain round: everything runs to the end.
+``run_round`` issues a round and runs it on an engine in this process. The engine completes the groups
+(``submit(keep=n)``: a group's first ``n`` finished samples, the others aborted at once); every finished
+sample goes to the reward pool while decoding goes on (or, without one, the step scores the round
+after), and every *complete, scored* group to ``on_group`` (the streaming trainer accumulates its
+gradient there). Each complete group is reported to the book (``arrived``); when that closes the round
+(tail: its P-th complete prompt), the prompts it cuts are aborted and wait, deferred, for a long round.
+Under the plain policy nothing is cut: everything runs to the end.
 
 Aborted samples are dropped, partial tokens included (see rollout/tail.py for why); their tokens
 are counted in ``wasted_tokens``.
@@ -37,31 +38,24 @@ from rollyard.types import Request, Sample
 
 STATE_KEY = "rounds"  # TrainState.extra: the book's state (a policy that keeps none beyond the ledger writes none)
 LEGACY_KEYS = ("tail_pool", "tail")  # written before the book (the Ray pool's tail, colocated's): still resumed
+MEASURED = ("bubble", "decode_steps", "train_in_round_s")  # tail/* measured by the in-process round only
 MAX_TOP_UPS = 10  # draws to refill a round whose prompts were dead-lettered
 Send = Callable[[list[Request], list[dict]], None]  # a round's requests (to hand out) and dead-letter records
 
 
 @dataclass
 class Round:
-    """What ``run_round`` returns: one optimizer step's worth of scored samples."""
+    """What ``run_round`` returns: one optimizer step's worth of samples."""
 
     kind: str  # "plain" | "short" | "long"
     requests: list[Request]  # submitted (accepted) this round
-    samples: list[Sample]  # trained on: n per complete prompt, rewards set
-    deferred: list[Request] = field(default_factory=list)  # aborted this round, queued for a long round
+    complete: list[Request]  # of those, the ones whose group is in ``samples`` (the rest are ``deferred``)
+    samples: list[Sample]  # n per complete prompt (rewards set when the round scored them), in hand-out order
+    deferred: list[Request] = field(default_factory=list)  # cut this round, queued for a long round
     dead: list[dict] = field(default_factory=list)  # dead-letter records (with reasons)
     bubble: float = 0.0  # share of rollout slot-time idle (see ``bubble``)
     wasted_tokens: int = 0  # tokens of aborted or surplus samples (decoded, never trained on)
     decode_steps: int = 0  # the round's length in decode steps (what a memory-bound GPU round costs)
-
-
-@dataclass
-class Streamed:
-    groups: list[list[Sample]]  # complete groups, in completion order, each sorted by sample index
-    incomplete: list[str]  # request ids aborted before n of their samples finished
-    bubble: float
-    wasted_tokens: int
-    decode_steps: int
 
 
 def decode_steps(lengths: list[int], slots: int) -> int:
@@ -84,71 +78,57 @@ def bubble(lengths: list[int], slots: int) -> float:
     return 1.0 - total / (slots * decode_steps(lengths, slots))
 
 
-def stream_round(engine, rewards, requests: list[Request], n: int, need: int,
-                 on_group: Callable[[list[Sample]], None]) -> tuple[Streamed, list[tuple[Request, str]]]:
-    """Run one round (see the module docstring); returns the outcome and the engine's rejections."""
-    rejected = engine.submit(requests)
-    bad = {q.id for q, _ in rejected}
-    live = {q.id: q for q in requests if q.id not in bad}
-    need = min(need, len(live))
-    finished: dict[str, list[Sample]] = defaultdict(list)  # first n finished samples per request
+def _stream(book: RoundBook, engine, rewards, live: list[Request], on_group: Callable[[list[Sample]], None]
+            ) -> tuple[list[list[Sample]], list[str], list[int], int]:
+    """Drive ``engine`` over ``live`` (submitted with ``keep = n``) to the end; returns the complete groups (in
+    completion order, each sorted by sample index), the prompts the book cut, every sample's decoded length
+    (aborted and surplus ones too) and the tokens never trained on."""
+    n = book.policy.n
+    finished: dict[str, list[Sample]] = defaultdict(list)  # finished samples per request (the engine keeps n)
     scored: dict[str, list[Sample]] = defaultdict(list)
     complete: set[str] = set()
-    closed: set[str] = set()  # complete or aborted: later samples of these are surplus
+    cut: list[str] = []
     groups: list[list[Sample]] = []
     lengths: list[int] = []
-    wasted = 0
-
-    def emit(rid: str) -> None:
-        if rid in complete and len(scored.get(rid, ())) == n:  # complete and every sample scored
-            groups.append(sorted(scored.pop(rid), key=lambda x: int(x.id.rsplit("#", 1)[1])))
-            on_group(groups[-1])
 
     def collect(samples: list[Sample]) -> None:
         for s in samples:
-            if s.request_id in closed and s.request_id not in complete:
-                continue  # a sample of a prompt deferred after it was submitted for scoring
+            if s.request_id in cut:
+                continue  # a sample of a prompt cut after it was submitted for scoring
             scored[s.request_id].append(s)
-            emit(s.request_id)
+            if s.request_id in complete and len(scored[s.request_id]) == n:  # complete and every sample scored
+                groups.append(sorted(scored.pop(s.request_id), key=lambda x: int(x.id.rsplit("#", 1)[1])))
+                on_group(groups[-1])
 
     for s in engine.results():
         lengths.append(len(s.completion_ids))
         rid = s.request_id
-        if rid in closed:  # finished in the same decode step as its group's n-th sample, or after the cut
-            wasted += len(s.completion_ids)
+        if rid in cut:  # finished in the decode step that closed its round
             continue
         finished[rid].append(s)
-        rewards.submit(s)  # streaming rewards: scored while decoding goes on
+        if rewards is not None:
+            rewards.submit(s)  # streaming rewards: scored while decoding goes on
         if len(finished[rid]) == n:
             complete.add(rid)
-            closed.add(rid)
-            emit(rid)
-            done = {x.id for x in finished[rid]}
-            surplus = engine.abort([f"{rid}#{k}" for k in range(live[rid].n) if f"{rid}#{k}" not in done])
-            lengths += [len(x.completion_ids) for x in surplus]
-            wasted += sum(len(x.completion_ids) for x in surplus)
-            if len(complete) == need:
-                rest = [r for r in live if r not in closed]
-                cut = engine.abort(rest)
-                lengths += [len(x.completion_ids) for x in cut]
-                wasted += sum(len(x.completion_ids) for x in cut)
-                closed.update(rest)
-        collect(rewards.poll())
-    collect(list(rewards.results()))  # the last groups' rewards (and the deferred prompts' strays)
-    incomplete = [r for r in live if r not in complete]
-    wasted += sum(len(x.completion_ids) for r in incomplete for x in finished.get(r, []))
-    slots = min(engine.max_concurrent, sum(q.n for q in live.values()))
-    return Streamed(groups, incomplete, bubble(lengths, slots), wasted, decode_steps(lengths, slots)), rejected
+            closes = book.arrived(rid)  # the one close rule (tail: the round's P-th complete prompt)
+            lengths += [len(x.completion_ids) for x in engine.abort(closes)] if closes else []
+            cut += closes
+        collect(rewards.poll() if rewards is not None else [s])
+    if rewards is not None:
+        collect(list(rewards.results()))  # the last groups' rewards (and the cut prompts' strays)
+    lengths += [len(x.completion_ids) for x in engine.surplus()]  # the keep rule's: decoded, dropped
+    kept = sum(len(s.completion_ids) for g in groups for s in g)
+    return groups, cut, lengths, sum(lengths) - kept
 
 
 class RoundBook:
     """The rounds of a run over its prompt feed and ledger, under one policy (module docstring).
 
     ``issue`` a round (its requests go to the caller's ``send``, which hands them out); ``arrived``: a prompt's
-    group is complete, returning what its round cuts when that closes it; ``defer`` the cut (ledger
-    ``deferred``, queued oldest first for a long round); ``took``: the trainer took these groups; ``metrics``,
-    ``state`` and ``restore`` for the step's row and the checkpoint. The ledger holds every request; the book
-    holds ids and round numbers.
+    group is complete, returning what its round cuts when that closes it (deferred: ledger ``deferred``,
+    queued oldest first for a long round; the caller aborts them); ``took``: the trainer took these groups;
+    ``measure`` and ``metrics`` for the step's row, ``save`` and ``restore`` for the checkpoint. The ledger
+    holds every request; the book holds ids and round numbers.
     """
 
     def __init__(self, feed: PromptFeed, policy: PlainPolicy | TailPolicy, refill: bool = False):
@@ -224,8 +204,10 @@ class RoundBook:
     # -- arrivals, cuts, drops ---------------------------------------------------------------------------
 
     def arrived(self, rid: str) -> list[str]:
-        """``rid``'s group is complete; returns the prompts its round cuts if that closed it (a round that closes
-        early, at its P-th complete prompt): its unfinished ones, still ``queued`` or ``in_flight``. Else []."""
+        """``rid``'s group is complete (ledger ``deferred``: it waits for the trainer). The one close rule: returns
+        the prompts its round cuts if that closed it (a round that closes early, at its P-th complete prompt): its
+        unfinished ones, still ``queued`` or ``in_flight``, deferred now (``defer``); the caller aborts them. Else []."""
+        self.ledger.finished([rid])
         round_ = self.meta[rid][0]
         if round_ not in self.done:
             return []
@@ -233,7 +215,9 @@ class RoundBook:
         if self.done[round_] < self.policy.P:
             return []
         del self.done[round_]
-        return [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) in ("queued", "in_flight")]
+        cut = [i for i, (b, _) in self.meta.items() if b == round_ and self.ledger.state.get(i) in ("queued", "in_flight")]
+        self.defer(cut)
+        return cut
 
     def defer(self, ids: list[str]) -> None:
         """Cut from their round: ledger ``deferred``, queued oldest first for a long round."""
@@ -244,7 +228,8 @@ class RoundBook:
         self.step["deferred"] += len(ids)
 
     def close(self, round_: int) -> None:
-        """A round run whole in one go (in-process): it counts no more arrivals."""
+        """A round run whole in one go (in-process) that never reached its P-th arrival (refused prompts): it counts
+        no more arrivals."""
         self.done.pop(round_, None)
 
     def was_cut(self, rid: str) -> bool:
@@ -280,18 +265,32 @@ class RoundBook:
 
     # -- the step's row, the checkpoint ----------------------------------------------------------------
 
-    def metrics(self, wasted_tokens: float = 0) -> dict[str, float]:
-        """This step's counters (reset); none under the plain policy."""
+    def measure(self, **values: float) -> None:
+        """Add a rollout side's measures of this step's rounds to its row (``metrics``: ``tail/<key>``):
+        ``wasted_tokens`` (decoded, never trained on) from every side; ``bubble``, ``decode_steps`` and
+        ``train_in_round_s`` from the in-process round (``run_round``, the streaming trainer)."""
+        self.step.update(values)
+
+    def metrics(self) -> dict[str, float]:
+        """This step's ``tail/*`` counters (reset); none under the plain policy. ``tail/long_round``: the share of
+        the step's groups that come from long rounds (in-process, one round a step: 1 for a long round, else 0)."""
         s, self.step = self.step, Counter()
         if self.policy.name == "plain":
             return {}
         groups = s["short_groups"] + s["long_groups"]
         return {"tail/long_round": s["long_groups"] / max(groups, 1), "tail/deferred": float(s["deferred"]),
-                "tail/queue": float(len(self.long)), "tail/wasted_tokens": float(wasted_tokens),
-                "tail/rerolled": float(s["rerolled"]), "tail/long_share": self.long_share()}
+                "tail/queue": float(len(self.long)), "tail/wasted_tokens": float(s["wasted_tokens"]),
+                "tail/rerolled": float(s["rerolled"]), "tail/long_share": self.long_share(),
+                **{f"tail/{k}": float(s[k]) for k in MEASURED if k in s}}
 
     def long_share(self) -> float:
         return self.trained["long"] / max(self.trained["short"] + self.trained["long"], 1)
+
+    def save(self, extra: dict, buffered: list[str] = ()) -> None:
+        """Write the book's state into a checkpoint's ``extra`` (``STATE_KEY``; nothing under the plain policy): the
+        one writer, called by a rollout side's ``checkpoint`` when a checkpoint is written (``placement/side.py``)."""
+        if (state := self.state(buffered)) is not None:
+            extra[STATE_KEY] = state
 
     def state(self, buffered: list[str] = ()) -> dict | None:
         """JSON-able, for ``TrainState.extra[STATE_KEY]``; None where the ledger says it all (plain). Carries
@@ -356,9 +355,10 @@ def make_book(cfg: RunConfig, feed: PromptFeed, refill: bool = False) -> RoundBo
 
 def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[[list[Sample]], None],
               worker: str = "local") -> Round:
-    """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (``stream_round``): a round
-    that closes early stops at P complete prompts and defers the rest. ``Round.requests`` are the accepted
-    ones; the complete ones are taken (``book.took``) and stay ``in_flight`` in the ledger until trained."""
+    """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (the module docstring).
+    ``rewards``: the reward pool's streaming surface (``submit`` / ``poll`` / ``results``), or None: the samples
+    come back unscored. ``Round.requests`` are the accepted ones; the complete ones are taken (``book.took``) and
+    wait in the ledger (``deferred``) until trained. The round's measures go to the book (``book.measure``)."""
     requests: list[Request] = []
     dead: list[dict] = []
 
@@ -368,15 +368,19 @@ def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[
         dead.extend(lost)
 
     kind = book.issue(round_, send)
-    need = book.policy.P if book.policy.closes_early(kind) else len(requests)
-    out, rejected = stream_round(engine, rewards, requests, book.policy.n, need, on_group)
+    rejected = engine.submit(requests, keep=book.policy.n)  # the engine completes each group at n samples
     for q, why in rejected:
         book.rejected(q.id)
         dead.append({"source": q.id, "reason": why})
-    deferred = [book.ledger.requests[i] for i in out.incomplete]
-    book.defer(out.incomplete)
-    book.close(round_)
-    book.took([g[0].request_id for g in out.groups])
     refused = {q.id for q, _ in rejected}
-    return Round(kind, [q for q in requests if q.id not in refused], [s for g in out.groups for s in g], deferred,
-                 dead, out.bubble, out.wasted_tokens, out.decode_steps)
+    live = [q for q in requests if q.id not in refused]
+    groups, cut, lengths, wasted = _stream(book, engine, rewards, live, on_group)
+    book.close(round_)
+    book.took([g[0].request_id for g in groups])
+    slots = min(engine.max_concurrent, sum(q.n for q in live))
+    idle, steps = bubble(lengths, slots), decode_steps(lengths, slots)
+    book.measure(wasted_tokens=wasted, bubble=idle, decode_steps=steps)
+    by_id = {g[0].request_id: g for g in groups}
+    complete = [q for q in live if q.id in by_id]  # hand-out order
+    return Round(kind, live, complete, [s for q in complete for s in by_id[q.id]],
+                 [book.ledger.requests[i] for i in cut], dead, idle, wasted, steps)

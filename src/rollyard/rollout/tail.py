@@ -37,6 +37,7 @@ class TailPolicy:
     """RollPacker's short and long rounds (see the module docstring); the answers ``PlainPolicy`` gives."""
 
     name = "tail"
+    streamed = True  # in-process, the trainer steps inside the round (RollPacker's stream-based training)
 
     def __init__(self, prompts: int, n: int, overprovision: float = 1.25, extra_samples: int = 2,
                  long_every: int = 0):
