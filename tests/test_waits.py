@@ -226,3 +226,81 @@ def test_a_failing_compiler_is_not_called_missing(monkeypatch, tmp_path, capsys)
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
     with pytest.raises(kernels.KernelsRequired, match="install a C\\+\\+ compiler"):
         kernels.kernel()
+
+
+# ---------------------------------------------------------------------------------------- dp ranks
+
+WATCHED = """
+import sys, time
+from rollyard import roles
+from rollyard.config import load_config
+from rollyard.trainer.dp import DataParallelTrainer
+
+if __name__ == "__main__":
+    cfg = load_config(None, ["trainer.dp=2", "model.context=64", "trainer.micro_batch_tokens=64",
+                             f"out_dir={sys.argv[1]}"])
+    model, _, _ = roles.policy(cfg, "cpu")
+    dp = DataParallelTrainer(cfg, model, "cpu", watch_grace_s=2)
+    print(dp.procs[0].pid, flush=True)
+    time.sleep(120)  # rank 0 blocked where no collective fails (as in a group another library builds)
+"""
+
+
+def test_a_rank_killed_while_rank_0_waits_outside_a_collective_ends_the_driver_in_one_line(tmp_path):
+    script = tmp_path / "watched.py"
+    script.write_text(WATCHED)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run")], env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        rank = int(proc.stdout.readline())
+        t0 = time.monotonic()
+        os.kill(rank, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and time.monotonic() - t0 < 30, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"rollyard train: error: data-parallel trainer rank 1 (pid {rank}) killed by SIGKILL "
+                               f"during step 0; rank 0 was blocked where no collective would fail"), lines[0]
+
+
+def test_a_rank_that_never_joins_is_one_line_within_the_bound_and_sigterm_ends_the_wait():
+    from rollyard import signals
+    from rollyard.trainer.dp import RendezvousFailed, join_watching
+
+    ctx = torch.multiprocessing.get_context("spawn")
+    never = ctx.Process(target=time.sleep, args=(60,), daemon=True, name="rollyard-dp-rank1")  # alive, never joins
+    never.start()
+    try:
+        store = listening_store("127.0.0.1", 2, timedelta(seconds=2))
+        t0 = time.monotonic()
+        with pytest.raises(RendezvousFailed, match="ranks 1..1 did not all join the process group within 2 s") as e:
+            join_watching([never], open_to(store, new_secret(), "here", 2.0), store.port, "cpu", 2.0)
+        assert "\n" not in str(e.value) and time.monotonic() - t0 < 20
+        assert not dist.is_initialized()
+        store = listening_store("127.0.0.1", 2, timedelta(seconds=4))
+        with signals.graceful():
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            t0 = time.monotonic()
+            with pytest.raises(signals.Stopped, match="it was waiting for the data-parallel ranks to join"):
+                join_watching([never], open_to(store, new_secret(), "here", 4.0), store.port, "cpu", 4.0)
+            assert time.monotonic() - t0 < 4
+    finally:
+        never.kill()
+        never.join()
+    deadline = time.monotonic() + 15  # the abandoned join ends at its bound: nothing left behind
+    while any(t.name == "rollyard-dp-join" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(t.name == "rollyard-dp-join" for t in threading.enumerate()) and not dist.is_initialized()
+
+
+def test_colocated_vllm_with_data_parallel_ranks_is_refused_at_start_up_in_one_line(tmp_path, capsys):
+    from rollyard.cli import main
+
+    assert main(["train", "rollout.backend=vllm", "trainer.dp=2", f"out_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("rollyard train: error: trainer.dp=2 with rollout.backend=vllm needs vLLM out of the "
+                             "trainer's process") and "set placement=disaggregated" in err[0]
+    assert not (tmp_path / "run").exists()

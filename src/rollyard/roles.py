@@ -83,7 +83,8 @@ def device_of(cfg: RunConfig) -> str:
 
 def _with_ranks(cfg: RunConfig, device: str) -> str:
     if cfg.trainer.dp > 1:
-        from rollyard.trainer.dp import check_ranks
+        from rollyard.trainer.dp import check_backend, check_ranks
+        check_backend(cfg)
         check_ranks(cfg.trainer.dp, device)
     return device
 

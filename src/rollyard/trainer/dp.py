@@ -43,10 +43,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 
-from rollyard import checkpoint
+from rollyard import checkpoint, signals
 from rollyard.config import ConfigError, RunConfig
 from rollyard.model.loading import policy
-from rollyard.sync.group import admit, listening_store, new_secret, open_to
+from rollyard.sync.group import RENDEZVOUS_S, admit, listening_store, new_secret, open_to
 from rollyard.telemetry import rundir
 from rollyard.trainer import fsdp
 from rollyard.trainer.trainer import Trainer, trainer_kwargs
@@ -55,10 +55,30 @@ from rollyard.types import Sample
 BUCKET_BYTES = 64 << 20
 RANK_LOG = "dp_rank{rank}.log"  # in the run directory: a spawned rank's own error, with its traceback
 SHARDED_KEY = "rollyard_fsdp_ranks"  # optimizer.pt of an fsdp run: {SHARDED_KEY: [rank 0 state, rank 1 state, ...]}
+# A collective's bound: ranks 1..k-1 wait in one between steps while rank 0 samples a whole step's rollout.
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+SAY_AFTER_S = 30.0  # a rendezvous that takes longer says what it waits for
+WATCH_GRACE_S = 30.0  # a dead rank rank 0 has not reported by then (blocked outside a collective) ends the driver
 
 
 class RankDied(RuntimeError):
     """A data-parallel trainer rank died mid-run; the message names the rank, the step and the resume command."""
+
+
+class RendezvousFailed(RankDied):
+    """The ranks did not all join the process group within the rendezvous bound (one line: who, how long, fix)."""
+
+
+def check_backend(cfg: RunConfig) -> None:
+    """``trainer.dp > 1`` with an in-process vLLM engine (colocated) is refused: vLLM builds its own
+    torch.distributed world from the process's default group, which is the trainer's data-parallel group
+    here, and would wait for the other ranks to join its groups (a hang). The Ray placements run vLLM in
+    actors of their own."""
+    if cfg.trainer.dp > 1 and cfg.rollout.backend == "vllm" and cfg.placement == "colocated":
+        raise ConfigError(f"trainer.dp={cfg.trainer.dp} with rollout.backend=vllm needs vLLM out of the trainer's "
+                          f"process (placement=colocated runs it inside, where it would take the trainer's process "
+                          f"group for its own); set placement=disaggregated or placement=async, or trainer.dp=1, or "
+                          f"rollout.backend=native")
 
 
 def sent_bytes() -> int | None:
@@ -136,7 +156,7 @@ class RankTrainer(Trainer):
         fsdp.reshard(self.units)  # the constructor's packing check gathered the layers
         self.wire: dict[str, float] = {}
 
-    def accumulate_gradients(self, samples, old_logprobs=None, denominators=None) -> dict:
+    def accumulate_gradients(self, samples, old_logprobs=None, denominators=None, entropy_masks=None) -> dict:
         """This rank's share, with the whole step's denominators (``denominators`` is ignored: they
         are all-reduced here); gradients summed over ranks; accumulators reduced (``_reduce_metrics``)."""
         counts = torch.tensor([sum(sum(s.loss_mask) for s in samples), sum(1 for s in samples if s.completion_ids)],
@@ -145,7 +165,8 @@ class RankTrainer(Trainer):
         n_micro = len(self.micro_batches([samples[i] for i in self.trained_indices(samples)]))
         before, t0 = sent_bytes(), time.perf_counter()
         with fsdp.one_sync_per_step(self.model, self.units, max(n_micro, 1)) if self.units else contextlib.nullcontext():
-            acc = super().accumulate_gradients(samples, old_logprobs, denominators=(int(counts[0]), int(counts[1])))
+            acc = super().accumulate_gradients(samples, old_logprobs, denominators=(int(counts[0]), int(counts[1])),
+                                               entropy_masks=entropy_masks)
             if self.units and n_micro == 0:
                 fsdp.idle_backward(self.model)
         acc["tokens"], acc["seqs"] = int(counts[0]), int(counts[1])  # metrics are per step, not per rank
@@ -254,46 +275,71 @@ def _receive(payloads: list | None = None):
     return out[0]
 
 
-def _host_store(k: int) -> dist.TCPStore:
+def rendezvous_bound(device: str) -> float:
+    """How long a rank waits on the rendezvous store for the others. gloo connects every pair at
+    ``init_process_group``, so the store is only the rendezvous: bounded (``RENDEZVOUS_S``). NCCL builds its
+    communicators at the first collective, which ranks 1..k-1 reach a whole rollout before rank 0: the
+    collective's bound."""
+    return COLLECTIVE_TIMEOUT.total_seconds() if device.startswith("cuda") else RENDEZVOUS_S
+
+
+def _host_store(k: int, bound_s: float) -> dist.TCPStore:
     """Rank 0's rendezvous store, listening from now on a port the OS picked (a port found free and
     closed again until the ranks start can be taken meanwhile: EADDRINUSE), on 127.0.0.1 only (the
     ranks are this machine's processes; sync/group.py: TCPStore alone would listen on every interface)."""
-    return listening_store("127.0.0.1", k, timedelta(minutes=10))
+    return listening_store("127.0.0.1", k, timedelta(seconds=bound_s))
 
 
 def _join_group(rank: int, k: int, port: int, device: str, store: dist.Store | None = None,
-                secret: str = "") -> None:
-    """Join the dp group; every key lives under the run's ``secret`` (checked first by ranks 1..k-1)."""
+                secret: str = "", bound_s: float = RENDEZVOUS_S) -> None:
+    """Join the dp group through the run's ``secret`` (sync/group.py's SecretStore: checked first by ranks
+    1..k-1); every wait on the store is bounded by ``bound_s``."""
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     if store is None:  # ranks 1..k-1 join rank 0's store
-        store = admit(dist.TCPStore("127.0.0.1", port, k, False, timeout=timedelta(minutes=10)), secret,
-                      f"127.0.0.1:{port}")
-    dist.init_process_group(backend, store=store, rank=rank, world_size=k, timeout=timedelta(minutes=10))
+        store = admit(dist.TCPStore("127.0.0.1", port, k, False, timeout=timedelta(seconds=bound_s)), secret,
+                      f"127.0.0.1:{port}", bound_s)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=k, timeout=COLLECTIVE_TIMEOUT)
 
 
-def _join_watching(procs: list, store: dist.Store, port: int, device: str) -> None:
-    """Rank 0 joins the group; a rank that dies before joining is an error now, not a 10-minute hang."""
+def join_watching(procs: list, store: dist.Store, port: int, device: str, bound_s: float) -> None:
+    """Rank 0 joins the group. Bounded and said: a rank that dies before joining is an error at once, a
+    rendezvous past ``SAY_AFTER_S`` says what it waits for, one past ``bound_s`` is one line
+    (:class:`RendezvousFailed`), and a stop signal ends the wait (:class:`signals.Stopped`)."""
     joined: list[BaseException | None] = []
+    k = len(procs) + 1
 
     def join() -> None:
         try:
-            _join_group(0, len(procs) + 1, port, device, store)
+            _join_group(0, k, port, device, store, bound_s=bound_s)
             joined.append(None)
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
             joined.append(e)
 
     t = threading.Thread(target=join, daemon=True, name="rollyard-dp-join")
     t.start()
+    t0, said = time.monotonic(), False
     while t.is_alive():
         t.join(timeout=0.5)
+        waited = time.monotonic() - t0
         dead = [p for p in procs if p.exitcode is not None]
         if dead and t.is_alive():
-            raise RuntimeError(f"data-parallel rank process {dead[0].name} exited with code {dead[0].exitcode} "
-                               f"before joining the process group; its error is printed above")
-    if joined and joined[0] is not None:
-        raise joined[0]
+            raise RendezvousFailed(f"data-parallel trainer rank process {dead[0].name} exited with code "
+                                   f"{dead[0].exitcode} before joining the process group; its error is printed above")
+        if t.is_alive() and signals.stop_requested():
+            raise signals.Stopped(signals.requested(), None, waiting="the data-parallel ranks to join")
+        if t.is_alive() and not said and waited > SAY_AFTER_S:
+            said = True
+            print(f"rollyard: waiting for data-parallel trainer ranks 1..{k - 1} to join the process group "
+                  f"({waited:.0f} s so far, at most {bound_s:.0f} s)", file=sys.stderr, flush=True)
+        if t.is_alive() and waited > bound_s + 10:
+            break
+    if not joined or joined[0] is not None:
+        why = f"{type(joined[0]).__name__}: {(str(joined[0]).strip().splitlines() or [''])[0]}" if joined else "no answer"
+        raise RendezvousFailed(f"data-parallel trainer ranks 1..{k - 1} did not all join the process group within "
+                               f"{bound_s:.0f} s ({why[:300]}); each rank is a process of this machine started "
+                               f"for the run: check that none is stopped or swapped out, then start the run again")
 
 
 def _in_collective(e: BaseException) -> bool:
@@ -313,7 +359,7 @@ def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str, secret:
         torch.set_num_threads(max(1, available_ranks("cpu") // k))
         cfg = RunConfig.model_validate(cfg_data)
         dev = f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
-        _join_group(rank, k, port, device, secret=secret)
+        _join_group(rank, k, port, device, secret=secret, bound_s=rendezvous_bound(device))
         model, _, _ = policy(cfg, dev)
         me = Rank(cfg, model, dev)
         while True:
@@ -384,20 +430,29 @@ class DataParallelTrainer:
     (after a checkpoint was loaded into ``model``).
     """
 
-    def __init__(self, cfg: RunConfig, model, device: str):
+    def __init__(self, cfg: RunConfig, model, device: str, watch_grace_s: float = WATCH_GRACE_S):
         self.k, self.sharded = cfg.trainer.dp, cfg.trainer.sharding == "fsdp"
         check_ranks(self.k, device)
         self.run_dir = Path(cfg.out_dir)
         self.model, self.device = model, device
-        self.store = _host_store(self.k)
+        bound = rendezvous_bound(device)
+        self.store = _host_store(self.k, bound)
         port, secret = self.store.port, new_secret()  # the secret goes to the ranks by spawn's pipe, not argv
-        scoped = open_to(self.store, secret)
+        scoped = open_to(self.store, secret, f"127.0.0.1:{port}", bound)
         ctx = mp.get_context("spawn")
         self.procs = [ctx.Process(target=rank_main, args=(r, self.k, port, cfg.model_dump(), device, secret),
                                   daemon=True, name=f"rollyard-dp-rank{r}") for r in range(1, self.k)]
         for p in self.procs:
             p.start()
-        _join_watching(self.procs, scoped, port, device)
+        try:
+            join_watching(self.procs, scoped, port, device, bound)
+        except BaseException:
+            self._kill_ranks()
+            raise
+        self.closing = False
+        self.watchdog = threading.Thread(target=self._watch_ranks, args=(watch_grace_s,), daemon=True,
+                                         name="rollyard-dp-watchdog")
+        self.watchdog.start()
         self.rank = Rank(cfg, model, device)
         self.optimizer = _Optimizer(self)
         self.pending_optimizer: list | None = None
@@ -420,11 +475,35 @@ class DataParallelTrainer:
             dead = _first_dead(self.procs, wait_s=5.0) if _in_collective(e) else None
             if dead is None:
                 raise
-            for p in self.procs:  # the survivors' collectives fail too; they have nothing more to do
-                if p.exitcode is None:
-                    p.kill()
-            self.procs = []
+            self._kill_ranks()  # the survivors' collectives fail too; they have nothing more to do
             raise RankDied(died_line(self.run_dir, dead, e)) from None
+
+    def _kill_ranks(self) -> None:
+        procs, self.procs = self.procs, []
+        for p in procs:
+            if p.exitcode is None:
+                p.kill()
+
+    def _watch_ranks(self, grace_s: float) -> None:
+        """The driver's last resort: a rank dead for ``grace_s`` that rank 0 has not reported (:meth:`watch`
+        reports one within seconds when a collective fails) means rank 0 is blocked where no collective will
+        fail, e.g. a group another library builds on the default one. One line, then the driver exits 1: a
+        run that cannot go on never waits out a 10-minute timeout."""
+        dead_since: float | None = None
+        while not self.closing and self.procs:  # none left: reported and killed, or closed
+            time.sleep(0.5)
+            procs = list(self.procs)
+            dead = next((p for p in procs if p.exitcode is not None), None)
+            if dead is None or self.closing:
+                dead_since = None
+                continue
+            dead_since = dead_since or time.monotonic()
+            if time.monotonic() - dead_since < grace_s:
+                continue
+            line = died_line(self.run_dir, dead, None)
+            self._kill_ranks()
+            print(f"rollyard train: error: {line}", file=sys.stderr, flush=True)
+            os._exit(1)
 
     def start(self) -> None:
         if self.started:
@@ -466,11 +545,14 @@ class DataParallelTrainer:
         return (after - before) if before is not None else 0
 
     def close(self) -> None:
+        self.closing = True  # the ranks exit from here on: the watchdog stops
         if self.started or self.procs:
             self.command("stop")
         for p in self.procs:
-            p.join(timeout=30)
-        self.procs = []
+            p.join(timeout=30)  # a rank exits at once on "stop"; one that does not is killed below
+        self._kill_ranks()
+        if self.watchdog.is_alive():
+            self.watchdog.join(timeout=2)
         if dist.is_initialized():
             dist.destroy_process_group()
         self.store = None  # the rendezvous store stops listening with its last reference
@@ -487,7 +569,7 @@ def _first_dead(procs: list, wait_s: float):
         time.sleep(0.05)
 
 
-def died_line(run_dir: Path, proc, err: BaseException) -> str:
+def died_line(run_dir: Path, proc, err: BaseException | None) -> str:
     """One line: which rank died and how, the step in progress, the checkpoint to resume from, and how."""
     code = proc.exitcode
     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -500,7 +582,9 @@ def died_line(run_dir: Path, proc, err: BaseException) -> str:
     since = f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet (the run restarts)"
     own = "; its own error is the line above" if code > 0 else ""
     return (f"data-parallel trainer rank {proc.name.rsplit('rank', 1)[-1]} (pid {proc.pid}) {how} during step "
-            f"{step}{own}; rank 0 saw {type(err).__name__} in a collective; {since}: resume with "
+            f"{step}{own}; " + (f"rank 0 saw {type(err).__name__} in a collective" if err is not None else
+                                 "rank 0 was blocked where no collective would fail, so the driver stops")
+            + f"; {since}: resume with "
             f"rollyard train --resume {run_dir}")
 
 
