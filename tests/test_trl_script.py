@@ -96,6 +96,9 @@ def test_a_trl_grpo_script_with_tools_runs_with_only_its_import_line_changed(mod
     assert [r["step"] for r in rows] == [0, 1]
     for row in rows:  # greedy: each of the 2 samples calls add(2, 3) -> 5 (an int, sent as "5") and says so
         assert row["tools/calls"] == 2 and row["tools/errors"] == 0 and row["reward"] == 1.0
+    # the script sets no lr_scheduler_type: TRL's linear decay over its 2 optimizer steps, and TRL's beta2
+    assert [r["learning_rate"] for r in rows] == pytest.approx([1e-6, 5e-7])
+    assert "lr_schedule: linear" in config and "adam_beta2: 0.999" in config
 
 
 def test_grpo_config_keeps_trls_names_and_reads_them_back():

@@ -76,6 +76,8 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
         cfg = _resume_config(Path(resume), overrides)
     else:
         data, values = _as_dict(config), _reward_values(reward_funcs)
+        if isinstance(config, GRPOConfig):  # a TRL script's arguments: TRL's defaults where rollyard's differ
+            data = with_trl_defaults(data)
         values.update(_tool_values(data, overrides, values, tools, environment_factory))
         run_dir = Path(from_dict(data, overrides, values).out_dir)
         _check_fresh(run_dir)
@@ -88,7 +90,8 @@ def train(config: RunConfig | dict | str | Path | None = None, *, model=None, to
 class GRPOConfig(dict):
     """TRL's ``GRPOConfig`` as a TRL script builds it: its keyword arguments in TRL's names and units, which
     :class:`GRPOTrainer` hands to :func:`train` as the config (the mapping: ``rollyard config --trl``; a name
-    without an equivalent stops the run in one line naming the closest rollyard setting). With it a TRL script
+    without an equivalent stops the run in one line naming the closest rollyard setting). TRL's defaults where
+    rollyard's differ (:data:`TRL_SCRIPT_DEFAULTS`: the linear schedule, beta2 0.999) fill the names not given. With it a TRL script
     runs by changing ``from trl import GRPOConfig, GRPOTrainer`` to ``from rollyard import ...`` alone."""
 
     def __init__(self, output_dir: str | None = None, **kwargs: Any):
@@ -99,6 +102,36 @@ class GRPOConfig(dict):
             return self[name]
         except KeyError:
             raise AttributeError(f"GRPOConfig has no {name!r} set (only the names given are kept)") from None
+
+
+# TRL's defaults where rollyard's own differ (TRL name -> TRL's default), added on the TRL-script path only (a
+# GRPOConfig, or GRPOTrainer's args) to the names a script did not set: it trains as it would in TRL.
+TRL_SCRIPT_DEFAULTS: dict[str, Any] = {
+    "lr_scheduler_type": "linear",  # transformers' TrainingArguments; rollyard's trainer.lr_schedule: constant
+    "adam_beta2": 0.999,  # transformers'; rollyard's trainer.adam_beta2: 0.99
+    "epsilon": 0.2,  # both clip bounds (epsilon_high defaults to epsilon); rollyard's algo.clip_high: 0.28
+    "use_bias_correction_kl": True,  # the KL term times the ratio; rollyard's algo.kl_bias_correction: false
+}
+
+
+def with_trl_defaults(args: dict) -> dict:
+    """``args`` (TRL names, as a script gave them) plus :data:`TRL_SCRIPT_DEFAULTS` for the names it did not set,
+    where it does not set the rollyard key either (``{"trainer": {"lr_schedule": ...}}``)."""
+    from rollyard.aliases import ALIASES
+
+    def given(dotted: str) -> bool:
+        node: Any = args
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    out = dict(args)
+    for name, value in TRL_SCRIPT_DEFAULTS.items():
+        if name not in out and not any(given(key) for key in ALIASES[name].to):
+            out[name] = value
+    return out
 
 
 # GRPOTrainer's arguments rollyard has no equivalent for: why, and the closest rollyard setting
@@ -137,7 +170,7 @@ class GRPOTrainer:
         self.processing_class, self.tools, self.environment_factory = processing_class, tools, environment_factory
 
     def train(self) -> Run:
-        return train(dict(self.args or {}), model=self.model, tokenizer=self.processing_class,
+        return train(with_trl_defaults(dict(self.args or {})), model=self.model, tokenizer=self.processing_class,
                      dataset=self.train_dataset, reward_funcs=self.reward_funcs, tools=self.tools,
                      environment_factory=self.environment_factory)
 

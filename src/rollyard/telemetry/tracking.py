@@ -27,7 +27,7 @@ TENSORBOARD_DIR = "tensorboard"
 
 # The trainer's own metrics under TRL's names; the rest of them are logged as train/<name>.
 TRAINER_TRL = {"loss": "loss", "kl": "kl", "entropy": "entropy", "grad_norm": "grad_norm",
-               "clip_frac": "clip_ratio/region_mean"}
+               "clip_frac": "clip_ratio/region_mean", "lr": "learning_rate"}
 
 # Compatibility: the names metrics.jsonl used before they became TRL's (per-hook: reward/<fn>/... ->
 # rewards/<fn>/...). TensorBoard / W&B logged the new names with HF Trainer's "train/" prefix.

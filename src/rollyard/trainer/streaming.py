@@ -53,6 +53,7 @@ class StreamingStep:
 
         skipped = False
         t.optimizer_s = 0.0
+        lr = t.schedule_lr()  # the schedule advances on every step, one with nothing to learn too
         if tokens == 0:
             t.optimizer.zero_grad(set_to_none=True)
             grad_norm = 0.0
@@ -71,6 +72,6 @@ class StreamingStep:
         metrics = {"loss": total("loss") / den, "pg_loss": total("pg_loss") / den, "grad_norm": grad_norm,
                    "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95, **step_metrics(accs),
                    "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total),
-                   "optimizer_s": t.optimizer_s}
+                   "optimizer_s": t.optimizer_s, "lr": lr}
         self.accs, self.groups = [], 0
         return metrics
