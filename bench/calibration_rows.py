@@ -19,10 +19,14 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import rollyard.plan.inputs as plan_inputs
 from rollyard.plan.inputs import load_plan
 from rollyard.plan.planner import make_plan
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# The examples next to the rollyard that is imported: with PYTHONPATH at another checkout's src (e.g. a git worktree
+# of the commit before the v6 rules) every row is priced by that checkout's rules and files.
+EXAMPLES = Path(plan_inputs.__file__).resolve().parents[3] / "examples"
+V6 = hasattr(plan_inputs, "MOE_TRAINER_MFU")  # the rules of plan v6 are the ones imported
 AIR = ("policy.params=109.3e9", "policy.active_params=12e9", "policy.weight_tensors=18327")
 Q235 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945")
 KIMI = ("policy.params=1.029e12", "policy.active_params=32e9", "policy.bytes_per_param=1",
@@ -165,12 +169,29 @@ def table(rows: list[Row] | None = None) -> list[dict]:
 # cannot hold it at peak FLOPs (hardware.bounded_mean): the "mean" column.
 SERIAL = "in: verl (the trainer's serial fraction is verl's fully-async update_actor rows)"
 STATED = "seen: read after the v5 rules, before the file was written (2026-11-27); no phase measured"
+# NeMo-RL's "1-step off" is async GRPO (max_trajectory_age_steps 1, in-flight weight updates): the async placement
+# under the v6 rules; v5 read it as disaggregated (one step apart in lockstep).
+ONE_OFF = "async" if V6 else "disaggregated"
+
+
+def recipe(*overrides: str) -> tuple[str, ...]:
+    """A NeMo-RL recipe's v6 terms (fields the v5 rules did not have): dropped when v5's rules are imported."""
+    return overrides if V6 else ()
+
+
+# The v6 terms each row's NeMo-RL v0.6.0 recipe states (docs/calibration.md "Plan v6"): the Qwen3-30B file holds
+# its own; the others state layers, the training layout and recompute, and one optimizer step per batch
+# (G-GBS = T-GBS = 512).
+N2_RECIPE = recipe("policy.layers=94", "policy.hidden=4096", "trainer.tp=4", "trainer.pp=8", "trainer.ep=16",
+                   "trainer.recompute=true", "trainer.optimizer_minibatches=1")
+N3_RECIPE = recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=16", "trainer.ep=16",
+                   "trainer.recompute=true", "trainer.optimizer_minibatches=1")
 N2 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945", "rollout.prompts=32",
       "rollout.avg_tokens=5457", "tail.max_tokens=7936", "rollout.tp=8", "rollout.gpus=128", "trainer.dp=128",
-      "trainer.gpus=128", "rollout.kv_bytes_per_token=193536", "cluster.gpus=256")
+      "trainer.gpus=128", "rollout.kv_bytes_per_token=193536", "cluster.gpus=256", *N2_RECIPE)
 N3 = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
       "rollout.avg_tokens=441", "tail.max_tokens=1280", "rollout.tp=32", "rollout.gpus=256", "trainer.dp=256",
-      "trainer.gpus=256", "rollout.kv_bytes_per_token=70272", "cluster.gpus=512")
+      "trainer.gpus=256", "rollout.kv_bytes_per_token=70272", "cluster.gpus=512", *N3_RECIPE)
 
 
 @dataclass(frozen=True)
@@ -193,11 +214,11 @@ SPEEDUPS = [
             placement="disaggregated"),
     # NeMo-RL v0.6, no phase breakdown published: every phase is stated (the plan's first finding says so).
     Speedup("N1", "NeMo-RL v0.6 1-step off vs colocated, Qwen3-30B-A3B, 32 x H100", "plan_nemo_offpolicy_qwen30b.toml",
-            192 / 152, STATED, placement="disaggregated"),
+            192 / 152, STATED, placement=ONE_OFF),
     Speedup("N2", "NeMo-RL v0.6 1-step off vs colocated, Qwen3-235B-A22B, 256 x H100",
-            "plan_nemo_offpolicy_qwen30b.toml", 312 / 231, STATED, N2, "disaggregated"),
+            "plan_nemo_offpolicy_qwen30b.toml", 312 / 231, STATED, N2, ONE_OFF),
     Speedup("N3", "NeMo-RL v0.6 1-step off vs colocated, DeepSeek-V3, 512 x H100", "plan_nemo_offpolicy_qwen30b.toml",
-            111 / 64.1, STATED, N3, "disaggregated"),
+            111 / 64.1, STATED, N3, ONE_OFF),
 ]
 
 
@@ -215,13 +236,19 @@ PERF_V04 = "NVIDIA-NeMo/RL docs/about/performance-summary.md at 06beed91 (NeMo R
 GB200 = ("rollout.mem_bandwidth=8e12", "trainer.peak_flops=2.5e15", "cluster.gpu_memory=186e9")
 G1 = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
       "rollout.avg_tokens=444", "tail.max_tokens=1280", "rollout.tp=16", "rollout.gpus=128", "trainer.dp=128",
-      "trainer.gpus=128", "rollout.kv_bytes_per_token=70272", "cluster.gpus=256", *GB200)
+      "trainer.gpus=128", "rollout.kv_bytes_per_token=70272", "cluster.gpus=256", *GB200,
+      *recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=8", "trainer.ep=16",
+              "trainer.recompute=true", "trainer.optimizer_minibatches=1"))
 G2 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945", "rollout.prompts=32",
       "rollout.avg_tokens=5437", "tail.max_tokens=7936", "rollout.tp=8", "rollout.gpus=64", "trainer.dp=64",
-      "trainer.gpus=64", "rollout.kv_bytes_per_token=193536", "cluster.gpus=128", *GB200)
+      "trainer.gpus=64", "rollout.kv_bytes_per_token=193536", "cluster.gpus=128", *GB200,
+      *recipe("policy.layers=94", "policy.hidden=4096", "trainer.tp=4", "trainer.pp=4", "trainer.ep=16",
+              "trainer.recompute=true", "trainer.optimizer_minibatches=1"))
 V1 = ("policy.params=8.03e9", "policy.active_params=8.03e9", "policy.weight_tensors=291", "rollout.avg_tokens=804",
       "tail.max_tokens=3840", "rollout.tp=1", "rollout.gpus=8", "trainer.dp=8", "trainer.gpus=8",
-      "rollout.kv_bytes_per_token=131072", "cluster.gpus=16")
+      "rollout.kv_bytes_per_token=131072", "cluster.gpus=16",
+      *recipe("policy.layers=32", "policy.hidden=4096", "trainer.tp=1", "trainer.pp=2", "trainer.ep=1",
+              "trainer.recompute=true"))
 V2 = ("rollout.avg_tokens=2898",)
 
 
@@ -235,17 +262,17 @@ class NewSpeedup(Speedup):
 
 NEW_SPEEDUPS = [
     NewSpeedup("G1", "NeMo-RL v0.6 GB200, 1-step off (128:128, gen TP16) vs on-policy, DeepSeek-V3, 256 GPUs",
-               "plan_nemo_offpolicy_qwen30b.toml", 98.7 / 61.7, NEW, G1, "disaggregated", PERF_V06,
+               "plan_nemo_offpolicy_qwen30b.toml", 98.7 / 61.7, NEW, G1, ONE_OFF, PERF_V06,
                note="published 98.7 s -> 61.7 s; training EP16 x PP8 = 128 GPUs", published_colocated_s=98.7),
     NewSpeedup("G2", "NeMo-RL v0.6 GB200, 1-step off (64:64, gen TP8) vs on-policy, Qwen3-235B-A22B, 128 GPUs",
-               "plan_nemo_offpolicy_qwen30b.toml", 345 / 278, NEW, G2, "disaggregated", PERF_V06,
+               "plan_nemo_offpolicy_qwen30b.toml", 345 / 278, NEW, G2, ONE_OFF, PERF_V06,
                note="published 345 s -> 278 s; training TP4 x EP16 x PP4 on 64 GPUs", published_colocated_s=345),
     NewSpeedup("V1", "NeMo-RL v0.4 H100, 1-step off vs on-policy, Llama-3.1-8B, 16 GPUs (8:8 ASSUMED)",
-               "plan_nemo_offpolicy_qwen30b.toml", 97.7 / 74.6, NEW, V1, "disaggregated", PERF_V04,
+               "plan_nemo_offpolicy_qwen30b.toml", 97.7 / 74.6, NEW, V1, ONE_OFF, PERF_V04,
                note="published 97.7 s -> 74.6 s; the split of the 16 GPUs is not published",
                published_colocated_s=97.7),
     NewSpeedup("V2", "NeMo-RL v0.4 H100, 1-step off (16:16, gen TP2) vs on-policy, Qwen3-30B-A3B, 32 GPUs",
-               "plan_nemo_offpolicy_qwen30b.toml", 225 / 244, NEW, V2, "disaggregated", PERF_V04,
+               "plan_nemo_offpolicy_qwen30b.toml", 225 / 244, NEW, V2, ONE_OFF, PERF_V04,
                note="published 225 s -> 244 s: 1-step off was slower in v0.4", published_colocated_s=225),
 ]
 
@@ -276,6 +303,93 @@ SCALINGS = [
     Scaling("C4", "NeMo-RL v0.6 GB200 on-policy, Qwen3-235B-A22B, 64 -> 128 GPUs", "plan_nemo_offpolicy_qwen30b.toml",
             G2, 64, 286, 345, PERF_V06),
 ]
+
+
+# ---- Hold-out figures of plan v6: NeMo-RL v0.5's performance table (NVIDIA-NeMo/RL docs/about/performance-summary.md
+# at 9dbd9adc9, 2026-02-06, "Nemo RL v0.5", H100 BF16), read 2026-11-29 before the v6 rules were written and set
+# aside as their check: no rule or default takes a figure from it, and the repository held none of it before. Each
+# row states the published configuration from the v0.5.0 recipes (examples/configs/recipes/llm/performance/*.yaml at
+# tag v0.5.0: batch, generation TP, training layout, recompute; the split of the 1-step-off runs from each recipe's
+# generation resources); the prompt length stays the file's ASSUMPTION (256 tokens): mean response = the published
+# G-Average Seq len - 256. On-policy rows price the colocated step on the published GPUs, 1-step-off rows the split
+# placement's step at the recipe's split.
+HOLDOUT_SOURCE = "NVIDIA-NeMo/RL docs/about/performance-summary.md at 9dbd9adc9 (NeMo RL v0.5, H100 BF16)"
+HOLDOUT_READ = "2026-11-29"
+L8 = ("policy.params=8.03e9", "policy.active_params=8.03e9", "policy.weight_tensors=291", "rollout.prompts=64",
+      "rollout.samples=32", "tail.max_tokens=3840", "rollout.tp=1", "rollout.gpus=8", "trainer.dp=8", "trainer.gpus=8",
+      "rollout.kv_bytes_per_token=131072", "cluster.gpus=16",
+      *recipe("policy.layers=32", "policy.hidden=4096", "trainer.tp=1", "trainer.pp=1", "trainer.ep=1",
+              "trainer.recompute=true"))
+Q32 = ("policy.params=32.8e9", "policy.active_params=32.8e9", "policy.weight_tensors=707", "rollout.prompts=64",
+       "rollout.samples=32", "tail.max_tokens=3840", "rollout.tp=4", "rollout.gpus=32", "trainer.dp=32",
+       "trainer.gpus=32", "rollout.kv_bytes_per_token=262144",
+       *recipe("policy.layers=64", "policy.hidden=5120", "trainer.tp=4", "trainer.pp=4", "trainer.ep=1"))
+Q235_H = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945", "rollout.prompts=16",
+          "rollout.samples=32", "tail.max_tokens=7936", "rollout.kv_bytes_per_token=193536",
+          *recipe("policy.layers=94", "policy.hidden=4096", "trainer.pp=8", "trainer.ep=16", "trainer.recompute=true",
+                  "trainer.optimizer_minibatches=1"))
+DS_H = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
+        "rollout.samples=16", "tail.max_tokens=1280", "rollout.tp=32", "rollout.gpus=256", "trainer.dp=256",
+        "trainer.gpus=256", "rollout.kv_bytes_per_token=70272", "cluster.gpus=512",
+        *recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=16", "trainer.ep=16",
+                "trainer.recompute=true", "trainer.optimizer_minibatches=1"))
+
+
+@dataclass(frozen=True)
+class HoldoutStep:
+    """A published step time (s) at a published placement and GPU count: steps/hour = 3600 / step."""
+
+    id: str
+    what: str
+    overrides: tuple[str, ...]
+    published_s: float
+    one_off: bool  # the 1-step-off (split) run; else on-policy (colocated)
+    file: str = "plan_nemo_offpolicy_qwen30b.toml"
+
+
+HOLDOUT_STEPS = [
+    HoldoutStep("H1", "Llama-3.1-8B on-policy, 16 H100 (train PP2)", (*L8, "rollout.avg_tokens=763"), 92.8, False),
+    HoldoutStep("H2", "Llama-3.1-8B 1-step off, 16 H100 (8 train : 8 gen)", (*L8, "rollout.avg_tokens=867"), 64.8, True),
+    HoldoutStep("H3", "Qwen3-32B on-policy, 32 H100 (train TP4 PP4, gen TP4)",
+                (*Q32, "rollout.avg_tokens=2995", "cluster.gpus=32"), 376, False),
+    HoldoutStep("H4", "Qwen3-32B 1-step off, 64 H100 (32 : 32)", (*Q32, "rollout.avg_tokens=2996", "cluster.gpus=64"),
+                200, True),
+    HoldoutStep("H5", "Qwen3-235B-A22B on-policy, 128 H100 (train TP2 CP2 EP16 PP8, gen TP16)",
+                (*Q235_H, "rollout.avg_tokens=5444", "rollout.tp=16", "rollout.gpus=128", "trainer.dp=128",
+                 "trainer.gpus=128", "cluster.gpus=128", *recipe("trainer.tp=2")), 431, False),
+    HoldoutStep("H6", "Qwen3-235B-A22B 1-step off, 256 H100 (128 train TP4 EP16 PP8 : 128 gen TP8)",
+                (*Q235_H, "rollout.avg_tokens=5451", "rollout.tp=8", "rollout.gpus=128", "trainer.dp=128",
+                 "trainer.gpus=128", "cluster.gpus=256", *recipe("trainer.tp=4")), 203, True),
+    HoldoutStep("H7", "DeepSeek-V3 1-step off, 512 H100 (256 train EP16 PP16 : 256 gen TP32)",
+                (*DS_H, "rollout.avg_tokens=482"), 64.9, True),
+    HoldoutStep("H8", "Qwen3-30B-A3B on-policy, 32 H100 (train EP8, gen TP2)", ("rollout.avg_tokens=2940",), 198, False),
+    HoldoutStep("H9", "Qwen3-30B-A3B 1-step off, 32 H100 (16 train EP8 PP2 : 16 gen TP2)", ("rollout.avg_tokens=2945",),
+                154, True),
+]
+# Speed-ups at equal GPUs in the same table (1-step off over on-policy on the same GPU count): H1/H2 and H8/H9.
+HOLDOUT_SPEEDUPS = [("X1", "Llama-3.1-8B, 16 H100", "H1", "H2"), ("X2", "Qwen3-30B-A3B, 32 H100", "H8", "H9")]
+
+
+def holdout_step_s(r: HoldoutStep) -> float:
+    eq = make_plan(load_plan(EXAMPLES / r.file, list(r.overrides))).equal_hardware()
+    return eq[ONE_OFF]["configured"]["step_s"] if r.one_off else eq["colocated"]["step_s"]
+
+
+def holdout_tables() -> dict[str, list[dict]]:
+    """The hold-out check: each published step against the plan's (steps/hour within 1.5x: 1/1.5 <= ratio <= 1.5),
+    and each speed-up at equal GPUs (within 25%)."""
+    steps = []
+    for r in HOLDOUT_STEPS:
+        s = holdout_step_s(r)
+        steps.append({**asdict(r), "plan_s": s, "ratio": s / r.published_s,
+                      "within_1_5x": 1 / 1.5 <= s / r.published_s <= 1.5})
+    by = {r["id"]: r for r in steps}
+    speedups = []
+    for rid, what, on, off in HOLDOUT_SPEEDUPS:
+        pub, plan = by[on]["published_s"] / by[off]["published_s"], by[on]["plan_s"] / by[off]["plan_s"]
+        speedups.append({"id": rid, "what": what, "published_x": pub, "plan_x": plan, "ratio": plan / pub,
+                         "within_25": 0.75 <= plan / pub <= 1.25})
+    return {"rules": "v6" if V6 else "v5", "steps": steps, "speedups": speedups}
 
 
 def scaling_table() -> list[dict]:
@@ -317,6 +431,19 @@ def main(argv: list[str]) -> int:
     rows = table()
     speedups = speedup_table()
     new, scaling, new_sync = new_speedup_table(), scaling_table(), table(NEW_ROWS)
+    if "--holdout" in argv:
+        h = holdout_tables()
+        if "--json" in argv:
+            print(json.dumps(h, indent=1))
+            return 0
+        print(f"Hold-out ({HOLDOUT_SOURCE}, read {HOLDOUT_READ}), priced by the {h['rules']} rules:")
+        for r in h["steps"]:
+            print(f"{r['id']:4} {r['published_s']:7.1f}s {r['plan_s']:7.1f}s {r['ratio']:6.2f}  {r['what']}")
+        for r in h["speedups"]:
+            print(f"{r['id']:4} {r['published_x']:6.2f}x {r['plan_x']:6.2f}x {r['ratio']:6.2f}  {r['what']}")
+        print(f"steps/hour within 1.5x: {sum(r['within_1_5x'] for r in h['steps'])} of {len(h['steps'])}; speed-ups "
+              f"within 25%: {sum(r['within_25'] for r in h['speedups'])} of {len(h['speedups'])}")
+        return 0
     if "--json" in argv:
         print(json.dumps({"sync": rows, "speedups": speedups, "new_sync": new_sync, "new_speedups": new,
                           "scaling": scaling}, indent=1))

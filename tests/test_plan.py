@@ -395,9 +395,16 @@ def test_moe_active_params_for_flops_total_for_sync():
     # 14e9 total, 1e9 active: train = 6 x 1e9 x 8,388,608 tokens / (4e14 x 8) = 15.73 s; sync stays 28 GB.
     plan = make_plan(load_plan(None, ["policy.active_params=1e9", "trainer.flops_per_gpu=4e14"]))
     assert plan.phases.train == pytest.approx(6 * 1e9 * 8388608 / 3.2e15)
-    # Unstated, the sustained rate is peak x MFU: 989e12 x 0.31 (the H100 datasheet, fms-fsdp's utilization).
+    # Unstated, the sustained rate is peak x MFU by architecture: a MoE (active < total) at Megatron-Bridge's
+    # published BF16 MoE row on H100 (GPT-OSS 120B on 64 GPUs: 158 model TFLOP/s per GPU), a dense model at
+    # fms-fsdp's 0.31 of the 989 TFLOP/s datasheet peak.
     mfu = make_plan(load_plan(None, ["policy.active_params=1e9"]))
-    assert mfu.phases.train == pytest.approx(6 * 1e9 * 8388608 / (8 * 989e12 * 0.31))
+    assert mfu.phases.train == pytest.approx(6 * 1e9 * 8388608 / (8 * 158e12))
+    dense = make_plan(load_plan(None, []))
+    assert dense.phases.train == pytest.approx(6 * 14e9 * 8388608 / (8 * 989e12 * 0.31))
+    # A MoE trainer takes 0.31 / 0.160 = 1.94x as long as a dense one of the same active parameters.
+    assert mfu.phases.train / make_plan(load_plan(None, ["policy.active_params=1e9", "trainer.mfu=0.31"])).phases.train \
+        == pytest.approx(0.31 * 989 / 158)
     assert plan.bytes.full_sync == pytest.approx(28e9)
 
 
@@ -700,16 +707,19 @@ def test_calibration_rows_hold_their_figures(capsys):
     # Issue 48 moved S4e-S4h (the P2P rule: a CPU reshard per peer layout and pinned-host staging, the rows now
     # stating the published trainer GPUs) and S6 (no cross-node floor for the transfer alone); R1-R3 (direct
     # writes) and P1-P2 (a sparse refit's codec and round trips) are new rows.
-    figures = {"S1b": 1.303, "S1c": 1.860, "S2": 1.524, "S3a": 4.883, "S3b": 2.502, "S3c": 20.832, "S3d": 20.873,
-               "S3e": 14.021, "S3f": 14.069, "S4a": 2.964, "S4b": 4.927, "S4c": 9.958, "S4d": 21.142, "S4e": 2.550,
-               "S4f": 0.764, "S4g": 2.511, "S4h": 2.374, "S5": 6.559, "S6": 1.227, "S7a": 2.402, "S7b": 2.400,
-               "S7c": 2.540, "S7d": 0.224, "S8a": 0.182, "S8b": 2.016, "R1": 1.632, "R2": 0.327, "R3": 0.228,
-               "P1": 21.131, "P2": 13.074}
+    # Plan v6 splits load_weights' 127 us per tensor into 108 us per tensor and 3.2 ms per bucket (the same blog
+    # profile): every load_weights row moves by (3.2 ms x buckets) - (19 us x tensors); the same 21 rows hold.
+    figures = {"S1b": 1.402, "S1c": 2.049, "S2": 1.658, "S3a": 4.716, "S3b": 2.376, "S3c": 21.338, "S3d": 21.235,
+               "S3e": 14.388, "S3f": 14.307, "S4a": 2.810, "S4b": 5.626, "S4c": 11.464, "S4d": 24.435, "S4e": 2.550,
+               "S4f": 0.764, "S4g": 2.511, "S4h": 2.374, "S5": 5.741, "S6": 1.227, "S7a": 2.097, "S7b": 2.095,
+               "S7c": 2.235, "S7d": 0.262, "S8a": 0.183, "S8b": 2.214, "R1": 1.632, "R2": 0.327, "R3": 0.228,
+               "P1": 21.282, "P2": 13.164}
     assert set(table) == set(figures)
     for rid, figure in figures.items():
         assert table[rid]["plan_s"] == pytest.approx(figure, abs=5e-3), rid
-    assert table["S3a"]["plan_s"] == pytest.approx(36945 * 127e-6 + 0.14, abs=0.06)
-    assert table["S8a"]["plan_s"] == pytest.approx(0.14 + 310 * 127e-6 + 1.5e9 / 450e9, abs=0.005)
+    s3a = rows.plan_sync(next(r for r in rows.ROWS if r.id == "S3a"))  # its buckets as filed
+    assert table["S3a"]["plan_s"] == pytest.approx(36945 * 17e-3 / 157 + s3a.buckets * 3.2e-3 + 0.14, abs=0.06)
+    assert table["S8a"]["plan_s"] == pytest.approx(0.14 + 310 * 17e-3 / 157 + 3.2e-3 + 1.5e9 / 450e9, abs=0.005)
     out = [r for r in table.values() if r["sample"] == "out"]
     assert (sum(r["within_2x"] for r in table.values()), len(table)) == (21, 30)
     assert (sum(r["within_2x"] for r in out), len(out)) == (6, 9)
@@ -723,9 +733,11 @@ def test_calibration_rows_hold_their_figures(capsys):
     # 7.6e9 / 4 x 4 B at 4 TB/s) + the engine's copy (2 x 15.2e9 / (4 x 4e12)) / 4 buckets.
     trainer = 15.2e9 / 4 * 63 / 64 / 600e9 + 7.6e9 / 4 * 4 / 4.0e12
     # + vLLM's pause (0.14 s; verl rolls out with vLLM; no tensor count in the file, so no per-tensor term).
-    assert eq["colocated"]["step_s"] == pytest.approx(345.58 + trainer + 2 * 15.2e9 / 16e12 / 4 + 0.14)
+    # + 4 buckets x 3.2 ms (load_weights' per-bucket IPC open and close, serial)
+    assert eq["colocated"]["step_s"] == pytest.approx(345.58 + trainer + 2 * 15.2e9 / 16e12 / 4 + 0.14 + 4 * 3.2e-3)
     assert eq["async"]["configured"]["vs_colocated"] == pytest.approx(2.03, abs=0.005)  # published 2.37x
-    assert eq["async"]["vs_colocated"] == pytest.approx(2.61, abs=0.005)
+    # the best split: 2.34x at 48:80 (v5 2.61x at 32:96: an async replica then held more sequences than exist)
+    assert eq["async"]["vs_colocated"] == pytest.approx(2.34, abs=0.005)
     assert doc("plan_verl_async_64.toml")["equal_hardware"]["async"]["configured"]["vs_colocated"] == pytest.approx(
         1.60, abs=0.005)  # published 1.93x
     assert doc("plan_verl_async_32.toml")["equal_hardware"]["async"]["configured"]["vs_colocated"] == pytest.approx(
@@ -755,11 +767,13 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert one["configured"]["vs_colocated"] == pytest.approx(1.24, abs=0.005)  # published 1.44x
     # bench/calibration_rows.py's speed-up table: 3 of the 4 within 25% at the published split.
     speed = {r["id"]: r for r in rows.speedup_table()}
-    assert [k for k, r in speed.items() if r["within_25"]] == ["7", "8", "A5", "N1", "N2"]
+    assert [k for k, r in speed.items() if r["within_25"]] == ["7", "8", "A5", "N1"]
     assert [round(r["mean_tokens"]) for r in speed.values()] == [4096, 3127, 3165, 1418, 2947, 5457, 441]
     # NeMo-RL v0.6's rows publish no phase: the plan prices them from stated phases and says so first.
     assert [k for k, r in speed.items() if r["stated_phases"]] == ["N1", "N2", "N3"]
-    assert [round(speed[k]["ratio"], 2) for k in ("N1", "N2", "N3")] == [0.89, 0.76, 0.58]
+    # Plan v6 reads NeMo-RL's 1-step off as async (in-flight weight updates): N2 and N3 now over-predict the gain
+    # (1.67, 1.47; v5 0.76, 0.58 as disaggregated): the colocated step is still short of the published one.
+    assert [round(speed[k]["ratio"], 2) for k in ("N1", "N2", "N3")] == [0.89, 1.67, 1.47]
 
 
 def _numeric_fields():
@@ -796,7 +810,7 @@ def test_cpu_defaults_come_from_the_backend_and_every_term_is_printed(capsys):
                                                                     ("load_per_tensor_s", "load_bw", "pause_s"))
         assert c.reload_whole_model == (backend == "vllm")
     gpu = sync_costs(load_plan(None, ["rollout.backend=vllm"]))
-    assert (gpu.load_per_tensor_s, gpu.pause_s, gpu.load_bw) == (127e-6, 0.14, 3.35e12)  # test_gpu_defaults_...
+    assert (gpu.load_per_tensor_s, gpu.pause_s, gpu.load_bw) == pytest.approx((17e-3 / 157, 0.14, 3.35e12))
     assert sync_costs(load_plan(None, ["rollout.device=cpu", "sync.load_per_tensor_s=1e-3"])).load_per_tensor_s == 1e-3
     # vLLM reloads the whole model on every update: a LoRA sync's engine side loads all 100 tensors.
     argv = ["placement=disaggregated", "policy.lora=true", "policy.weight_tensors=100", "policy.lora_tensors=12",
@@ -866,8 +880,12 @@ def test_memory_per_role_says_before_a_run_what_fits():
 @pytest.mark.parametrize("argv, want", [
     # vLLM and SGLang run load_weights per tensor (the slime blog's 127 us); vLLM pauses 0.14 s (TRL #5892),
     # SGLang's pause is not published (0); rollyard's native engine copies (34 us, 5.8 ms: bench/sync.py --terms).
-    (["rollout.backend=vllm"], {"load_per_tensor_s": 127e-6, "send_per_tensor_s": 0.0, "pause_s": 0.14}),
-    (["rollout.backend=sglang"], {"load_per_tensor_s": 127e-6, "send_per_tensor_s": 0.0, "pause_s": 0.0}),
+    (["rollout.backend=vllm"], {"load_per_tensor_s": 17e-3 / 157, "per_bucket_s": 3.2e-3, "send_per_tensor_s": 0.0,
+                                "pause_s": 0.14}),
+    # load_weights: the slime blog's SGLang profile split into its parts, rebuild 5 ms + load_weights 12 ms per
+    # bucket of ~157 tensors per tensor, IPC open 3 ms + close 0.2 ms per bucket
+    (["rollout.backend=sglang"], {"load_per_tensor_s": 17e-3 / 157, "per_bucket_s": 3.2e-3, "send_per_tensor_s": 0.0,
+                                  "pause_s": 0.0}),
     ([], {"load_per_tensor_s": 34e-6, "send_per_tensor_s": 0.0, "pause_s": 5.8e-3}),
     # RDMA from pinned host memory: nothing per tensor on the receiver, the reshard on the sender, no pause priced.
     (["rollout.backend=sglang", "sync.receiver=rdma_pinned"], {"load_per_tensor_s": 0.0, "send_per_tensor_s": 127e-6,
@@ -876,8 +894,8 @@ def test_memory_per_role_says_before_a_run_what_fits():
     # direct writes), vLLM's pause; no floor for direct writes between nodes, the anchor's 0.542 s for a reshard.
     (["rollout.backend=vllm", "sync.receiver=direct_write"], {"load_per_tensor_s": 127e-6, "pause_s": 0.14,
                                                               "fixed_s": 0.0}),
-    (["rollout.backend=vllm", "sync.receiver=receiver_reshard"], {"load_per_tensor_s": 127e-6, "pause_s": 0.14,
-                                                                  "fixed_s": 0.542}),
+    (["rollout.backend=vllm", "sync.receiver=receiver_reshard"], {"load_per_tensor_s": 17e-3 / 157, "pause_s": 0.14,
+                                                                  "per_bucket_s": 3.2e-3, "fixed_s": 0.542}),
     (["rollout.backend=vllm", "sync.receiver=none"], {"load_per_tensor_s": 0.0, "send_per_tensor_s": 0.0, "pause_s": 0.0}),
     (["rollout.backend=vllm", "sync.load_per_tensor_s=1e-3"], {"load_per_tensor_s": 1e-3, "pause_s": 0.14}),
 ])
@@ -1054,21 +1072,21 @@ def test_new_published_figures_checked_out_of_sample():
         assert new[rid]["published_x"] == pytest.approx(on_policy / one_off)
         assert new[rid]["ratio"] == pytest.approx(new[rid]["plan_x"] / (on_policy / one_off))
         assert new[rid]["published_colocated_s"] == on_policy
-    assert {k: round(r["ratio"], 2) for k, r in new.items()} == {"G1": 0.62, "G2": 0.84, "V1": 0.74, "V2": 1.21}
-    assert [k for k, r in new.items() if r["within_25"]] == ["G2", "V2"]  # 2 of 4: the issue's target is not met
+    assert {k: round(r["ratio"], 2) for k, r in new.items()} == {"G1": 1.62, "G2": 1.96, "V1": 0.64, "V2": 1.23}
+    assert [k for k, r in new.items() if r["within_25"]] == ["V2"]  # v5: G2, V2
     # The plan's colocated step against the published on-policy step: 0.22-0.57 (the stated phases are too fast).
     assert {k: round(r["colocated_s"] / r["published_colocated_s"], 2) for k, r in new.items()} == {
-        "G1": 0.22, "G2": 0.24, "V1": 0.57, "V2": 0.31}
+        "G1": 0.46, "G2": 0.28, "V1": 0.74, "V2": 0.43}  # v5: 0.22, 0.24, 0.57, 0.31
     # Weight sync, slime PR #2146 (Qwen3-8B, one node of 8 x A100, Megatron TP4 -> SGLang TP4): published steady-state
     # means 0.755 s (NCCL broadcast) and 0.484 s (P2P shards). The plan prices 61 / 57 ms: 0 of 2 within 2x, and its
     # P2P / broadcast ratio is 0.93 against the published 0.64.
     sync = {r["id"]: r for r in rows.table(rows.NEW_ROWS)}
     assert {k: r["published_s"] for k, r in sync.items()} == {"W1": 0.755, "W2": 0.484}
-    assert {k: round(r["plan_s"], 3) for k, r in sync.items()} == {"W1": 0.061, "W2": 0.057}
+    assert {k: round(r["plan_s"], 3) for k, r in sync.items()} == {"W1": 0.160, "W2": 0.075}  # v5: 0.061, 0.057
     assert not any(r["within_2x"] for r in sync.values())
-    assert sync["W2"]["plan_s"] / sync["W1"]["plan_s"] == pytest.approx(0.93, abs=0.01)
+    assert sync["W2"]["plan_s"] / sync["W1"]["plan_s"] == pytest.approx(0.47, abs=0.01)
     # The on-policy step published at two GPU counts: the plan's gain from doubling the GPUs against the published.
     scaling = {r["id"]: r for r in rows.scaling_table()}
     for rid, (small, full) in {"C1": (134, 111), "C2": (395, 312), "C3": (108, 98.7), "C4": (286, 345)}.items():
         assert scaling[rid]["published_x"] == pytest.approx(small / full)
-    assert {k: round(r["ratio"], 2) for k, r in scaling.items()} == {"C1": 0.85, "C2": 0.86, "C3": 0.95, "C4": 1.30}
+    assert {k: round(r["ratio"], 2) for k, r in scaling.items()} == {"C1": 0.87, "C2": 0.85, "C3": 0.98, "C4": 1.43}

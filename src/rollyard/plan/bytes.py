@@ -182,6 +182,16 @@ def misc_tensors(p: PlanInputs) -> tuple[float, str]:
     return float(p.policy.weight_tensors), "every tensor (policy.layers not given)"
 
 
+def rank_tensors(p: PlanInputs, tensors: float) -> float:
+    """Tensors one trainer rank holds of an update's ``tensors`` (all its pipeline stages together): the dense ones
+    (attention, norms, router, embeddings: ``misc_tensors``) and 1/trainer.ep of the expert ones (MoE)."""
+    pol, ep = p.policy, p.trainer.ep
+    if ep <= 1 or pol.active_params is None or pol.active_params >= pol.params:
+        return tensors
+    dense = min(misc_tensors(p)[0], tensors)
+    return dense + (tensors - dense) / ep
+
+
 def within_node(p: PlanInputs, tier: str | None = None) -> bool:
     """The sync stays inside a node: colocated, or over an NVLink-class link (``NVLINK_CLASS_BW``)."""
     return p.placement == "colocated" or p.tiers()[tier or p.network.sync_link] >= NVLINK_CLASS_BW
@@ -252,11 +262,15 @@ def _mechanism_terms(p: PlanInputs, rule: str, c: SyncCosts, nbytes: float, tens
     if rule == "rdma_pinned":
         # Each pipeline stage's sources reshard that stage's tensors; a source serves ceil(tp / sources) of the
         # engine's TP layouts (each its own CPU reshard), staging each layout's shard to pinned host memory.
+        # Each trainer rank sends only the tensors it holds (rules of plan v6): its stage's dense tensors (whole or
+        # a TP slice: one tensor each) and 1/ep of the stage's expert tensors; v5 charged one sender every tensor
+        # of its stage.
         pp = p.trainer.pp
         sources = max(1, (p.trainer.gpus or p.trainer.dp) // pp)
         layouts = math.ceil(tp / min(sources, tp))
         host = p.sync.host_bw or PCIE5_X16_BW
-        return (0.0, 0.0), M.pinned_rdma_terms(tensors / pp, nbytes / pp / tp, layouts, c.send_per_tensor_s, host)
+        return (0.0, 0.0), M.pinned_rdma_terms(rank_tensors(p, tensors) / pp, nbytes / pp / tp, layouts,
+                                               c.send_per_tensor_s, host)
     if rule == "direct_write":
         misc, _ = misc_tensors(p)
         pol = p.policy

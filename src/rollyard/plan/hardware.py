@@ -21,10 +21,19 @@ best split of each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from rollyard.plan import mechanisms as M
-from rollyard.plan.inputs import STEP_OVERHEAD_S, PlanError, PlanInputs
+from rollyard.plan.inputs import (
+    CROSS_NODE_ALLREDUCE_S,
+    DENSE_TRAINER_MFU,
+    MOE_TRAINER_MFU,
+    PCIE5_X16_BW,
+    STEP_OVERHEAD_S,
+    PlanError,
+    PlanInputs,
+)
 
 
 def active_params(p: PlanInputs) -> float:
@@ -100,11 +109,23 @@ def longest(p: PlanInputs, lengths: list[int] | None = None) -> float:
 
 def step_overhead(p: PlanInputs) -> float:
     """The engine's work per decode step: the plan's figure, else the backend's published one on a GPU
-    (``inputs.STEP_OVERHEAD_S``), 0 on a CPU."""
+    (``inputs.STEP_OVERHEAD_S``), 0 on a CPU; plus a replica wider than a node's all-reduces
+    (``cross_node_tp_s``)."""
     ro = p.rollout
     if ro.step_overhead_s is not None:
-        return ro.step_overhead_s
-    return STEP_OVERHEAD_S[ro.backend] if ro.device == "gpu" else 0.0
+        return ro.step_overhead_s + cross_node_tp_s(p)
+    return (STEP_OVERHEAD_S[ro.backend] if ro.device == "gpu" else 0.0) + cross_node_tp_s(p)
+
+
+def cross_node_tp_s(p: PlanInputs) -> float:
+    """What a decode step of a replica that spans nodes pays for its tensor parallelism across the node boundary:
+    two all-reduces per layer (``mechanisms.cross_node_tp_step_s``); 0 within a node, on a CPU, or when
+    ``policy.layers`` is not given."""
+    ro, layers = p.rollout, p.policy.layers
+    if ro.device != "gpu" or ro.tp <= p.cluster.gpus_per_node or not layers:
+        return 0.0
+    alpha = p.network.cross_node_allreduce_s
+    return M.cross_node_tp_step_s(layers, CROSS_NODE_ALLREDUCE_S if alpha is None else alpha)
 
 
 def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.Decode:
@@ -130,7 +151,19 @@ def _modelled_rollout(p: PlanInputs, gpus: int, schedule: str, lengths: list[int
     d = decode_on(p, gpus, lengths)
     if overhead_s is not None:
         d = replace(d, step_overhead_s=overhead_s)
+    if schedule == "continuous":
+        d = replace(d, concurrency=in_flight_bound(p, d))
+        return d.round_s(max(M.continuous_steps(d), M.round_steps(d) / (p.sync.staleness_bound + 1)))
     return d.round_s(SCHEDULES[schedule](d))
+
+
+def in_flight_bound(p: PlanInputs, d: M.Decode) -> int:
+    """Slots an async replica keeps busy: its KV slots, but no more than the sequences that exist. With a staleness
+    bound s, generation runs at most s batches ahead of the trainer, so at most (s + 1) batches are in flight:
+    ``min(concurrency, (s + 1) x the replica's sequences per batch)`` (NeMo-RL's max_trajectory_age_steps). By the
+    same bound a batch is generated within s + 1 trainer steps, so its longest response's decode steps are spread
+    over at most s + 1 step periods: an async round takes at least ``round steps / (s + 1)`` decode steps."""
+    return max(1, min(d.concurrency, math.ceil((p.sync.staleness_bound + 1) * d.sequences)))
 
 
 def measured_step_overhead(p: PlanInputs, lengths: list[int] | None = None) -> float | None:
@@ -174,10 +207,96 @@ def train_tokens(p: PlanInputs, skipping: bool = True) -> float:
     return kept * (prompts * ro.prompt_tokens + sequences(p) * ro.avg_tokens)
 
 
+def is_moe(p: PlanInputs) -> bool:
+    """A mixture of experts: fewer parameters active per token than held."""
+    return p.policy.active_params is not None and p.policy.active_params < p.policy.params
+
+
+def mfu(p: PlanInputs) -> float:
+    """The trainer's model FLOPs utilization: ``trainer.mfu``, else by architecture (``inputs.DENSE_TRAINER_MFU``,
+    ``inputs.MOE_TRAINER_MFU``)."""
+    t = p.trainer.mfu
+    return t if t is not None else MOE_TRAINER_MFU if is_moe(p) else DENSE_TRAINER_MFU
+
+
 def trainer_flops(p: PlanInputs) -> float:
     """Sustained training FLOP/s per GPU: the stated ``trainer.flops_per_gpu``, else peak x MFU."""
     t = p.trainer
-    return t.flops_per_gpu if t.flops_per_gpu is not None else t.peak_flops * t.mfu
+    return t.flops_per_gpu if t.flops_per_gpu is not None else t.peak_flops * mfu(p)
+
+
+def old_logprob_forward(p: PlanInputs) -> bool:
+    """The trainer runs a previous-policy logprob forward: ``trainer.old_logprob_forward``, else when a generation
+    batch takes more than one optimizer step (epochs x optimizer mini-batches > 1)."""
+    t = p.trainer
+    return t.old_logprob_forward if t.old_logprob_forward is not None else t.epochs * t.optimizer_minibatches > 1
+
+
+def bubble(p: PlanInputs, gpus: int) -> float:
+    """The pipeline bubble factor of a pass on ``gpus`` trainer GPUs (``mechanisms.pipeline_bubble``): data-parallel
+    ranks ``gpus / (tp x pp)`` share each optimizer step's sequences in micro-batches of
+    ``trainer.micro_batch_sequences``; 1 without pipeline stages."""
+    t = p.trainer
+    if t.pp <= 1:
+        return 1.0
+    ranks = max(1, gpus // (t.tp * t.pp))
+    per_step = sequences(p) / t.optimizer_minibatches
+    return M.pipeline_bubble(max(1, math.ceil(per_step / (ranks * t.micro_batch_sequences))), t.pp)
+
+
+def trainer_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
+    """The estimated trainer seconds per step on ``gpus`` GPUs, term by term (each a rule with its source in
+    docs/calibration.md); the train phase is the sum of the ``train:`` terms, the reference phase of the
+    ``reference:`` terms. A measured phase replaces its terms (``train_s``, ``reference_s``)."""
+    t, per = p.trainer, active_params(p) / (trainer_flops(p) * gpus)
+    fb = 6 * per * train_tokens(p)
+    rc = 2 * per * train_tokens(p) if t.recompute else 0.0
+    extra = (t.epochs - 1) * (fb + rc)
+    bub = bubble(p, gpus) - 1
+    out = {"train: forward + backward (6 x P_active x tokens)": fb, "train: activation recompute (2 x P_active x tokens)": rc,
+           "train: extra epochs": extra, "train: pipeline bubble": bub * (fb + rc + extra)}
+    fwd = 2 * per * train_tokens(p, skipping=False)
+    ref = fwd if p.phases.use_reference else 0.0
+    old = fwd if old_logprob_forward(p) else 0.0
+    out.update({"reference: reference forward (2 x P_active x tokens)": ref,
+                "reference: previous-policy logprob forward": old, "reference: pipeline bubble": bub * (ref + old),
+                "reference: weights swapped through host memory": reference_swap_s(p, gpus)})
+    return out
+
+
+def model_shard_params(p: PlanInputs, gpus: int) -> float:
+    """Parameters one trainer GPU holds: Megatron's layout when trainer.tp, pp or ep is set (each stage's dense
+    weights over tp, its experts over ep (dense FFNs over tp); the FFN/expert share ``mechanisms.bulk_fraction``),
+    else all of them (ddp) or 1/gpus (fsdp)."""
+    t, n = p.trainer, p.policy.params
+    if t.tp * t.pp * t.ep > 1:
+        b = M.bulk_fraction(is_moe(p))
+        return n / t.pp * ((1 - b) / t.tp + b / (t.ep if is_moe(p) else t.tp))
+    return n / gpus if t.sharding == "fsdp" else n
+
+
+def host_bw(p: PlanInputs) -> float:
+    return p.cluster.host_bw or PCIE5_X16_BW
+
+
+def reference_swap_s(p: PlanInputs, gpus: int) -> float:
+    """The reference swapped through host memory for its forward: three copies of a GPU's model shard (policy out,
+    reference in, policy back) over the host link; 0 without ``trainer.reference_swap`` or a reference."""
+    if not (p.trainer.reference_swap and p.phases.use_reference):
+        return 0.0
+    return M.host_copies_s(3 * model_shard_params(p, gpus) * p.policy.bytes_per_param, host_bw(p))
+
+
+def offload_s(p: PlanInputs, gpus: int) -> float:
+    """Colocated offload around generation (``trainer.offload``): a GPU's weights and gradients (its model shard)
+    and its share of the optimizer state (the rest of ``cluster.train_bytes_per_param``, sharded over every GPU)
+    copied to host memory and back each step; 0 when not set."""
+    if not p.trainer.offload:
+        return 0.0
+    bpp = p.policy.bytes_per_param
+    grad = p.trainer.grad_bytes_per_param or bpp
+    optimizer = max(p.cluster.train_bytes_per_param - bpp - grad, 0.0) * p.policy.params / gpus
+    return M.host_copies_s(2 * (model_shard_params(p, gpus) * (bpp + grad) + optimizer), host_bw(p))
 
 
 def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int,
@@ -197,6 +316,8 @@ def train_s(p: PlanInputs, gpus: int) -> float:
     points = dict(p.phases.train_s_measured)
     if p.phases.train_s is not None:
         points.setdefault(p.phases.gpus or trainer_gpus(p), p.phases.train_s)
+    if not points:
+        return sum(v for k, v in trainer_terms(p, gpus).items() if k.startswith("train:"))
     if len(points) < 2 and gpus not in points:
         return _flop_seconds(p, 6, p.phases.train_s, gpus)
     gs = sorted(points)
@@ -213,10 +334,12 @@ def train_s(p: PlanInputs, gpus: int) -> float:
 
 
 def reference_s(p: PlanInputs, gpus: int) -> float:
-    """Reference (or old-logprob) forward on ``gpus`` GPUs (2 x P_active x tokens FLOPs); 0 when unused."""
-    if not p.phases.use_reference:
-        return 0.0
-    return _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False)
+    """The logprob forwards before training on ``gpus`` GPUs: the reference's (when used) and the previous
+    policy's (``old_logprob_forward``), 2 x P_active x tokens FLOPs each, their pipeline bubble and a reference
+    swapped through host memory (``trainer_terms``); a given ``phases.reference_s`` is taken as measured."""
+    if p.phases.reference_s is not None:
+        return _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False) if p.phases.use_reference else 0.0
+    return sum(v for k, v in trainer_terms(p, gpus).items() if k.startswith("reference:"))
 
 
 def reward_on_rollout_side(p: PlanInputs) -> float:
@@ -232,7 +355,8 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     stream = p.trainer.minibatches if p.phases.train_streamed else 0
     algo = p.phases.algorithm_s  # advantages / loss bookkeeping: on the trainer side, as in the simulator
     ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G) + algo
-    colo = M.PoolSplit("colocated", G, G, ro, tr, reload_s, M.colocated_step_s(ro, 0.0, tr, reload_s))
+    tr_colo = tr + offload_s(p, G)  # colocated: the trainer's state leaves the GPUs for generation and comes back
+    colo = M.PoolSplit("colocated", G, G, ro, tr_colo, reload_s, M.colocated_step_s(ro, 0.0, tr_colo, reload_s))
     out = {"colocated": {"best": colo, "all": [colo]}}
     tp = p.rollout.tp
     for placement in ("disaggregated", "async"):

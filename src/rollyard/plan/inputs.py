@@ -57,6 +57,12 @@ CPU_SYNC: dict[str, dict[str, float]] = {
 LOAD_WEIGHTS_PER_TENSOR_S = 127e-6  # SGLang load_weights per tensor on H100: the slime blog's per-bucket
 # profile after flattening (https://hebiao064.github.io/rl-weight-sync): 20 ms per 512 MB bucket (IPC open 3 +
 # rebuild 5 + load_weights 12 + close 0.2 ms) of ~157 tensors (Qwen3-30B-A3B: 18,867 tensors in ~120 buckets)
+# The same profile split into its parts (rules of plan v6): a bucket's IPC open (3 ms) and close (0.2 ms) are
+# paid once per flattened bucket, the rebuild (5 ms) and load_weights (12 ms) per tensor of it (~157): 108 us per
+# tensor and 3.2 ms per bucket. load_weights and receiver_reshard price the split (the per-bucket part serial, as
+# every side waits for a bucket's handle); the mechanisms that only reuse the per-tensor figure keep 127 us.
+LOAD_WEIGHTS_SPLIT_PER_TENSOR_S = (5e-3 + 12e-3) / 157
+LOAD_WEIGHTS_PER_BUCKET_S = 3e-3 + 0.2e-3
 VLLM_PAUSE_S = 0.14  # vLLM's native update lifecycle (pause -> start_weight_update -> finish -> resume):
 # huggingface/trl PR #5892, Qwen3-0.6B whole sync 0.18 s on H100, less its 310 tensors x 127 us and 1.5 GB of wire
 # Each receive mechanism's own rule (plan/mechanisms.py: load_weights_terms, direct_write_terms,
@@ -65,13 +71,13 @@ VLLM_PAUSE_S = 0.14  # vLLM's native update lifecycle (pause -> start_weight_upd
 # land in place, no fixed floor where none is published for it.
 GPU_SYNC: dict[str, dict[str, float]] = {
     # load_weights per tensor: name resolution, the weight loader slicing its TP/EP shard, a copy launch
-    "load_weights": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    "load_weights": {"load_per_tensor_s": LOAD_WEIGHTS_SPLIT_PER_TENSOR_S, "per_bucket_s": LOAD_WEIGHTS_PER_BUCKET_S},
     # direct writes (NeMo-RL nccl_reshard: bulk FFN/expert shards received in place): only the misc tensors
     # (attention, norms, router, embeddings) ride load_weights, at its per-tensor cost
     "direct_write": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
     # a reshard on the receiver (a broadcast of whole tensors): load_weights per tensor, and the read of the
     # whole tensor for its slice (mechanisms.receiver_reshard_terms)
-    "receiver_reshard": {"load_per_tensor_s": LOAD_WEIGHTS_PER_TENSOR_S},
+    "receiver_reshard": {"load_per_tensor_s": LOAD_WEIGHTS_SPLIT_PER_TENSOR_S, "per_bucket_s": LOAD_WEIGHTS_PER_BUCKET_S},
     # rollyard's native engine: a name lookup and one copy_ per tensor; the Python work per tensor that
     # bench/sync.py --terms measured on a CPU (CPU_SYNC native), which a GPU host's driver process runs too
     "copy": {"load_per_tensor_s": CPU_SYNC["native"]["load_per_tensor_s"], "pause_s": CPU_SYNC["native"]["pause_s"]},
@@ -125,6 +131,35 @@ TRAINER_SERIAL_FRACTION = 0.0079
 # roofline, the weight read 16.06e9 B / 3.35e12 B/s = 4.79 ms: 1.69 ms. SGLang's is not published (0); the
 # native engine's is not measured on a GPU (0). Written 2026-11-27.
 STEP_OVERHEAD_S: dict[str, float] = {"vllm": 6.48e-3 - 16.06e9 / 3.35e12, "sglang": 0.0, "native": 0.0}
+
+# Trainer efficiency by architecture (trainer.mfu = null): model FLOPs per second over dense peak. Dense: IBM
+# fms-fsdp's FSDP training on 96 H100 (7B 0.32, 13B 0.30, 34B 0.32 of 989 TFLOP/s). MoE: Megatron-Bridge's published
+# pre-training table (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, read 2026-11-29 at 067f987d),
+# its one BF16 MoE row on DGX-H100: GPT-OSS 120B (5.1B active of 117B), 64 GPUs, GBS 1280, MBS 1, sequence 4096,
+# PP4 EP8: 158 model TFLOP/s per GPU, 0.160 of 989. Stated from the table, not fitted to any RL step.
+DENSE_TRAINER_MFU = 0.31
+MOE_TRAINER_MFU = 158e12 / 989e12
+# A decode step of a tensor-parallel replica that spans nodes (rollout.tp > cluster.gpus_per_node) all-reduces its
+# activations twice per layer (attention out, MLP/MoE out) across the node boundary; a small all-reduce there costs
+# its latency: nccl-tests all_reduce_perf on 16 H100 over 2 nodes, 8 B in 123.5 us in place (lessizzmore/
+# create-a3mega-ztan-fork ztan-NCCL-test-result, GCP A3 Mega, read 2026-11-29). An InfiniBand cluster's own
+# all_reduce_perf figure replaces it (network.cross_node_allreduce_s).
+CROSS_NODE_ALLREDUCE_S = 123.5e-6
+
+
+def optimizer_passes(trainer) -> tuple[int, int]:
+    """The hook between a run's trainer config and the plan: (epochs, mini-batches) a generation batch is trained
+    in, read from ``trainer.epochs`` and ``trainer.mini_batches`` (an object's attributes or a mapping's keys; 1
+    each where absent: a trainer config without them takes one optimizer step per batch). Each extra epoch is
+    another forward + backward over the batch; epochs x mini-batches > 1 makes the trainer compute the previous
+    policy's logprobs once per generation batch (the ratio is no longer 1 after the first step)."""
+    get = trainer.get if isinstance(trainer, dict) else (lambda k, d: getattr(trainer, k, d))
+    vals = []
+    for key in ("epochs", "mini_batches"):
+        v = get(key, 1)
+        vals.append(v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1)
+    return vals[0], vals[1]
+
 
 Placement = Literal["colocated", "disaggregated", "async"]
 PLACEMENTS: tuple[str, ...] = ("colocated", "disaggregated", "async")
@@ -181,10 +216,17 @@ class TrainerSection(Section):
     grad_bytes_per_param: float | None = Field(None, gt=0, le=8, description="bytes per gradient element on the wire [bytes]; null = policy.bytes_per_param (the runbook's model)")
     gpus: int | None = Field(None, ge=1, le=MAX_GPUS, description="GPUs in the trainer pool [count]; null = dp")
     peak_flops: float = Field(989e12, gt=0, le=1e17, description="dense bf16 peak FLOP/s per trainer GPU [FLOP/s]; 989e12 = H100 SXM (NVIDIA datasheet); H20 1.48e14, H200 989e12, B200 2.25e15")
-    mfu: float = Field(0.31, gt=0, le=1, description="model FLOPs utilization of the trainer [fraction]: 6 x P_active x tokens done per second over peak_flops; 0.31 = IBM fms-fsdp's FSDP training on 96 H100 (7B no AC 7,500, 13B selective AC 3,800, 34B full AC 1,550 tokens/s/GPU: 0.32, 0.30, 0.32 of 989 TFLOP/s)")
+    mfu: float | None = Field(None, gt=0, le=1, description="model FLOPs utilization of the trainer [fraction]: 6 x P_active x tokens done per second over peak_flops; null = by architecture: dense 0.31 (IBM fms-fsdp's FSDP training on 96 H100: 7B no AC 7,500, 13B selective AC 3,800, 34B full AC 1,550 tokens/s/GPU: 0.32, 0.30, 0.32 of 989 TFLOP/s), MoE (policy.active_params < params) 0.160 (Megatron-Bridge's BF16 MoE row on H100: GPT-OSS 120B, 158 TFLOP/s per GPU; inputs.MOE_TRAINER_MFU)")
     flops_per_gpu: float | None = Field(None, gt=0, description="sustained training FLOP/s per GPU [FLOP/s]; null = peak_flops x mfu (3.07e14 on the defaults); a stated figure wins (e.g. one measured by --calibrate-from)")
     serial_fraction: float = Field(TRAINER_SERIAL_FRACTION, ge=0, le=1, description="Amdahl's serial fraction of a trainer step [fraction]: the share of the one-GPU work more GPUs do not divide, so a train or reference time measured on m GPUs takes t x (s + (1-s)/g) / (s + (1-s)/m) on g; 0 = FLOP-bound (time x GPUs constant); 0.0079 = verl's fully-async trainer rows (update_actor 313.81 / 156.98 / 113.16 s on 16 / 32 / 64 H20, least squares; inputs.TRAINER_SERIAL_FRACTION)")
     minibatches: int = Field(1, ge=1, le=100_000, description="pieces the trainer consumes a step's batch in when training is streamed (phases.train_streamed) [count]")
+    epochs: int = Field(1, ge=1, le=1000, description="passes over each generation batch [count]: each extra epoch is another forward + backward over the batch (a run's trainer.epochs: inputs.optimizer_passes)")
+    optimizer_minibatches: int = Field(1, ge=1, le=100_000, description="optimizer steps per epoch [count]: the batch is cut into this many mini-batches, one optimizer step each (NeMo-RL: G-GBS / T-GBS; a run's trainer.mini_batches); sets the micro-batches per optimizer step of the pipeline bubble")
+    old_logprob_forward: bool | None = Field(None, description="the trainer recomputes the previous policy's logprobs, a forward of 2 x P_active x tokens beside the reference one (NeMo-RL's prev_logprobs unless loss_fn.force_on_policy_ratio; verl's old_log_prob); null = true when epochs x optimizer_minibatches > 1 (the ratio is no longer 1 after the first optimizer step)")
+    recompute: bool = Field(False, description="price activation recompute: the backward re-runs each layer's forward, 8 instead of 6 x P_active FLOPs per token (Megatron's full recompute; NeMo-RL megatron_cfg.activation_checkpointing); the memory side is trainer.activation_checkpointing's")
+    micro_batch_sequences: int = Field(1, ge=1, le=100_000, description="sequences per micro-batch per data-parallel rank [count] (NeMo-RL train_micro_batch_size); with trainer.pp > 1 a train or logprob pass pays the 1F1B bubble (m + pp - 1) / m, m = the micro-batches per rank per optimizer step")
+    reference_swap: bool = Field(False, description="the reference weights live in host memory and are swapped in for their forward (NeMo-RL's Megatron use_reference_model: the policy's shard copied out, the reference's in, the policy's back): 3 copies of the trainer's model shard per step over cluster.host_bw")
+    offload: bool = Field(False, description="colocated: the trainer's state (optimizer, gradients, weights) is offloaded to host memory around generation and reloaded after (NeMo-RL colocated: offload_before_refit, offload_after_refit, prepare_for_training): each of those bytes out and back per step over cluster.host_bw")
     pp: int = Field(1, ge=1, le=1024, description="pipeline stages of the trainer [count]: each stage sends its own layers' tensors in parallel (miles/slime: one weight transfer per PP stage); splits a P2P sender's per-tensor reshard (sync.receiver = rdma_pinned); at most policy.layers (a stage holds >= 1 layer) and pp x tp and pp x ep at most the trainer's GPUs")
     tp: int = Field(1, ge=1, le=MAX_GPUS, description="tensor-parallel width of the trainer [ranks] (Megatron TP): the GPUs of one pipeline stage that each hold 1/tp of every layer; pp x tp at most the trainer's GPUs")
     ep: int = Field(1, ge=1, le=MAX_GPUS, description="expert-parallel width of the trainer [ranks] (Megatron EP, carved from a stage's GPUs): the ranks one MoE layer's experts are spread over; pp x ep at most the trainer's GPUs")
@@ -243,6 +285,7 @@ class NetworkSection(Section):
     gather_link: str = Field("nvlink", description="tier over which trainer shards are gathered into whole tensors before a sync (inside a node)")
     senders: int | None = Field(None, ge=1, le=MAX_GPUS, description="parallel links a sync uses, each at the sync_link bandwidth [count] (one NIC per GPU; at most rollout.gpus: each link ends on a receiving GPU); null = rollout.tp (each GPU of a receiving replica takes its 1/tp share on its own NIC)")
     custom: dict[str, float] = Field(default_factory=dict, max_length=100, description="extra tiers: name = bandwidth [bytes/s] (> 0, finite), e.g. {roce = 25e9}")
+    cross_node_allreduce_s: float | None = Field(None, ge=0, le=1, description="one small all-reduce across the node boundary [s]: a decode step of a rollout replica wider than a node (rollout.tp > cluster.gpus_per_node) pays two per layer (policy.layers); null = 123.5 us (nccl-tests on 16 H100 over 2 nodes, inputs.CROSS_NODE_ALLREDUCE_S)")
 
 
 class PhasesSection(Section):
@@ -264,6 +307,7 @@ class ClusterSection(Section):
     gpus: int | None = Field(None, ge=2, le=MAX_GPUS, description="accelerators in the pool every placement is priced on [count] (equal hardware); null = rollout.gpus + trainer GPUs")
     gpus_per_node: int = Field(8, ge=1, le=1024, description="GPUs per node [count]")
     gpu_memory: float = Field(80e9, gt=0, description="memory per GPU [bytes]")
+    host_bw: float | None = Field(None, gt=0, le=1e15, description="GPU <-> host memory per GPU per direction [bytes/s]: the reference swap and the colocated offload; null = 64e9 (PCIe Gen5 x16, inputs.PCIE5_X16_BW; pageable copies run slower, so this is the fastest the copies can go)")
     train_bytes_per_param: float = Field(18, gt=0, le=100, description="training state per parameter [bytes]: weights + grads + fp32 master + Adam (~18, lesson 22)")
     prototype: bool = Field(False, description="a low-effort prototype (decision tree step 1)")
 

@@ -200,6 +200,30 @@ def amdahl_s(seconds: float, measured_gpus: int, gpus: int, serial_fraction: flo
     return seconds * (s + (1 - s) / gpus) / (s + (1 - s) / measured_gpus)
 
 
+def pipeline_bubble(microbatches: int, stages: int) -> float:
+    """A 1F1B pipeline of ``stages`` stages over ``microbatches`` micro-batches per data-parallel rank takes
+    ``(m + p - 1) / m`` of its work time: the first micro-batch's fill and the last one's drain idle every stage
+    but one (Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+    Megatron-LM", SC '21, sec. 2.2: bubble fraction (p - 1) / m). A forward-only pass fills and drains alike."""
+    if microbatches < 1 or stages < 1:
+        raise ValueError(f"a pipeline needs >= 1 micro-batch and >= 1 stage, got {microbatches}, {stages}")
+    return (microbatches + stages - 1) / microbatches
+
+
+def host_copies_s(nbytes: float, host_bw: float) -> float:
+    """Bytes one GPU copies between its memory and the host's, one after another, over its host link."""
+    if not host_bw > 0:
+        raise ValueError(f"a host link needs > 0 bytes/s, got {host_bw}")
+    return nbytes / host_bw
+
+
+def cross_node_tp_step_s(layers: int, allreduce_s: float) -> float:
+    """A decode step of a tensor-parallel replica wider than a node: two all-reduces per layer (after attention
+    and after the MLP or MoE block, Megatron-style tensor parallelism) cross the node boundary, each a small
+    message whose time is the collective's latency ``allreduce_s``."""
+    return 2 * layers * allreduce_s
+
+
 def colocated_step_s(rollout_round_s: float, reward_s: float, trainer_s: float, reload_s: float) -> float:
     """One pool time-shares everything: rollout (synchronous round) + reward + trainer + weight reload."""
     return rollout_round_s + reward_s + trainer_s + reload_s

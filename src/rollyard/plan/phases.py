@@ -32,9 +32,12 @@ class Phases:
     train: float
     sync: float  # per step: one sync / every_steps (colocated: the engine reload)
     source: dict[str, str] = field(default_factory=dict, compare=False)
+    # "phase: term" -> seconds: what each estimated phase holds, term by term (hardware.trainer_terms and the
+    # rollout's per-step terms), so a reader sees which term dominates; a measured phase has none
+    terms: dict[str, float] = field(default_factory=dict, compare=False)
 
     def seconds(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if k != "source"}
+        return {k: v for k, v in asdict(self).items() if k not in ("source", "terms")}
 
 
 def bytes_per_decoded_token(p: PlanInputs) -> float:
@@ -72,16 +75,34 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
                           f"+ KV {d.kv_s:.3g} s, against FLOPs {d.compute_s:.3g} s, + engine "
                           f"{d.step_overhead_s * 1e3:.3g} ms per step (bubble {H.M.bubble_fraction(d):.0%})")
     train = H.train_s(p, gt)
+    measured_train = ph.train_s is not None or bool(ph.train_s_measured)
+    t = p.trainer
+    passes = "".join([" + recompute (2 x)" if t.recompute else "", f", x {t.epochs} epochs" if t.epochs > 1 else "",
+                      f", x {H.bubble(p, gt):.3g} pipeline bubble (pp {t.pp})" if t.pp > 1 else ""])
     src["train"] = ("given" if ph.train_s is not None and not ph.gpus else
                     f"given on {ph.gpus} GPUs, to {gt} by Amdahl's law (serial fraction "
                     f"{p.trainer.serial_fraction:g})" if ph.train_s is not None else
+                    "measured sizes (phases.train_s_measured)" if measured_train else
                     f"estimated: 6 x {H.active_params(p):.3g} x {train_tokens(p):.3g} tokens / "
-                    f"({H.trainer_flops(p):.3g} FLOP/s x {gt} GPUs)")
+                    f"({H.trainer_flops(p):.3g} FLOP/s = MFU {H.mfu(p):.3g} {'MoE' if H.is_moe(p) else 'dense'} x "
+                    f"{gt} GPUs){passes}")
     reference = H.reference_s(p, gt)
-    src["reference"] = ("no reference model" if not ph.use_reference else "given" if ph.reference_s is not None
-                        else "estimated: 2 x P_active x tokens (forward only) on the trainer GPUs")
+    forwards = [w for w, on in (("reference", ph.use_reference), ("previous-policy", H.old_logprob_forward(p))) if on]
+    src["reference"] = ("given" if ph.reference_s is not None and ph.use_reference else
+                        "no logprob forward" if not forwards else
+                        f"estimated: {' + '.join(forwards)} forward, 2 x P_active x tokens each, on the trainer GPUs"
+                        + (" + the reference swapped through host memory" if H.reference_swap_s(p, gt) else ""))
+    terms = {k: v for k, v in H.trainer_terms(p, gt).items()
+             if not (k.startswith("train:") and measured_train) and not (k.startswith("reference:") and ph.reference_s is not None)}
+    if H.offload_s(p, gt):
+        terms["train (colocated): optimizer, gradients, weights offloaded and reloaded"] = H.offload_s(p, gt)
+    if ph.rollout_s is None and p.rollout.bytes_per_decoded_token is None and H.cross_node_tp_s(p):
+        d = H.decode_on(p, p.rollout.gpus, lengths)
+        terms["rollout: cross-node TP all-reduces (2 per layer per decode step)"] = (
+            H.cross_node_tp_s(p) * H.M.round_steps(d))
     src["reward"] = src["algorithm"] = "given"
     src["sync"] = (f"one sync over {p.network.sync_link} (fixed + gather/wire/load), per {p.sync.every_steps} "
                    f"step(s); receive path {receiver_words(p)}")
     return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, algorithm=ph.algorithm_s,
-                  train=train, sync=sync_seconds / p.sync.every_steps, source=src)
+                  train=train, sync=sync_seconds / p.sync.every_steps, source=src,
+                  terms={k: v for k, v in terms.items() if v > 0})

@@ -96,7 +96,7 @@ class Plan:
             "sync_costs": B.sync_costs(p).__dict__,
             "gradient_seconds": self.bytes.gradient_per_rank / p.tiers()[p.network.trainer_link],
             "edges": [e.__dict__ for e in self.edges],
-            "phases": {**self.phases.seconds(), "source": self.phases.source},
+            "phases": {**self.phases.seconds(), "source": self.phases.source, "terms": self.phases.terms},
             "step_budget": self.step_budget(),
             "cadence": self.cadence(),
             "decision": self.decision.as_dict(),
@@ -179,6 +179,8 @@ def _placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None
     rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer."""
     if p.phases.reference_placement == "pool" and placement != "colocated":  # scored on its own pool, overlapped
         ph = replace(ph, reference=0.0)
+    if placement == "colocated" and p.trainer.offload:  # the trainer's state leaves the GPUs for generation
+        ph = replace(ph, train=ph.train + H.offload_s(p, H.trainer_gpus(p)))
     if placement != "async":
         return ph
     ref = 0.0 if p.phases.async_rollout_logprobs else ph.reference

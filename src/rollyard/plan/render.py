@@ -76,6 +76,9 @@ def print_plan(plan: Plan, c: Console) -> None:
                                     f"turn: {B.fmt_seconds(plan.sync_seconds())}, receive path {B.receiver_words(p)})")
         else:
             t.add_row(role, f"{secs:.2f}", ph.source.get(role, ""))
+        for term, s in ph.terms.items():  # every term of an estimated phase, with its rule
+            if term.split(":")[0].split(" ")[0] == role:
+                t.add_row("", f"{s:.2f}", "  " + term.split(": ", 1)[1])
     c.print(t)
 
     t = Table(title=f"Steps per hour by placement on the configured pools ({p.rollout.gpus} rollout, "
