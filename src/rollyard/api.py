@@ -131,6 +131,11 @@ def with_trl_defaults(args: dict) -> dict:
     for name, value in TRL_SCRIPT_DEFAULTS.items():
         if name not in out and not any(given(key) for key in ALIASES[name].to):
             out[name] = value
+    # with vLLM, TRL corrects the rollout mismatch by its own default (sequence_mask, cap 3.0); without, not at all
+    # (its generation is the trainer's own forward): rollyard keeps its default correction there
+    if out.get("use_vllm") and not any(n.startswith("vllm_importance_sampling") for n in out) and not given(
+            "algo.tis_mode"):
+        out["vllm_importance_sampling_correction"] = True
     return out
 
 
