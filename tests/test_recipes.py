@@ -14,14 +14,14 @@ import torch
 
 pytest.importorskip("trl", reason="TRL 1.16 is the oracle (pip install 'rollyard[test]')")
 
-from trl_oracle import build_trl_trainer, tiny_model, tiny_tokenizer, trl_inputs, trl_loss_and_grads  # noqa: E402
+from trl_oracle import build_trl_trainer, tiny_model, tiny_tokenizer, trl_inputs, trl_loss_and_grads
 
-from rollyard.algo.advantages import assign_advantages  # noqa: E402
-from rollyard.algo.policy_loss import entropy_mask  # noqa: E402
-from rollyard.api import with_trl_defaults  # noqa: E402
-from rollyard.config import load_config  # noqa: E402
-from rollyard.trainer.trainer import Trainer, trainer_kwargs  # noqa: E402
-from rollyard.types import Sample  # noqa: E402
+from rollyard.algo.advantages import assign_advantages
+from rollyard.algo.policy_loss import entropy_mask
+from rollyard.api import with_trl_defaults
+from rollyard.config import load_config
+from rollyard.trainer.trainer import Trainer, trainer_kwargs
+from rollyard.types import Sample
 
 MAX_LEN = 12  # max_completion_length: the dr_grpo constant and the truncation length
 
@@ -40,9 +40,9 @@ def make_batch(tok, seed: int = 0, groups: int = 3, n: int = 2, off_policy: floa
     special = {tok.pad_token_id, eos, *tok.all_special_ids}
     vocab = [i for i in range(len(tok)) if i not in special]
     rows = []
-    for g in range(groups):
+    for _ in range(groups):
         prompt = [rng.choice(vocab) for _ in range(rng.randint(3, 6))]
-        for j in range(n):
+        for _ in range(n):
             cut = rng.random() < 0.35
             k = MAX_LEN if cut else rng.randint(3, MAX_LEN - 1)
             comp = [rng.choice(vocab) for _ in range(k)]
@@ -62,10 +62,9 @@ def with_logps(model, batch: list[dict], seed: int, off: float = 0.3) -> list[di
             ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
             logits = model(input_ids=ids).logits[0, len(row["prompt_ids"]) - 1:-1].float()
             lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(row["completion_ids"])[:, None]).squeeze(-1)
-            noise = lambda s: (torch.randn(lp.shape, generator=g) * s)  # noqa: E731
-            out.append({**row, "old_per_token_logps": (lp + noise(off)).tolist(),
-                        "sampling_per_token_logps": (lp + noise(off)).tolist(),
-                        "ref_per_token_logps": (lp + noise(off)).tolist()})
+            old, sampled, ref = (lp + torch.randn(lp.shape, generator=g) * off for _ in range(3))
+            out.append({**row, "old_per_token_logps": old.tolist(), "sampling_per_token_logps": sampled.tolist(),
+                        "ref_per_token_logps": ref.tolist()})
     return out
 
 
