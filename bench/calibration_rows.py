@@ -335,6 +335,31 @@ DS_H = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tenso
                 "trainer.recompute=true", "trainer.optimizer_minibatches=1"))
 
 
+# Weight syncs gathered 2026-11-29 after the v6 rules were committed (364f4b0), none in the repository before:
+# checkpoint-engine's "Update (P2P)" column (MoonshotAI/checkpoint-engine README at 59a3c4f: the weights sent from
+# the owners' CPU memory to each new instance's GPUs over RDMA (mooncake), then the same IPC buffer and engine reload
+# as its broadcast: every receiving GPU takes the whole bucket, vLLM's load_weights keeps its slice; so each row is
+# its broadcast row's configuration (S3a-S3f) with the P2P column's bucket), and verl's NIXL checkpoint engine
+# (volcengine/verl verl/checkpoint_engine/README.md at b178a3cd: the S6 configuration, all_gather + ring p2p).
+CE_P2P = "MoonshotAI/checkpoint-engine README (59a3c4f), Update (P2P) column"
+HOLDOUT_SYNC = [
+    Row("K1", "checkpoint-engine P2P into vLLM, GLM-4.5-Air, 8 x H800 TP8", "plan_ckpt_engine_qwen235b.toml",
+        (*AIR, "sync.bucket_bytes=3.24e9"), 4.12, CE_P2P),
+    Row("K2", "checkpoint-engine P2P, Qwen3-235B-A22B, 8 x H800 TP8", "plan_ckpt_engine_qwen235b.toml",
+        ("sync.bucket_bytes=2.88e9",), 7.10, CE_P2P),
+    Row("K3", "checkpoint-engine P2P, DeepSeek-V3.1 FP8, 16 x H20 TP16", "plan_kimi_k2_ckpt_engine.toml",
+        (*DSV3, "sync.bucket_bytes=5.81e9"), 11.80, CE_P2P),
+    Row("K4", "checkpoint-engine P2P, Kimi-K2 FP8, 16 x H20 TP16", "plan_kimi_k2_ckpt_engine.toml",
+        ("sync.bucket_bytes=6.35e9",), 17.49, CE_P2P),
+    Row("K5", "checkpoint-engine P2P, DeepSeek-V3.1 FP8, 256 x H20 (16 GPUs updated)", "plan_kimi_k2_ckpt_engine.toml",
+        DSV3, 11.81, CE_P2P),
+    Row("K6", "checkpoint-engine P2P, Kimi-K2 FP8, 256 x H20 (16 GPUs updated)", "plan_kimi_k2_ckpt_engine.toml", (),
+        16.75, CE_P2P),
+    Row("K7", "verl NIXL checkpoint engine (all_gather + ring p2p), Qwen3-30B-A3B, FSDP 2 -> 30 receivers",
+        "plan_verl_ckpt_qwen30b.toml", (), 7.0, "volcengine/verl verl/checkpoint_engine/README.md (b178a3cd), NIXL row"),
+]
+
+
 @dataclass(frozen=True)
 class HoldoutStep:
     """A published step time (s) at a published placement and GPU count: steps/hour = 3600 / step."""
@@ -389,7 +414,7 @@ def holdout_tables() -> dict[str, list[dict]]:
         pub, plan = by[on]["published_s"] / by[off]["published_s"], by[on]["plan_s"] / by[off]["plan_s"]
         speedups.append({"id": rid, "what": what, "published_x": pub, "plan_x": plan, "ratio": plan / pub,
                          "within_25": 0.75 <= plan / pub <= 1.25})
-    return {"rules": "v6" if V6 else "v5", "steps": steps, "speedups": speedups}
+    return {"rules": "v6" if V6 else "v5", "steps": steps, "speedups": speedups, "sync": table(HOLDOUT_SYNC)}
 
 
 def scaling_table() -> list[dict]:
@@ -441,8 +466,11 @@ def main(argv: list[str]) -> int:
             print(f"{r['id']:4} {r['published_s']:7.1f}s {r['plan_s']:7.1f}s {r['ratio']:6.2f}  {r['what']}")
         for r in h["speedups"]:
             print(f"{r['id']:4} {r['published_x']:6.2f}x {r['plan_x']:6.2f}x {r['ratio']:6.2f}  {r['what']}")
+        for r in h["sync"]:
+            print(f"{r['id']:4} {r['published_s']:7.2f}s {r['plan_s']:7.2f}s {r['ratio']:6.2f}  {r['what']} ({r['mechanism']})")
         print(f"steps/hour within 1.5x: {sum(r['within_1_5x'] for r in h['steps'])} of {len(h['steps'])}; speed-ups "
-              f"within 25%: {sum(r['within_25'] for r in h['speedups'])} of {len(h['speedups'])}")
+              f"within 25%: {sum(r['within_25'] for r in h['speedups'])} of {len(h['speedups'])}; weight syncs within "
+              f"2x: {sum(r['within_2x'] for r in h['sync'])} of {len(h['sync'])}")
         return 0
     if "--json" in argv:
         print(json.dumps({"sync": rows, "speedups": speedups, "new_sync": new_sync, "new_speedups": new,

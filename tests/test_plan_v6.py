@@ -173,6 +173,13 @@ def test_holdout_figures_judged_after_the_rules():
     assert x["X1"]["published_x"] == pytest.approx(92.8 / 64.8) and x["X2"]["published_x"] == pytest.approx(198 / 154)
     assert {k: round(r["ratio"], 2) for k, r in x.items()} == {"X1": 0.53, "X2": 0.88}  # v5: 0.63, 0.87
     assert [k for k, r in x.items() if r["within_25"]] == ["X2"]
+    # Weight syncs gathered after the rules were committed: checkpoint-engine's P2P column and verl's NIXL row.
+    sync = {r["id"]: r for r in h["sync"]}
+    assert {k: r["published_s"] for k, r in sync.items()} == {"K1": 4.12, "K2": 7.10, "K3": 11.80, "K4": 17.49,
+                                                             "K5": 11.81, "K6": 16.75, "K7": 7.0}
+    assert {k: round(r["ratio"], 2) for k, r in sync.items()} == {"K1": 0.58, "K2": 0.66, "K3": 1.22, "K4": 1.22,
+                                                                 "K5": 1.21, "K6": 1.27, "K7": 0.18}
+    assert [k for k, r in sync.items() if not r["within_2x"]] == ["K7"]  # 6 of 7 (v5: 6 of 7, the same miss)
 
 
 def test_the_plan_shares_no_byte_formula_with_the_runtime():
