@@ -8,7 +8,9 @@ until every check passed:
 - a fresh start does not write over a run; a resume finds a valid checkpoint (``checkpoint.latest``
   reports corrupt ones and falls back) and does not touch a finished run (:class:`RunFinished`);
 - on resume, every record file is cut back to the checkpoint's step (torn lines repaired), so the
-  resumed session appends each step exactly once.
+  resumed session appends each step exactly once: by :func:`cut_back`, which the driver calls only
+  once the checkpoint has loaded into the run's model and optimizer. A checkpoint that does not
+  load (another model's, a sharded optimizer on other ranks) is refused with the records untouched.
 
 ``config.yaml`` is written by the driver only after start-up succeeded, so a failed ``--resume
 RUN key=value`` leaves the saved config as it was.
@@ -73,8 +75,14 @@ def _open_locked(cfg: RunConfig, run: Path, resume: bool, log) -> Path | None:
     if step >= cfg.steps and (run / rundir.SUMMARY).exists():
         raise RunFinished(f"run {run} is finished ({step} of steps={cfg.steps} done, summary.json written); "
                           f"nothing changed. To train further, resume with a larger steps=N")
+    return ckpt
+
+
+def cut_back(run: Path, ckpt: Path, log=print) -> None:
+    """Cut every record file back to checkpoint ``ckpt``'s step (torn lines dropped). Called after the
+    checkpoint loaded: a resume that is refused never costs a record."""
+    step = json.loads((ckpt / checkpoint.STATE).read_text())["step"]
     dropped = rundir.truncate_records(run, step)
     if dropped:
         log(f"resuming at step {step}: removed records of steps after the checkpoint (or torn lines): "
             + ", ".join(f"{name} {n}" for name, n in dropped.items()))
-    return ckpt

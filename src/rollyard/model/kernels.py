@@ -647,7 +647,9 @@ def choices() -> dict:
     from rollyard.model import gemm
 
     lib = _STATE.get("lib", "not loaded")
-    out = {"cpu_kernels": "not loaded" if lib == "not loaded" else ("on" if lib is not None else f"off: {_STATE.get('why')}"),
+    off = env_flag("ROLLYARD_CPU_KERNELS") == "0"
+    out = {"cpu_kernels": "off: ROLLYARD_CPU_KERNELS=0" if off else "not loaded" if lib == "not loaded" else
+           ("on" if lib is not None else f"off: {_STATE.get('why')}"),
            "cpu_kernels_setting": env_flag("ROLLYARD_CPU_KERNELS"),
            "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
            "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),

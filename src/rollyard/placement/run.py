@@ -9,6 +9,7 @@ or Ray actors) and drives them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -213,7 +214,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     """
     settings = roles.settings(cfg)  # once, before any start-up work: every rollout side and Ray actor is handed these
     run = Path(run_dir)
-    ckpt = runguard.open_run(cfg, run, resume, log=console.print)  # checks, lock, records cut to the checkpoint
+    ckpt = runguard.open_run(cfg, run, resume, log=console.print)  # checks and lock; nothing on disk changed yet
     tracking = Tracking(run, cfg.log, cfg.model_dump(mode="json"))  # first: a missing package fails fast
     _seed_everything(cfg.seed)
     device = settings.device
@@ -228,53 +229,65 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}",
                   preset=cfg.model.name in PRESETS)
     rewards = roles.rewards(cfg, tokenizer, model)
-    rewards.dry_run(train_prompts[0].text, {**train_prompts[0].meta, **(  # a bad reward function: one line, now
-        {MESSAGES_KEY: train_prompts[0].messages} if train_prompts[0].messages else {})})
-    console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}"
-                  + (f" (CPU class {cpu.cpu_class()})" if str(device).startswith("cpu") else ""))
-    sft_info: dict = {}
-    scorer = roles.eval_rewards(cfg, tokenizer, model, rewards)  # held-out correctness (evaluate.accuracy_signal)
-    if scorer is not None and scorer is not rewards and held_out:
-        scorer.dry_run(held_out[0].text, {**held_out[0].meta, **(  # a bad eval.reward: one line, now
-            {MESSAGES_KEY: held_out[0].messages} if held_out[0].messages else {})})
-    if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
-        model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, scorer or rewards, cfg, context, device, console.print)
-    model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
-    reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
-    trainer = roles.trainer(cfg, model, device)
-    precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
-                                                                             torch.device(device))))
-    console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
-    r = cfg.rollout
-    feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed), PromptLedger(), tokenizer,
-                      r.samples_per_prompt, r.max_new_tokens, context)
-    state = checkpoint.TrainState()
-    extra_rng: dict = {}
-    if ckpt is not None:
-        state, extra_rng = checkpoint.load(ckpt, model, trainer.optimizer)
-        feed.restore(state.cursor)
-        console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
-                      + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
-    rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
-                                        alarms=Alarms(regression_z=cfg.eval.regression_z,
-                                                      canary_first_max=first_canary_max(settings.plan.dtype))), state,
-                    settings=settings)
-    rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
-    handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer)
-    rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
-    rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
-    rec.dead_letter(deadletter)
-    (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **precision, **(info or {})}, indent=1))
-    _renote_eval(rec)
-    if state.eval_before is None:
-        state.eval_before = evaluate(rec, handles)
-        state.extra.update(sft_info)
-        console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)}"
-                      f", scored by {accuracy_signal(cfg)})" if scorer else no_signal_reason(cfg))
-        if scorer is not None and held_out and (note := cadence_note(cfg)):
-            console.print(note)
-    dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
-    return rec, handles, extra_rng
+    opened: list = [rewards]  # what owns processes, closed again when start-up fails
+    try:
+        rewards.dry_run(train_prompts[0].text, {**train_prompts[0].meta, **(  # a bad reward function: one line, now
+            {MESSAGES_KEY: train_prompts[0].messages} if train_prompts[0].messages else {})})
+        console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}"
+                      + (f" (CPU class {cpu.cpu_class()})" if str(device).startswith("cpu") else ""))
+        sft_info: dict = {}
+        scorer = roles.eval_rewards(cfg, tokenizer, model, rewards)  # held-out correctness (evaluate.accuracy_signal)
+        opened += [scorer] if scorer is not None and scorer is not rewards else []
+        if scorer is not None and scorer is not rewards and held_out:
+            scorer.dry_run(held_out[0].text, {**held_out[0].meta, **(  # a bad eval.reward: one line, now
+                {MESSAGES_KEY: held_out[0].messages} if held_out[0].messages else {})})
+        if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
+            model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, scorer or rewards, cfg, context, device, console.print)
+        model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
+        reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
+        opened += [reference] if hasattr(reference, "close") else []
+        trainer = roles.trainer(cfg, model, device)
+        opened += [trainer] if hasattr(trainer, "close") else []  # dp ranks
+        precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
+                                                                                 torch.device(device))))
+        console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
+        r = cfg.rollout
+        feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed), PromptLedger(), tokenizer,
+                          r.samples_per_prompt, r.max_new_tokens, context)
+        state = checkpoint.TrainState()
+        extra_rng: dict = {}
+        if ckpt is not None:
+            state, extra_rng = checkpoint.load(ckpt, model, trainer.optimizer)
+            runguard.cut_back(run, ckpt, log=console.print)  # only now that the checkpoint loaded
+            feed.restore(state.cursor)
+            console.print(f"resuming {run} from {ckpt.name}: step {state.step}, weight version {state.version}"
+                          + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
+        rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
+                                            alarms=Alarms(regression_z=cfg.eval.regression_z,
+                                                          canary_first_max=first_canary_max(settings.plan.dtype))), state,
+                        settings=settings)
+        rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
+        handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer)
+        rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
+        rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
+        rec.dead_letter(deadletter)
+        (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **precision, **(info or {})}, indent=1))
+        _renote_eval(rec)
+        if state.eval_before is None:
+            state.eval_before = evaluate(rec, handles)
+            state.extra.update(sft_info)
+            console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)}"
+                          f", scored by {accuracy_signal(cfg)})" if scorer else no_signal_reason(cfg))
+            if scorer is not None and held_out and (note := cadence_note(cfg)):
+                console.print(note)
+        dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
+        return rec, handles, extra_rng
+    except BaseException:  # a refused start (resume of another model's checkpoint, a bad hook) leaves nothing running
+        for handle in reversed(opened):
+            with contextlib.suppress(Exception):
+                handle.close()
+        rundir.unlock(run)
+        raise
 
 
 def held_out_count(cfg: RunConfig, held_out: list[Prompt]) -> str:
@@ -311,6 +324,7 @@ def kernels_said(device: str) -> str:
     """``"; CPU kernels on, oneDNN linear off"`` for the start-up line on a CPU (run.json's ``kernels`` has why)."""
     if not str(device).startswith("cpu"):
         return ""
+    kernels.kernel()  # loaded (or refused, said once) now: this line and run.json state the same thing
     c = kernels.choices()
     return f"; CPU kernels {c['cpu_kernels']}, oneDNN linear {'on' if c['onednn_linear'] else 'off'}"
 
