@@ -132,6 +132,22 @@ with signals.graceful():
 print("loaded" if lib is not None else "fallback", flush=True)
 """
 
+# The same wait reached through the engine's fast path, whose fallback catches every Exception.
+ENGINE = """
+import sys
+from rollyard import signals
+from rollyard.model.loading import build_preset, char_tokenizer
+from rollyard.rollout.engine import RolloutEngine
+model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
+with signals.graceful():
+    try:
+        RolloutEngine(model, eos_token_id=-1)
+    except signals.Stopped as e:
+        print(f"stopped: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)
+print("built", flush=True)
+"""
+
 
 def _cache(tmp_path: Path) -> dict:
     """An environment whose kernel cache is a copy of this machine's (no rebuild when it is there)."""
@@ -163,11 +179,12 @@ def test_a_build_killed_with_9_leaves_a_lock_the_next_run_breaks_and_says_so(tmp
 
 
 @needs_cxx
-def test_a_wait_on_a_live_build_says_whose_it_is_and_sigterm_ends_it(tmp_path):
+@pytest.mark.parametrize("script", [LOAD, ENGINE], ids=["kernel", "engine"])
+def test_a_wait_on_a_live_build_says_whose_it_is_and_sigterm_ends_it(tmp_path, script):
     env = _cache(tmp_path)
     holder = _hold(env)
     try:
-        waiter = subprocess.Popen([sys.executable, "-c", LOAD], env=env, stdout=subprocess.PIPE,
+        waiter = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         line = waiter.stderr.readline()  # said after SAY_AFTER_S
         assert f"waiting for pid {holder.pid}'s build of the CPU kernels" in line, line
@@ -175,6 +192,7 @@ def test_a_wait_on_a_live_build_says_whose_it_is_and_sigterm_ends_it(tmp_path):
         out, err = waiter.communicate(timeout=30)
         assert waiter.returncode == 143, (out, err)
         assert "stopped by SIGTERM: it was waiting for the CPU-kernel build" in err and "Traceback" not in err
+        assert "fast path failed" not in err and "built" not in out  # no fallback swallowed the stop
     finally:
         holder.kill()
         holder.wait()
