@@ -365,3 +365,43 @@ def test_the_run_implied_plan_prices_the_runs_checkpointing_and_its_largest_batc
         pools[name] = review(run).plan.memory.roles()["trainer"]
     assert pools["on"] < pools["off"] / 2  # 30 layers' activations -> their inputs only
     assert pools["huge"] == pools["off"]  # priced at the 4096 tokens the steps computed, not 1e6
+
+
+def test_the_run_implied_plan_prices_the_runs_passes_over_a_batch(tmp_path):
+    """trainer.epochs and trainer.mini_batches of a run's config reach the plan it is held against (one each for a
+    run without them): each epoch is another forward + backward, and more than one optimizer step per batch adds the
+    old policy's logprob forward."""
+    from rollyard.plan import hardware as H
+    plans = {}
+    for name, trainer in (("one", {}), ("more", {"epochs": 2, "mini_batches": 3})):
+        run = make_run(tmp_path / name)
+        (run / rundir.CONFIG).write_text(json.dumps({"algo": {"kl_coef": 0.0}, "trainer": trainer}))
+        plans[name] = review(run).plan.inputs
+    one, more = plans["one"], plans["more"]
+    assert (one.trainer.epochs, one.trainer.optimizer_minibatches) == (1, 1)
+    assert (more.trainer.epochs, more.trainer.optimizer_minibatches) == (2, 3)
+    assert not H.old_logprob_forward(one) and H.old_logprob_forward(more)
+    # estimated (no measured train time), the run that trained twice per batch pays twice the forward + backward
+    bare = [one.model_copy(update={"phases": one.phases.model_copy(update={"train_s": None})}),
+            more.model_copy(update={"phases": more.phases.model_copy(update={"train_s": None})})]
+    assert H.train_s(bare[1], 1) == pytest.approx(2 * H.train_s(bare[0], 1))
+
+
+
+def test_a_flagged_estimated_phase_names_the_terms_of_its_budget(tmp_path):
+    """review's comparison carries the plan's terms: an estimated train phase (no phases.train_s) budgets each pass,
+    so a run that trained 4 epochs per batch holds a budget of 4 forward + backward passes, and a plan of 2 flags
+    the run and says which terms it planned. 48 positions (2 x 2 x (5 + 7)) x 6 x 5e5 FLOPs = 1.44e8 per pass at
+    1.152e9 FLOP/s: 0.125 s per pass, against the run's measured 0.5 s."""
+    base = PLAN_OK.replace("train_s = 0.5\n", "").replace("dp = 1\n", "dp = 1\nflops_per_gpu = 1.152e9\n")
+    run = make_run(tmp_path / "run")
+    for epochs, result in ((4, PASS), (2, FAIL)):
+        plan = tmp_path / f"plan{epochs}.toml"
+        plan.write_text(base.replace("dp = 1\n", f"dp = 1\nepochs = {epochs}\n"))
+        rv = review(run, plan)
+        train = next(p for p in rv.phases if p["role"] == "train")
+        assert train["budget_s"] == pytest.approx(epochs * 0.125)
+        assert train["terms"]["extra epochs"] == pytest.approx((epochs - 1) * 0.125)
+        assert items(rv)["Measured step breakdown matches the budget"] == result
+    evidence = next(v["evidence"] for v in rv.verification if v["item"] == "Measured step breakdown matches the budget")
+    assert "planned forward + backward (6 x P_active x tokens) 0.125 s" in evidence and "planned extra epochs 0.125 s" in evidence

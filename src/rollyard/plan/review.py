@@ -30,7 +30,7 @@ from rollyard.config import ConfigError
 from rollyard.model.kv_budget import micro_batch_held
 from rollyard.plan import audit
 from rollyard.plan import bytes as B
-from rollyard.plan.inputs import PLACEMENTS, PlanInputs, load_plan, validate_plan
+from rollyard.plan.inputs import PLACEMENTS, PlanInputs, load_plan, optimizer_passes, validate_plan
 from rollyard.plan.planner import Plan, make_plan
 from rollyard.telemetry import rundir
 from rollyard.telemetry.rundir import RunDirError
@@ -346,6 +346,10 @@ def _with_shape(run: Run, data: dict) -> dict:
     # What the trainer computed (trainer.useful_work; a run before it computed every position): each group's
     # prompt once, and the samples it skipped (the run's mean train/skipped_frac).
     data["trainer"]["prefix_shared"] = tr.get("useful_work") is True
+    # How many times the run trained on each generation batch (trainer.epochs x trainer.mini_batches; one each for a
+    # run before them): an estimated train phase pays each epoch, and more than one optimizer step per batch makes
+    # the trainer compute the old policy's logprobs (inputs.optimizer_passes)
+    data["trainer"]["epochs"], data["trainer"]["optimizer_minibatches"] = optimizer_passes(tr)
     skipped = [float(m["train/skipped_frac"]) for m in run.metrics if isinstance(m.get("train/skipped_frac"), (int, float))]
     data["trainer"]["zero_advantage_share"] = min(sum(skipped) / len(skipped), 0.99) if skipped else 0.0
     if run.info.get("sharding") == "fsdp":
@@ -634,10 +638,13 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
         over = b is not None and mean > b * (1 + tol) + floor  # b = 0: any measurable time is over
         # Two-sided: a phase far under its budget means the plan does not describe this run either.
         under = b is not None and mean < b * (1 - tol) - floor
+        # the budget's own terms (an estimated phase's rules, plan.phases.terms), so a flag says which term missed
+        terms = {k.split(": ", 1)[1]: v for k, v in plan.phases.terms.items()
+                 if k.split(":")[0].split(" ")[0] == role} if budget else {}
         phases.append({"role": role, "measured_s": mean, "max_s": max(held[role]), "first_s": per[role][0],
                        "share": mean / total,
                        "budget_s": b, "over_by": (mean / b - 1) if b else None, "flag": over or under,
-                       "direction": "over" if over else "under" if under else ""})
+                       "direction": "over" if over else "under" if under else "", "terms": terms})
     steps_s = steady({"step": step_seconds(run)})["step"]
     startup = (f"; the first step ({sum(v[0] for v in per.values()):.3g} s of spans, start-up included) is not "
                f"budgeted" if any(len(v) > 1 for v in per.values()) else "")
@@ -670,7 +677,9 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
         flagged = [p for p in phases if p["flag"]]
         ver.append({"item": "Measured step breakdown matches the budget", "result": FAIL if flagged else PASS,
                     "evidence": ("; ".join(f"{p['role']} {p['measured_s']:.3g} s vs {p['budget_s']:.3g} s "
-                                           f"({p['over_by']:+.0%}, {p['direction']} budget)" if p["budget_s"] else
+                                           f"({p['over_by']:+.0%}, {p['direction']} budget"
+                                           + "".join(f"; planned {t} {v:.3g} s" for t, v in p["terms"].items())
+                                           + ")" if p["budget_s"] else
                                            f"{p['role']} {p['measured_s']:.3g} s vs no budget (0 s planned)"
                                            for p in flagged) if flagged else
                                  f"every phase within {tol:.0%} of its budget (step {sum(budget.values()):.3g} s planned, "
