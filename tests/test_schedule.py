@@ -165,6 +165,26 @@ def test_trl_adam_settings_reach_the_optimizer(oracle):
         assert t.optimizer.param_groups[0][key] == trl_opt.param_groups[0][key]
 
 
+def test_weight_decay_skips_biases_and_norms_as_trl_does(oracle):
+    """TRL's optimizer (transformers' Trainer) decays neither biases nor normalisation weights; a TRL weight_decay
+    does the same in rollyard (the tiny Qwen2 has q/k/v biases and RMSNorms); verl's decays every parameter."""
+    kw = {"weight_decay": 0.1}
+    tok = oracle.tiny_tokenizer()
+    trl = oracle.build_trl_trainer(oracle.tiny_model(tokenizer=tok), tok, max_steps=2, **kw)
+    trl.create_optimizer_and_scheduler(num_training_steps=2)
+    trl_names = {id(p): n for n, p in trl.model.named_parameters()}
+    theirs = {trl_names[id(p)]: g["weight_decay"] for g in trl.optimizer.param_groups for p in g["params"]}
+    model = oracle.tiny_model(tokenizer=tok)
+    names = {id(p): n for n, p in model.named_parameters()}
+    t = Trainer(model, **trainer_kwargs(from_dict(with_trl_defaults(dict(GRPOConfig(**kw, max_steps=2))))),
+                device="cpu")
+    mine = {names[id(p)]: g["weight_decay"] for g in t.optimizer.param_groups for p in g["params"]}
+    assert mine == theirs and set(mine.values()) == {0.0, 0.1}
+    assert {wd for n, wd in mine.items() if "bias" in n or "norm" in n} == {0.0}
+    verl = from_dict({"actor_rollout_ref": {"actor": {"optim": {"weight_decay": 0.1}}}})
+    assert {g["weight_decay"] for g in _trainer(verl).optimizer.param_groups} == {0.1}
+
+
 # -- AdamW's settings ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("state", ["fp32", "bf16"])
@@ -188,6 +208,11 @@ def test_betas_and_eps_reach_the_optimizer_and_its_update(state):
     tol = 1e-6 if state == "fp32" else 1e-5
     torch.testing.assert_close(p.detach(), want, rtol=tol, atol=tol)
     assert not torch.allclose(want, before - 1e-2 * m / (v.sqrt() + 1e-8), rtol=0, atol=1e-7)  # eps matters here
+    # a resume with other settings runs with them, not the checkpoint's (load_state_dict would bring those back)
+    other = _trainer(load_config(None, [f"trainer.optimizer_state={state}"]), model)
+    other.optimizer.load_state_dict(t.optimizer.state_dict())
+    assert (other.optimizer.param_groups[0]["betas"], other.optimizer.param_groups[0]["eps"]) == ((0.9, 0.99), 1e-8)
+    assert other.optimizer.param_groups[0]["schedule_step"] == 1  # the schedule's position is the checkpoint's
 
 
 def test_trl_script_gets_trls_defaults_only_where_it_sets_none():
