@@ -3,8 +3,10 @@
 The schedules are transformers' (``get_scheduler``, what TRL's GRPOTrainer builds), by the same names and
 keyword arguments, written from their definitions. The rate optimizer step ``k`` (0-based) uses is
 ``lr x multiplier(k)``: transformers' ``LambdaLR`` sets it before the first step and after each one, so step
-``k`` runs at ``lambda(k)``; a skipped step (a non-finite gradient) still counts, as transformers'
-scheduler steps on. ``n`` is the run's optimizer steps (``steps x trainer.epochs x trainer.mini_batches``).
+``k`` runs at ``lambda(k)``, and that is the rate TRL logs for it. A step rollyard skips (a non-finite gradient)
+still counts: the rate is a function of the step count, so the schedule ends with the run, a resumed run and every
+data-parallel rank agree (transformers holds its scheduler back only on a step its fp16 loss scaler skips). ``n``
+is the run's optimizer steps (``steps x trainer.epochs x trainer.mini_batches``).
 
 Warm-up: ``warmup_steps`` if > 0, else ``warmup_ratio x n`` rounded up (transformers:
 ``math.ceil``) or down (verl: ``int``). During warm-up the multiplier rises linearly from 0 (step 0 trains
