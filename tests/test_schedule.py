@@ -157,6 +157,21 @@ def test_the_rate_of_every_step_is_trls_own(oracle, trl_kwargs):
         assert _rollyard_lrs({"learning_rate": 1e-5, **old, "warmup_ratio": trl_kwargs["warmup_steps"]}, steps)[0] == lrs
 
 
+def test_several_optimizer_steps_per_generation_batch_follow_trls_schedule(oracle):
+    """TRL counts max_steps in optimizer steps: with num_iterations=2 and steps_per_generation=2 (x gradient
+    accumulation 1) a generation batch makes 4 of them, and rollyard's 3 steps x 2 epochs x 2 mini-batches run the
+    same 12 rates."""
+    from rollyard.config import TrainerConfig
+    if "mini_batches" not in TrainerConfig.model_fields:
+        pytest.skip("trainer.epochs / trainer.mini_batches are not in this tree yet")
+    kw = {"lr_scheduler_type": "cosine", "warmup_steps": 0.25, "num_iterations": 2, "steps_per_generation": 2}
+    _, trl_lrs = _trl_optimizer_and_lrs(oracle, kw, 12)
+    cfg = from_dict(with_trl_defaults(dict(GRPOConfig(learning_rate=1e-5, max_steps=12, **kw))))
+    assert (cfg.steps, cfg.trainer.epochs, cfg.trainer.mini_batches) == (3, 2, 2)
+    t = _trainer(cfg)
+    assert [t.schedule_lr() for _ in range(12)] == pytest.approx(trl_lrs, rel=1e-12, abs=1e-20)
+
+
 def test_trl_adam_settings_reach_the_optimizer(oracle):
     kw = {"adam_beta1": 0.85, "adam_beta2": 0.95, "adam_epsilon": 1e-6, "optim": "adamw_torch"}
     trl_opt, _ = _trl_optimizer_and_lrs(oracle, kw, 2)
