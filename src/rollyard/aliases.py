@@ -412,7 +412,9 @@ ALIASES_LIST: list[Alias] = [
           "steps_per_generation / gradient_accumulation_steps): a rollyard step is one generation batch", _trl_steps),
     _same("seed", TRL, "seed"),
     _same("output_dir", TRL, "out_dir"),
-    _same("weight_decay", TRL, "trainer.weight_decay"),
+    Alias("weight_decay", TRL, ("trainer.weight_decay", "trainer.decay_norms_and_biases"), "same value, on the "
+          "weights transformers' Trainer decays: not biases nor normalisation weights (decay_norms_and_biases=false)",
+          lambda v, _c: {"trainer.weight_decay": v, "trainer.decay_norms_and_biases": False}),
     _same("max_grad_norm", TRL, "trainer.max_grad_norm"),
     Alias("logging_steps", TRL, ("log.progress_every",), "progress line every N steps (metrics.jsonl has every step)"),
     _same("save_steps", TRL, "checkpoint_every"),

@@ -170,6 +170,7 @@ class AlgoConfig(Section):
 class TrainerConfig(Section):
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate (TRL's GRPO default, for real models; the tiny demo presets use 5e-4)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    decay_norms_and_biases: bool = Field(True, description="weight decay on biases and normalisation weights too (verl's FSDP actor decays every parameter); false: only the other weights, as transformers' Trainer and so TRL decay them (TRL's weight_decay sets false)")
     max_grad_norm: float = Field(1.0, gt=0.0, description="gradient clipping norm")
     micro_batch_tokens: int = Field(4096, ge=16, description="tokens per micro-batch, packed or padded, whichever the layout picks (gradient accumulation beyond)")
     precision: Literal["auto", "fp32", "bf16"] = Field("auto", description="trainer matmul precision: bf16 autocast (fp32 weights, optimizer state and log_softmax) or fp32; auto: bf16 on GPU, and on a CPU with native bf16 (AVX512-BF16/AMX) for models whose decoder matrices hold >= 20M parameters (trainer.BF16_MIN_DECODER_PARAMS, bench/precision.py); fp32 otherwise (the tiny presets)")
