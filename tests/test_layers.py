@@ -22,7 +22,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Units (a top-level module or package of rollyard) by layer, lowest first. A unit may import its own
 # modules and units of strictly lower layers. The model layer sits below both rollout and trainer.
 LAYERS: list[set[str]] = [
-    {"types", "signals", "aliases"},
+    {"types", "signals", "aliases", "schedule"},
     {"config", "tasks", "staleness", "accounting"},
     {"model", "telemetry", "algo", "sync"},
     {"reward", "checkpoint", "plan"},
