@@ -270,7 +270,9 @@ def test_a_rank_killed_while_rank_0_waits_outside_a_collective_ends_the_driver_i
     proc = subprocess.Popen([sys.executable, str(script), str(tmp_path / "run")], env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        rank = int(proc.stdout.readline())
+        line = proc.stdout.readline()
+        assert line.strip().isdigit(), proc.communicate(timeout=60)  # the driver's stderr when it ended early
+        rank = int(line)
         t0 = time.monotonic()
         os.kill(rank, signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
@@ -322,3 +324,26 @@ def test_colocated_vllm_with_data_parallel_ranks_is_refused_at_start_up_in_one_l
     assert err[0].startswith("rollyard train: error: trainer.dp=2 with rollout.backend=vllm needs vLLM out of the "
                              "trainer's process") and "set placement=disaggregated" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_rollout_actor_that_never_answers_its_join_is_one_line_within_the_bound():
+    import ray
+
+    from rollyard.sync.transport_dist import DistSender, SyncBroken
+
+    @ray.remote(num_cpus=0)
+    class Silent:  # a rollout actor stuck before it joins the sync group
+        def join(self, *args) -> None:
+            time.sleep(600)
+
+    silent = Silent.remote()
+    try:
+        sender = DistSender(1 << 20, timeout_s=2.0)
+        t0 = time.monotonic()
+        with pytest.raises(SyncBroken, match="sync group g1: not every one of the 1 rollout worker") as e:
+            sender.connect({"w0": silent})
+        assert "\n" not in str(e.value) and time.monotonic() - t0 < 30
+    finally:
+        ray.kill(silent)

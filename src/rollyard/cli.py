@@ -53,10 +53,11 @@ def cmd_train(argv: list[str]) -> int:
         raise ConfigError("--resume uses the run's saved config; pass overrides, not --config")
     from rollyard.placement import RolloutCrashLoop
     from rollyard.sync.check import WeightsDiffer
+    from rollyard.sync.transport_dist import SyncBroken
     try:
         with graceful():
             api.train(args.config, overrides=args.overrides, resume=args.resume)
-    except (RolloutCrashLoop, WeightsDiffer) as e:  # the run stopped itself: say where it can go on from
+    except (RolloutCrashLoop, WeightsDiffer, SyncBroken) as e:  # the run stopped itself: say where it can go on from
         run_dir = args.resume or load_config(args.config, args.overrides).out_dir
         raise type(e)(f"{e}; {resume_hint(run_dir)}") from None
     return 0
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     from rollyard.runguard import RunFinished
     from rollyard.signals import Stopped
     from rollyard.sync.check import WeightsDiffer
+    from rollyard.sync.transport_dist import SyncBroken
     from rollyard.trainer.dp import RankDied
     from rollyard.trainer.numerics import NumericalError
     try:
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"rollyard {cmd}: {e}", file=sys.stderr)
         return e.exit_code
-    except (NumericalError, RolloutCrashLoop, RankDied) as e:
+    except (NumericalError, RolloutCrashLoop, RankDied, SyncBroken) as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 1
     except WeightsDiffer as e:  # a rollout copy off the trainer's weights: the run stops rather than sample from it

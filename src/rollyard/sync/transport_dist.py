@@ -138,8 +138,14 @@ class DistSender:
         address, make = SyncGroup.host(world, self.timeout_s, prefix=f"g{self.generation}")
         refs = [h.join.remote(address, rank, world, self.generation, self.timeout_s)
                 for rank, h in enumerate(receivers.values(), 1)]
-        self.group = make()
-        ray.get(refs)
+        try:  # both bounded: make() by the group's timeout (every store wait is capped), the joins' answers too
+            self.group = make()
+            ray.get(refs, timeout=self.timeout_s)
+        except (RuntimeError, ray.exceptions.RayError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise SyncBroken(f"sync group g{self.generation}: not every one of the {world - 1} rollout worker(s) "
+                             f"joined within {self.timeout_s:.0f} s ({type(e).__name__}: {first}); a worker that "
+                             f"dies is replaced, one that hangs is not: the run stops") from e
 
     def handle(self, update: WeightUpdate) -> tuple[list, int]:
         return self.store.handle(update)
