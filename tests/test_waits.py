@@ -347,3 +347,27 @@ def test_a_rollout_actor_that_never_answers_its_join_is_one_line_within_the_boun
         assert "\n" not in str(e.value) and time.monotonic() - t0 < 30
     finally:
         ray.kill(silent)
+
+
+# ---------------------------------------------------------------------------------------- caches sweep
+
+def test_a_warm_start_copy_left_by_a_kill_9_is_swept_by_the_next_warm_start(tmp_path):
+    from rollyard.config import load_config
+    from rollyard.sft import warm_start
+
+    cache = tmp_path / "sft"
+    cache.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import os, sys, time; from pathlib import Path; d = Path(sys.argv[1]) / f'0123abcd.tmp{os.getpid()}'; "
+        "d.mkdir(); (d / 'model.safetensors').write_bytes(bytes(4096)); print('written', flush=True); time.sleep(60)"),
+        str(cache)], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().strip() == "written"
+    writer.kill()  # kill -9 mid-write: no cleanup runs
+    writer.wait()
+    (left,) = cache.glob("*.tmp*")
+    live = cache / f"4567cdef.tmp{os.getpid()}"  # a live writer's copy (this process) stays
+    live.mkdir()
+    cfg = load_config(None, [f"sft.cache_dir={cache}"])
+    model, info = warm_start(None, None, [], [], None, cfg, 0, "cpu", log=lambda m: None)
+    assert info == {"sft_skipped": "no demonstrations"}
+    assert not left.exists() and live.exists()

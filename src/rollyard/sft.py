@@ -23,6 +23,7 @@ from rollyard.env import setup as env_setup
 from rollyard.env import template as env_template
 from rollyard.evaluate import greedy_accuracy
 from rollyard.model import cpu
+from rollyard.model.gguf import sweep_stale
 from rollyard.model.loading import export, load_policy
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.tasks.base import Prompt
@@ -142,6 +143,7 @@ def train_sft(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards
 def warm_start(model, tokenizer, train: list[Prompt], held: list[Prompt], rewards: RewardDispatcher, cfg: RunConfig,
                context: int, device: str, log: Callable[[str], None] = print):
     """Return a warm-started ``(model, info)``, from the cache when this exact setup was done before."""
+    sweep_stale(Path(cfg.sft.cache_dir))  # copies a killed warm start left (``<key>.tmp<pid>``: a model each)
     if not demos(train, tokenizer):
         log("warm start skipped: the prompts carry no `demo` and no string `answer` to learn from (set sft.auto=false "
             "to silence this, or add a demo column with data.fields.demo=...); RL starts from the untrained preset")

@@ -131,8 +131,8 @@ def _alive(pid: int) -> bool:
 
 
 def sweep_stale(root: Path) -> list[Path]:
-    """Remove the conversion directories under ``root`` whose process is gone (a kill -9 mid-conversion
-    runs no cleanup). Only this host's (``@<host>``, or the older name without it): a cache on a shared
+    """Remove the ``<name>.tmp<pid>[@<host>]`` directories under ``root`` whose process is gone (a kill -9
+    mid-write runs no cleanup): this cache's conversions, and the warm start's copies (``sft.py``). Only this host's (``@<host>``, or the older name without it): a cache on a shared
     file system may hold another machine's conversion in progress. Returns the removed paths."""
     removed, host = [], socket.gethostname()
     try:
