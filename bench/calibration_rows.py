@@ -233,7 +233,10 @@ NEW = "new: gathered 2026-11-27, after the v5 rules; not in the repository befor
 PERF_V06 = ("NVIDIA-NeMo/RL docs/about/performance-summary.md (mirror 7ea279ab, Aug 2026), NeMo RL v0.6, "
             "GB200 BF16 table")
 PERF_V04 = "NVIDIA-NeMo/RL docs/about/performance-summary.md at 06beed91 (NeMo RL v0.4 table, DGX-H100 BF16)"
-GB200 = ("rollout.mem_bandwidth=8e12", "trainer.peak_flops=2.5e15", "cluster.gpu_memory=186e9")
+GB200 = ("rollout.mem_bandwidth=8e12", "trainer.peak_flops=2.5e15", "cluster.gpu_memory=186e9",
+         # GB200 NVL72: 72 GPUs in one NVLink domain, so a TP16/TP32 replica's all-reduces stay on NVLink (v6's
+         # cross-node decode term applies beyond the domain)
+         *recipe("cluster.gpus_per_node=72"))
 G1 = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
       "rollout.avg_tokens=444", "tail.max_tokens=1280", "rollout.tp=16", "rollout.gpus=128", "trainer.dp=128",
       "trainer.gpus=128", "rollout.kv_bytes_per_token=70272", "cluster.gpus=256", *GB200,
@@ -328,6 +331,11 @@ Q235_H = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_t
           "rollout.samples=32", "tail.max_tokens=7936", "rollout.kv_bytes_per_token=193536",
           *recipe("policy.layers=94", "policy.hidden=4096", "trainer.pp=8", "trainer.ep=16", "trainer.recompute=true",
                   "trainer.optimizer_minibatches=1"))
+L8_GB = (*L8, *GB200, "rollout.gpus=4", "trainer.dp=4", "trainer.gpus=4", "cluster.gpus=8")
+Q32_GB = (*Q32, *GB200, "rollout.tp=1", "rollout.gpus=16", "trainer.dp=16", "trainer.gpus=16",
+          *recipe("trainer.tp=2", "trainer.pp=1"))
+Q30_GB = (*GB200, "rollout.tp=1", "rollout.gpus=16", "trainer.dp=16", "trainer.gpus=16",
+          *recipe("trainer.pp=1", "trainer.ep=16"))
 DS_H = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
         "rollout.samples=16", "tail.max_tokens=1280", "rollout.tp=32", "rollout.gpus=256", "trainer.dp=256",
         "trainer.gpus=256", "rollout.kv_bytes_per_token=70272", "cluster.gpus=512",
@@ -390,9 +398,36 @@ HOLDOUT_STEPS = [
     HoldoutStep("H8", "Qwen3-30B-A3B on-policy, 32 H100 (train EP8, gen TP2)", ("rollout.avg_tokens=2940",), 198, False),
     HoldoutStep("H9", "Qwen3-30B-A3B 1-step off, 32 H100 (16 train EP8 PP2 : 16 gen TP2)", ("rollout.avg_tokens=2945",),
                 154, True),
+    # The same table's GB200 rows (v0.5.0 recipes *-n4g*.yaml), added to the check after the rules were committed:
+    # read with the H100 rows, used by no rule.
+    HoldoutStep("B1", "GB200 Llama-3.1-8B on-policy, 8 GPUs", (*L8_GB, "rollout.avg_tokens=810"), 91.0, False),
+    HoldoutStep("B2", "GB200 Llama-3.1-8B 1-step off, 8 GPUs (4 : 4)", (*L8_GB, "rollout.avg_tokens=851"), 71.1, True),
+    HoldoutStep("B3", "GB200 Qwen3-32B on-policy, 16 GPUs (train TP2, gen TP1)",
+                (*Q32_GB, "rollout.avg_tokens=2997", "cluster.gpus=16"), 381, False),
+    HoldoutStep("B4", "GB200 Qwen3-32B 1-step off, 32 GPUs (16 : 16)", (*Q32_GB, "rollout.avg_tokens=3002",
+                                                                       "cluster.gpus=32"), 210, True),
+    HoldoutStep("B5", "GB200 Qwen3-30B-A3B on-policy, 16 GPUs (train EP16, gen TP1)",
+                (*Q30_GB, "rollout.avg_tokens=2942", "cluster.gpus=16"), 232, False),
+    HoldoutStep("B6", "GB200 Qwen3-30B-A3B 1-step off, 32 GPUs (16 : 16)", (*Q30_GB, "rollout.avg_tokens=2948",
+                                                                           "cluster.gpus=32"), 136, True),
+    HoldoutStep("B7", "GB200 Qwen3-235B-A22B on-policy, 64 GPUs (train TP2 CP2 EP16 PP4, gen TP8)",
+                (*Q235_H, *GB200, "rollout.avg_tokens=5455", "rollout.tp=8", "rollout.gpus=64", "trainer.dp=64",
+                 "trainer.gpus=64", "cluster.gpus=64", *recipe("trainer.tp=2", "trainer.pp=4")), 332, False),
+    HoldoutStep("B8", "GB200 Qwen3-235B-A22B 1-step off, 128 GPUs (64 train TP4 EP16 PP4 : 64 gen TP8)",
+                (*Q235_H, *GB200, "rollout.avg_tokens=5455", "rollout.tp=8", "rollout.gpus=64", "trainer.dp=64",
+                 "trainer.gpus=64", "cluster.gpus=128", *recipe("trainer.tp=4", "trainer.pp=4")), 268, True),
+    HoldoutStep("B9", "GB200 DeepSeek-V3 on-policy, 128 GPUs (train EP16 PP8, gen TP32)",
+                (*DS_H, *GB200, "rollout.avg_tokens=740", "rollout.tp=32", "rollout.gpus=128", "trainer.dp=128",
+                 "trainer.gpus=128", "cluster.gpus=128", *recipe("trainer.pp=8")), 128, False),
+    HoldoutStep("B10", "GB200 DeepSeek-V3 1-step off, 256 GPUs (128 train EP16 PP8 : 128 gen TP16)",
+                (*DS_H, *GB200, "rollout.avg_tokens=738", "rollout.tp=16", "rollout.gpus=128", "trainer.dp=128",
+                 "trainer.gpus=128", "cluster.gpus=256", *recipe("trainer.pp=8")), 64.5, True),
 ]
+# The steps set aside before the rules were written (H1-H9) and those added after (B1-B10).
+REGISTERED = tuple(f"H{i}" for i in range(1, 10))
 # Speed-ups at equal GPUs in the same table (1-step off over on-policy on the same GPU count): H1/H2 and H8/H9.
-HOLDOUT_SPEEDUPS = [("X1", "Llama-3.1-8B, 16 H100", "H1", "H2"), ("X2", "Qwen3-30B-A3B, 32 H100", "H8", "H9")]
+HOLDOUT_SPEEDUPS = [("X1", "Llama-3.1-8B, 16 H100", "H1", "H2"), ("X2", "Qwen3-30B-A3B, 32 H100", "H8", "H9"),
+                    ("X3", "GB200 Llama-3.1-8B, 8 GPUs", "B1", "B2")]
 
 
 def holdout_step_s(r: HoldoutStep) -> float:

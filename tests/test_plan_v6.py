@@ -162,16 +162,23 @@ def test_holdout_figures_judged_after_the_rules():
     # typed here from the source, never from the plan.
     rows = _rows()
     assert rows.ONE_OFF == "async"  # 1-step off = async GRPO with in-flight weight updates
-    published = {"H1": 92.8, "H2": 64.8, "H3": 376, "H4": 200, "H5": 431, "H6": 203, "H7": 64.9, "H8": 198, "H9": 154}
+    published = {"H1": 92.8, "H2": 64.8, "H3": 376, "H4": 200, "H5": 431, "H6": 203, "H7": 64.9, "H8": 198, "H9": 154,
+                 "B1": 91.0, "B2": 71.1, "B3": 381, "B4": 210, "B5": 232, "B6": 136, "B7": 332, "B8": 268, "B9": 128,
+                 "B10": 64.5}
     h = rows.holdout_tables()
     steps = {r["id"]: r for r in h["steps"]}
     assert {k: r["published_s"] for k, r in steps.items()} == published
+    assert rows.REGISTERED == tuple(f"H{i}" for i in range(1, 10))  # set aside before the rules were written
     assert {k: round(r["ratio"], 2) for k, r in steps.items()} == {
-        "H1": 0.74, "H2": 1.40, "H3": 0.74, "H4": 1.13, "H5": 0.74, "H6": 0.39, "H7": 0.29, "H8": 0.50, "H9": 0.57}
-    assert [k for k, r in steps.items() if r["within_1_5x"]] == ["H1", "H2", "H3", "H4", "H5"]  # v5: H2, H4, H6
+        "H1": 0.74, "H2": 1.40, "H3": 0.74, "H4": 1.13, "H5": 0.74, "H6": 0.39, "H7": 0.29, "H8": 0.50, "H9": 0.57,
+        "B1": 0.56, "B2": 0.99, "B3": 0.63, "B4": 0.85, "B5": 0.35, "B6": 0.25, "B7": 0.34, "B8": 0.15, "B9": 0.18,
+        "B10": 0.12}
+    # v5: H2, H4, H6 of H1-H9 and B2, B4 of B1-B10 (5 of 19); v6: 7 of 19
+    assert [k for k, r in steps.items() if r["within_1_5x"]] == ["H1", "H2", "H3", "H4", "H5", "B2", "B4"]
     x = {r["id"]: r for r in h["speedups"]}
     assert x["X1"]["published_x"] == pytest.approx(92.8 / 64.8) and x["X2"]["published_x"] == pytest.approx(198 / 154)
-    assert {k: round(r["ratio"], 2) for k, r in x.items()} == {"X1": 0.53, "X2": 0.88}  # v5: 0.63, 0.87
+    assert x["X3"]["published_x"] == pytest.approx(91.0 / 71.1)
+    assert {k: round(r["ratio"], 2) for k, r in x.items()} == {"X1": 0.53, "X2": 0.88, "X3": 0.57}  # v5: 0.63, 0.87, 0.64
     assert [k for k, r in x.items() if r["within_25"]] == ["X2"]
     # Weight syncs gathered after the rules were committed: checkpoint-engine's P2P column and verl's NIXL row.
     sync = {r["id"]: r for r in h["sync"]}
