@@ -40,6 +40,14 @@ class Phases:
         return {k: v for k, v in asdict(self).items() if k not in ("source", "terms")}
 
 
+def term_parts(key: str) -> tuple[str, str]:
+    """A ``Phases.terms`` key -> (the phase it belongs to, the term in words with its qualifier):
+    ``"train (colocated only, ...): offload"`` -> ``("train", "(colocated only, ...) offload")``."""
+    head, _, words = key.partition(": ")
+    role, _, qualifier = head.partition(" ")
+    return role, f"{qualifier} {words}" if qualifier else words
+
+
 def bytes_per_decoded_token(p: PlanInputs) -> float:
     """Mean HBM bytes per decoded token at a full batch (kept for callers of the v1 API)."""
     ro = p.rollout
@@ -70,10 +78,13 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
                           f"B/token / ({p.rollout.mem_bandwidth:.3g} B/s x {p.rollout.gpus} GPUs)")
     else:
         d = H.decode_on(p, p.rollout.gpus, lengths)
+        tp_s = H.cross_node_tp_s(p)
         src["rollout"] = (f"estimated: synchronous round of {d.sequences:g} sequences per replica, longest "
                           f"{d.longest:.0f} tokens x {d.weight_step_s * 1e3:.3g} ms weight read per decode step "
                           f"+ KV {d.kv_s:.3g} s, against FLOPs {d.compute_s:.3g} s, + engine "
-                          f"{d.step_overhead_s * 1e3:.3g} ms per step (bubble {H.M.bubble_fraction(d):.0%})")
+                          f"{(d.step_overhead_s - tp_s) * 1e3:.3g} ms per step"
+                          + (f" + {tp_s * 1e3:.3g} ms of cross-node all-reduces per step" if tp_s else "")
+                          + f" (bubble {H.M.bubble_fraction(d):.0%})")
     train = H.train_s(p, gt)
     measured_train = ph.train_s is not None or bool(ph.train_s_measured)
     t = p.trainer
@@ -95,7 +106,8 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     terms = {k: v for k, v in H.trainer_terms(p, gt).items()
              if not (k.startswith("train:") and measured_train) and not (k.startswith("reference:") and ph.reference_s is not None)}
     if H.offload_s(p, gt):
-        terms["train (colocated): optimizer, gradients, weights offloaded and reloaded"] = H.offload_s(p, gt)
+        terms["train (colocated only, on top of these seconds): optimizer, gradients, weights offloaded and "
+              "reloaded"] = H.offload_s(p, gt)
     if ph.rollout_s is None and p.rollout.bytes_per_decoded_token is None and H.cross_node_tp_s(p):
         d = H.decode_on(p, p.rollout.gpus, lengths)
         terms["rollout: cross-node TP all-reduces (2 per layer per decode step)"] = (

@@ -8,6 +8,7 @@ from rich.table import Table
 
 from rollyard.plan import bytes as B
 from rollyard.plan.inputs import FLOOR_MECHANISMS
+from rollyard.plan.phases import term_parts
 from rollyard.plan.planner import Plan
 from rollyard.plan.simulate import timeline_text
 
@@ -77,8 +78,9 @@ def print_plan(plan: Plan, c: Console) -> None:
         else:
             t.add_row(role, f"{secs:.2f}", ph.source.get(role, ""))
         for term, s in ph.terms.items():  # every term of an estimated phase, with its rule
-            if term.split(":")[0].split(" ")[0] == role:
-                t.add_row("", f"{s:.2f}", "  " + term.split(": ", 1)[1])
+            of, words = term_parts(term)
+            if of == role:
+                t.add_row("", f"{s:.2f}", "  " + words)
     c.print(t)
 
     t = Table(title=f"Steps per hour by placement on the configured pools ({p.rollout.gpus} rollout, "

@@ -31,6 +31,7 @@ from rollyard.model.kv_budget import micro_batch_held
 from rollyard.plan import audit
 from rollyard.plan import bytes as B
 from rollyard.plan.inputs import PLACEMENTS, PlanInputs, load_plan, optimizer_passes, validate_plan
+from rollyard.plan.phases import term_parts
 from rollyard.plan.planner import Plan, make_plan
 from rollyard.telemetry import rundir
 from rollyard.telemetry.rundir import RunDirError
@@ -639,8 +640,7 @@ def review(run_dir: str | Path, plan_file: str | Path | None = None, tolerance: 
         # Two-sided: a phase far under its budget means the plan does not describe this run either.
         under = b is not None and mean < b * (1 - tol) - floor
         # the budget's own terms (an estimated phase's rules, plan.phases.terms), so a flag says which term missed
-        terms = {k.split(": ", 1)[1]: v for k, v in plan.phases.terms.items()
-                 if k.split(":")[0].split(" ")[0] == role} if budget else {}
+        terms = {term_parts(k)[1]: v for k, v in plan.phases.terms.items() if term_parts(k)[0] == role} if budget else {}
         phases.append({"role": role, "measured_s": mean, "max_s": max(held[role]), "first_s": per[role][0],
                        "share": mean / total,
                        "budget_s": b, "over_by": (mean / b - 1) if b else None, "flag": over or under,
