@@ -251,6 +251,12 @@ def test_verl_names_set_verls_schedule():
     t = from_dict({"actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps": 3, "lr_warmup_steps_ratio": 0.5,
                                                              "warmup_style": "constant"}}}}).trainer
     assert (t.lr_schedule, t.warmup_steps, t.warmup_ratio) == ("constant_with_warmup", 3, 0.0)
+    # verl's default schedule warms up: a ratio alone is constant_with_warmup, rounded down over the steps
+    t = from_dict({"steps": 15, "actor_rollout_ref": {"actor": {"optim": {"lr_warmup_steps_ratio": 0.1}}}}).trainer
+    assert (t.lr_schedule, t.warmup_ratio, t.warmup_rounding) == ("constant_with_warmup", 0.1, "floor")
+    cfg = load_config(None, ["steps=15", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.1", "trainer.lr=1.0"])
+    t = _trainer(cfg)
+    assert [t.schedule_lr() for _ in range(3)] == [0.0, 1.0, 1.0]  # int(1.5) = 1 warm-up step
     with pytest.raises(ConfigError, match="set actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"):
         from_dict({"actor_rollout_ref": {"actor": {"optim": {"min_lr_ratio": 0.1}}}})
 

@@ -333,16 +333,23 @@ _VERL_OPTIM = "actor_rollout_ref.actor.optim."
 _BY_STEP = {"trainer.lr_schedule_unit": "step"}  # verl steps its scheduler once per generation batch
 
 
-def _verl_warmup_steps(value: Any, _ctx: Ctx) -> dict[str, Any]:
+def _verl_warmed(ctx: Ctx) -> dict[str, Any]:
+    """verl's default schedule ('constant') warms up: rollyard's constant_with_warmup, unless a schedule is named."""
+    named = any(ctx.alias(_VERL_OPTIM + n) is not None for n in ("lr_scheduler_type", "warmup_style"))
+    return {} if named or ctx.keys("trainer.lr_schedule") is not None else {"trainer.lr_schedule": "constant_with_warmup"}
+
+
+def _verl_warmup_steps(value: Any, ctx: Ctx) -> dict[str, Any]:
     if value is None or value <= 0:  # verl: None, 0 or negative delegate to lr_warmup_steps_ratio
         return {}
-    return {"trainer.warmup_steps": _int("lr_warmup_steps", value), **_BY_STEP}
+    return {"trainer.warmup_steps": _int("lr_warmup_steps", value), **_BY_STEP, **_verl_warmed(ctx)}
 
 
 def _verl_warmup_ratio(value: Any, ctx: Ctx) -> dict[str, Any]:
     if (ctx.alias(_VERL_OPTIM + "lr_warmup_steps") or -1) > 0 or not value:
         return {}
-    return {"trainer.warmup_ratio": value, "trainer.warmup_rounding": "floor", **_BY_STEP}  # verl: int(ratio x steps)
+    return {"trainer.warmup_ratio": value, "trainer.warmup_rounding": "floor", **_BY_STEP,  # verl: int(ratio x steps)
+            **_verl_warmed(ctx)}
 
 
 def _verl_schedule(value: Any, ctx: Ctx) -> dict[str, Any]:
@@ -626,13 +633,15 @@ ALIASES_LIST: list[Alias] = [
     _same("actor_rollout_ref.model.path", VERL, "model.name"),
     _same("actor_rollout_ref.actor.optim.lr", VERL, "trainer.lr"),
     _same("actor_rollout_ref.actor.optim.weight_decay", VERL, "trainer.weight_decay"),
-    Alias(_VERL_OPTIM + "lr_warmup_steps", VERL, ("trainer.warmup_steps", "trainer.lr_schedule_unit"),
+    Alias(_VERL_OPTIM + "lr_warmup_steps", VERL, ("trainer.warmup_steps", "trainer.lr_schedule_unit",
+                                                  "trainer.lr_schedule"),
           "> 0 -> trainer.warmup_steps, counted in steps (lr_schedule_unit=step, as verl steps its scheduler once per "
-          "batch); None, 0 or negative -> lr_warmup_steps_ratio decides", _verl_warmup_steps),
+          "batch; lr_schedule constant_with_warmup unless one is named); None, 0 or negative -> "
+          "lr_warmup_steps_ratio decides", _verl_warmup_steps),
     Alias(_VERL_OPTIM + "lr_warmup_steps_ratio", VERL, ("trainer.warmup_ratio", "trainer.warmup_rounding",
-                                                        "trainer.lr_schedule_unit"),
-          "trainer.warmup_ratio, rounded down as verl does (warmup_rounding=floor), in steps; unused when "
-          "lr_warmup_steps > 0", _verl_warmup_ratio),
+                                                        "trainer.lr_schedule_unit", "trainer.lr_schedule"),
+          "trainer.warmup_ratio, rounded down as verl does (warmup_rounding=floor), in steps (lr_schedule "
+          "constant_with_warmup unless one is named); unused when lr_warmup_steps > 0", _verl_warmup_ratio),
     Alias(_VERL_OPTIM + "lr_scheduler_type", VERL, ("trainer.lr_schedule", "trainer.lr_schedule_kwargs",
                                                     "trainer.lr_schedule_unit"),
           "'constant' -> constant_with_warmup (verl's warms up); 'cosine' -> cosine, or cosine_with_min_lr when "
