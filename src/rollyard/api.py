@@ -136,6 +136,8 @@ def with_trl_defaults(args: dict) -> dict:
     if out.get("use_vllm") and not any(n.startswith("vllm_importance_sampling") for n in out) and not given(
             "algo.tis_mode"):
         out["vllm_importance_sampling_correction"] = True
+    if not given("algo.std_eps"):  # TRL divides by std + 1e-4 (rollyard: 1e-6)
+        out["algo"] = {**out.get("algo", {}), "std_eps": 1e-4}
     return out
 
 

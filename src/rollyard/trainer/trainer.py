@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 import warnings
 
@@ -44,7 +45,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 
 from rollyard import schedule
-from rollyard.algo import correction, support
+from rollyard.algo import correction, distill, support
 from rollyard.algo.entropy_control import EntropyControl
 from rollyard.algo.loss import AGGS
 from rollyard.algo.policy_loss import Batch, LossSpec, policy_loss
@@ -59,6 +60,7 @@ from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan, prefix_shared
 from rollyard.types import Sample
 
 PRECISIONS = ("auto", "fp32", "bf16")
+ENTROPY_STATE = "entropy_control"  # param-group key: the adaptive entropy bonus's state (algo/entropy_control.py)
 SCHEDULE_STEP = "schedule_step"  # param-group key: optimizer steps taken, the learning-rate schedule's position
 OPTIMIZER_STATES = ("fp32", "bf16")  # AdamW moments: torch.optim.AdamW, or bf16 (trainer/adamw_bf16.py)
 
@@ -74,11 +76,12 @@ def chunked_token_logprobs(
     top_p: float = 1.0,
     top_k: int = 0,
     entropy_grad: bool = False,
+    fp32_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log_softmax(lm_head(hidden) / temperature)[i, targets[i]]`` for ``hidden [N, H]``.
 
     Returns ``(logp [N] fp32, entropy [N] fp32 or None)``; entropy carries a gradient only with ``entropy_grad``
-    (a loss with an entropy bonus). At most
+    (a loss with an entropy bonus). ``fp32_head``: the head's matmul in fp32 under bf16 autocast. At most
     ``chunk x V`` logits exist at a time, forward and backward (each chunk is checkpointed when
     gradients are needed). ``softcap``: the model's final-logit soft cap (Gemma-2 style), if any.
     """
@@ -92,7 +95,12 @@ def chunked_token_logprobs(
     plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
 
     def one_chunk(h: torch.Tensor, y: torch.Tensor):
-        logits = (cpu_gemm.linear(h, lm_head.weight, lm_head.bias) if plain else lm_head(h)).float()
+        if fp32_head and torch.is_autocast_enabled(h.device.type):  # TRL's cast_lm_head_to_fp32
+            with torch.autocast(h.device.type, enabled=False):
+                logits = torch.nn.functional.linear(h.float(), lm_head.weight.float(),
+                                                    None if lm_head.bias is None else lm_head.bias.float())
+        else:
+            logits = (cpu_gemm.linear(h, lm_head.weight, lm_head.bias) if plain else lm_head(h)).float()
         if softcap:
             logits = torch.tanh(logits / softcap) * softcap
         if temperature != 1.0:
@@ -210,14 +218,15 @@ def _quantiles(x: torch.Tensor, qs: list[float]) -> list[float]:
     return out
 
 
-def adamw(params: list[torch.Tensor], **kw) -> torch.optim.AdamW:
-    """AdamW, fused (one kernel per parameter: ~2.5x less optimizer time on CPU than the per-op
-    loop; what transformers' Trainer, and so TRL, use by default) where every parameter is a plain
-    floating tensor on CPU or CUDA; the per-op loop otherwise (sharded DTensors, other devices)."""
+def adamw(params: list, **kw) -> torch.optim.AdamW:
+    """AdamW over ``params`` (tensors, or param groups), fused (one kernel per parameter: ~2.5x less optimizer time
+    on CPU than the per-op loop; what transformers' Trainer, and so TRL, use by default) where every parameter is a
+    plain floating tensor on CPU or CUDA; the per-op loop otherwise (sharded DTensors, other devices)."""
     from torch.distributed.tensor import DTensor
 
+    flat = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
     fused = all(not isinstance(p, DTensor) and p.device.type in ("cpu", "cuda") and p.is_floating_point()
-                for p in params)
+                for p in flat)
     opt = torch.optim.AdamW(params, fused=fused or None, **kw)
     # The kernel is this process's choice, not the checkpoint's: load_state_dict would otherwise
     # bring back the saving run's flag (a fused one on sharded parameters fails at the next step).
@@ -228,6 +237,18 @@ def adamw(params: list[torch.Tensor], **kw) -> torch.optim.AdamW:
 def _keep_kernel_choice(opt: torch.optim.Optimizer) -> None:
     for g in opt.param_groups:
         g["fused"] = opt.defaults["fused"]
+
+
+# transformers' Trainer (and so TRL) leaves biases and normalisation weights out of weight decay: a parameter of a
+# LayerNorm module, or one whose lower-cased name holds "bias", "layernorm", "rmsnorm", a part "norm" or "..._norm"
+NO_DECAY_NAME = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
+
+
+def decayed(model) -> set[str]:
+    """Names of ``model``'s parameters that transformers' Trainer applies weight decay to (see NO_DECAY_NAME)."""
+    in_norm = {f"{m}.{n}" if m else n for m, mod in model.named_modules() if isinstance(mod, torch.nn.LayerNorm)
+               for n, _ in mod.named_parameters(recurse=False)}
+    return {n for n, _ in model.named_parameters() if n not in in_norm and not NO_DECAY_NAME.search(n.lower())}
 
 
 class Trainer:
@@ -246,9 +267,10 @@ class Trainer:
                  clip_low=0.2, clip_high=0.2, kl_coef=0.0, tis_cap=2.0, device="cpu",
                  max_skipped_steps=3, layout="auto", fast_forward=True, precision="auto",
                  activation_checkpointing=False, optimizer_state="fp32", top_p=1.0, top_k=0, skip_zero_advantage=True,
-                 share_prompts=True, loss: LossSpec | None = None, mask_truncated=False,
+                 share_prompts=True, loss: LossSpec | None = None, mask_truncated=False, disable_dropout=False,
+                 lm_head_fp32=False,
                  entropy: EntropyControl | None = None, lr_schedule="constant", schedule_steps=0, warmup_steps=0,
-                 lr_schedule_kwargs=None, schedule_every=1):
+                 lr_schedule_kwargs=None, schedule_every=1, decay_norms_and_biases=True):
         if loss is None:  # the plain GRPO loss from the short keywords
             loss = LossSpec(agg=loss_agg, clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef, is_cap=tis_cap)
         if loss.agg not in AGGS:
@@ -274,6 +296,13 @@ class Trainer:
         self.loss = loss  # what the loss computes (algo/policy_loss.py)
         self.loss_agg, self.kl_coef = loss.agg, loss.kl_coef
         self.mask_truncated = mask_truncated
+        self.lm_head_fp32 = lm_head_fp32
+        if disable_dropout:  # TRL's disable_dropout: pi_old, mu and the training forward agree exactly
+            for m in model.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = 0.0
+                if isinstance(getattr(m, "attention_dropout", None), float):  # HF attention's functional dropout
+                    m.attention_dropout = 0.0
         self.entropy = entropy if entropy is not None else EntropyControl(start=loss.entropy_coef)
         # Leave samples that cannot move the weights out of the forward/backward (moves_weights); off only
         # to measure or test against the unskipped step.
@@ -290,13 +319,27 @@ class Trainer:
         self.group_cost = micro_batch_cost(model, self.device, self.precision)
         self.skips = SkipGuard(max_skipped_steps)  # non-finite loss/gradient: skip loudly, stop if it repeats
         self.optimizer_s = 0.0  # seconds of the last optimizer step (clip + AdamW): train/optimizer_s
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for _, p in named]}]
+        if weight_decay and not decay_norms_and_biases:  # transformers' rule: no decay on biases and norms
+            keep = decayed(model)
+            groups = [g for g in ({"params": [p for n, p in named if n in keep]},
+                                  {"params": [p for n, p in named if n not in keep], "weight_decay": 0.0}) if g["params"]]
+        self.params = [p for g in groups for p in g["params"]]  # the optimizer's order (its state's indices)
         if optimizer_state not in OPTIMIZER_STATES:
             raise ValueError(f"optimizer_state={optimizer_state!r}: expected one of {OPTIMIZER_STATES}")
         if optimizer_state == "bf16":  # bf16 moments, stochastically rounded (trainer/adamw_bf16.py)
-            self.optimizer = AdamWBf16(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            self.optimizer = AdamWBf16(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         else:
-            self.optimizer = adamw(self.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            self.optimizer = adamw(groups, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        # The run's AdamW settings, not a checkpoint's: load_state_dict brings back the saving run's betas, eps and
+        # weight decay, so a resume that changes them (trainer.adam_beta2=...) would otherwise keep the old ones.
+        settings = [{k: g[k] for k in ("betas", "eps", "weight_decay")} for g in self.optimizer.param_groups]
+
+        def keep_settings(opt: torch.optim.Optimizer) -> None:
+            for group, mine in zip(opt.param_groups, settings, strict=True):
+                group.update(mine)
+        self.optimizer.register_load_state_dict_post_hook(keep_settings)
         # The learning rate of optimizer step k is lr x the schedule's multiplier (rollyard/schedule.py) at
         # k // schedule_every of schedule_steps, set before the step by schedule_lr(); k is kept in the optimizer's
         # param groups, so a checkpoint (and every data-parallel rank's copy of it) carries it.
@@ -342,7 +385,7 @@ class Trainer:
                 hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
                 temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, chunk=self.logprob_chunk,
                 softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy,
-                entropy_grad=entropy_grad)
+                entropy_grad=entropy_grad, fp32_head=self.lm_head_fp32)
 
     def _use_fast(self, model) -> bool:
         """Whether padded rows of ``model`` take ``families.train_hidden`` (checked once per model).
@@ -391,7 +434,7 @@ class Trainer:
         a KL term. With ``kl_coef == 0`` (and the loss has no entropy term) a sample whose advantage is
         exactly 0 contributes exactly 0 to every parameter's gradient (each token's surrogate is
         ``-min(r * 0, clip(r) * 0) = 0``), so its forward and backward are left out; its tokens still
-        count in the loss denominators of the whole batch, so the update is unchanged. A KL or entropy term
+        count in the loss denominators of the whole batch, so the update is unchanged. A KL, entropy or teacher term
         (:meth:`LossSpec.needs_every_sample`, or an adaptive entropy bonus) makes every sample matter."""
         every = self.loss.needs_every_sample() or self.entropy.on or not self.skip_zero_advantage
         return bool(s.completion_ids) and (s.advantage != 0.0 or every)
@@ -457,6 +500,12 @@ class Trainer:
                     f"sample {s.id!r}: kl_coef={self.kl_coef} > 0 needs ref_logprobs for every completion token, "
                     f"got {None if s.ref_logprobs is None else len(s.ref_logprobs)} for {len(s.completion_ids)}; "
                     f"fill them with trainer.logprobs(samples, model=reference) or set kl_coef=0")
+            if self.loss.distill_coef > 0 and s.completion_ids and (
+                    s.teacher_logprobs is None or len(s.teacher_logprobs) != len(s.completion_ids)):
+                raise ValueError(
+                    f"sample {s.id!r}: a distillation objective needs teacher_logprobs for every completion token, "
+                    f"got {None if s.teacher_logprobs is None else len(s.teacher_logprobs)} for "
+                    f"{len(s.completion_ids)}; fill them with trainer.logprobs(samples, model=teacher)")
             if old_logprobs is not None and len(old_logprobs[i]) != len(s.completion_ids):
                 raise ValueError(f"sample {s.id!r}: old_logprobs has {len(old_logprobs[i])} entries for "
                                  f"{len(s.completion_ids)} completion tokens")
@@ -487,10 +536,11 @@ class Trainer:
         positions = [len(s.prompt_ids) + len(s.completion_ids) - 1 if s.completion_ids else 0 for s in samples]
         zero = torch.zeros((), device=self.device)
         acc = {"loss": zero.clone(), "pg_loss": zero.clone(), "kl_sum": zero.clone(), "entropy_sum": zero.clone(),
+               "distill_kl_sum": zero.clone(),
                "eff_entropy_sum": zero.clone(), "eff_tokens": zero.clone(),
                "clipped": zero.clone(), "capped": zero.clone(), "diff_sum": zero.clone(), "diff_max": zero.clone(),
                "log_ratio": [], "tokens": num_tokens, "seqs": num_seqs, "micro_batches": 0, "packed_tokens": 0,
-               "want_kl": want_kl,
+               "want_kl": want_kl, "distill": self.loss.distill_coef > 0,
                # the computed share: diagnostics (entropy, logprob gap, KL) are means over the computed tokens
                "computed_tokens": sum(sum(masks[i]) for i in trained),
                "skipped_seqs": num_seqs - len(trained),
@@ -527,6 +577,7 @@ class Trainer:
         return Batch(logp=logp, old_logp=old, rollout_logp=cat(s.logprobs for s in members), adv=adv,
                      seq_index=mb.seq_index.to(dev, non_blocking=True), mask=cat(masks[i] for i in idx),
                      ref_logp=cat(s.ref_logprobs for s in members) if want_kl else None, entropy=ent,
+                     teacher_logp=cat(s.teacher_logprobs for s in members) if self.loss.distill_coef > 0 else None,
                      entropy_mask=None if entropy_masks is None else cat(entropy_masks[i].tolist() for i in idx))
 
     def _accumulate(self, acc: dict, b: Batch, loss: torch.Tensor, st: dict) -> None:
@@ -536,6 +587,8 @@ class Trainer:
             raw = correction.BY_MODE[self.loss.is_mode](b.old_logp, b.rollout_logp, b.seq_index, b.mask, None, None)
             acc["loss"] += loss.detach()
             acc["pg_loss"] += st["pg_loss"]
+            if "distill_kl_sum" in st:
+                acc["distill_kl_sum"] += st["distill_kl_sum"]
             if "kl_sum" in st:
                 acc["kl_sum"] += st["kl_sum"]
             acc["entropy_sum"] += (b.entropy.detach() * b.mask).sum()
@@ -551,9 +604,9 @@ class Trainer:
 
     def schedule_lr(self) -> float:
         """Set the rate of the optimizer step about to run (lr x the schedule at the count of steps taken so far)
-        and count this step; returns the rate. Called once per :meth:`step` whether or not the update runs (a
-        skipped non-finite step and a step with nothing to learn advance the schedule too, as transformers'
-        scheduler steps after every optimizer step)."""
+        and count this step; returns the rate. Called once per :meth:`step` whether or not the update runs: a
+        skipped non-finite step and a step with nothing to learn advance the schedule too, so the rate is a function
+        of the step count (rollyard/schedule.py)."""
         name, total, warmup, args, every = self.lr_schedule
         k = int(self.optimizer.param_groups[0].get(SCHEDULE_STEP, 0))
         lr = self.base_lr * schedule.multiplier(name, k // every, total, warmup, args)
@@ -585,6 +638,8 @@ class Trainer:
         """
         self.optimizer.zero_grad(set_to_none=True)
         self.optimizer_s = 0.0
+        if ENTROPY_STATE in self.optimizer.param_groups[0]:  # a resumed run's adaptive entropy coefficient
+            self.entropy.load(self.optimizer.param_groups[0][ENTROPY_STATE])
         acc = self.accumulate_gradients(samples, old_logprobs, entropy_masks=entropy_masks)
         lr = self.schedule_lr()
         skipped = False
@@ -597,6 +652,8 @@ class Trainer:
             grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
         coef = self.entropy.coef
         self.entropy.update(float(acc["eff_entropy_sum"]) / max(float(acc["eff_tokens"]), 1.0))
+        if self.entropy.adaptive:  # kept in the optimizer's state, so a checkpoint carries it (resume continues it)
+            self.optimizer.param_groups[0][ENTROPY_STATE] = self.entropy.state()
         ratio = torch.cat(acc["log_ratio"]).exp() if acc["log_ratio"] else torch.zeros(0)
         p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
         return {"loss": float(acc["loss"]), "pg_loss": float(acc["pg_loss"]), "grad_norm": grad_norm,
@@ -653,6 +710,8 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
            "positions": total("positions"), "computed_positions": total("computed_positions")}
     if accs and all(a["want_kl"] for a in accs):
         out["kl"] = total("kl_sum") / computed
+    if any(a.get("distill") for a in accs):  # the student's reverse KL to the teacher, per token (algo/distill.py)
+        out["distill/kl"] = total("distill_kl_sum") / computed
     head_s = sum(float(a.get("lm_head_s", 0.0)) for a in accs)
     if head_s:  # seconds of the step in the LM head (trainer/head.py's path: a plain head, fp32 or bf16 weights)
         out["lm_head_s"] = head_s
@@ -715,6 +774,7 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
             "top_p": cfg.rollout.top_p if cfg.rollout.temperature else 1.0,
             "top_k": cfg.rollout.top_k if cfg.rollout.temperature else 0,
             "logprob_chunk": t.logprob_chunk, "loss": loss_spec(cfg), "mask_truncated": a.mask_truncated,
+            "disable_dropout": t.disable_dropout, "lm_head_fp32": t.lm_head_fp32,
             "entropy": EntropyControl(start=a.entropy_coef, adaptive=a.adaptive_entropy, target=a.entropy_target,
                                       delta=a.entropy_coef_delta, low=a.entropy_coef_min, high=a.entropy_coef_max),
             "max_skipped_steps": t.max_skipped_steps, "precision": t.precision,
@@ -727,6 +787,7 @@ def optimizer_settings(cfg: RunConfig) -> dict:
     t = cfg.trainer
     total, every = schedule_length(cfg)
     return {"betas": (t.adam_beta1, t.adam_beta2), "eps": t.adam_eps, "lr_schedule": t.lr_schedule,
+            "decay_norms_and_biases": t.decay_norms_and_biases,
             "schedule_steps": total, "schedule_every": every, "lr_schedule_kwargs": dict(t.lr_schedule_kwargs),
             "warmup_steps": schedule.warmup_steps(total, t.warmup_steps, t.warmup_ratio, t.warmup_rounding)}
 
@@ -741,4 +802,6 @@ def loss_spec(cfg: RunConfig) -> LossSpec:
                     is_mode=a.tis_mode, is_cap=a.tis_cap, is_floor=a.tis_min,
                     off_policy_threshold=a.off_policy_mask_threshold, kl_coef=a.kl_coef,
                     kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef,
-                    top_entropy_quantile=a.top_entropy_quantile, max_len=cfg.rollout.max_new_tokens)
+                    top_entropy_quantile=a.top_entropy_quantile, max_len=cfg.rollout.max_new_tokens,
+                    reward_weight=distill.reward_weight(a.objective),
+                    distill_coef=a.distill_coef if a.objective != "rl" else 0.0)
