@@ -127,6 +127,7 @@ class FastForward:
             raise ValueError(f"fast path unsupported: {reason}")
         p = read_shapes(self, model)
         self.kinds = self.layer_kinds(model)
+        self.kind_set = set(self.kinds)
         self.window = self.window_of(model)
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
@@ -226,7 +227,7 @@ class FastForward:
         if T > self._T:
             self._T = min(max(T, 2 * self._T, 64), max(self.context, T))
             like = torch.zeros(1, device=self.device, dtype=self.dtype)
-            self._tables = {k: rope_tables(self.model.model, self._T, like, k) for k in set(self.kinds)}
+            self._tables = {k: rope_tables(self.model.model, self._T, like, k) for k in self.kind_set}
         return self._tables
 
     def new_cache(self, slots: int, width: int) -> torch.Tensor:
@@ -365,15 +366,16 @@ class FastForward:
         or None)`` where a prefix of each row is visible (the kernel takes the lengths; the additive mask ``[B, 1,
         1, W]`` is built only without it), or an additive mask alone where the sliding window also hides the row's
         oldest keys."""
-        ar = torch.arange(width, device=pos.device)
         additive = None
-        if not self.attn_kernel:
+        if not self.attn_kernel:  # (the kernel takes the lengths alone: no mask built, one op less per step)
+            ar = torch.arange(width, device=pos.device)
             additive = torch.zeros((pos.shape[0], width), dtype=self.kv_dtype, device=pos.device).masked_fill_(
                 ar[None] > pos[:, None], float("-inf"))[:, None, None]
         full = (pos + 1, additive)
-        masks = dict.fromkeys(set(self.kinds), full)
+        masks = dict.fromkeys(self.kind_set, full)
         if self.window is None or SLIDING not in masks or int(pos.max()) < self.window:
             return masks
+        ar = torch.arange(width, device=pos.device)
         hidden = (ar[None] > pos[:, None]) | (ar[None] <= pos[:, None] - self.window)
         masks[SLIDING] = torch.zeros(hidden.shape, dtype=self.kv_dtype, device=pos.device).masked_fill_(
             hidden, float("-inf"))[:, None, None]
