@@ -81,8 +81,8 @@ def test_the_docs_build_strict_and_a_broken_link_fails_it(tmp_path):
 # How the work went, not what rollyard does: an issue or work session by number, the work period, who else
 # was on the machine. User-facing text states the product and what was measured (command, date, CPU class,
 # figure); superseded figures go to bench/README.md's "Results history", dated.
-NARRATION = re.compile(r"\bissues? #?\d+|\bthe issue\b|\bissue's|\bsessions? \d+|\b(?:this|previous|last|next) session\b"
-                       r"|\bwork period|\bother (?:engineers|agents|sessions)\b|\bdeadline\b", re.IGNORECASE)
+NARRATION = re.compile(r"\bissues? #?\d+|\bthe issue's|\bsessions? \d+|\b(?:this|previous|last|next) session\b"
+                       r"|\bwork period|\bother (?:engineers|agents|sessions)\b|\bbefore the deadline", re.IGNORECASE)
 
 
 def _user_pages() -> list[Path]:
