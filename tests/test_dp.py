@@ -51,7 +51,8 @@ def _max_diff(a, b):
 
 
 def test_dp2_update_equals_dp1_and_gradient_bytes_follow_the_ring(tmp_path):
-    cfg = _cfg()
+    # a learning-rate schedule with warm-up: every rank steps at the same rate, and a checkpoint carries its position
+    cfg = _cfg("steps=5", "trainer.lr_schedule=cosine", "trainer.warmup_steps=1")
     dp, single = _pair(cfg)
     start = copy.deepcopy(dp.model)
     try:
@@ -62,6 +63,7 @@ def test_dp2_update_equals_dp1_and_gradient_bytes_follow_the_ring(tmp_path):
                     "ratio_p05", "ratio_p50", "ratio_p95", "tokens"] + (["kl"] if step == 1 else [])
             for key in keys:
                 assert m2[key] == pytest.approx(m1[key], rel=1e-4, abs=1e-6), key
+            assert m2["lr"] == m1["lr"] and (m1["lr"] > 0) == (step > 0)
             assert _max_diff(dp.model, single.model) < 2e-5
         assert _max_diff(dp.model, start) > 1e-4  # the steps did move the weights
 
@@ -79,8 +81,7 @@ def test_dp2_update_equals_dp1_and_gradient_bytes_follow_the_ring(tmp_path):
         resumed = Trainer(model1, **roles.trainer_kwargs(cfg), device="cpu")
         checkpoint.load(path, model1, resumed.optimizer)
         batch = _samples(7)
-        resumed.step(copy.deepcopy(batch))
-        dp.step(copy.deepcopy(batch))
+        assert resumed.step(copy.deepcopy(batch))["lr"] == dp.step(copy.deepcopy(batch))["lr"] == single.step(batch)["lr"]
         assert _max_diff(dp.model, model1) < 2e-5
     finally:
         dp.close()
