@@ -405,3 +405,21 @@ def test_a_flagged_estimated_phase_names_the_terms_of_its_budget(tmp_path):
         assert items(rv)["Measured step breakdown matches the budget"] == result
     evidence = next(v["evidence"] for v in rv.verification if v["item"] == "Measured step breakdown matches the budget")
     assert "planned forward + backward (6 x P_active x tokens) 0.125 s" in evidence and "planned extra epochs 0.125 s" in evidence
+
+
+def test_calibration_solves_the_rate_of_every_pass_the_run_made(tmp_path):
+    """--calibrate-from solves trainer.flops_per_gpu so the estimated train phase equals the measured one, whatever
+    passes the run made: a run of 2 epochs x 3 mini-batches is priced at its measured 0.5 s, at a rate twice the
+    one-pass run's (2 forward + backward passes in the same seconds)."""
+    from rollyard.plan import hardware as H
+    from rollyard.plan.calibrate import calibrate
+    from rollyard.plan.inputs import validate_plan
+    rates = {}
+    for name, trainer in (("one", {}), ("more", {"epochs": 2, "mini_batches": 3})):
+        run = make_run(tmp_path / name, info_extra={"device": "cpu"})
+        (run / rundir.CONFIG).write_text(json.dumps({"algo": {"kl_coef": 0.0}, "trainer": trainer}))
+        data, _ = calibrate(run)
+        p = validate_plan(data)
+        assert H.train_s(p, H.trainer_gpus(p)) == pytest.approx(0.5)
+        rates[name] = p.trainer.flops_per_gpu
+    assert rates["more"] == pytest.approx(2 * rates["one"])

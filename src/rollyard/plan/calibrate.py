@@ -9,8 +9,9 @@ a vLLM engine here, which no per-step budget prices; review holds runs to the sa
 - rollout: the decode model's rates, ``rollout.mem_bandwidth`` and ``rollout.peak_flops`` by one factor,
   solved so the model's synchronous round equals the measured mean (every term of the round is 1 / rate,
   so the solution is exact); a plan with more prompts or longer responses then scales by the decode model;
-- train: ``trainer.flops_per_gpu`` solved from 6 x P x tokens / (train seconds x GPUs), so the train
-  estimate scales with tokens;
+- train: ``trainer.flops_per_gpu`` solved so that the estimated train phase (every pass the run made: its epochs,
+  recompute and bubble, ``hardware.trainer_terms``) equals the measured mean; each term goes as 1 / rate, so the
+  solution is exact, and the train estimate then scales with tokens;
 - reference, reward, algorithm: the measured seconds, given (the plan has no model to scale them);
 - sync: the term-by-term model of one sync (``bytes.sync_costs``: pause/resume, per tensor, per
   bucket, cast and engine copy rates, for the run's ``rollout.backend`` and device) written out
@@ -115,8 +116,10 @@ def calibrate(run_dir: str | Path) -> tuple[dict, dict]:
     train = secs.get("train", 0.0)
     if train > 0:
         ph["train_s"] = None
+        # every train term is work / rate: price it at 1 FLOP/s, then the rate that makes it the measured seconds
+        data["trainer"]["flops_per_gpu"] = 1.0
         p = PlanInputs.model_validate(data)
-        data["trainer"]["flops_per_gpu"] = 6 * H.active_params(p) * H.train_tokens(p) / (train * H.trainer_gpus(p))
+        data["trainer"]["flops_per_gpu"] = H.train_s(p, H.trainer_gpus(p)) / train
         note["train_s"] = train
 
     every = base.sync.every_steps
