@@ -221,3 +221,30 @@ def test_adaptive_entropy_state_survives_a_checkpoint(tmp_path):
     fresh.optimizer.load_state_dict(state)
     m = fresh.step(samples)
     assert m["entropy_coef"] == pytest.approx(0.03) and fresh.entropy.value == pytest.approx(0.04)
+
+
+def test_prompts_over_max_prompt_tokens_are_dropped_or_cut_and_file_order_without_shuffle():
+    from rollyard.rollout.scheduler import PromptStream, to_requests
+    from rollyard.tasks.base import Prompt
+
+    class Tok:
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [ord(c) for c in text]}
+
+    prompts = [Prompt(id="a", text="abcdefgh", meta={}), Prompt(id="b", text="xyz", meta={})]
+    kept, dead = to_requests(prompts, Tok(), n=2, max_new_tokens=4, context=64, max_prompt=(5, "drop"))
+    assert [q.id for q in kept] == ["b"] and dead[0]["source"] == "a" and "max_prompt_tokens=5" in dead[0]["reason"]
+    left, _ = to_requests(prompts, Tok(), n=2, max_new_tokens=4, context=64, max_prompt=(5, "left"))
+    right, _ = to_requests(prompts, Tok(), n=2, max_new_tokens=4, context=64, max_prompt=(5, "right"))
+    assert left[0].prompt_ids == [ord(c) for c in "defgh"] and right[0].prompt_ids == [ord(c) for c in "abcde"]
+    many = [Prompt(id=str(i), text=str(i), meta={}) for i in range(6)]
+    assert [p.id for p in PromptStream(many, shuffle=False).take(8)] == ["0", "1", "2", "3", "4", "5", "0", "1"]
+    assert [p.id for p in PromptStream(many, seed=1).take(6)] != ["0", "1", "2", "3", "4", "5"]
+
+
+def test_epochs_of_data_set_the_steps(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(10)))
+    cfg = load_config(None, [f"data.path={data}", "data.epochs=1.5", "rollout.prompts_per_step=4"])
+    assert cfg.steps == 4  # ceil(1.5 x 10 / 4)
+    assert load_config(None, [f"data.path={data}", "data.epochs=1.5", "steps=2"]).steps == 2  # explicit steps win

@@ -55,12 +55,7 @@ def test_trls_neutral_defaults_are_accepted():
 @pytest.mark.parametrize("args, says", [
     (["repetition_penalty=1.1"], "closest rollyard setting: rollout.top_p / rollout.top_k"),
     (["min_p=0.05"], "closest rollyard setting: rollout.top_p / rollout.top_k"),
-    (["num_iterations=2"], "closest rollyard setting: max_staleness with placement=async"),
-    (["warmup_steps=10"], "closest rollyard setting: trainer.lr"),
-    (["num_train_epochs=2"], "closest rollyard setting: steps (max_steps)"),
-    (["max_prompt_length=512"], "closest rollyard setting: model.context"),
     (["chat_template_kwargs={enable_thinking: false}"], "closest rollyard setting: data.chat_template"),
-    (["actor_rollout_ref.actor.ppo_epochs=2"], "closest rollyard setting: max_staleness with placement=async"),
 ])
 def test_a_name_without_an_equivalent_is_one_line_naming_the_closest_setting(args, says, capsys, tmp_path):
     with pytest.raises(ConfigError) as e:

@@ -41,7 +41,7 @@ def test_every_grpo_config_field_is_a_name_rollyard_knows():
     ("generation_kwargs={min_tokens: 4}", "rollout.temperature / rollout.top_p / rollout.top_k"),
     ("vllm_mode=server", "placement=disaggregated"),
     ("repetition_penalty=1.1", "rollout.top_p / rollout.top_k"),
-    ("shuffle_dataset=false", "data.seed"),
+    ("min_p=0.1", "rollout.top_p / rollout.top_k"),
 ])
 def test_a_field_that_changes_the_math_is_one_line_naming_the_closest_setting(override, says, capsys, tmp_path):
     with pytest.raises(ConfigError) as e:
@@ -80,6 +80,11 @@ def test_a_field_that_changes_the_math_is_one_line_naming_the_closest_setting(ov
      {"algo.multi_objective": "normalize_then_sum"}),
     (["scale_rewards=batch"], {"algo.std_scope": "batch", "algo.normalize_std": True}),
     (["num_iterations=2"], {"trainer.epochs": 2}),
+    (["num_train_epochs=2", "data.train_size=100", "per_device_train_batch_size=8", "num_generations=4"],
+     {"data.epochs": 2.0, "steps": 100}),
+    (["num_train_epochs=2", "max_steps=3"], {"steps": 3}),
+    (["shuffle_dataset=false"], {"data.shuffle": False}),
+    (["max_prompt_length=64"], {"data.max_prompt_tokens": 64, "data.prompt_truncation": "left"}),
     (["per_device_train_batch_size=8", "gradient_accumulation_steps=2", "steps_per_generation=4", "num_generations=4"],
      {"trainer.mini_batches": 2, "rollout.prompts_per_step": 8}),
     (["per_device_train_batch_size=8", "generation_batch_size=32", "num_generations=4"],

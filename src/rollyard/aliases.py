@@ -279,8 +279,7 @@ def _no(name: str, source: str, why: str, closest: str, neutral: tuple = ()) -> 
 def _epochs(value: Any, ctx: Ctx) -> dict[str, Any]:
     if ctx.alias("max_steps") is not None:  # as in TRL (transformers' Trainer): max_steps wins over epochs
         return {}
-    raise NoEquivalent("no rollyard equivalent: rollyard counts optimizer steps, not passes over the data; closest "
-                       "rollyard setting: steps (max_steps): epochs x dataset rows / rollout.prompts_per_step")
+    return {"data.epochs": value}
 
 
 # transformers' schedules rollyard does not have (rollyard.schedule.SCHEDULES has the rest, by the same names)
@@ -443,8 +442,9 @@ ALIASES_LIST: list[Alias] = [
           _choice("rollout.backend", {True: "vllm", False: "native"}, "use_vllm")),
     _same("model_name_or_path", TRL, "model.name"),
     Alias("dataset_name", TRL, ("data.path",), "a local .jsonl or .parquet file (no Hub download)"),
-    Alias("num_train_epochs", TRL, (), "accepted beside max_steps (which wins, as in TRL); alone: no equivalent "
-          "(rollyard counts optimizer steps), closest rollyard setting: steps (max_steps)", _epochs),
+    Alias("num_train_epochs", TRL, ("data.epochs",), "data.epochs: steps = ceil(epochs x training prompts / "
+          "rollout.prompts_per_step), each prompt generated once per epoch; max_steps wins when both are set, as in "
+          "TRL", _epochs),
     Alias("lr_scheduler_type", TRL, ("trainer.lr_schedule",), "same name (transformers' schedules; "
           "reduce_lr_on_plateau, greedy and warmup_stable_decay refused); a TRL script that sets none gets TRL's "
           "'linear'", _lr_schedule),
@@ -453,8 +453,9 @@ ALIASES_LIST: list[Alias] = [
     Alias("warmup_steps", TRL, ("trainer.warmup_steps", "trainer.warmup_ratio"), "an integer >= 1 -> "
           "trainer.warmup_steps; a float below 1 -> trainer.warmup_ratio (transformers 5's share of the steps)",
           _trl_warmup_steps),
-    _no("max_prompt_length", TRL, "rollyard does not truncate prompts (one longer than the context is an error)",
-        "model.context (prompt + rollout.max_new_tokens must fit it); remove it", (None,)),
+    Alias("max_prompt_length", TRL, ("data.max_prompt_tokens", "data.prompt_truncation"), "TRL before 1.0: prompts "
+          "cut to their last max_prompt_length tokens (data.prompt_truncation=left)",
+          lambda v, _c: {} if v is None else {"data.max_prompt_tokens": v, "data.prompt_truncation": "left"}),
     Alias("top_k", TRL, ("rollout.top_k",), "same value (None -> 0: off); the trainer's ratio over the same support",
           lambda v, _c: {"rollout.top_k": 0 if v is None else v}),
     _no("repetition_penalty", TRL, "a penalty changes the sampled distribution in a way the trainer's ratio does not "
@@ -530,8 +531,7 @@ ALIASES_LIST: list[Alias] = [
     _ignored("num_generations_eval", TRL, "held-out eval is greedy, one sample per prompt"),
     _ignored("ds3_gather_for_generation", TRL, "DeepSpeed ZeRO-3 only: rollyard's rollout holds its own full copy "
                                                "of the weights (trainer.sharding=fsdp shards the trainer's)"),
-    _no("shuffle_dataset", TRL, "rollyard always hands prompts out in a seeded order, reshuffled every pass",
-        "data.seed (the order's seed)", (True,)),
+    Alias("shuffle_dataset", TRL, ("data.shuffle",), "same value (false: the prompts in file order every pass)"),
     _ignored("pad_to_multiple_of", TRL, "padding only: rollyard packs sequences on its own"),
     _no("generation_kwargs", TRL, "rollyard's sampler takes temperature, top-p and top-k only, the distribution "
         "the trainer's ratio models", "rollout.temperature / rollout.top_p / rollout.top_k", (None, {})),
@@ -627,9 +627,13 @@ ALIASES_LIST: list[Alias] = [
     Alias("data.val_files", VERL, ("data.eval_path",), "one file", lambda v, _c: _one_file(v, "data.eval_path")),
     Alias("data.prompt_key", VERL, ("data.fields",), "data.fields = {prompt: <key>}",
           lambda v, c: {"data.fields": {**(c.keys("data.fields") or {}), "prompt": v}}),
-    _no("data.max_prompt_length", VERL, "rollyard does not truncate prompts (one longer than the context is an "
-                                        "error)", "model.context (prompt + rollout.max_new_tokens must fit it); "
-                                                  "remove it"),
+    Alias("data.max_prompt_length", VERL, ("data.max_prompt_tokens",), "same value: a longer prompt is dead-lettered "
+          "with its reason (verl's filter_overlong_prompts), or cut by data.truncation"),
+    Alias("data.truncation", VERL, ("data.prompt_truncation",), "'left' / 'right' cut the prompt; 'error' -> drop: "
+          "rollyard dead-letters the prompt with its reason instead of stopping the run",
+          _choice("data.prompt_truncation", {"left": "left", "right": "right", "error": "drop"}, "truncation")),
+    _ignored("data.filter_overlong_prompts", VERL, "rollyard always dead-letters a prompt over data.max_prompt_tokens "
+                                                   "(or the context) with its reason"),
     _same("actor_rollout_ref.model.path", VERL, "model.name"),
     _same("actor_rollout_ref.actor.optim.lr", VERL, "trainer.lr"),
     _same("actor_rollout_ref.actor.optim.weight_decay", VERL, "trainer.weight_decay"),
@@ -706,8 +710,9 @@ ALIASES_LIST: list[Alias] = [
     Alias("algorithm.use_kl_in_reward", VERL, (), "false only (rollyard's KL is a loss term: "
           "actor.use_kl_loss)", _choice("", {False: None}, "use_kl_in_reward")),
     _same("trainer.total_training_steps", VERL, "steps"),
-    _no("trainer.total_epochs", VERL, "rollyard counts optimizer steps, not passes over the data",
-        "trainer.total_training_steps (steps): epochs x dataset rows / data.train_batch_size"),
+    Alias("trainer.total_epochs", VERL, ("data.epochs",), "data.epochs: steps = ceil(epochs x training prompts / "
+          "data.train_batch_size); trainer.total_training_steps wins when both are set, as in verl",
+          lambda v, c: {} if c.alias("trainer.total_training_steps") is not None else {"data.epochs": v}),
     _same("trainer.save_freq", VERL, "checkpoint_every"),
     _same("trainer.test_freq", VERL, "eval_every"),
     _same("trainer.default_local_dir", VERL, "out_dir"),

@@ -11,6 +11,7 @@ resolved copy (rollyard's names, every default filled in) is written to the run 
 from __future__ import annotations
 
 import copy
+import math
 import difflib
 import os
 import sys
@@ -71,6 +72,10 @@ class DataConfig(Section):
     seed: int = Field(0, ge=0, description="seed of task generation and of the shuffle order")
     chat_template: str | None = Field(None, description="Jinja chat template (or a file holding one) for message-list prompts; none: the tokenizer's own")
     system_prompt: str | None = Field(None, description="a system turn put first in every chat prompt without one (a plain prompt: its first paragraph); reasoning_gym:<name> takes one of reasoning-gym's SYSTEM_PROMPTS (default, direct, ...)")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="a prompt longer than this many tokens is dead-lettered with its reason (drop: verl's filter_overlong_prompts) or cut (data.prompt_truncation); none: only the model's context limits it")
+    prompt_truncation: Literal["drop", "left", "right"] = Field("drop", description="data.max_prompt_tokens: drop the prompt (dead-lettered), keep its last tokens (left: TRL's old max_prompt_length, verl truncation=left) or its first (right)")
+    epochs: float | None = Field(None, gt=0.0, description="passes over the training prompts: sets `steps` = ceil(epochs x training prompts / rollout.prompts_per_step), each prompt generated once per pass (TRL num_train_epochs, verl trainer.total_epochs); an explicit `steps` wins")
+    shuffle: bool = Field(True, description="hand the training prompts out in a seeded random order, a new one every pass; false: in file order every pass (TRL shuffle_dataset=false)")
     few_shot: int = Field(0, ge=0, le=32, description="reasoning_gym tasks: this many solved examples (from seeds that neither split uses) put before every prompt, as user/assistant turns or plain question/answer paragraphs")
 
     @model_validator(mode="before")
@@ -285,6 +290,20 @@ class RunConfig(Section):
         if rw.weights and len(rw.weights) != max(len(rw.hooks), 1):
             raise ValueError(f"reward.weights has {len(rw.weights)} entries for {max(len(rw.hooks), 1)} reward "
                              f"function(s): give one weight per entry of reward.hooks")
+        if self.data.epochs is not None and "steps" not in self.model_fields_set:
+            rows = _training_rows(self.data)
+            if rows is not None:
+                self.steps = max(1, math.ceil(self.data.epochs * rows / self.rollout.prompts_per_step))
+        _check_tail(self)  # first: with scheduler=tail, samples_per_prompt=1 gets the tail-specific message
+        if self.rollout.samples_per_prompt < 2:
+            raise ValueError(
+                f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
+                f"{self.rollout.samples_per_prompt}; set rollout.samples_per_prompt=8"
+            )
+        if self.trainer.sharding == "fsdp" and self.trainer.optimizer_state == "bf16":
+            raise ValueError("trainer.optimizer_state=bf16 steps plain tensors but trainer.sharding=fsdp shards them "
+                             "(DTensor); set trainer.optimizer_state=fp32 or trainer.sharding=none")
+        _check_schedule(self)
         _check_tail(self)  # first: with scheduler=tail, samples_per_prompt=1 gets the tail-specific message
         if self.rollout.samples_per_prompt < 2:
             raise ValueError(
@@ -323,6 +342,21 @@ def _check_schedule(cfg: RunConfig) -> None:
     total = schedule_length(cfg)[0]
     warmup = schedule.warmup_steps(total, t.warmup_steps, t.warmup_ratio, t.warmup_rounding)
     schedule.check(t.lr_schedule, t.lr_schedule_kwargs, t.lr, total, warmup)
+
+
+def _training_rows(data: DataConfig) -> int | None:
+    """How many training prompts ``data`` holds (a built-in task's train_size, a file's rows); None while the file
+    does not exist yet (the Python API writes it after a first look at the config)."""
+    if data.path is None:
+        return data.train_size
+    path = Path(data.path)
+    if not path.is_file():
+        return None
+    if path.suffix == ".parquet":
+        pq = require_package("pyarrow.parquet", "parquet", "data.epochs with a .parquet file")
+        return pq.ParquetFile(path).metadata.num_rows
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
 
 
 def _check_tail(cfg: RunConfig) -> None:

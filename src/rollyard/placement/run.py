@@ -252,8 +252,9 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
                                                                                  torch.device(device))))
         console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
         r = cfg.rollout
-        feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed), PromptLedger(), tokenizer,
-                          r.samples_per_prompt, r.max_new_tokens, context)
+        feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed, shuffle=cfg.data.shuffle), PromptLedger(),
+                          tokenizer, r.samples_per_prompt, r.max_new_tokens, context,
+                          max_prompt=(cfg.data.max_prompt_tokens, cfg.data.prompt_truncation))
         state = checkpoint.TrainState()
         extra_rng: dict = {}
         if ckpt is not None:

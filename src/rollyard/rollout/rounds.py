@@ -338,7 +338,8 @@ class RoundBook:
         f, queue = self.feed, [Prompt(**p) for p in old["queue"]]
         ids = []
         for i, p in enumerate(queue):
-            requests, _ = to_requests([p], f.tokenizer, f.n, f.max_new_tokens, f.context, suffix=f"@q{old['rounds']}.{i}")
+            requests, _ = to_requests([p], f.tokenizer, f.n, f.max_new_tokens, f.context, suffix=f"@q{old['rounds']}.{i}",
+                                      max_prompt=f.max_prompt)
             self.ledger.add(requests)  # a prompt that no longer fits the context is left out
             ids += [q.id for q in requests]
         return {"long": ids, "kind": {}, "done": {}, "rounds": old["rounds"], "next_round": 0,  # it counted samples:

@@ -19,18 +19,22 @@ from rollyard.types import Request
 
 
 class PromptStream:
-    """Seeded, resumable, endless order over ``prompts`` (reshuffled every epoch)."""
+    """Seeded, resumable, endless order over ``prompts`` (reshuffled every epoch; in file order without
+    ``shuffle``)."""
 
-    def __init__(self, prompts: list[Prompt], seed: int = 0):
+    def __init__(self, prompts: list[Prompt], seed: int = 0, shuffle: bool = True):
         if not prompts:
             raise ValueError("the prompt set is empty: check data.path / data.task and the dead-letter file")
         self.prompts = prompts
         self.seed = seed
+        self.shuffle = shuffle
         self.epoch = 0
         self.index = 0
         self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
+        if not self.shuffle:
+            return list(range(len(self.prompts)))
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         return torch.randperm(len(self.prompts), generator=g).tolist()
 
@@ -59,17 +63,26 @@ class PromptStream:
 
 
 def to_requests(prompts: list[Prompt], tokenizer, n: int, max_new_tokens: int, context: int,
-                suffix: str = "") -> tuple[list[Request], list[dict]]:
+                suffix: str = "", max_prompt: tuple[int | None, str] = (None, "drop")) -> tuple[list[Request], list[dict]]:
     """Tokenize prompts into requests; those that cannot fit the context are dead-lettered.
 
     A prompt whose length plus one generated token exceeds ``context`` cannot be sampled at all:
     it goes to the dead-letter list with its reason. Otherwise ``max_new_tokens`` is clamped so
-    prompt + response fits.
+    prompt + response fits. ``max_prompt = (tokens, how)`` (``data.max_prompt_tokens``,
+    ``data.prompt_truncation``): a longer prompt is dead-lettered (``drop``) or cut to its last (``left``) or first
+    (``right``) ``tokens``.
     """
     requests, dead = [], []
+    limit, how = max_prompt
     for p in prompts:
         # A rendered chat template already holds the special tokens (BOS, role markers): add none.
         ids = tokenizer(p.text, add_special_tokens=p.messages is None)["input_ids"]
+        if limit is not None and len(ids) > limit:
+            if how == "drop":
+                dead.append({"source": p.id, "reason": f"prompt is {len(ids)} tokens, over data.max_prompt_tokens="
+                             f"{limit}", "prompt": p.text[:200]})
+                continue
+            ids = ids[-limit:] if how == "left" else ids[:limit]
         room = context - len(ids)
         if room < 1:
             dead.append({"source": p.id, "reason": f"prompt is {len(ids)} tokens, longer than the model context "
@@ -91,9 +104,10 @@ class PromptFeed:
     """
 
     def __init__(self, stream: PromptStream, ledger: PromptLedger, tokenizer, n: int, max_new_tokens: int,
-                 context: int):
+                 context: int, max_prompt: tuple[int | None, str] = (None, "drop")):
         self.stream, self.ledger, self.tokenizer = stream, ledger, tokenizer
         self.n, self.max_new_tokens, self.context = n, max_new_tokens, context
+        self.max_prompt = max_prompt
         self.last_round = -1  # the highest round handed out (ids of later rounds are new)
 
     def take(self, k: int, round_: int) -> tuple[list[Request], list[dict]]:
@@ -102,7 +116,7 @@ class PromptFeed:
         out = self.ledger.queued(k)
         if len(out) < k:
             fresh, dead = to_requests(self.stream.take(k - len(out)), self.tokenizer, self.n, self.max_new_tokens,
-                                      self.context, suffix=f"@{round_}")
+                                      self.context, suffix=f"@{round_}", max_prompt=self.max_prompt)
             seen, keep, dup = set(self.ledger.state), [], []
             for q in fresh:
                 (dup if q.id in seen else keep).append(q)
