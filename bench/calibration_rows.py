@@ -42,7 +42,7 @@ MILES = "in: miles is slime's fork (load_weights 127 us)"
 TRL = "in: TRL system (vLLM pause 0.14 s is TRL #5892's)"
 NEMO = "in: NeMo-RL refit anchors (cross-node control 0.54 s is their 63.2 GB anchor's)"
 NEMO_SYS = "in: NeMo-RL system (cross-node control 0.54 s is its refit anchor's)"
-# Rows whose figure was read before the rule that prices it was written (issue 48, 2026-11-27): checked, not
+# Rows whose figure was read before the rule that prices it was written (2026-11-27): checked, not
 # out of sample (docs/calibration.md "Fitted on, checked against").
 SEEN = "seen: read before the direct_write / codec rules were written (2026-11-27)"
 Q30_RESHARD = ("policy.params=30.5e9", "policy.active_params=3.3e9", "policy.weight_tensors=18867", "policy.layers=48",
@@ -112,7 +112,7 @@ ROWS = [
 ]
 
 
-# New weight-sync figures (issue 48 item 5), gathered 2026-11-27 after the v5 rules, not in the repository before;
+# New weight-sync figures, gathered 2026-11-27 after the v5 rules, not in the repository before;
 # the rules were not changed after reading them. THUDM/slime PR #2146 (CalvinXKY, 2026-06-29): Qwen3-8B GRPO on one
 # node of 8 x A100 80GB, non-colocated, 4 training GPUs (Megatron TP4) + 4 rollout GPUs (SGLang TP4),
 # perf/update_weights_time steady-state mean over steps 2-49: NCCL broadcast 0.755 s (all-gather over the TP group,
@@ -222,7 +222,7 @@ SPEEDUPS = [
 ]
 
 
-# ---- New figures (issue 48 item 5): gathered 2026-11-27 after the v5 rules were committed (ddc8a01, 11:34 UTC),
+# ---- New figures: gathered 2026-11-27 after the v5 rules were committed (ddc8a01, 11:34 UTC),
 # none of them in the repository before; the rules were not changed after reading them. Each row states the
 # published configuration only; the hardware of the GB200 rows is NVIDIA's datasheet (HBM3e 8 TB/s, dense BF16
 # 2.5 PFLOP/s, 186 GB per GPU). Where the published table does not give the 1-step-off split of the GPUs, the

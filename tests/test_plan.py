@@ -65,7 +65,7 @@ def test_runbook_defaults_json_values(capsys):
     # (2 x 28e9 / 3.35e12 = 16.7 ms), each / 28; once per sync the native engine's pause at a step
     # boundary (5.8 ms, the receiver rule "copy"; the runbook gives no tensor count, so no per-tensor term).
     # No cross-node control: that floor (0.542 s) is NeMo-RL's anchor of a collective into load_weights, and the
-    # native engine's copy publishes none (issue 48: the floor only where the mechanism has one; was + 0.542 s).
+    # native engine's copy publishes none (v5: the floor only where the mechanism has one; v4 added 0.542 s).
     copy, pause = 56e9 / 3.35e12, 5.8e-3
     assert doc["sync_times"]["full"]["rdma"] == pytest.approx(28e9 / 50e9 + 2 * copy / 28 + pause)
     # A delta (0.56 GB: one bucket, so the sides add) adds its export/compare on the 8 trainer GPUs:
@@ -307,7 +307,7 @@ def test_lora_crosssite_example_hand_worked(capsys):
     assert doc["bytes"]["lora_sync"] == pytest.approx(80e6)
     # One bucket: wire + the trainer's and the engine's copies (2 x 80e6 B / 3.35e12 each) add, + the native
     # engine's pause at a step boundary (5.8 ms, receiver rule "copy"; no tensor count given); no cross-node
-    # control floor: the copy mechanism publishes none (issue 48; was + 0.542 s).
+    # control floor: the copy mechanism publishes none (v4 added 0.542 s).
     once = 5.8e-3
     assert doc["sync_times"]["lora"]["commodity"] == pytest.approx(0.064 + 2 * 160e6 / 3.35e12 + once)
     assert doc["sync_times"]["full"]["commodity"] == pytest.approx(12.8 + 2 * 32e9 / 3.35e12 / 16 + once)  # 16 buckets
@@ -502,7 +502,7 @@ def test_trainer_time_scales_by_amdahls_law():
     assert abs(M.amdahl_s(269.80, 16, 64, 0.0165) / 113.16 - 1) < 0.05
     assert M.amdahl_s(269.80, 16, 64, 0.0) == pytest.approx(67.45)
     # verl's corrected table (after 2025-12): the fully-async trainer rows' update_actor is 313.81 s on 16 GPUs,
-    # 156.98 on 32, 113.16 on 64; their least-squares fit is the default serial fraction 0.0079 (issue 48). From
+    # 156.98 on 32, 113.16 on 64; their least-squares fit is the default serial fraction 0.0079. From
     # the 16-GPU row, through the plan (a trainer and reference time measured on 16 GPUs, on a pool of 32):
     #   32: 313.81 x (0.0079 + 0.9921/32) / (0.0079 + 0.9921/16) = 313.81 x 0.038903125 / 0.06990625 = 174.64 s
     # (verl: 156.98, 11% over; time x GPUs constant would say 156.91).
@@ -704,7 +704,7 @@ def test_calibration_rows_hold_their_figures(capsys):
     sys.modules.setdefault(spec.name, rows)  # dataclasses look their module up by name
     spec.loader.exec_module(rows)
     table = {r["id"]: r for r in rows.table()}
-    # Issue 48 moved S4e-S4h (the P2P rule: a CPU reshard per peer layout and pinned-host staging, the rows now
+    # v5 moved S4e-S4h (the P2P rule: a CPU reshard per peer layout and pinned-host staging, the rows now
     # stating the published trainer GPUs) and S6 (no cross-node floor for the transfer alone); R1-R3 (direct
     # writes) and P1-P2 (a sparse refit's codec and round trips) are new rows.
     # Plan v6 splits load_weights' 127 us per tensor into 108 us per tensor and 3.2 ms per bucket (the same blog
@@ -915,7 +915,7 @@ def test_cross_node_control_is_paid_between_nodes_only():
     assert rdma["rdma"] - rdma["nvlink"] == pytest.approx(28e9 / 50e9 - 28e9 / 600e9 + 0.542, abs=2e-3)
     stated = make_plan(load_plan(None, [*lw, "sync.fixed_s=0"])).sync_times["full"]
     assert rdma["rdma"] - stated["rdma"] == pytest.approx(0.542, abs=1e-3)
-    # The floor belongs to that mechanism only (issue 48): direct writes, P2P from host memory, rollyard's copy
+    # The floor belongs to that mechanism only: direct writes, P2P from host memory, rollyard's copy
     # and the transfer alone pay none between nodes.
     for rule in ("direct_write", "rdma_pinned", "copy", "none"):
         d = make_plan(load_plan(None, ["rollout.backend=vllm", f"sync.receiver={rule}"])).sync_detail
@@ -1022,7 +1022,7 @@ def test_decode_step_overhead_defaults_to_the_backends_published_figure():
                                         ("plan_miles_p2p_qwen30b.toml", "rdma_pinned"),
                                         ("plan_runbook.toml", "copy")])
 def test_every_sync_figure_names_its_receive_path(capsys, name, rule):
-    # Issue 48: the mechanism the plan assumed, in words, next to every sync number. The decision record (plain
+    # The mechanism the plan assumed, in words, next to every sync number. The decision record (plain
     # markdown, no wrapping): every line with a sync time in seconds names the receive path.
     import re
 
@@ -1060,7 +1060,7 @@ def _calibration_rows():
 
 
 def test_new_published_figures_checked_out_of_sample():
-    # Issue 48 item 5: figures gathered 2026-11-27 after the v5 rules, none in the repository before, the rules not
+    # Figures gathered 2026-11-27 after the v5 rules, none in the repository before, the rules not
     # changed after reading them. The expected values are the published step times (NeMo-RL's performance summary:
     # v0.6 GB200 table and v0.4 H100 table), written here from the source, never from the plan: each ratio is the
     # plan's speed-up over the published one; docs/calibration.md quotes these ratios and the count.

@@ -33,7 +33,7 @@ def run_plan(capsys, *argv):
     (["rollout.tp=3", "rollout.gpus=8"], ["rollout.tp = 3", "rollout.gpus = 9"]),
     (["rollout.tp=4", "rollout.gpus=4", "cluster.gpus=2"], ["cluster.gpus = 2", "at least 4"]),
     (["network.custom={roce", "=", "25e9}"], ["cut short", "quote the whole override"]),
-    # issue 48 item 6: pp = 1024 on an 8-rank trainer divided the per-tensor reshard by 1024 stages
+    # pp = 1024 on an 8-rank trainer divided the per-tensor reshard by 1024 stages
     (["trainer.pp=1024"], ["trainer.pp x trainer.tp = 1024 x 1 = 1024 exceeds the trainer's 8 GPUs", "at least 1024"]),
     (["trainer.pp=2", "trainer.tp=8"], ["2 x 8 = 16 exceeds the trainer's 8 GPUs", "lower trainer.pp or trainer.tp"]),
     (["trainer.ep=16", "trainer.gpus=12"], ["1 x 16 = 16 exceeds the trainer's 12 GPUs", "trainer.ep"]),
@@ -130,7 +130,7 @@ def test_algorithm_seconds_count_at_equal_hardware(example):
     assert steps[500.0]["colocated"] - steps[0.0]["colocated"] == pytest.approx(500.0)
 
 
-# ---- bounds (issue 35 item 5): every count has an upper bound, and a count at its bound prices fast ----
+# ---- bounds: every count has an upper bound, and a count at its bound prices fast ----
 
 @pytest.mark.parametrize("argv, words", [
     (["cluster.gpus=1e15"], ["cluster.gpus", "less than or equal to 1000000"]),
@@ -198,7 +198,7 @@ def test_split_search_is_bounded_and_finds_the_exhaustive_best(monkeypatch):
 
 
 def test_pp_beyond_the_trainer_is_refused_by_the_cli_in_one_line():
-    # Issue 48 item 4, through the installed `rollyard plan` command (a real subprocess): pp = 1024 on the default
+    # Through the installed `rollyard plan` command (a real subprocess): pp = 1024 on the default
     # 8-rank trainer is one line naming the rule, the values and the fix, exit 2, nothing on stdout, no traceback.
     import subprocess
     import sys

@@ -299,7 +299,7 @@ def test_missing_staleness_metric_is_not_checked(tmp_path):
     assert items(review(run))["The staleness bound holds under load"] == NOT_CHECKED
 
 
-# ---- memory per role (issue 35 item 3): a measured peak against the plan's prediction ----
+# ---- memory per role: a measured peak against the plan's prediction ----
 
 def _with_peaks(path, peaks, device="cpu", key="summary", gpu_peaks=None):
     run = make_run(path, info_extra={"device": device})
