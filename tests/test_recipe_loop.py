@@ -55,6 +55,13 @@ def test_split_groups_keeps_groups_whole_and_in_order():
     assert len(split_groups(samples, 9)) == 5  # never more parts than groups
 
 
+def test_fewer_groups_than_mini_batches_still_make_every_optimizer_step():
+    model, _ = load_policy("tiny")
+    trainer = Trainer(model, lr=1e-3)
+    m = optimize(trainer, _samples(groups=2), epochs=1, mini_batches=3)
+    assert m["updates"] == 3 and trainer.optimizer.param_groups[0]["schedule_step"] == 3
+
+
 def test_epochs_x_mini_batches_steps_the_optimizer_on_a_ratio_baseline_computed_once():
     model, _ = load_policy("tiny")
     trainer = Trainer(model, lr=5e-3, clip_low=0.05, clip_high=0.05)

@@ -52,6 +52,10 @@ def optimize(trainer, samples: list[Sample], epochs: int = 1, mini_batches: int 
     counters summed) with ``updates`` (optimizer steps taken), ``applied`` (those not skipped as non-finite) and
     ``old_logprob_s`` (the pi_old pass)."""
     parts = split_groups(samples, mini_batches)
+    # always epochs x mini_batches optimizer steps, so versions and the learning-rate schedule advance the same
+    # whatever the step holds (fewer groups than mini-batches: dead-lettered prompts, failed verifiers): a part
+    # without samples is a step with nothing to learn (no weight change; the schedule moves on, as in TRL)
+    parts += [[] for _ in range(mini_batches - len(parts))]
     old, old_s = None, 0.0
     if epochs * len(parts) > 1 and samples:
         t0 = time.perf_counter()

@@ -651,7 +651,8 @@ class Trainer:
                 self.zero_missing_grads()  # every sample skipped: the step on the zero gradient still runs
             grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
         coef = self.entropy.coef
-        self.entropy.update(float(acc["eff_entropy_sum"]) / max(float(acc["eff_tokens"]), 1.0))
+        if float(acc["eff_tokens"]) > 0:  # a step that computed no token measured no entropy
+            self.entropy.update(float(acc["eff_entropy_sum"]) / float(acc["eff_tokens"]))
         if self.entropy.adaptive:  # kept in the optimizer's state, so a checkpoint carries it (resume continues it)
             self.optimizer.param_groups[0][ENTROPY_STATE] = self.entropy.state()
         ratio = torch.cat(acc["log_ratio"]).exp() if acc["log_ratio"] else torch.zeros(0)
@@ -711,7 +712,7 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
     if accs and all(a["want_kl"] for a in accs):
         out["kl"] = total("kl_sum") / computed
     if any(a.get("distill") for a in accs):  # the student's reverse KL to the teacher, per token (algo/distill.py)
-        out["distill/kl"] = total("distill_kl_sum") / computed
+        out["distill_kl"] = total("distill_kl_sum") / computed
     head_s = sum(float(a.get("lm_head_s", 0.0)) for a in accs)
     if head_s:  # seconds of the step in the LM head (trainer/head.py's path: a plain head, fp32 or bf16 weights)
         out["lm_head_s"] = head_s
