@@ -63,9 +63,8 @@ def _round_cut() -> RoundBook:
     b = _book(overprovision=2.0)
     ids = [q.id for q in _issue(b, 0)[1]]
     b.ledger.hand_out(ids, "w0")
-    b.ledger.finished(ids[:2])
     b.arrived(ids[0])
-    b.defer(b.arrived(ids[1]))
+    b.arrived(ids[1])  # closes the round: the other 2 deferred
     return b
 
 
@@ -75,25 +74,24 @@ def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
     assert kind == "short" and len(reqs) == 4 and all(q.n == 4 for q in reqs) and not dead  # n + extra_samples
     ids = [q.id for q in reqs]
     b.ledger.hand_out(ids, "w0")
-    b.ledger.finished(ids[:2])
     assert b.arrived(ids[0]) == [] and b.arrived(ids[1]) == ids[2:]  # the second complete prompt closes the round
-    b.defer(ids[2:])
-    assert list(b.long) == ids[2:] and {b.ledger.state[i] for i in ids[2:]} == {"deferred"}
-    assert b.arrived(ids[0]) == []  # a closed round counts no more (a late group)
+    assert list(b.long) == ids[2:] and {b.ledger.state[i] for i in ids} == {"deferred"}  # complete or cut: waiting
+    assert 0 not in b.done  # a closed round counts no more arrivals
     kind, reqs, _ = _issue(b, 1)  # the queue holds a round: a long one, its prompts whole with n samples
     assert kind == "long" and [q.id for q in reqs] == ids[2:] and all(q.n == 3 for q in reqs) and not b.long
     b.ledger.hand_out([q.id for q in reqs], "w1")
     b.took(ids[:2])
     b.took([q.id for q in reqs])
-    m = b.metrics(wasted_tokens=17)
+    b.measure(wasted_tokens=17)
+    m = b.metrics()
     assert (m["tail/long_round"], m["tail/deferred"], m["tail/wasted_tokens"], m["tail/long_share"]) == (0.5, 2.0, 17.0, 0.5)
-    assert b.metrics(0)["tail/deferred"] == 0.0  # per step: reset
+    assert "tail/bubble" not in m  # measured by the in-process round only
+    assert b.metrics()["tail/deferred"] == 0.0  # per step: reset
     # round 2 is open with one complete prompt, whose group waits in the buffer: a resumed run samples that
     # prompt again, so the carried count leaves it out
     kind, reqs, _ = _issue(b, 2)
     later = [q.id for q in reqs]
     b.ledger.hand_out(later, "w0")
-    b.ledger.finished(later[:1])
     assert kind == "short" and b.arrived(later[0]) == []
     state = json.loads(json.dumps(b.state(buffered=later[:1])))
     assert state["done"] == {"2": 0} and state["round_of"] == dict.fromkeys(later, 2)
@@ -102,6 +100,7 @@ def test_round_book_tail_rounds_across_the_pool_and_its_checkpoint_state():
     u.restore({STATE_KEY: state}, step=3)
     assert u.done == {2: 0} and u.kind == {2: "short"} and (u.rounds, u.next_round) == (3, 3)
     assert u.trained == {"short": 2, "long": 2} and {u.round_of(i) for i in later} == {2}
+    u.ledger.hand_out(later, "w0")  # the resumed run hands its live prompts out again
     assert u.arrived(later[0]) == [] and u.arrived(later[1]) != []  # the resumed round still closes at P
 
 
@@ -110,7 +109,7 @@ def test_round_book_rerolls_a_stale_long_group_and_counts_it():
     kind, long, _ = _issue(b, 1)
     assert kind == "long"  # round 0 deferred a round's worth
     b.dropped(long[0].id)  # the trainer found it past the bound: re-rolled whole
-    assert b.metrics(0)["tail/rerolled"] == 1.0
+    assert b.metrics()["tail/rerolled"] == 1.0
 
 
 def test_round_book_resumes_a_checkpoint_written_before_it():

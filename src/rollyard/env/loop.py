@@ -39,7 +39,7 @@ from rollyard.env.executor import Job, ToolExecutor
 from rollyard.env.rewards import ENV_REWARD_KEY
 from rollyard.env.tools import error_content
 from rollyard.reward.hooks import MESSAGES_KEY, PROMPT_KEY
-from rollyard.rollout.engine import Engine, keep_first
+from rollyard.rollout.engine import Engine, KeepFirst
 from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.types import Request, Sample
 
@@ -143,7 +143,7 @@ class MultiTurn(Engine):
         self._by_engine: dict[str, list[str]] = {}  # engine request id -> the trajectories it carries
         self._ended: list[_Traj] = []  # finished; waiting for get_reward / the drop of their environment
         self._out: list[Sample] = []
-        self._keep: dict[str, int] = {}  # request id -> trajectories still to keep (submit's keep)
+        self._keep = KeepFirst()  # submit's keep, over trajectories
         self._surplus: list[Sample] = []  # what the keep rule dropped since the last surplus()
         self._jobs: list[Job] = []  # finished jobs since the last drain() (the tool role's intervals)
         self._stats = {"format_errors": 0, "truncated": 0, "wait_s": 0.0, "bytes": 0}
@@ -235,7 +235,9 @@ class MultiTurn(Engine):
                 self._trajs[s] = _Traj(s, r, base)
             self._by_engine[r.id] = sids
         refused = {q.id for q, _ in rejected}
-        self._keep.update({r.id: keep for r in requests if keep is not None and keep < r.n and r.id not in refused})
+        for r in requests:
+            if r.id not in refused:
+                self._keep.add(r.id, r.n, keep)
         return rejected
 
     def step(self) -> list[Sample]:
@@ -247,8 +249,9 @@ class MultiTurn(Engine):
             self._on_job(j)
         if not busy:
             self._stats["wait_s"] += time.monotonic() - t0
+        self._surplus += self._keep.close(self.abort)  # the groups completed in this step: their others stop now
         out, self._out = self._out, []
-        return keep_first(out, self._keep, self.abort, self._surplus) if self._keep else out
+        return out
 
     def surplus(self) -> list[Sample]:
         """The trajectories the keep rule dropped since the last call (``submit``'s ``keep``)."""
@@ -270,8 +273,7 @@ class MultiTurn(Engine):
     def abort(self, ids) -> list[Sample]:
         """End the trajectories of the given request / sample ids (reason ``"abort"``); return them."""
         ids = {ids} if isinstance(ids, str) else set(ids)
-        for rid in ids & self._keep.keys():  # a group stopped by its caller: nothing more to keep
-            del self._keep[rid]
+        self._keep.drop(ids)
         hit = [t for t in self._trajs.values() if t.sid in ids or t.req.id in ids]
         return self._abort(hit)
 
@@ -361,7 +363,7 @@ class MultiTurn(Engine):
                 self._ended.remove(t)
                 if j.op == "reward":
                     t.meta[ENV_REWARD_KEY] = j.value if j.status == "ok" else f"error: {j.value}"
-                self._out.append(t.sample())
+                (self._out if self._keep.kept(t.req.id) else self._surplus).append(t.sample())
             return
         sid, i = j.key
         t = self._trajs.get(sid)
@@ -404,7 +406,7 @@ class MultiTurn(Engine):
         self._trajs.pop(t.sid, None)
         self._turns.append(t.turns)
         if not self.box.environment:
-            self._out.append(t.sample())
+            (self._out if self._keep.kept(t.req.id) else self._surplus).append(t.sample())
             return
         self._ended.append(t)
         self.box.executor.submit(Job(t.sid, "reward" if self.box.env_reward else "drop", t.sid))

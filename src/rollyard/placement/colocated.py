@@ -63,7 +63,7 @@ class LocalRollout(RolloutSide):
         scored (streaming rewards) and its gradient accumulated inside the round, the optimizer step at its end."""
         run, engine, tel = self.run, self.engine, self.run.telemetry
         trainer = InRound(run, self.r, step) if self.book.policy.streamed else None
-        rewards, on_group = (self.r.rewards, trainer.add) if trainer else (None, _unscored)
+        rewards, on_group = (self.r.rewards, trainer.add) if trainer else (None, None)
         cpu = time.process_time()  # the engine's CPU time (its intra-op threads too): bench/placements.py
         with tel.span("rollout", step, version=engine.version) as rec:
             rnd = run_round(self.book, engine, rewards, step, on_group)
@@ -129,7 +129,3 @@ class LocalRollout(RolloutSide):
     def stop(self) -> None:
         self.engine.sleep()  # the run's eval after builds its own engine: this one's memory first
         self.engine.close()
-
-
-def _unscored(group) -> None:
-    """A plain round's complete group: nothing to do in the round (the step scores and trains the round after)."""

@@ -86,24 +86,41 @@ class _Group:
     logits: torch.Tensor | None = None  # [V] last-prompt-position logits (with stash)
 
 
-def keep_first(finished: list[Sample], keep: dict[str, int], abort, surplus: list[Sample]) -> list[Sample]:
-    """The keep rule (``submit``'s ``keep``) over one step's finished samples, in finish order: a group's first
-    ``keep[request id]`` pass (counted down; the entry goes at zero); at the last of them ``abort(request id)``
-    stops the group's others. What that returns, and any later sample of the group, is added to ``surplus``."""
-    out, full = [], set()
-    for s in finished:
-        rid = s.request_id
-        if rid in full:  # finished in the step that completed its group
-            surplus.append(s)
-            continue
-        out.append(s)
-        if rid in keep:
-            keep[rid] -= 1
-            if not keep[rid]:
-                del keep[rid]
-                full.add(rid)
-                surplus += abort([rid])
-    return out
+class KeepFirst:
+    """The keep rule (``submit``'s ``keep``), bookkeeping on request ids: a group is complete at its first ``keep``
+    finished samples; a sample of it that finishes later in the same step is surplus, and at the end of the step
+    the group's other samples are aborted (``close``). One rule for the engine and for ``MultiTurn``."""
+
+    def __init__(self):
+        self.left: dict[str, int] = {}  # request id -> samples still to keep
+        self.full: set[str] = set()  # complete this step: the rest to abort at its end
+
+    def add(self, rid: str, n: int, keep: int | None) -> None:
+        if keep is not None and keep < n:
+            self.left[rid] = keep
+
+    def kept(self, rid: str) -> bool:
+        """A sample of ``rid`` finished: True if it is kept (False: surplus, its group is already complete)."""
+        if rid in self.full:
+            return False
+        if rid in self.left:
+            self.left[rid] -= 1
+            if not self.left[rid]:
+                del self.left[rid]
+                self.full.add(rid)
+        return True
+
+    def drop(self, ids) -> None:
+        """Groups stopped by the caller: nothing more to keep of them."""
+        for rid in self.left.keys() & set(ids):
+            del self.left[rid]
+
+    def close(self, abort) -> list[Sample]:
+        """End of a step: ``abort`` (the engine's) the other samples of the groups completed in it; returns them."""
+        if not self.full:
+            return []
+        full, self.full = list(self.full), set()
+        return abort(full)
 
 
 @runtime_checkable
@@ -176,7 +193,7 @@ class EngineBase(Engine):
         self._active: dict = {}  # sample id -> its sequence, admitted and unfinished
         self._done: deque[Sample] = deque()  # finished, not yet returned by step()
         self._ids: set[str] = set()  # request ids queued or in flight
-        self._keep: dict[str, int] = {}  # request id -> samples still to keep (submitted with keep < n)
+        self._keep = KeepFirst()  # submit's keep: groups complete at their first keep samples
         self._surplus: list[Sample] = []  # what the keep rule dropped since the last ``surplus()``
         self._receiver = Receiver(model, self.version)  # staged apply of weight updates
 
@@ -203,7 +220,7 @@ class EngineBase(Engine):
             self._step()
 
     def _before_results(self) -> None:
-        """Checked before ``results()`` drives decoding."""
+        """Checked when work is submitted and before ``results()`` drives decoding."""
 
     # -- submission ----------------------------------------------------------------------------
 
@@ -213,6 +230,7 @@ class EngineBase(Engine):
     def submit(self, requests: list[Request], keep: int | None = None) -> list[tuple[Request, str]]:
         """Queue ``requests``; return the rejected ones as ``(request, reason)``. ``keep``: each group is complete
         at its first ``keep`` finished samples, the rest aborted (the module docstring)."""
+        self._before_results()
         rejected = []
         for r in requests:
             why = self._reject_reason(r)
@@ -221,8 +239,7 @@ class EngineBase(Engine):
                 continue
             self._ids.add(r.id)
             self._queue.append(self._new_group(r))
-            if keep is not None and keep < r.n:
-                self._keep[r.id] = keep
+            self._keep.add(r.id, r.n, keep)
         return rejected
 
     # -- decoding ------------------------------------------------------------------------------
@@ -235,9 +252,10 @@ class EngineBase(Engine):
         """
         if self._queue or self._active:
             self._step()
+        self._surplus += self._keep.close(self.abort)  # the groups completed in this step: their others stop now
         out = list(self._done)
         self._done.clear()
-        return keep_first(out, self._keep, self.abort, self._surplus) if self._keep else out
+        return out
 
     def surplus(self) -> list[Sample]:
         """The samples the keep rule dropped since the last call (``submit``'s ``keep``): aborted partials (reason
@@ -270,13 +288,14 @@ class EngineBase(Engine):
         out.sort(key=lambda s: (order.get(s.request_id, len(order)), int(s.id.rsplit("#", 1)[1])))
         return out, rejected
 
-    def _finish(self, s, reason: str, out: list | None = None) -> Sample:
+    def _finish(self, s, reason: str, out: list | None = None) -> None:
+        """``s`` ended (``out``: aborted, into that list); a finished sample its group no longer keeps is surplus."""
         del self._active[s.sid]
         self._release(s)
-        sample = self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason)
-        (self._done if out is None else out).append(sample)
+        if out is None:
+            out = self._done if self._keep.kept(s.req.id) else self._surplus
+        out.append(self._sample_of(s.req, s.k, s.tokens, s.logprobs, s.versions, reason))
         self._forget_if_done(s.req.id)
-        return sample
 
     def _forget_if_done(self, rid: str) -> None:
         if any(g.req.id == rid for g in self._queue):
@@ -300,8 +319,7 @@ class EngineBase(Engine):
         empty completions. Ids that already finished (or are unknown) are ignored.
         """
         ids = {ids} if isinstance(ids, str) else set(ids)
-        for rid in ids & self._keep.keys():  # a group stopped by its caller: nothing more to keep
-            del self._keep[rid]
+        self._keep.drop(ids)
 
         def hit(rid: str, sid: str) -> bool:
             return rid in ids or sid in ids

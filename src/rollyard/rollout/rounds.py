@@ -78,49 +78,6 @@ def bubble(lengths: list[int], slots: int) -> float:
     return 1.0 - total / (slots * decode_steps(lengths, slots))
 
 
-def _stream(book: RoundBook, engine, rewards, live: list[Request], on_group: Callable[[list[Sample]], None]
-            ) -> tuple[list[list[Sample]], list[str], list[int], int]:
-    """Drive ``engine`` over ``live`` (submitted with ``keep = n``) to the end; returns the complete groups (in
-    completion order, each sorted by sample index), the prompts the book cut, every sample's decoded length
-    (aborted and surplus ones too) and the tokens never trained on."""
-    n = book.policy.n
-    finished: dict[str, list[Sample]] = defaultdict(list)  # finished samples per request (the engine keeps n)
-    scored: dict[str, list[Sample]] = defaultdict(list)
-    complete: set[str] = set()
-    cut: list[str] = []
-    groups: list[list[Sample]] = []
-    lengths: list[int] = []
-
-    def collect(samples: list[Sample]) -> None:
-        for s in samples:
-            if s.request_id in cut:
-                continue  # a sample of a prompt cut after it was submitted for scoring
-            scored[s.request_id].append(s)
-            if s.request_id in complete and len(scored[s.request_id]) == n:  # complete and every sample scored
-                groups.append(sorted(scored.pop(s.request_id), key=lambda x: int(x.id.rsplit("#", 1)[1])))
-                on_group(groups[-1])
-
-    for s in engine.results():
-        lengths.append(len(s.completion_ids))
-        rid = s.request_id
-        if rid in cut:  # finished in the decode step that closed its round
-            continue
-        finished[rid].append(s)
-        if rewards is not None:
-            rewards.submit(s)  # streaming rewards: scored while decoding goes on
-        if len(finished[rid]) == n:
-            complete.add(rid)
-            closes = book.arrived(rid)  # the one close rule (tail: the round's P-th complete prompt)
-            lengths += [len(x.completion_ids) for x in engine.abort(closes)] if closes else []
-            cut += closes
-        collect(rewards.poll() if rewards is not None else [s])
-    if rewards is not None:
-        collect(list(rewards.results()))  # the last groups' rewards (and the cut prompts' strays)
-    lengths += [len(x.completion_ids) for x in engine.surplus()]  # the keep rule's: decoded, dropped
-    kept = sum(len(s.completion_ids) for g in groups for s in g)
-    return groups, cut, lengths, sum(lengths) - kept
-
-
 class RoundBook:
     """The rounds of a run over its prompt feed and ledger, under one policy (module docstring).
 
@@ -354,12 +311,13 @@ def make_book(cfg: RunConfig, feed: PromptFeed, refill: bool = False) -> RoundBo
     return RoundBook(feed, policy, refill)
 
 
-def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[[list[Sample]], None],
+def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[[list[Sample]], None] | None = None,
               worker: str = "local") -> Round:
     """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (the module docstring).
-    ``rewards``: the reward pool's streaming surface (``submit`` / ``poll`` / ``results``), or None: the samples
-    come back unscored. ``Round.requests`` are the accepted ones; the complete ones are taken (``book.took``) and
-    wait in the ledger (``deferred``) until trained. The round's measures go to the book (``book.measure``)."""
+    ``rewards``: the reward pool's streaming surface (``submit`` / ``poll`` / ``results``), each complete group
+    handed to ``on_group`` once scored; or None: the samples come back unscored (the step scores them after).
+    ``Round.requests`` are the accepted ones; the complete ones are taken (``book.took``) and wait in the ledger
+    (``deferred``) until trained. The round's measures go to the book (``book.measure``)."""
     requests: list[Request] = []
     dead: list[dict] = []
 
@@ -368,20 +326,53 @@ def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[
         requests.extend(got)
         dead.extend(lost)
 
-    kind = book.issue(round_, send)
-    rejected = engine.submit(requests, keep=book.policy.n)  # the engine completes each group at n samples
+    kind, n = book.issue(round_, send), book.policy.n
+    rejected = engine.submit(requests, keep=n)  # the engine completes each group at its first n samples
     for q, why in rejected:
         book.rejected(q.id)
         dead.append({"source": q.id, "reason": why})
-    refused = {q.id for q, _ in rejected}
-    live = [q for q in requests if q.id not in refused]
-    groups, cut, lengths, wasted = _stream(book, engine, rewards, live, on_group)
+    live = [q for q in requests if q.id not in {r.id for r, _ in rejected}]
+    finished: dict[str, list[Sample]] = defaultdict(list)  # finished samples per request (the engine keeps n)
+    scored: dict[str, list[Sample]] = defaultdict(list)
+    groups: dict[str, list[Sample]] = {}  # complete (and, with rewards, scored) groups, in completion order
+    cut: list[str] = []  # the prompts the book cut when the round closed
+    lengths: list[int] = []  # every sample's decoded length, aborted and surplus ones too (the bubble)
+
+    def collect(samples: list[Sample]) -> None:  # scored samples; a group once all n are scored
+        for s in samples:
+            rid = s.request_id
+            scored[rid].append(s)
+            if rid not in cut and len(scored[rid]) == n and len(finished[rid]) == n:
+                groups[rid] = sorted(scored.pop(rid), key=lambda x: int(x.id.rsplit("#", 1)[1]))
+                if on_group is not None:
+                    on_group(groups[rid])
+
+    while not engine.idle:  # the engine's own loop, as a rollout actor drives it (submit checked the weights)
+        for s in engine.step():
+            lengths.append(len(s.completion_ids))
+            rid = s.request_id
+            if rid in cut:  # finished in the decode step that closed its round
+                continue
+            finished[rid].append(s)
+            if len(finished[rid]) == n:
+                closes = book.arrived(rid)  # the one close rule (tail: the round's P-th complete prompt)
+                lengths += [len(x.completion_ids) for x in engine.abort(closes)] if closes else []
+                cut += closes
+                if rewards is None:
+                    groups[rid] = sorted(finished[rid], key=lambda x: int(x.id.rsplit("#", 1)[1]))
+            if rewards is not None:
+                rewards.submit(s)  # streaming rewards: scored while decoding goes on
+        if rewards is not None:
+            collect(rewards.poll())
+    if rewards is not None:
+        collect(list(rewards.results()))  # the last groups' rewards (and the cut prompts' strays)
+    lengths += [len(x.completion_ids) for x in engine.surplus()]  # the keep rule's: decoded, dropped
     book.close(round_)
-    book.took([g[0].request_id for g in groups])
+    book.took(list(groups))
+    wasted = sum(lengths) - sum(len(s.completion_ids) for g in groups.values() for s in g)
     slots = min(engine.max_concurrent, sum(q.n for q in live))
     idle, steps = bubble(lengths, slots), decode_steps(lengths, slots)
     book.measure(wasted_tokens=wasted, bubble=idle, decode_steps=steps)
-    by_id = {g[0].request_id: g for g in groups}
-    complete = [q for q in live if q.id in by_id]  # hand-out order
-    return Round(kind, live, complete, [s for q in complete for s in by_id[q.id]],
+    complete = [q for q in live if q.id in groups]  # hand-out order
+    return Round(kind, live, complete, [s for q in complete for s in groups[q.id]],
                  [book.ledger.requests[i] for i in cut], dead, idle, wasted, steps)
