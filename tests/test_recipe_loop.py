@@ -255,3 +255,12 @@ def test_epochs_of_data_set_the_steps(tmp_path):
     cfg = load_config(None, [f"data.path={data}", "data.epochs=1.5", "rollout.prompts_per_step=4"])
     assert cfg.steps == 4  # ceil(1.5 x 10 / 4)
     assert load_config(None, [f"data.path={data}", "data.epochs=1.5", "steps=2"]).steps == 2  # explicit steps win
+
+
+def test_the_bound_counts_the_versions_a_step_makes():
+    from rollyard import staleness
+
+    assert staleness.bound_of("disaggregated", 0, 1, 2) == 2  # one step off = the step's two versions
+    assert staleness.bound_of("colocated", 0, 3, 2) == 2  # published at versions 4, 8, ...: up to 2 behind
+    assert staleness.bound_of("colocated", 0, 2, 2) == 0 and staleness.bound_of("async", 3, 1, 4) == 3
+    assert [staleness.published_lag(e, 1) for e in (1, 2, 3)] == [0, 1, 2]  # one version a step: sync.every - 1

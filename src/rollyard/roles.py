@@ -58,7 +58,8 @@ def settings(cfg: RunConfig) -> Settings:
     cannot work fails here (ConfigError, one line), before the run directory is touched."""
     env_setup.check(cfg)  # the engine's side: the tools, and the settings they cannot run with
     device = device_of(cfg)
-    return Settings(device, resolve(cfg, device), staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every))
+    return Settings(device, resolve(cfg, device), staleness.bound_of(cfg.placement, cfg.max_staleness, cfg.sync.every,
+                                                                     cfg.trainer.epochs * cfg.trainer.mini_batches))
 
 
 def device_of(cfg: RunConfig) -> str:

@@ -38,13 +38,20 @@ def histogram(lag_values: Iterable[int]) -> list[int]:
     return [counts.get(d, 0) for d in range(max(counts, default=-1) + 1)]
 
 
-def bound_of(placement: str, max_staleness: int, sync_every: int) -> int:
-    """The bound a placement runs under (the one formula; ``roles.settings`` resolves it once per run):
-    colocated samples from a copy published every ``sync_every`` steps, so it lags by up to
-    ``sync_every - 1``; disaggregated is one step off (``sync_every`` steps between publishes); async runs
-    under ``max_staleness``."""
+def bound_of(placement: str, max_staleness: int, sync_every: int, per_step: int = 1) -> int:
+    """The bound a placement runs under (the one formula; ``roles.settings`` resolves it once per run), in versions
+    (optimizer steps; a step makes ``per_step`` of them: trainer.epochs x trainer.mini_batches). Weights are
+    published at the first step end at or past each multiple of ``sync_every`` versions, so a copy lags by up to
+    ``published_lag`` versions; colocated samples from that copy, disaggregated is one step (``per_step``
+    versions) further off, async runs under ``max_staleness``."""
     if placement == "colocated":
-        return sync_every - 1
+        return published_lag(sync_every, per_step)
     if placement == "disaggregated":
-        return sync_every
+        return published_lag(sync_every, per_step) + per_step
     return max_staleness
+
+
+def published_lag(sync_every: int, per_step: int = 1) -> int:
+    """Versions the published weights lag the trainer's at a step's start: ``(ceil(sync_every / per_step) - 1) x
+    per_step`` (``sync_every - 1`` with one optimizer step a step)."""
+    return (-(-sync_every // per_step) - 1) * per_step

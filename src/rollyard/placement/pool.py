@@ -70,7 +70,8 @@ class RolloutPool(RolloutSide):
         self.stats: Counter = Counter()
         self.side: SideWork | None = None  # this step's work beside decoding, every worker's (metrics())
         self.canaries = canary.Answers()  # the workers answer through the queue, the step is not held up
-        self.lag = run.state.step - run.state.version  # steps that made no version (skipped), see retarget
+        self.per_step = cfg.trainer.epochs * cfg.trainer.mini_batches  # versions one step makes
+        self.lag = self.per_step * run.state.step - run.state.version  # versions not made (skipped), see retarget
         self.sent: dict[str, tuple[str, int]] = {}  # request id -> (worker, target step) it was last handed out to
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
@@ -137,8 +138,8 @@ class RolloutPool(RolloutSide):
     def take(self, step: int, version: int) -> Taken:
         """Hand out rounds up to ``ahead`` steps on, then the step's groups (round ``step`` exactly, or
         the first ``prompts_per_step`` fresh ones) for the trainer at ``version``."""
-        if step - version != self.lag:  # a skipped optimizer step: rounds' target versions move back by one
-            self.lag = step - version
+        if self.per_step * step - version != self.lag:  # a skipped optimizer step: rounds' targets move back one
+            self.lag = self.per_step * step - version
             for h in self.workers.values():
                 h.retarget.remote(self.lag)
         self.fill(horizon=step + self.ahead, step=step)

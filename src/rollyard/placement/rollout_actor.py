@@ -62,7 +62,8 @@ class RolloutWorker:
         torch.set_num_threads(1)
         self.cfg = RunConfig.model_validate(cfg)
         self.name, self.out, self.bound, self.inflight = name, out, bound, inflight
-        self.lag = 0  # trainer steps minus trainer versions (skipped optimizer steps), set by ``retarget``
+        self.lag = 0  # per_step x trainer steps minus trainer versions (skipped optimizer steps), set by ``retarget``
+        self.per_step = self.cfg.trainer.epochs * self.cfg.trainer.mini_batches  # versions one trainer step makes
         self.keep = self.cfg.rollout.samples_per_prompt  # a request is complete at this many finished samples
         model, tokenizer, _ = roles.policy(self.cfg, "cpu")
         plan = settings.plan
@@ -114,7 +115,8 @@ class RolloutWorker:
         self._wake.set()
 
     def retarget(self, lag: int) -> None:
-        """The trainer's version is ``lag`` behind its step count: a round for step t needs version t - lag - bound."""
+        """The trainer's version is ``lag`` behind ``per_step`` x its step count: a round for step t needs version
+        t x per_step - lag - bound."""
         self.lag = lag
         self._wake.set()
 
@@ -304,7 +306,8 @@ class RolloutWorker:
         v = self.engine.version
 
         def due(q: Request, t: int) -> bool:  # a prompt still running here (a cut not applied yet) waits
-            return v >= staleness.min_fresh_version(t - self.lag, self.bound) and q.id not in self.requests
+            target = t * self.per_step - self.lag  # the trainer's version at step t
+            return v >= staleness.min_fresh_version(target, self.bound) and q.id not in self.requests
 
         ok = [(q, t) for q, t in self.held if due(q, t)]
         if not ok:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from rollyard import staleness
 from rollyard.config import ConfigError, RunConfig
 from rollyard.placement import reference
 
@@ -67,7 +68,7 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
         raise ConfigError(f"rollout.workers={cfg.rollout.workers} needs one CPU each, but Ray can give {cpus:g}; "
                           f"set rollout.workers={max(1, int(cpus))} or fewer")
     k = updates_per_step(cfg)
-    lag = (-(-cfg.sync.every // k) - 1) * k  # the rollout's weights lag the trainer's by this at a step's start
+    lag = staleness.published_lag(cfg.sync.every, k)  # the rollout's weights lag the trainer's by this at a step's start
     if cfg.placement == "async" and lag > cfg.max_staleness:
         per = f" (trainer.epochs x trainer.mini_batches = {k} versions a step)" if k > 1 else ""
         raise ConfigError(f"sync.every={cfg.sync.every} leaves samples up to {lag} versions old{per}, over "
