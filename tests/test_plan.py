@@ -73,7 +73,7 @@ def test_runbook_defaults_json_values(capsys):
     assert doc["sync_times"]["delta"]["commodity"] == pytest.approx(0.56e9 / 1.25e9 + 3 * 28e9 / (8 * 3.35e12)
                                                                     + 0.02 * 2 * copy + pause)
     edges = {e["name"]: e for e in doc["edges"]}
-    assert set(edges) == {"prompts", "samples", "rewards", "ref_logprobs", "weights", "gradients", "gather", "tools"}
+    assert set(edges) == {"prompts", "samples", "rewards", "ref_logprobs", "teacher_logprobs", "weights", "gradients", "gather", "tools"}
     assert edges["samples"]["bytes_per_step"] == pytest.approx(67_108_864)
     assert "# Decision record" in doc["decision_record"]
 

@@ -10,7 +10,9 @@ says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -129,7 +131,33 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
+    oom = f"rollyard {argv[0]}: error: out of memory {_memory_limit()}"  # built now: no memory later
+    try:
+        return _main(argv[0], argv[1:])
+    except (MemoryError, ImportError) as e:  # anywhere, imports included: under a tight ulimit -v torch cannot load
+        if isinstance(e, ImportError) and "failed to map segment" not in str(e):
+            raise
+        print(oom, file=sys.stderr)
+        dynamo = sys.modules.get("torch._dynamo.utils")  # its exit hook imports more: a second traceback
+        if dynamo is not None and hasattr(dynamo, "dump_compile_times"):
+            atexit.unregister(dynamo.dump_compile_times)
+        return 2
+
+
+def _memory_limit() -> str:
+    """The address-space limit this process runs under and the fix, for the out-of-memory line. Under a limit,
+    numpy's OpenBLAS is held to one thread (each thread reserves a buffer; under a few hundred MB its thread
+    start failed and the import spun forever)."""
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if soft == resource.RLIM_INFINITY:
+        return "with no address-space limit set: free memory on this machine, or use a smaller model or batch"
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    return (f"under this process's address-space limit of {soft >> 20} MB (ulimit -v {soft >> 10}): torch and "
+            f"transformers alone map about 1.5 GB before any model; raise the limit (ulimit -v unlimited, or at "
+            f"least 3000000 for the small presets) and run again")
+
+
+def _main(cmd: str, rest: list[str]) -> int:
     from rollyard.config import env_error
     if why := env_error():
         print(f"rollyard {cmd}: error: {why}", file=sys.stderr)

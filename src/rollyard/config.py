@@ -170,6 +170,9 @@ class AlgoConfig(Section):
     dynamic_sampling_rounds: int = Field(10, ge=1, le=1000, description="dynamic_sampling: rounds of generation one step may draw at most (verl max_num_gen_batches); the step then trains what it has, said in metrics")
     overlong_buffer: int = Field(0, ge=0, description="DAPO's overlong reward shaping: a response longer than rollout.max_new_tokens - overlong_buffer tokens loses overlong_penalty x (excess / overlong_buffer) of reward; 0: off")
     overlong_penalty: float = Field(1.0, ge=0.0, description="overlong_buffer: the penalty at the response cap")
+    objective: Literal["rl", "distill", "rl+distill"] = Field("rl", description="what the per-token advantage is: rl (the reward's GRPO advantage, every token of a sample alike) | distill (on-policy distillation: distill_coef x -(log pi_old(token) - log pi_teacher(token)), each sampled token's own reverse-KL term, the reward unused by the loss; needs teacher.model) | rl+distill (the GRPO advantage plus that term); every objective goes through the same clipped, IS-corrected per-token loss")
+    distill_coef: float = Field(1.0, gt=0.0, description="objective=distill or rl+distill: the weight of the per-token reverse-KL advantage")
+
 
 
 class TrainerConfig(Section):
@@ -230,6 +233,15 @@ class ReferenceConfig(Section):
     mixup_alpha: float = Field(0.6, ge=0.0, le=1.0, description="sync_every: the policy's share of the new reference (TRL ref_model_mixup_alpha)")
 
 
+class TeacherConfig(Section):
+    """The teacher of on-policy distillation (algo.objective=distill or rl+distill): a frozen model that scores the
+    student's sampled tokens."""
+
+    model: str | None = Field(None, description="the teacher: a preset, a Hugging Face model directory, a GGUF file or pkg:<module>, loaded as model.name is; it must use the student's tokenizer (checked at start-up); null: no teacher")
+    placement: Literal["inline", "pool"] = Field("inline", description="inline: the frozen teacher in the trainer's process scores after the rewards, on the step's critical path | pool: Ray actors hold it and score each group as it finishes (disaggregated and async placements), overlapped with rollout and training")
+    workers: int = Field(1, ge=1, le=256, description="placement=pool: teacher actors (one CPU and one teacher copy each)")
+
+
 class SFTConfig(Section):
     auto: bool = Field(True, description="warm-start a built-in preset with SFT on task demos before RL (cached)")
     steps: int = Field(1200, ge=0, description="maximum SFT steps")
@@ -276,6 +288,7 @@ class RunConfig(Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     tail: TailConfig = Field(default_factory=TailConfig)
     reference: ReferenceConfig = Field(default_factory=ReferenceConfig)
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
 
@@ -314,6 +327,7 @@ class RunConfig(Section):
             raise ValueError("trainer.optimizer_state=bf16 steps plain tensors but trainer.sharding=fsdp shards them "
                              "(DTensor); set trainer.optimizer_state=fp32 or trainer.sharding=none")
         _check_schedule(self)
+        _check_teacher(self)
         if self.trainer.sharding == "fsdp" and self.trainer.dp < 2:
             raise ValueError(f"trainer.sharding=fsdp shards over data-parallel ranks but trainer.dp={self.trainer.dp}; "
                              f"set trainer.dp=2 (or more) or trainer.sharding=none")
@@ -342,6 +356,36 @@ def _check_schedule(cfg: RunConfig) -> None:
     total = schedule_length(cfg)[0]
     warmup = schedule.warmup_steps(total, t.warmup_steps, t.warmup_ratio, t.warmup_rounding)
     schedule.check(t.lr_schedule, t.lr_schedule_kwargs, t.lr, total, warmup)
+
+
+def _training_rows(data: DataConfig) -> int | None:
+    """How many training prompts ``data`` holds (a built-in task's train_size, a file's rows); None while the file
+    does not exist yet (the Python API writes it after a first look at the config)."""
+    if data.path is None:
+        return data.train_size
+    path = Path(data.path)
+    if not path.is_file():
+        return None
+    if path.suffix == ".parquet":
+        pq = require_package("pyarrow.parquet", "parquet", "data.epochs with a .parquet file")
+        return pq.ParquetFile(path).metadata.num_rows
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def _check_teacher(cfg: RunConfig) -> None:
+    """A distillation objective needs a teacher, a teacher needs one, and no group of it is dropped as signal-free."""
+    a, t = cfg.algo, cfg.teacher
+    if a.objective != "rl" and not t.model:
+        raise ValueError(f"algo.objective={a.objective} trains towards a teacher's per-token log-probs, but "
+                         f"teacher.model is not set; set teacher.model (a preset, model directory, GGUF or pkg:)")
+    if a.objective == "rl" and t.model:
+        raise ValueError(f"teacher.model={t.model} is set, but algo.objective=rl uses no teacher; set "
+                         f"algo.objective=distill (or rl+distill), or drop teacher.model")
+    if a.objective != "rl" and a.dynamic_sampling:
+        raise ValueError(f"algo.dynamic_sampling=true drops groups whose rewards are all equal, but under "
+                         f"algo.objective={a.objective} every sampled token carries the teacher's signal; set "
+                         f"algo.dynamic_sampling=false or algo.objective=rl")
 
 
 def _training_rows(data: DataConfig) -> int | None:

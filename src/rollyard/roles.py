@@ -27,7 +27,8 @@ from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 
 __all__ = ["Settings", "settings", "trainer_kwargs"]  # built where it lives (trainer/); named here for the drivers
-from rollyard.trainer.trainer import Trainer, trainer_kwargs
+from rollyard.trainer.settings import trainer_kwargs
+from rollyard.trainer.trainer import Trainer
 
 
 def policy(cfg: RunConfig, device: str):
@@ -135,8 +136,21 @@ def _shots(cfg: RunConfig, held: list[Prompt]) -> list[Prompt]:
                                   **d.task_options)
 
 
+# data.task_options names rollyard passes to a task itself, and the settings that set them
+_RESERVED_OPTIONS = {"seed": "data.seed", "n": "data.train_size and data.eval_size",
+                     "split": "rollyard (train and eval splits)", "held_out": "rollyard (the eval split)",
+                     "exclude": "rollyard (the eval split)"}
+
+
 def _task_prompts(cfg: RunConfig, split: str, n: int, held: list[Prompt] = ()) -> list[Prompt]:
     d = cfg.data
+    for key in d.task_options:
+        if key in _RESERVED_OPTIONS:
+            value = d.task_options[key]
+            fix = f"set data.seed={value} instead" if key == "seed" else "remove it"
+            raise DataError(f"data.task_options.{key}={value!r}: a task's {key} is set by {_RESERVED_OPTIONS[key]}, "
+                            f"not by a task option; remove it from data.task_options and {fix}".replace(
+                                " and remove it", ""))
     try:
         return load_task(d.task, split, n, d.seed, held_out=held, **d.task_options)
     except DataError:

@@ -56,6 +56,7 @@ class Sample:
     reward: float | None = 0.0  # None: no reward hook scored it (left out of the loss)
     reward_flag: str | None = None  # "timeout" | "error: ..." when the verifier failed
     ref_logprobs: list[float] | None = None
+    teacher_logprobs: list[float] | None = None  # the teacher's, same support (algo.objective=distill)
     advantage: float = 0.0
     reward_parts: list[float | None] = field(default_factory=list)  # per reward hook, before weighting
     reward_extras: dict[str, float] = field(default_factory=dict)  # "<hook>/<key>": a verl dict result's extras

@@ -2,6 +2,8 @@
 
 Per token (all ``[T]`` over a packed micro-batch, :mod:`rollyard.algo.segments`), in TRL 1.16's order::
 
+    A         = adv                                     # per token; with a teacher (algo/distill.py):
+                                                        #   reward_weight x adv - distill_coef x (old_logp - teacher)
     log_ratio = logp - old_logp                         # pi_theta / pi_old, carries the gradient
     w         = exp(level(log_ratio))                   # algo/ratios.py: token | sequence (GSPO) | sequence_token
     term      = objective(w, A, logp)                   # algo/surrogates.py: ppo_clip | cispo | sapo | vespo
@@ -18,11 +20,11 @@ its denominator ``entropy_tokens`` the whole batch's too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from rollyard.algo import correction, ratios, surrogates
+from rollyard.algo import correction, distill, ratios, surrogates
 from rollyard.algo.loss import aggregate, kl_k3
 
 
@@ -48,10 +50,13 @@ class LossSpec:
     entropy_coef: float = 0.0
     top_entropy_quantile: float = 1.0
     max_len: int | None = None  # the response cap, for seq-mean-token-sum-norm (Dr. GRPO)
+    reward_weight: float = 1.0  # the sequence advantage's weight in A (0: algo.objective=distill)
+    distill_coef: float = 0.0  # the teacher's per-token reverse-KL advantage's weight (0: no teacher; algo/distill.py)
 
     def needs_every_sample(self) -> bool:
-        """Whether a zero-advantage sample moves the weights (then it is trained): a KL or entropy term."""
-        return self.kl_coef > 0 or self.entropy_coef != 0
+        """Whether a zero-advantage sample moves the weights (then it is trained): a KL, entropy or teacher term
+        (under distillation a zero reward advantage is not zero signal)."""
+        return self.kl_coef > 0 or self.entropy_coef != 0 or self.distill_coef > 0
 
     def needs_entropy_grad(self) -> bool:
         return self.entropy_coef != 0
@@ -59,7 +64,9 @@ class LossSpec:
 
 @dataclass
 class Batch:
-    """One micro-batch's per-token tensors (``[T]``); ``logp`` and ``entropy`` carry the gradient."""
+    """One micro-batch's per-token tensors (``[T]``); ``logp`` and ``entropy`` carry the gradient. ``adv`` is per
+    token (a sequence's advantage broadcast over its tokens, or any per-token advantage); with ``teacher_logp`` and
+    ``LossSpec.distill_coef > 0`` the loss takes :func:`rollyard.algo.distill.token_advantage` of it."""
 
     logp: torch.Tensor
     old_logp: torch.Tensor
@@ -70,14 +77,23 @@ class Batch:
     ref_logp: torch.Tensor | None = None
     entropy: torch.Tensor | None = None
     entropy_mask: torch.Tensor | None = None  # 1: among the top-entropy tokens of the batch
+    teacher_logp: torch.Tensor | None = None  # the teacher's log-probs of the sampled tokens (distillation)
 
 
 def policy_loss(spec: LossSpec, b: Batch, num_tokens: int, num_seqs: int, entropy_tokens: int,
                 entropy_coef: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``(loss, stats)`` of one micro-batch: the loss to ``backward()`` (its share of the batch's), detached stats:
     ``pg_loss``, ``kl_sum`` (k3 summed over loss tokens, when a reference is given), ``clipped`` (tokens whose
-    clip is active), ``is_weight [T]`` and ``w [T]`` (the ratio). ``entropy_coef`` overrides the spec's (the adaptive
-    controller's current value)."""
+    clip is active), ``is_weight [T]`` and ``w [T]`` (the ratio), ``distill_kl_sum`` (``log pi_old - log pi_teacher``
+    summed over loss tokens, with a teacher). ``entropy_coef`` overrides the spec's (the adaptive controller's
+    current value)."""
+    stats = {}
+    if spec.distill_coef > 0 and b.teacher_logp is not None:  # the per-token advantage (algo/distill.py)
+        stats["distill_kl_sum"] = (distill.reverse_kl(b.old_logp, b.teacher_logp) * b.mask).sum()
+        b = replace(b, adv=distill.token_advantage(b.adv, b.old_logp, b.teacher_logp, spec.reward_weight,
+                                                   spec.distill_coef))
+    elif spec.reward_weight != 1.0:
+        b = replace(b, adv=spec.reward_weight * b.adv)
     log_ratio = b.logp - b.old_logp
     w = ratios.BY_LEVEL[spec.level](log_ratio, b.seq_index, b.mask).exp()
     is_w = correction.BY_MODE[spec.is_mode](b.old_logp, b.rollout_logp, b.seq_index, b.mask, spec.is_floor,
@@ -92,7 +108,7 @@ def policy_loss(spec: LossSpec, b: Batch, num_tokens: int, num_seqs: int, entrop
         term = term * is_w
     kw = dict(num_tokens=num_tokens, num_seqs=num_seqs, mask=b.mask, max_len=spec.max_len)
     pg = aggregate(term * b.mask, b.seq_index, spec.agg, **kw)
-    loss, stats = pg, {}
+    loss = pg
     if b.ref_logp is not None:
         k3 = kl_k3(b.logp, b.ref_logp)
         if spec.kl_coef > 0:

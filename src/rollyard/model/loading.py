@@ -136,11 +136,14 @@ def eos_ids(model, tokenizer, stop: list[str] | tuple[str, ...] = ()) -> list[in
     extra = getattr(gen, "eos_token_id", None)
     ids += extra if isinstance(extra, (list, tuple)) else [extra]
     for s in stop:
-        enc = tokenizer.encode(s, add_special_tokens=False) if s else []
+        if not s:
+            raise ConfigError("rollout.stop_tokens holds an empty string, which is no token and can end nothing; "
+                              "remove it (each stop string must be one token of the tokenizer, e.g. a newline)")
+        enc = tokenizer.encode(s, add_special_tokens=False)
         if len(enc) != 1:
             raise ConfigError(f"rollout.stop_tokens: {s!r} is {len(enc)} tokens of this tokenizer ({enc}), and a stop "
-                              f"token must be exactly one; give a string the tokenizer holds as one token (e.g. "
-                              f"{tokenizer.decode(enc[:1])!r}), or remove it")
+                              f"token must be exactly one; give a string the tokenizer holds as one token"
+                              + (f" (e.g. {tokenizer.decode(enc[:1])!r})" if enc else "") + ", or remove it")
         ids += enc
     return sorted({int(i) for i in ids if i is not None})
 

@@ -90,6 +90,8 @@ class RolloutPool(RolloutSide):
         h.retarget.remote(self.lag)
         if self.r.reference is not None and self.cfg.reference.placement == "pool":  # groups go to its actors
             h.reference.remote(self.r.reference.actors)
+        if self.r.teacher is not None and self.cfg.teacher.placement == "pool":  # and to the teacher's
+            h.teacher.remote(self.r.teacher.actors)
         self.workers[name], self.runs[name], self.pids[name] = h, h.run.remote(), info["pid"]
         here = ray.get_runtime_context().get_node_id()
         where = "the driver's node" if info["node"] == here else "another node than the driver"
@@ -224,6 +226,8 @@ class RolloutPool(RolloutSide):
             self.buffer[rid] = (name, samples)  # its bytes count on the samples edge when consumed (take, drop)
             if rid in item.get("reference", {}):  # reference.placement=pool: its reference logprobs, under way
                 self.r.reference.adopt({rid: item["reference"][rid]})
+            if rid in item.get("teacher", {}):  # teacher.placement=pool: its teacher logprobs, under way
+                self.r.teacher.adopt({rid: item["teacher"][rid]})
         for version, held, logprobs in item.get("canary", ()):
             self.canaries.answer(name, version, held, logprobs, self.workers)
 

@@ -13,6 +13,10 @@ Each actor scores through ``Trainer.logprobs``, the trainer's packed path with t
 settings, on a copy of the initial policy (a LoRA policy merged: the adapter starts as zero), so
 the KL term equals the inline one within float tolerance (micro-batches are packed per queue item
 here, per step inline).
+
+A distillation teacher (``placement/teacher.py``) is a reference with other weights: the same pool, built with
+``role="teacher"`` (actors ``teacher-<i>``, spans ``teacher_pool``, metrics ``teacher/...``) over the teacher's model,
+filling ``field="teacher_logprobs"``.
 """
 
 from __future__ import annotations
@@ -35,11 +39,11 @@ SPAN_ROLE = "reference_pool"  # the actors' compute (off the critical path); "re
 class ReferenceWorker:
     """One reference actor: a frozen copy of the initial policy and a trainer's packed logprob path."""
 
-    def __init__(self, cfg: dict, model, name: str):
+    def __init__(self, cfg: dict, model, name: str, role: str = SPAN_ROLE):
         from rollyard.trainer.trainer import Trainer, trainer_kwargs
 
         torch.set_num_threads(1)
-        self.name = name
+        self.name, self.role = name, role
         # The Trainer builds its AdamW over trainable parameters (an empty list is refused); AdamW allocates
         # no state before a step, and this one never steps: the copy is frozen right after.
         model.requires_grad_(True)
@@ -50,7 +54,7 @@ class ReferenceWorker:
         """``{"logprobs": {sample id: [fp32 per completion token]}, "span": the compute's span}``."""
         start = time.time()
         lps = self.trainer.logprobs(samples)
-        span = {"role": SPAN_ROLE, "step": step, "worker": self.name, "pid": os.getpid(), "start": start,
+        span = {"role": self.role, "step": step, "worker": self.name, "pid": os.getpid(), "start": start,
                 "end": time.time(), "samples": len(samples)}
         return {"logprobs": {s.id: lp.tolist() for s, lp in zip(samples, lps)}, "span": span}
 
@@ -66,7 +70,11 @@ def score_group(actors: list, samples: list[Sample], step: int, index: int):
 class ReferencePool:
     """The driver's side: start the actors, take the results rollout workers requested, fill samples."""
 
-    def __init__(self, cfg: RunConfig, model):
+    def __init__(self, cfg: RunConfig, model, workers: int | None = None, role: str = "reference",
+                 field: str = "ref_logprobs"):
+        """``model``: the weights the actors score with (the initial policy, or a teacher); ``workers`` (default
+        ``reference.workers``) actors named ``<role>-<i>``; ``field``: the Sample attribute ``fill`` sets."""
+        self.role, self.field = role, field
         plain = copy.deepcopy(model)
         if hasattr(plain, "merge_and_unload"):  # a PEFT policy: its adapter is the identity at start
             plain = plain.merge_and_unload()
@@ -74,12 +82,13 @@ class ReferencePool:
         del plain
         actor = ray.remote(num_cpus=1)(ReferenceWorker)
         cfg_json = cfg.model_dump(mode="json")
-        self.actors = [actor.remote(cfg_json, weights, f"reference-{i}") for i in range(cfg.reference.workers)]
+        n = cfg.reference.workers if workers is None else workers
+        self.actors = [actor.remote(cfg_json, weights, f"{role}-{i}", f"{role}_pool") for i in range(n)]
         self.offsets: dict[str, float] = {}
         for i, h in enumerate(self.actors):
             t0 = time.time()
             info = ray.get(h.info.remote())  # waits for the copy to be built, then measures the clock offset
-            self.offsets[f"reference-{i}"] = info["time"] - (t0 + time.time()) / 2
+            self.offsets[f"{role}-{i}"] = info["time"] - (t0 + time.time()) / 2
         self.pending: dict[str, object] = {}  # request id -> ObjectRef of its group's result
         self.order = itertools.count()
         self.stats = {"early": 0, "late": 0, "rescored": 0}
@@ -96,7 +105,7 @@ class ReferencePool:
             self.pending.update(dict.fromkeys((s.request_id for s in missing), ref))
 
     def fill(self, trainer, samples: list[Sample], step: int = 0) -> list[dict]:
-        """Set ``ref_logprobs`` on ``samples``, waiting for what is not scored yet (``trainer``: unused, the
+        """Set ``ref_logprobs`` (``field``) on ``samples``, waiting for what is not scored yet (``trainer``: unused, the
         actors hold their own path). Returns the actors' spans, on this process's clock."""
         rids = list(dict.fromkeys(s.request_id for s in samples))
         asked = list({self.pending[r] for r in rids if r in self.pending})
@@ -122,16 +131,18 @@ class ReferencePool:
             spans.append({**span, "step": step, "start": span["start"] - off, "end": span["end"] - off})
         got = {k: v for res in results.values() for k, v in res["logprobs"].items()}
         for s in samples:
-            s.ref_logprobs = got[s.id]
+            setattr(s, self.field, got[s.id])
         return spans
 
     def metrics(self) -> dict:
         """Groups whose reference was scored before the trainer asked (``early``), and rescored ones (reset)."""
         s, self.stats = self.stats, {"early": 0, "late": 0, "rescored": 0}
         total = max(s["early"] + s["late"], 1)
-        return {"reference/ready_frac": s["early"] / total, "reference/rescored": s["rescored"]}
+        return {f"{self.role}/ready_frac": s["early"] / total, f"{self.role}/rescored": s["rescored"]}
 
     def stop(self) -> None:
         for h in self.actors:
             ray.kill(h)
         self.pending.clear()
+
+    close = stop  # a refused start closes what it started (placement/run.py)

@@ -94,6 +94,8 @@ class RolloutWorker:
         self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
         self.ref_actors: list = []  # reference.placement=pool: its actors (``reference``)
         self._ref_n = 0  # groups sent to them (round-robin)
+        self.teacher_actors: list = []  # teacher.placement=pool: the distillation teacher's actors (``teacher``)
+        self._teacher_n = 0
 
     # -- control (any thread) --------------------------------------------------------------------
 
@@ -128,6 +130,11 @@ class RolloutWorker:
         """reference.placement=pool: send each finished group to these reference actors as it ships
         (``placement/reference_pool.py``); the result's ObjectRef travels with the group."""
         self.ref_actors = actors
+
+    def teacher(self, actors: list) -> None:
+        """teacher.placement=pool: send each finished group to these teacher actors as it ships, as ``reference``
+        does (the teacher is a reference pool with other weights, ``placement/teacher.py``)."""
+        self.teacher_actors = actors
 
     def join(self, *args) -> None:
         """The transport's handshake, receiver side (``dist``: join the trainer's group ``generation``)."""
@@ -249,9 +256,16 @@ class RolloutWorker:
             ref = score_group(self.ref_actors, [s for _, g in self._ready for s in g], self._target_now(), self._ref_n)
             refs = {rid: ref for rid, _ in self._ready}  # one call per item: one packed pass over its groups
             self._ref_n += 1
+        teacher = {}
+        if self.teacher_actors and self._ready:  # teacher.placement=pool: the same, on the teacher's actors
+            from rollyard.placement.reference_pool import score_group
+            ref = score_group(self.teacher_actors, [s for _, g in self._ready for s in g], self._target_now(),
+                              self._teacher_n)
+            teacher = {rid: ref for rid, _ in self._ready}
+            self._teacher_n += 1
         self._put({"worker": self.name, "pid": os.getpid(), "groups": self._ready, "rejected": rejected or [],
                    "spans": spans, "stats": stats, "needs_full": self._needs_full, "version": self.engine.version,
-                   "reference": refs, "canary": self._canary_out, "memory_peak": peak_rss_bytes(),
+                   "reference": refs, "teacher": teacher, "canary": self._canary_out, "memory_peak": peak_rss_bytes(),
                    "side": side})  # None: nothing beside decoding
         self._canary_out = []
         self.stats["ship_s"] += time.perf_counter() - t0

@@ -8,7 +8,7 @@ from collections import deque
 
 from rollyard import staleness
 from rollyard.config import ConfigError, RunConfig
-from rollyard.placement import reference
+from rollyard.placement import reference, teacher
 
 PLACEMENTS = ("colocated", "disaggregated", "async")
 
@@ -44,6 +44,7 @@ def check(cfg: RunConfig, ray_cpus: float | None = None) -> None:
         raise ConfigError(f"placement={cfg.placement!r} is not a placement: expected one of "
                           f"{', '.join(PLACEMENTS)}; set placement=colocated (the default)")
     reference.check(cfg)  # reference.placement: where the reference model can run
+    teacher.check(cfg)  # teacher.placement: where the distillation teacher can run
     if cfg.max_staleness < 0:
         raise ConfigError(f"max_staleness must be >= 0 (versions a trained sample may lag), got "
                           f"{cfg.max_staleness}; set max_staleness=0 (on-policy) or more")

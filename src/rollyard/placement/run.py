@@ -33,6 +33,7 @@ from rollyard.model import cpu, kernels
 from rollyard.model import memory as cpu_memory
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.placement import reference as reference_placement
+from rollyard.placement import teacher as teacher_placement
 from rollyard.reward import metrics as reward_metrics
 from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.failures import RewardFailures
@@ -67,6 +68,7 @@ class Roles:
     feed: PromptFeed
     held_out: list[Prompt]
     held_out_rewards: Any = None  # the held-out eval's correctness signal (roles.eval_rewards); None: no eval
+    teacher: Any = None  # the distillation teacher by teacher.placement (placement/teacher.py), None under algo.objective=rl
 
 
 @dataclass
@@ -246,6 +248,11 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
         reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
         opened += [reference] if hasattr(reference, "close") else []
+        teacher = teacher_placement.build(cfg, tokenizer, device)  # algo.objective=distill | rl+distill
+        opened += [teacher] if hasattr(teacher, "close") else []
+        if teacher is not None:
+            console.print(f"teacher {cfg.teacher.model}: {teacher.params / 1e6:.2f}M "
+                          f"parameters, {cfg.teacher.placement}, algo.objective={cfg.algo.objective}")
         trainer = roles.trainer(cfg, model, device)
         opened += [trainer] if hasattr(trainer, "close") else []  # dp ranks
         precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
@@ -268,11 +275,15 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
                                                           canary_first_max=first_canary_max(settings.plan.dtype))), state,
                         settings=settings)
         rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
-        handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer)
+        handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer, teacher)
         rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)
         rec.deadletters = sessions.whole_run(run)["deadletters"]  # a resumed run counts the earlier sessions' too
         rec.dead_letter(deadletter)
-        (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **precision, **(info or {})}, indent=1))
+        if ckpt is not None:  # a resume distils from the teacher the run started with (its weights' hash)
+            teacher_placement.check_resume(_read_info(run), teacher)
+        teacher_info = {} if teacher is None else {"teacher_params": teacher.params, "teacher": teacher.facts}
+        (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **precision, **teacher_info,
+                                                       **(info or {})}, indent=1))
         _renote_eval(rec)
         if state.eval_before is None:
             state.eval_before = evaluate(rec, handles)
@@ -289,6 +300,14 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
                 handle.close()
         rundir.unlock(run)
         raise
+
+
+def _read_info(run: Path) -> dict | None:
+    """The run's run.json as the last session wrote it (None: none, or unreadable)."""
+    try:
+        return json.loads((run / rundir.RUN_INFO).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def held_out_count(cfg: RunConfig, held_out: list[Prompt]) -> str:

@@ -47,8 +47,9 @@ def train(run: RunRecord, r: Roles, side) -> dict:
                 grpo_step(run, r, side, step, progress)
     finally:
         side.stop()
-        if r.reference is not None:
-            r.reference.stop()
+        for scorer in (r.reference, r.teacher):
+            if scorer is not None:
+                scorer.stop()
     return finish(run, r)
 
 
@@ -76,7 +77,8 @@ def grpo_step(run: RunRecord, r: Roles, side, step: int, progress) -> None:
     checked = publish(run, side, step)
     run.close_step(step, r, progress, got.requests, samples, train_metrics, trained_at,
                    extra={**got.extra, **side.metrics(), "sync/checked": checked,
-                          **(r.reference.metrics() if r.reference is not None else {})}, extra_rng=side.checkpoint)
+                          **(r.reference.metrics() if r.reference is not None else {}),
+                          **(r.teacher.metrics() if r.teacher is not None else {})}, extra_rng=side.checkpoint)
 
 
 def fill_with_signal(run: RunRecord, r: Roles, side, step: int, got: Taken, samples: list[Sample],
@@ -169,7 +171,7 @@ def score(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[l
 
 
 def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
-    """The scoring after the verifiers, with its spans: settle (``settle``), reference logprobs, advantages (GRPO:
+    """The scoring after the verifiers, with its spans: settle (``settle``), reference and teacher logprobs, advantages (GRPO:
     per group). The plain step calls it once over the step's samples; a streamed round (``streamed.py``) once per
     complete group while the rest decodes. Returns ``(scored, trained)``; the edges are the caller's (``edges``)."""
     tel, cfg = run.telemetry, run.cfg
@@ -177,6 +179,10 @@ def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -
     if r.reference is not None and trained:  # (a streamed group whose every verifier call failed has none)
         with tel.span("reference", step, placement=cfg.reference.placement):  # the trainer's wait for it
             add_reference(r, trained, step, tel)
+    if r.teacher is not None and trained:  # the distillation teacher's log-probs (placement/teacher.py)
+        with tel.span("teacher", step, placement=cfg.teacher.placement):
+            for span in r.teacher.fill(r.trainer, trained, step):
+                tel.record(span)
     a = cfg.algo
     with tel.span("algorithm", step):
         for s in trained:  # DAPO's overlong shaping (0 when algo.overlong_buffer = 0)
@@ -187,10 +193,13 @@ def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -
 
 
 def edges(run: RunRecord, r: Roles, step: int, scored: list[Sample], trained: list[Sample]) -> None:
-    """The step's scoring edges: a reward per scored sample, a reference logprob per trained completion token."""
+    """The step's scoring edges: a reward per scored sample, a reference (and a teacher) logprob per trained completion
+    token."""
     run.telemetry.traffic(step, "rewards", 4 * len(scored))
     if r.reference is not None:  # its logprobs travel to the trainer
         run.telemetry.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
+    if r.teacher is not None:  # the teacher's too (algo.objective=distill | rl+distill)
+        run.telemetry.traffic(step, "teacher_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
 
 
 no_turn = contextlib.nullcontext  # a side whose rollout holds nothing the trainer needs while it steps

@@ -260,8 +260,18 @@ def trainer_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
     old = fwd if old_logprob_forward(p) else 0.0
     out.update({"reference: reference forward (2 x P_active x tokens)": ref,
                 "reference: previous-policy logprob forward": old, "reference: pipeline bubble": bub * (ref + old),
-                "reference: weights swapped through host memory": reference_swap_s(p, gpus)})
+                "reference: weights swapped through host memory": reference_swap_s(p, gpus),
+                "reference: teacher forward (2 x P_teacher x tokens)": teacher_s(p, gpus)})
     return out
+
+
+def teacher_s(p: PlanInputs, gpus: int) -> float:
+    """The distillation teacher's forward over every sample on ``gpus`` trainer GPUs: a given ``phases.teacher_s``
+    (Amdahl's law from ``phases.gpus``), else 2 x ``phases.teacher_params`` x tokens FLOPs; 0 without a teacher."""
+    ph = p.phases
+    if ph.teacher_s is not None:
+        return M.amdahl_s(ph.teacher_s, ph.gpus or trainer_gpus(p), gpus, p.trainer.serial_fraction)
+    return 2 * ph.teacher_params * train_tokens(p, skipping=False) / (trainer_flops(p) * gpus)
 
 
 def model_shard_params(p: PlanInputs, gpus: int) -> float:
@@ -338,7 +348,8 @@ def reference_s(p: PlanInputs, gpus: int) -> float:
     policy's (``old_logprob_forward``), 2 x P_active x tokens FLOPs each, their pipeline bubble and a reference
     swapped through host memory (``trainer_terms``); a given ``phases.reference_s`` is taken as measured."""
     if p.phases.reference_s is not None:
-        return _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False) if p.phases.use_reference else 0.0
+        given = _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False) if p.phases.use_reference else 0.0
+        return given + teacher_s(p, gpus)
     return sum(v for k, v in trainer_terms(p, gpus).items() if k.startswith("reference:"))
 
 

@@ -632,10 +632,10 @@ def memory(*, params: float, train_bytes_per_param: float, trainer_gpus: int, sh
            tp: int, in_flight: float, kv_bytes_per_token: float, context: float, gpu_memory: float,
            model_bytes_per_param: float = 0.0, reference: bool = False, micro_batch_tokens: float = 0.0,
            layers: int = 0, hidden: int = 0, vocab: int = 0, checkpointing: bool = True,
-           logits_tokens: float | None = None) -> Memory:
+           logits_tokens: float | None = None, teacher_params: float = 0.0) -> Memory:
     """Training state (weights + grads + fp32 master + Adam, ~18 B/param) per trainer GPU (sharded
     over the trainer GPUs under FSDP, whole on each under DDP), the reference weights (sharded alike),
-    one micro-batch's activations; rollout weights per engine GPU and the KV cache of the sequences in
+    one micro-batch's activations, a distillation teacher held in the trainer (``teacher_params``, sharded alike); rollout weights per engine GPU and the KV cache of the sequences in
     flight at full context."""
     shards = trainer_gpus if sharded else 1
     train = params * train_bytes_per_param / shards
@@ -645,6 +645,6 @@ def memory(*, params: float, train_bytes_per_param: float, trainer_gpus: int, sh
                           logits_tokens=logits_tokens) for c in (True, False)}
     return Memory(train, weight_bytes / tp, kv, gpu_memory, trainer_model_per_gpu=model,
                   trainer_optimizer_per_gpu=train - model,
-                  reference_per_gpu=params * model_bytes_per_param / shards if reference else 0.0,
+                  reference_per_gpu=((params if reference else 0.0) + teacher_params) * model_bytes_per_param / shards,
                   activations_per_gpu=act[checkpointing], activations_ckpt_per_gpu=act[True],
                   activations_full_per_gpu=act[False])

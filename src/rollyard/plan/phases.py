@@ -100,11 +100,15 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     reference = H.reference_s(p, gt)
     forwards = [w for w, on in (("reference", ph.use_reference), ("previous-policy", H.old_logprob_forward(p))) if on]
     src["reference"] = ("given" if ph.reference_s is not None and ph.use_reference else
-                        "no logprob forward" if not forwards else
+                        "no policy or reference logprob forward" if not forwards else
                         f"estimated: {' + '.join(forwards)} forward, 2 x P_active x tokens each, on the trainer GPUs"
                         + (" + the reference swapped through host memory" if H.reference_swap_s(p, gt) else ""))
+    if H.teacher_s(p, gt):
+        src["reference"] += (f" + the teacher's forward ({'given' if ph.teacher_s is not None else 'estimated'}: "
+                             f"2 x {ph.teacher_params:.3g} x tokens)")
     terms = {k: v for k, v in H.trainer_terms(p, gt).items()
-             if not (k.startswith("train:") and measured_train) and not (k.startswith("reference:") and ph.reference_s is not None)}
+             if not (k.startswith("train:") and measured_train)
+             and not (k.startswith("reference:") and ph.reference_s is not None and "teacher" not in k)}
     if H.offload_s(p, gt):
         terms["train (colocated only, on top of these seconds): optimizer, gradients, weights offloaded and "
               "reloaded"] = H.offload_s(p, gt)

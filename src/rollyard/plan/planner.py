@@ -125,6 +125,7 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
     in_flight = min(p.rollout.concurrency, d.sequences)
     where = p.phases.reference_placement  # the trainer holds a copy inline (and colocated, where no pool runs)
     ref_held = p.phases.use_reference and (where == "inline" or (where == "pool" and placement == "colocated"))
+    teacher_held = p.phases.teacher_placement == "inline" or placement == "colocated"  # as the reference's copy
     mem = M.memory(params=p.policy.params, train_bytes_per_param=p.cluster.train_bytes_per_param,
                    trainer_gpus=H.trainer_gpus(p), sharded=p.trainer.sharding == "fsdp",
                    weight_bytes=H.weight_bytes(p), tp=p.rollout.tp, in_flight=in_flight,
@@ -134,7 +135,8 @@ def memory_findings(p: PlanInputs, placement: str) -> tuple[M.Memory, list[str]]
                    micro_batch_tokens=p.trainer.micro_batch_tokens if shape_given(p) else 0.0,
                    layers=p.policy.layers or 0, hidden=p.policy.hidden or 0, vocab=p.policy.vocab or 0,
                    checkpointing=p.trainer.activation_checkpointing,
-                   logits_tokens=p.trainer.logits_tokens)
+                   logits_tokens=p.trainer.logits_tokens,
+                   teacher_params=p.phases.teacher_params if teacher_held else 0.0)
     cap = p.cluster.gpu_memory
     out = []
     if mem.trainer_per_gpu > cap:
@@ -177,8 +179,11 @@ def _as_placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | N
 def _placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None) -> Phases:
     """The phases a placement runs: async decodes bubble-free (continuous batching with partial
     rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer."""
-    if p.phases.reference_placement == "pool" and placement != "colocated":  # scored on its own pool, overlapped
-        ph = replace(ph, reference=0.0)
+    teacher = H.teacher_s(p, H.trainer_gpus(p))  # inside ph.reference (hardware.reference_s)
+    if placement != "colocated":  # a pool scores on its own actors, overlapped: off the trainer's path
+        off = ((ph.reference - teacher if p.phases.reference_placement == "pool" else 0.0)
+               + (teacher if p.phases.teacher_placement == "pool" else 0.0))
+        ph = replace(ph, reference=max(ph.reference - off, 0.0))
     if placement == "colocated" and p.trainer.offload:  # the trainer's state leaves the GPUs for generation
         ph = replace(ph, train=ph.train + H.offload_s(p, H.trainer_gpus(p)))
     if placement != "async":

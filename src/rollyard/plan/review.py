@@ -298,7 +298,8 @@ def plan_from_run(run: Run) -> PlanInputs:
         "phases": {"rollout_s": secs.get("rollout") or None, "reward_s": secs.get("reward", 0.0),
                    "reference_s": secs.get("reference", 0.0), "train_s": secs.get("train") or None,
                    "algorithm_s": secs.get("algorithm", 0.0), "use_reference": use_ref,
-                   "reference_placement": (run.config.get("reference") or {}).get("placement", "inline")},
+                   "reference_placement": (run.config.get("reference") or {}).get("placement", "inline"),
+                   **_teacher_phases(run, secs)},
         "tail": {"max_tokens": int(info["max_new_tokens"]), "steps": 16},
     }
     data = _with_shape(run, data)
@@ -451,6 +452,15 @@ def run_structure(info: dict[str, Any], predicted: dict[str, tuple[float | None,
     return out
 
 
+def _teacher_phases(run: Run, secs: dict[str, float]) -> dict:
+    """A distillation run's teacher (run.json ``teacher_params``): its size, measured forward and placement."""
+    n = run.info.get("teacher_params")
+    if not isinstance(n, (int, float)) or isinstance(n, bool) or n <= 0:
+        return {}
+    return {"teacher_params": float(n), "teacher_s": secs.get("teacher", 0.0),
+            "teacher_placement": (run.config.get("teacher") or {}).get("placement", "inline")}
+
+
 def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float | None, str]]:
     """edge -> (predicted total bytes over the run, how), from run.json and measured token counts."""
     info = run.info
@@ -473,8 +483,10 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
         out["rewards"] = (4.0 * n_samples, f"4 B x {n_samples} samples")
         out["ref_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.use_reference
                                else (0.0, "no reference model"))
+        out["teacher_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.teacher_params > 0
+                                   else (0.0, "no teacher"))
     else:
-        for e in ("samples", "rewards", "ref_logprobs"):
+        for e in ("samples", "rewards", "ref_logprobs", "teacher_logprobs"):
             out[e] = (None, "not priced: no lengths.jsonl")
     mode = info.get("sync_mode")
     every = int(info.get("sync_every") or 1)

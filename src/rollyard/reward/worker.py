@@ -81,8 +81,13 @@ def isolate(init: dict) -> None:
         os.chdir(mine)
     memory_mb = int(init.get("memory_mb") or 0)
     if memory_mb > 0:
-        limit = memory_mb << 20
-        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        # never above the limits this process inherited (a run under ``ulimit -v`` lower than memory_mb: raising
+        # them is refused, and the lower one is the stricter cap anyway)
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        inf = resource.RLIM_INFINITY
+        hard = memory_mb << 20 if hard == inf else min(memory_mb << 20, hard)
+        soft = hard if soft == inf else min(soft, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def limit_cpu(cpu_s: float) -> None:

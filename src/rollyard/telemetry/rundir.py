@@ -58,7 +58,7 @@ CHECKPOINTS = "checkpoints"
 MODEL = "model"
 
 # The roles that get a span every step (seed 002: per-role wall-clock attribution).
-ROLES = ("rollout", "reward", "reference", "algorithm", "train", "sync")
+ROLES = ("rollout", "reward", "reference", "teacher", "algorithm", "train", "sync")
 
 # Every edge of the step's data path (runbook step 1): name -> (source, destination, payload,
 # trigger). The traffic ledger has one row per edge per step; the planner predicts the same names.
@@ -67,6 +67,7 @@ EDGES: dict[str, tuple[str, str, str, str]] = {
     "samples": ("rollout", "trainer", "token ids (int32) + logprobs (fp32) + versions (int32)", "per step"),
     "rewards": ("reward", "trainer", "one fp32 reward per sample", "per step"),
     "ref_logprobs": ("reference", "trainer", "fp32 logprob per completion token", "per step"),
+    "teacher_logprobs": ("teacher", "trainer", "fp32 teacher logprob per completion token (distillation)", "per step"),
     "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
     "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
     "gather": ("trainer", "trainer", "all-gather of sharded (fsdp) parameters before a sync", "per sync"),
@@ -98,6 +99,8 @@ RUN_INFO_EXTRA = {
     "rollout_workers": "rollout worker processes (0 when colocated)",
     "inflight": "what in-flight sequences do when weights arrive: finish | abort | continue",
     "kernels": "numerics-relevant kernel/GEMM choices (rollyard.model.kernels.choices; by shape and CPU features)",
+    "teacher_params": "the distillation teacher's parameters (absent or null: no teacher; algo.objective=rl)",
+    "teacher": "the teacher as loaded: teacher.model and the hash of its weights (absent: no teacher)",
     "tools": "the run's tools (import paths) or environment class: rollouts and the held-out eval are multi-turn with them (null: single-turn)",
 }
 

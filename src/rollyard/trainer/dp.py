@@ -204,7 +204,7 @@ _COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions", 
 
 def _reduce_metrics(acc: dict, device) -> None:
     """Sum (max for diff_max) the accumulators over ranks; gather the log ratios for the quantiles."""
-    names = ["loss", "pg_loss", "kl_sum", "entropy_sum", "clipped", "capped", "diff_sum"]
+    names = ["loss", "pg_loss", "kl_sum", "entropy_sum", "clipped", "capped", "diff_sum", "distill_kl_sum"]
     vec = torch.stack([acc[n].detach().double().reshape(()) for n in names]
                       + [torch.tensor(float(acc["micro_batches"]), dtype=torch.float64, device=device),
                          torch.tensor(float(acc["packed_tokens"]), dtype=torch.float64, device=device)]

@@ -1,0 +1,65 @@
+"""Smaller bad inputs and environments, each one line naming the real cause and a fix that works:
+a task option rollyard sets itself, an empty stop string, an address-space limit (``ulimit -v``) below
+``reward.memory_mb`` (the run trains) and one too low for torch to load (one line, exit 2)."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollyard.cli import main
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+TINY = ["model.context=48", "data.train_size=16", "data.eval_size=4", "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "reward.num_workers=1", "log.plots=false"]
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]
+
+
+def test_a_task_option_rollyard_sets_itself_is_one_line_naming_the_setting(tmp_path, capsys):
+    assert main(["train", *TINY, "steps=1", "data.task_options={seed: 3}", f"out_dir={tmp_path / 'run'}"]) == 2
+    line = _one_line(capsys)
+    assert "data.task_options.seed=3: a task's seed is set by data.seed" in line and "set data.seed=3" in line
+    assert "TypeError" not in line and "multiple values" not in line
+
+
+def test_an_empty_stop_string_is_one_line_without_an_empty_suggestion(tmp_path, capsys):
+    assert main(["train", *TINY, "steps=1", 'rollout.stop_tokens=[""]', f"out_dir={tmp_path / 'run'}"]) == 2
+    line = _one_line(capsys)
+    assert "rollout.stop_tokens holds an empty string" in line and "remove it" in line and "''" not in line
+
+
+def _limited(limit_kb: int, args: list[str]) -> subprocess.CompletedProcess:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_kb << 10, limit_kb << 10))
+
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "COLUMNS": "500"}
+    return subprocess.run([sys.executable, "-m", "rollyard.cli", "train", *args], env=env, preexec_fn=limit,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS as Linux applies it")
+def test_a_run_under_a_limit_below_reward_memory_mb_trains(tmp_path):
+    proc = _limited(3_500_000, [*TINY, "steps=1", "reward.memory_mb=4096", f"out_dir={tmp_path / 'run'}"])
+    assert proc.returncode == 0, proc.stderr  # the reward workers keep the lower limit they inherit
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS as Linux applies it")
+@pytest.mark.parametrize("limit_kb", [300_000, 600_000])
+def test_a_limit_too_low_for_torch_is_one_line_exit_2(tmp_path, limit_kb):
+    proc = _limited(limit_kb, [*TINY, "steps=1", f"out_dir={tmp_path / 'run'}"])
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"rollyard train: error: out of memory under this process's address-space limit of {limit_kb >> 10} MB "
+        f"(ulimit -v {limit_kb})"), proc.stderr
