@@ -217,7 +217,7 @@ def auto_is_bf16(model_dir: str) -> bool:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rollyard.trainer.trainer import auto_precision
+    from rollyard.trainer.precision import auto_precision
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))

@@ -17,8 +17,9 @@ from rollyard.config import load_config
 from rollyard.model.loading import load_policy
 from rollyard.placement.reference import InlineReference
 from rollyard.telemetry import rundir
+from rollyard.trainer.logprobs import chunked_token_logprobs
 from rollyard.trainer.optimize import optimize, split_groups
-from rollyard.trainer.trainer import Trainer, chunked_token_logprobs
+from rollyard.trainer.trainer import Trainer
 from rollyard.types import Sample
 
 TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
@@ -215,7 +216,7 @@ def test_fp32_head_under_bf16_autocast_is_the_fp32_product():
 def test_adaptive_entropy_state_survives_a_checkpoint(tmp_path):
     cfg = load_config(None, ["model.name=tiny", "algo.adaptive_entropy=true", "algo.entropy_target=100",
                              "algo.entropy_coef=0.01", "algo.entropy_coef_delta=0.01"])
-    from rollyard.trainer.trainer import trainer_kwargs
+    from rollyard.trainer.settings import trainer_kwargs
 
     model, _ = load_policy("tiny")
     trainer = Trainer(model, **trainer_kwargs(cfg))

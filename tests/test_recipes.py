@@ -20,7 +20,8 @@ from rollyard.algo.advantages import assign_advantages
 from rollyard.algo.policy_loss import entropy_mask
 from rollyard.api import with_trl_defaults
 from rollyard.config import load_config
-from rollyard.trainer.trainer import Trainer, trainer_kwargs
+from rollyard.trainer.settings import trainer_kwargs
+from rollyard.trainer.trainer import Trainer
 from rollyard.types import Sample
 
 MAX_LEN = 12  # max_completion_length: the dr_grpo constant and the truncation length
@@ -114,7 +115,7 @@ def for_trl(batch: list[dict], names: dict) -> list[dict]:
 def assert_same(ours, theirs, rtol=2e-4):
     loss_a, grads_a = ours[:2]
     loss_b, grads_b = theirs[:2]
-    assert math.isclose(loss_a, loss_b, rel_tol=rtol, abs_tol=1e-6), (loss_a, loss_b)
+    assert math.isclose(loss_a, loss_b, rel_tol=rtol, abs_tol=2e-5), (loss_a, loss_b)  # a loss near 0: absolute
     assert set(grads_a) == set(grads_b)
     norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads_b.values()))
     assert norm > 1e-6  # the case moves the weights

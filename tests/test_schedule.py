@@ -19,7 +19,8 @@ from rollyard.api import GRPOConfig, with_trl_defaults
 from rollyard.config import ConfigError, from_dict, load_config
 from rollyard.model.loading import build_preset, char_tokenizer
 from rollyard.telemetry import rundir
-from rollyard.trainer.trainer import Trainer, trainer_kwargs
+from rollyard.trainer.settings import trainer_kwargs
+from rollyard.trainer.trainer import Trainer
 
 TOK = char_tokenizer()
 

@@ -121,7 +121,7 @@ def test_the_ratio_is_one_on_policy_and_the_trainers_logprob_is_the_supports():
 
 def test_greedy_ignores_top_p_and_top_k_on_both_sides():
     from rollyard.config import load_config
-    from rollyard.trainer.trainer import trainer_kwargs
+    from rollyard.trainer.settings import trainer_kwargs
 
     kw = trainer_kwargs(load_config(None, ["rollout.temperature=0", "rollout.top_p=0.5", "rollout.top_k=3"]))
     assert (kw["temperature"], kw["top_p"], kw["top_k"]) == (1.0, 1.0, 0)

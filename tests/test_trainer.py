@@ -84,7 +84,7 @@ def test_chunked_logprobs_match_full_logits_values_and_grads(chunk):
 def test_chunked_logprobs_never_keep_full_logits(monkeypatch):
     """What autograd keeps for the backward pass is O(N x H), not O(N x V): logits are recomputed
     one chunk at a time in the backward instead of being saved."""
-    import rollyard.trainer.trainer as trainer_mod
+    import rollyard.trainer.logprobs as trainer_mod
 
     N, H, Vb, chunk = 256, 8, 512, 32
     head = torch.nn.Linear(H, Vb, bias=False)
@@ -601,18 +601,18 @@ def test_cpu_bf16_precision_matches_fp32_reference_and_keeps_fp32_state(layout):
 
 
 def test_model_that_leaks_across_pack_boundaries_is_detected_and_not_packed(monkeypatch):
-    import rollyard.trainer.trainer as trainer_mod
+    import rollyard.trainer.layout as layout
 
     model = _model()
-    assert trainer_mod.packing_is_isolated(model)
-    real = trainer_mod._decoder
+    assert layout.packing_is_isolated(model)
+    real = layout.decoder_of
 
     def leaky(m):  # a 2D all-ones mask switches transformers' packed-sequence detection off
         dec = real(m)
         return lambda input_ids, **kw: dec(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kw)
 
-    monkeypatch.setattr(trainer_mod, "_decoder", leaky)
-    assert not trainer_mod.packing_is_isolated(model)
+    monkeypatch.setattr(layout, "decoder_of", leaky)
+    assert not layout.packing_is_isolated(model)
     with pytest.warns(UserWarning, match="attend across boundaries"):
         t = Trainer(model, micro_batch_tokens=4096)
     samples = _samples(2, n=4)
@@ -628,7 +628,7 @@ def _with_logprobs(s, lp):
 
 
 def test_adamw_is_fused_on_plain_parameters_and_keeps_its_own_kernel_on_load():
-    from rollyard.trainer.trainer import adamw
+    from rollyard.trainer.optim import adamw
 
     tr = Trainer(_model(), lr=1e-3)
     assert tr.optimizer.defaults["fused"] is True
@@ -658,7 +658,7 @@ def test_auto_precision_is_bf16_on_a_native_bf16_cpu_only_for_a_real_size_decode
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from rollyard.model import gemm
-    from rollyard.trainer.trainer import auto_precision, decoder_matmul_params
+    from rollyard.trainer.precision import auto_precision, decoder_matmul_params
 
     monkeypatch.setattr(gemm, "cpu_has_native_bf16", lambda: native_bf16)
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

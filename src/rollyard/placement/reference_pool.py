@@ -40,7 +40,8 @@ class ReferenceWorker:
     """One reference actor: a frozen copy of the initial policy and a trainer's packed logprob path."""
 
     def __init__(self, cfg: dict, model, name: str, role: str = SPAN_ROLE):
-        from rollyard.trainer.trainer import Trainer, trainer_kwargs
+        from rollyard.trainer.settings import trainer_kwargs
+        from rollyard.trainer.trainer import Trainer
 
         torch.set_num_threads(1)
         self.name, self.role = name, role

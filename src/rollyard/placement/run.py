@@ -49,7 +49,8 @@ from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role
 from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records, trainer_names
-from rollyard.trainer.trainer import Trainer, precision_choice
+from rollyard.trainer.precision import precision_choice
+from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 
 SIDE_WORK = "side_work"  # a step's ``SideWork`` (telemetry/side.py), placement -> run record (popped there, never a metric)

@@ -23,7 +23,7 @@ from rollyard.sync import canary
 from rollyard.telemetry.report import StepProgress
 from rollyard.trainer.dp import after_step
 from rollyard.trainer.optimize import optimize
-from rollyard.trainer.trainer import trainer_kwargs
+from rollyard.trainer.settings import trainer_kwargs
 from rollyard.types import Request, Sample
 
 

@@ -49,7 +49,8 @@ from rollyard.model.loading import policy
 from rollyard.sync.group import RENDEZVOUS_S, admit, listening_store, new_secret, open_to
 from rollyard.telemetry import rundir
 from rollyard.trainer import fsdp
-from rollyard.trainer.trainer import Trainer, trainer_kwargs
+from rollyard.trainer.settings import trainer_kwargs
+from rollyard.trainer.trainer import Trainer
 from rollyard.types import Sample
 
 BUCKET_BYTES = 64 << 20

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from rollyard.trainer.trainer import Trainer, _quantiles, step_metrics
+from rollyard.trainer.metrics import quantiles, step_metrics
+from rollyard.trainer.trainer import Trainer
 from rollyard.types import Sample
 
 
@@ -68,7 +69,7 @@ class StreamingStep:
         # every sample of the step may have been skipped (zero advantage): tokens counted, no ratio computed
         log_ratio = [x for a in accs for x in a["log_ratio"]]
         ratio = torch.cat(log_ratio).exp() if log_ratio else torch.zeros(0)
-        p05, p50, p95 = _quantiles(ratio, [0.05, 0.5, 0.95])
+        p05, p50, p95 = quantiles(ratio, [0.05, 0.5, 0.95])
         metrics = {"loss": total("loss") / den, "pg_loss": total("pg_loss") / den, "grad_norm": grad_norm,
                    "ratio_p05": p05, "ratio_p50": p50, "ratio_p95": p95, **step_metrics(accs),
                    "groups": float(self.groups), "skipped": float(skipped), "skipped_steps": float(t.skips.total),

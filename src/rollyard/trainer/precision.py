@@ -1,0 +1,56 @@
+"""The trainer's matmul precision: ``auto``'s choice and the words the start-up line says it with."""
+
+from __future__ import annotations
+
+import torch
+
+from rollyard.model import gemm as cpu_gemm
+
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+# bench/precision.py on this 2-core AVX512-BF16 CPU (30 layers, SmolLM2's 49152 vocabulary, one 32 x 64-token
+# batch), bf16 / fp32 step time: width 256 (22.6M decoder matmul parameters) 0.81, width 576 (119M) 0.64; with
+# 4 layers (3M and 16M, the lm_head dominating) 1.17 and 1.14. Below this size bf16 autocast's casts cost more
+# than its matmuls save: the tiny presets (0.3-4.5M) stay fp32.
+BF16_MIN_DECODER_PARAMS = 20_000_000
+
+
+def decoder_matmul_params(model) -> int:
+    """Parameters of the decoder layers' matrices (embeddings and lm_head left out): what bf16 speeds up."""
+    return sum(p.numel() for n, p in model.named_parameters()
+               if p.dim() == 2 and "embed" not in n and "lm_head" not in n)
+
+
+def auto_precision(model, device: torch.device) -> str:
+    """``trainer.precision=auto``: bf16 on a GPU, and on a CPU that multiplies bf16 natively (AVX512-BF16, AMX)
+    once the decoder's matrices are large enough to repay the casts; fp32 otherwise."""
+    if device.type == "cuda":
+        return "bf16"
+    if device.type == "cpu" and cpu_gemm.cpu_has_native_bf16() and decoder_matmul_params(model) >= BF16_MIN_DECODER_PARAMS:
+        return "bf16"
+    return "fp32"
+
+
+def precision_choice(setting: str, model, device: torch.device) -> tuple[str, str]:
+    """``(the precision the Trainer runs, why)`` for ``trainer.precision=setting``: the start-up line and run.json
+    say it. The choice is :func:`auto_precision`'s (the Trainer's own); this only words it. An explicit bf16 on
+    a CPU without native bf16 says that it is emulated there and slower than fp32."""
+    cpu = device.type == "cpu"
+    native = cpu and cpu_gemm.cpu_has_native_bf16()
+    if setting != "auto":
+        why = f"set by trainer.precision={setting}"
+        if setting == "bf16" and cpu and not native:
+            why += ("; this CPU has no native bf16 (no AVX512-BF16 or AMX): bf16 is emulated and slower than fp32 "
+                    "(a trainer step measured 12-40x fp32's on such a CPU, 2026-11-27; bench/precision.py measures this "
+                    "one); trainer.precision=fp32 or auto is faster here")
+        return setting, why
+    chosen = auto_precision(model, device)
+    if not cpu:
+        return chosen, f"auto: {chosen} on {device.type}"
+    if not native:
+        return chosen, "auto: fp32, this CPU has no native bf16 (no AVX512-BF16 or AMX)"
+    n = decoder_matmul_params(model)
+    side = ">=" if n >= BF16_MIN_DECODER_PARAMS else "<"
+    return chosen, (f"auto: {chosen}, native bf16 on this CPU and {n / 1e6:.1f}M decoder matrix parameters {side} "
+                    f"{BF16_MIN_DECODER_PARAMS / 1e6:.0f}M (below it bf16's casts cost more than its matmuls save)")
