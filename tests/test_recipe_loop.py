@@ -265,3 +265,22 @@ def test_the_bound_counts_the_versions_a_step_makes():
     assert staleness.bound_of("colocated", 0, 3, 2) == 2  # published at versions 4, 8, ...: up to 2 behind
     assert staleness.bound_of("colocated", 0, 2, 2) == 0 and staleness.bound_of("async", 3, 1, 4) == 3
     assert [staleness.published_lag(e, 1) for e in (1, 2, 3)] == [0, 1, 2]  # one version a step: sync.every - 1
+
+
+@pytest.mark.parametrize("override, says", [
+    (["algo.sapo_temperature_pos=2"], "algo.sapo_temperature_pos=2.0 has no effect without algo.policy_loss=sapo"),
+    (["algo.vespo_k_neg=1"], "without algo.policy_loss=vespo"),
+    (["algo.policy_loss=cispo", "algo.delta=3"], "algo.delta=3.0 has no effect without algo.policy_loss=ppo_clip"),
+    (["algo.tis_mode=none", "algo.tis_cap=3"], "has no effect without algo.tis_mode=token_truncate"),
+    (["algo.entropy_target=0.5"], "without algo.adaptive_entropy=true"),
+    (["algo.dynamic_sampling_rounds=3"], "without algo.dynamic_sampling=true"),
+    (["trainer.lm_head_fp32=true", "trainer.precision=fp32"], "runs every matmul in fp32 already"),
+    (["reference.mixup_alpha=0.9"], "without reference.sync_every > 0"),
+])
+def test_a_setting_without_effect_is_one_line_exit_2(tmp_path, capsys, override, says):
+    assert main(["train", *TINY, *override, f"out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    # TRL's own defaults of the same names change nothing, so a TRL config listing them still starts
+    assert main(["train", *TINY, "sapo_temperature_neg=1.05", "vespo_k_pos=2.0", "steps=1",
+                 f"out_dir={tmp_path / 'ok'}"]) == 0 if override == ["algo.sapo_temperature_pos=2"] else True

@@ -108,7 +108,41 @@ def recipe(cfg: RunConfig) -> None:
         raise ConfigError(f"algo.multi_objective=normalize_then_sum normalises each reward function apart, but "
                           f"{max(len(cfg.reward.hooks), 1)} reward function is set (reward.hooks); give several in "
                           f"reward.hooks or leave algo.multi_objective=sum_then_normalize")
+    inert(cfg)
     if a.overlong_buffer >= cfg.rollout.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer={a.overlong_buffer} must be below rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens} (the penalty starts that many tokens before the cap); set "
                           f"algo.overlong_buffer={cfg.rollout.max_new_tokens // 4}")
+
+
+def inert(cfg: RunConfig) -> None:
+    """A setting changed from its default where it has no effect (another loss, no correction, no adaptive entropy,
+    ...) is refused in one line, never silently ignored."""
+    a, t = cfg.algo, cfg.trainer
+    rules = [
+        (("sapo_temperature_pos", "sapo_temperature_neg"), a.policy_loss == "sapo", "algo.policy_loss=sapo"),
+        (("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"), a.policy_loss == "vespo",
+         "algo.policy_loss=vespo"),
+        (("delta",), a.policy_loss == "ppo_clip", "algo.policy_loss=ppo_clip (the others clip otherwise)"),
+        (("tis_cap", "tis_min"), a.tis_mode != "none", "algo.tis_mode=token_truncate (or another correction than none)"),
+        (("entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta"), a.adaptive_entropy,
+         "algo.adaptive_entropy=true"),
+        (("dynamic_sampling_rounds",), a.dynamic_sampling, "algo.dynamic_sampling=true"),
+        (("overlong_penalty",), a.overlong_buffer > 0, "algo.overlong_buffer > 0"),
+        (("std_scope",), a.normalize_std, "algo.normalize_std=true"),
+    ]
+    for names, applies, needs in rules:
+        for name in names:
+            value, default = getattr(a, name), type(a).model_fields[name].default
+            if not applies and value != default:
+                raise ConfigError(f"algo.{name}={value} has no effect without {needs}; set {needs.split(' (')[0]} "
+                                  f"or drop algo.{name} (default {default})")
+    if t.lm_head_fp32 and t.precision == "fp32":
+        raise ConfigError("trainer.lm_head_fp32=true computes the head in fp32 under bf16, but trainer.precision=fp32 "
+                          "runs every matmul in fp32 already; set trainer.precision=bf16 (or auto) or drop "
+                          "trainer.lm_head_fp32")
+    if cfg.reference.mixup_alpha != type(cfg.reference).model_fields["mixup_alpha"].default and not \
+            cfg.reference.sync_every:
+        raise ConfigError(f"reference.mixup_alpha={cfg.reference.mixup_alpha} has no effect without "
+                          f"reference.sync_every > 0 (the reference stays the initial policy); set reference.sync_every "
+                          f"(e.g. 64) or drop reference.mixup_alpha")
