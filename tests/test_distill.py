@@ -265,3 +265,16 @@ def test_disaggregated_pool_teacher_run(tmp_path, teacher_dir):
                  f"out_dir={run}", "placement=disaggregated", "teacher.placement=pool"]) == 0
     _check_distill_run(run, "pool")
     assert main(["review", str(run)]) == 0
+
+
+@pytest.mark.slow
+def test_vllm_backend_distills(tmp_path):
+    """rollout.backend=vllm (preset tiny64: a head_dim vLLM's CPU attention takes) with an inline teacher: the
+    teacher scores on the trainer's side, over the support vLLM sampled from."""
+    pytest.importorskip("vllm")
+    tok = char_tokenizer()
+    export(build_preset("tiny64", tok, seed=11, max_position_embeddings=48), tok, tmp_path / "teacher")
+    run = tmp_path / "vllm"
+    assert main(["train", *TINY, "model.name=tiny64", "rollout.backend=vllm", "algo.objective=rl+distill",
+                 f"teacher.model={tmp_path / 'teacher'}", "steps=2", f"out_dir={run}"]) == 0
+    _check_distill_run(run)
