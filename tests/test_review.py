@@ -49,7 +49,7 @@ def make_run(path, steps=3, *, placement="colocated", lengths=(4, 6, 8, 10), pro
                         rundir.STEP_TIME: t - start, rundir.STALENESS_MAX: staleness if step == 1 else 0,
                         "version": step + 1, "tokens/generated": sum(resp)})
         ledger = {"prompts": 4 * prompts * prompt_len, "samples": sample_bytes_per_token * sum(resp),
-                  "rewards": 4 * n, "ref_logprobs": 0, "weights": 0, "gradients": 0, "gather": 0, "tools": 0,
+                  "rewards": 4 * n, "ref_logprobs": 0, "teacher_logprobs": 0, "weights": 0, "gradients": 0, "gather": 0, "tools": 0,
                   **(ledger_extra or {})}
         for edge in rundir.EDGES:
             traffic.append({"step": step, "edge": edge, "bytes": ledger[edge], "count": 1})
