@@ -63,3 +63,26 @@ def test_a_limit_too_low_for_torch_is_one_line_exit_2(tmp_path, limit_kb):
     assert len(lines) == 1 and lines[0].startswith(
         f"rollyard train: error: out of memory under this process's address-space limit of {limit_kb >> 10} MB "
         f"(ulimit -v {limit_kb})"), proc.stderr
+
+
+QUIET = """
+import os, sys, warnings
+from rollyard.rollout.vllm import _console_kept_clear
+with _console_kept_clear():
+    os.write(2, b"C-level stderr: a progress bar\\n")
+    os.write(1, b"C-level stdout\\n")
+    print("python stderr", file=sys.stderr)
+    warnings.warn("a FutureWarning", FutureWarning)
+print("after", file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("level", ["ERROR", "INFO"])
+def test_vllms_start_up_output_is_kept_off_the_console_unless_asked_for(level):
+    env = {**os.environ, "PYTHONPATH": SRC, "VLLM_LOGGING_LEVEL": level}
+    proc = subprocess.run([sys.executable, "-c", QUIET], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    if level == "ERROR":
+        assert proc.stderr == "after\n" and proc.stdout == "", (proc.stdout, proc.stderr)
+    else:
+        assert "C-level stderr" in proc.stderr and "python stderr" in proc.stderr and "C-level stdout" in proc.stdout

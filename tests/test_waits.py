@@ -124,6 +124,7 @@ import sys
 from rollyard import signals
 from rollyard.model import kernels
 with signals.graceful():
+    print("ready", flush=True)
     try:
         lib = kernels.kernel()
     except signals.Stopped as e:
@@ -140,6 +141,7 @@ from rollyard.model.loading import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
 model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
 with signals.graceful():
+    print("ready", flush=True)
     try:
         RolloutEngine(model, eos_token_id=-1)
     except signals.Stopped as e:
@@ -173,21 +175,21 @@ def test_a_build_killed_with_9_leaves_a_lock_the_next_run_breaks_and_says_so(tmp
     root = tmp_path / "cache" / "rollyard" / "kernels" / kernels.cache_dir().name
     assert (root / kernels.TORCH_LOCK).exists()
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr
+    assert proc.returncode == 0 and proc.stdout.split() == ["ready", "loaded"], proc.stderr
     assert f"removed a stale CPU-kernel build lock {root / kernels.TORCH_LOCK}" in proc.stderr
     assert "waiting" not in proc.stderr and not (root / kernels.TORCH_LOCK).exists()
 
 
 @needs_cxx
 @pytest.mark.parametrize("script", [LOAD, ENGINE], ids=["kernel", "engine"])
-def test_a_wait_on_a_live_build_says_whose_it_is_and_sigterm_ends_it(tmp_path, script):
+def test_a_wait_on_a_live_build_hears_sigterm(tmp_path, script):
     env = _cache(tmp_path)
     holder = _hold(env)
     try:
         waiter = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
-        line = waiter.stderr.readline()  # said after SAY_AFTER_S
-        assert f"waiting for pid {holder.pid}'s build of the CPU kernels" in line, line
+        assert waiter.stdout.readline().strip() == "ready"  # its handlers are in place; the wait follows at once
+        time.sleep(1.0)
         waiter.send_signal(signal.SIGTERM)
         out, err = waiter.communicate(timeout=30)
         assert waiter.returncode == 143, (out, err)
@@ -198,16 +200,18 @@ def test_a_wait_on_a_live_build_says_whose_it_is_and_sigterm_ends_it(tmp_path, s
         holder.wait()
 
 
-def test_a_wait_on_a_build_lock_is_bounded(tmp_path):
+def test_a_wait_on_a_build_lock_says_whose_it_is_and_is_bounded(tmp_path, capsys):
     env = _cache(tmp_path)
     holder = _hold(env)
     try:
         root = tmp_path / "cache" / "rollyard" / "kernels" / kernels.cache_dir().name
         t0 = time.monotonic()
-        with pytest.raises(kernels.BuildWaitTimeout, match=f"waited 1 s for pid {holder.pid}'s build"):
-            with kernels.build_lock(root, wait_s=1.0):
+        with pytest.raises(kernels.BuildWaitTimeout, match=f"waited 2 s for pid {holder.pid}'s build"):
+            with kernels.build_lock(root, wait_s=2.0, say_after_s=0.5):
                 pass
         assert time.monotonic() - t0 < 10
+        said = capsys.readouterr().err.strip().splitlines()
+        assert said == [f"[rollyard] waiting for pid {holder.pid}'s build of the CPU kernels in {root} (at most 2 s)"]
     finally:
         holder.kill()
         holder.wait()
@@ -221,11 +225,11 @@ def test_a_corrupt_cached_library_is_rebuilt_once_and_said(tmp_path):
     lib = root / "rollyard_cpu_kernels.so"  # the name a fresh process loads
     lib.write_bytes(b"\x7fELF" + b"\0" * 64)  # a truncated, overwritten library: ninja thinks it is up to date
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.strip() == "loaded", proc.stderr
+    assert proc.returncode == 0 and proc.stdout.split() == ["ready", "loaded"], proc.stderr
     assert "does not load" in proc.stderr and "rebuilding it" in proc.stderr, proc.stderr
     assert "not used" not in proc.stderr
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.stdout.strip() == "loaded" and proc.stderr == "", proc.stderr  # healed: the next run says nothing
+    assert proc.stdout.split() == ["ready", "loaded"] and proc.stderr == "", proc.stderr  # healed: the next run says nothing
 
 
 def test_a_failing_compiler_is_not_called_missing(monkeypatch, tmp_path, capsys):

@@ -68,7 +68,8 @@ from rollyard.config import env_flag
 from rollyard.model import cpu
 
 BUILD_WAIT_S = 600.0  # the longest a process waits for another's build (a build takes seconds to a minute)
-SAY_AFTER_S = 5.0
+SAY_AFTER_S = 30.0  # a wait this long says whose build it waits for (a build takes seconds; runs in parallel wait)
+NAME = "rollyard_cpu_kernels"  # the library: <build dir>/rollyard_cpu_kernels.so
 LOCK = "rollyard.lock"  # ours: an flock, released by the kernel when its holder dies
 TORCH_LOCK = "lock"  # cpp_extension's FileBaton: a plain file, left behind by a build that was killed
 
@@ -141,11 +142,12 @@ def _holder(lock: Path) -> str:
 
 
 @contextlib.contextmanager
-def build_lock(root: Path, wait_s: float | None = None):
+def build_lock(root: Path, wait_s: float | None = None, say_after_s: float | None = None):
     """Hold ``root/rollyard.lock`` for a build (see the module docstring): waits said after
     ``SAY_AFTER_S``, bounded by ``wait_s`` (``BUILD_WAIT_S``: RuntimeError, one line), ended by a
     stop signal (:class:`signals.Stopped`); cpp_extension's stale ``lock`` file broken under it."""
     wait_s = BUILD_WAIT_S if wait_s is None else wait_s
+    say_after_s = SAY_AFTER_S if say_after_s is None else say_after_s
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -163,14 +165,14 @@ def build_lock(root: Path, wait_s: float | None = None):
             if waited > wait_s:
                 raise BuildWaitTimeout(f"waited {wait_s:.0f} s for {_holder(path)}'s build of the CPU kernels in {root} "
                                    f"to finish; if that process is stuck, end it (or delete {root})")
-            if not said and waited > SAY_AFTER_S:
+            if not said and waited > say_after_s:
                 said = True
                 print(f"[rollyard] waiting for {_holder(path)}'s build of the CPU kernels in {root} (at most "
                       f"{wait_s:.0f} s)", file=sys.stderr, flush=True)
             time.sleep(0.2)
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        _break_stale(root / TORCH_LOCK, t0, wait_s)
+        _break_stale(root / TORCH_LOCK, t0, wait_s, say_after_s)
         yield
     finally:
         os.close(fd)  # releases the flock
@@ -202,7 +204,7 @@ def _holders(path: Path) -> bool | None:
     return None if unknown else False
 
 
-def _break_stale(lock: Path, t0: float, wait_s: float) -> None:
+def _break_stale(lock: Path, t0: float, wait_s: float, say_after_s: float) -> None:
     """Under our lock, cpp_extension's ``lock`` file is a killed build's when no process holds it open (or,
     where that cannot be seen, when it is older than ``wait_s``): removed, and said. One a live process holds
     (another rollyard version's build sharing this cache) is waited for, with the same bound and word."""
@@ -222,7 +224,7 @@ def _break_stale(lock: Path, t0: float, wait_s: float) -> None:
         if waited > wait_s:
             raise BuildWaitTimeout(f"waited {wait_s:.0f} s for another process's build of the CPU kernels in "
                                    f"{lock.parent} (it holds {lock}); if that process is stuck, end it")
-        if not said and waited > SAY_AFTER_S:
+        if not said and waited > say_after_s:
             said = True
             print(f"[rollyard] waiting for another process's build of the CPU kernels in {lock.parent} (at most "
                   f"{wait_s:.0f} s)", file=sys.stderr, flush=True)
@@ -250,10 +252,16 @@ def _compile(rebuild: bool = False) -> Path:
                     if f.name != LOCK:
                         shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
         fresh = not any(root.glob("*.so"))
+        # cpp_extension keeps one version per name and process: a second directory (a test's cache, then this
+        # machine's) would bump it and compile <name>_v1 anew, under the lock. Each directory is built as a fresh
+        # process would build it (ninja: nothing to do when it is up to date).
+        versioner = getattr(cpp_extension, "JIT_EXTENSION_VERSIONER", None)
+        if versioner is not None:
+            versioner.entries.pop(NAME, None)
         t = time.perf_counter()
         with contextlib.redirect_stdout(sys.stderr):  # cpp_extension's own notes go to stderr, never the console
             path = cpp_extension.load(
-                name="rollyard_cpu_kernels", sources=[str(_SOURCE)], build_directory=str(root),
+                name=NAME, sources=[str(_SOURCE)], build_directory=str(root),
                 extra_cflags=cflags, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     if fresh:
         print(f"[rollyard] compiled rollyard's CPU kernels in {time.perf_counter() - t:.1f} s "
@@ -488,7 +496,10 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
     """(library, None) or (None, why not). A cached library that does not load whole (truncated, overwritten,
     a missing symbol) is rebuilt once, under the lock, and said (:func:`_compile`) before anything falls back."""
     try:
-        lib = _load(_compile())
+        try:
+            lib = _load(_compile())
+        except AttributeError:  # missing a symbol all the same (its bytes named it): rebuilt, never half-loaded
+            lib = _load(_compile(rebuild=True))
         return lib, _load_trial(lib)
     except (OSError, RuntimeError, ImportError, subprocess.SubprocessError, AttributeError) as e:
         return None, _first_line(e)

@@ -57,6 +57,7 @@ import dataclasses
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 import weakref
@@ -99,7 +100,10 @@ def _import_vllm():
     with contextlib.suppress(ValueError):  # a level logging does not know: vLLM reports it itself
         logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
     try:
-        import vllm
+        with warnings.catch_warnings():  # its own deprecation notices about torch (FutureWarning at import)
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import vllm
     except ImportError:
         raise MissingPackage(f"rollout.backend=vllm needs the vllm package, which is not installed; pip install "
                              f"'rollyard[{extra_name()}]' (or make setup VLLM=1), or set rollout.backend=native") from None
@@ -109,6 +113,33 @@ def _import_vllm():
 # ---------------------------------------------------------------------------------------------
 # Start-up checks (one line each, before any training).
 # ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _console_kept_clear():
+    """vLLM's engine start writes to the process's stdout and stderr below Python (torch's C++ warnings such as
+    its NUMA binding note, the checkpoint-loading progress bar, FutureWarnings): kept off the console, at the
+    file descriptors, while the engine starts. VLLM_LOGGING_LEVEL=INFO (or DEBUG, WARNING) shows them."""
+    if os.environ.get("VLLM_LOGGING_LEVEL", "ERROR").upper() not in ("ERROR", "CRITICAL"):
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as sink, warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
 
 
 def head_dim(config) -> int:
@@ -302,10 +333,11 @@ class VllmEngine(EngineBase):
         block = int(self._args.get("block_size", 16))
         max_len = min(self.context, max(block, self.max_cache_tokens // block * block))
         try:
-            self.llm = vllm.LLM(dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
-                                max_num_seqs=self.max_concurrent, logprobs_mode="processed_logprobs",
-                                kv_cache_memory_bytes=self._kv_bytes_per_token(conf, dtype) * (self.max_cache_tokens + block),
-                                skip_tokenizer_init=True, **self._args)
+            with _console_kept_clear():
+                self.llm = vllm.LLM(dtype=str(dtype).removeprefix("torch."), max_model_len=max_len,
+                                    max_num_seqs=self.max_concurrent, logprobs_mode="processed_logprobs",
+                                    kv_cache_memory_bytes=self._kv_bytes_per_token(conf, dtype) * (self.max_cache_tokens + block),
+                                    skip_tokenizer_init=True, **self._args)
         finally:
             torch.set_num_threads(threads)  # vLLM's CPU worker lowers the process's torch threads to 1
         self._engine = self.llm.llm_engine
