@@ -86,3 +86,28 @@ def test_vllms_start_up_output_is_kept_off_the_console_unless_asked_for(level):
         assert proc.stderr == "after\n" and proc.stdout == "", (proc.stdout, proc.stderr)
     else:
         assert "C-level stderr" in proc.stderr and "python stderr" in proc.stderr and "C-level stdout" in proc.stdout
+
+
+SECOND_RUN = """
+import sys
+import torch.distributed as dist
+from rollyard.model.loading import load_policy
+from rollyard.rollout.vllm import VllmEngine
+model, tok = load_policy("tiny64", max_position_embeddings=48)
+engine = VllmEngine(model, eos_token_id=tok.eos_token_id, max_concurrent=2, max_cache_tokens=256)
+print("during", dist.is_initialized(), flush=True)
+engine.close()
+print("after", dist.is_initialized(), flush=True)
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)  # the next run's group
+dist.destroy_process_group()
+print("clean", flush=True)
+"""
+
+
+def test_an_in_process_vllm_engine_leaves_no_process_group_for_the_next_run(tmp_path):
+    pytest.importorskip("vllm")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", SECOND_RUN, str(tmp_path / "pg")], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:3] == ["during True", "after False", "clean"], proc.stdout

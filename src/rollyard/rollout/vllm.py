@@ -72,6 +72,7 @@ from rollyard.sync import canary
 from rollyard.sync.apply import named_params
 from rollyard.types import Request, WeightUpdate
 
+_DIST = {"engines": 0, "made": False}  # live VllmEngines of this process; whether vLLM made the default group
 DIR_PREFIX = "rollyard-vllm-"  # + the owning process's pid: the rollout copy vLLM starts from, in the temp dir
 MAX_RESTARTS = 3  # vLLM engines replaced in one worker before it gives up (a crash loop)
 CPU_BLOCK_MULTIPLE = 32  # vLLM's CPU attention kernels work on blocks of a multiple of 32 tokens
@@ -316,7 +317,15 @@ class VllmEngine(EngineBase):
         opts.setdefault("max_logprobs", model.config.vocab_size)  # the canary's prompt logprobs (prompt_logprobs_needed)
         self._args = dict(model=self._dir, seed=int(seed), **opts)
         self.restarts = 0
-        self._start()
+        _DIST["engines"] += 1  # closed in close(): vLLM's process groups go with the last engine (_release_dist)
+        if _DIST["engines"] == 1:
+            _DIST["made"] = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        self._released = False
+        try:
+            self._start()
+        except BaseException:
+            self._release_dist()
+            raise
 
     def _start(self) -> None:
         """Build the vLLM engine and load the mirror's weights into it."""
@@ -490,3 +499,21 @@ class VllmEngine(EngineBase):
     def close(self) -> None:
         self._shutdown()
         self._remove_dir()
+        self._release_dist()
+
+    def _release_dist(self) -> None:
+        """The last engine of the process gone: vLLM's groups and the default process group it made (world size 1)
+        are destroyed, so a later run in this process (a data-parallel trainer, another engine) starts clean. A
+        default group that was there before vLLM (the caller's) is left alone."""
+        if self._released:
+            return
+        self._released = True
+        _DIST["engines"] -= 1
+        if _DIST["engines"] or not _DIST["made"]:
+            return
+        with contextlib.suppress(Exception):  # a half-started engine: release what is there
+            from vllm.distributed import parallel_state
+            parallel_state.destroy_model_parallel()
+            parallel_state.destroy_distributed_environment()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
