@@ -247,8 +247,8 @@ class SFTConfig(Section):
     steps: int = Field(1200, ge=0, description="maximum SFT steps")
     batch_size: int = Field(64, ge=1, description="demonstrations per SFT step")
     lr: float = Field(3e-3, gt=0.0, description="SFT learning rate")
-    target_accuracy: float = Field(0.3, ge=0.0, le=1.0, description="stop SFT once greedy eval accuracy reaches this (in target_evals evals in a row)")
-    target_evals: int = Field(1, ge=1, le=100, description="consecutive evals that must reach target_accuracy before SFT stops: more than 1 makes the stop robust to one eval's noise (a held-out set of ~150 prompts swings a few points between evals, and with another CPU's rounding the stop would fire at another step)")
+    target_accuracy: float = Field(0.3, ge=0.0, le=1.0, description="stop SFT once greedy eval accuracy reaches this (the median of the last target_evals evals)")
+    target_evals: int = Field(1, ge=1, le=100, description="how many of the last held-out evals decide the stop: SFT stops once their median reaches target_accuracy and keeps the weights of that median eval, so one eval that jumps up (or down) neither stops it nor is kept; 1: the first eval at the target")
     eval_every: int = Field(100, ge=1, description="SFT steps between evals")
     cache_dir: str = Field(".cache/warmstart", description="where warm-started models are cached, keyed by model+task+sft config")
 
