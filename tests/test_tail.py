@@ -295,6 +295,7 @@ def test_streaming_trainer_equals_one_step(agg, min_tokens):
     ta, tb = Trainer(a, micro_batch_tokens=64, **kw), Trainer(b, micro_batch_tokens=24, **kw)
     for t in (ta, tb):  # SGD: the update is the clipped gradient itself (Adam's first step is ~sign(g))
         t.optimizer = torch.optim.SGD(t.params, lr=1.0)
+        t.base_lr = 1.0  # the rate the trainer sets before each step (its schedule's base)
     ma = ta.step(samples)
     stream = StreamingStep(tb, min_tokens=min_tokens)  # 1: every group its own backward; 40: groups buffered
     for i in (2, 0, 1):  # groups arrive in completion order, not request order
