@@ -375,3 +375,67 @@ def test_a_warm_start_copy_left_by_a_kill_9_is_swept_by_the_next_warm_start(tmp_
     model, info = warm_start(None, None, [], [], None, cfg, 0, "cpu", log=lambda m: None)
     assert info == {"sft_skipped": "no demonstrations"}
     assert not left.exists() and live.exists()
+
+
+# ---------------------------------------------------------------------------------------- signals
+
+BLOCKED = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+from rollyard import signals
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=120))
+with signals.graceful():
+    print("ready", flush=True)
+    try:
+        store.wait(["never"])  # blocked in C++, as in a gloo collective: no Python handler runs
+    except signals.Stopped as e:
+        print(f"stopped: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+"""
+
+IN_PYTHON = """
+import sys, time
+from rollyard import signals
+with signals.graceful():
+    print("ready", flush=True)
+    try:
+        while True:
+            time.sleep(0.05)
+    except signals.Stopped as e:
+        time.sleep(1.0)  # a short cleanup after the stop
+        print(f"stopped: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+"""
+
+
+def _two_signals(script: str) -> tuple[subprocess.CompletedProcess, float]:
+    proc = subprocess.Popen([sys.executable, "-c", script], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - t0
+
+
+def test_a_second_sigterm_ends_a_process_blocked_in_cpp_at_once():
+    from rollyard.signals import HARD_STOP_S
+
+    proc, took = _two_signals(BLOCKED)
+    assert proc.returncode == 143 and took < HARD_STOP_S + 10, (proc.returncode, took, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("rollyard: SIGTERM received twice while blocked outside Python: stopping at once")
+    assert len(lines) == 1, lines  # the first signal's Python handler never ran: blocked
+
+
+def test_a_second_sigterm_heard_in_python_stops_through_its_handler_alone():
+    proc, _ = _two_signals(IN_PYTHON)
+    assert proc.returncode == 143, proc.stderr
+    assert "the step in progress was abandoned" in proc.stderr and "received twice" not in proc.stderr

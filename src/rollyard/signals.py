@@ -13,16 +13,27 @@ A signal is heard from any wait: a wait that is not a step (a rendezvous, a buil
 ``stop_requested()`` as it polls and raises ``Stopped(..., waiting=what)`` at the first signal (there
 is no step to finish). ``Stopped`` is a ``BaseException``, like ``KeyboardInterrupt``: no ``except
 Exception`` fallback (a fast path's "try it, else the slow one") can swallow a stop.
+
+A Python handler runs only when the main thread is back in Python; a process blocked inside C++ (a
+gloo collective or store wait, a library's own wait) never gets there. So ``graceful()`` also has
+the C-level handler write each signal to a pipe (``signal.set_wakeup_fd``) that a thread of its own
+reads: at the second signal, if the process is still there ``HARD_STOP_S`` later, that thread says
+so in one line and exits ``128 + signal`` at once. A second signal is never lost.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _requested: list[int] = []  # signals received since graceful() was entered
+HARD_STOP_S = 5.0  # after a second signal, the Python handler's stop has this long before the process ends itself
 
 
 class Stopped(BaseException):
@@ -59,17 +70,54 @@ def _handler(signum, frame) -> None:
     raise Stopped(signum, None, abandoned=True)
 
 
+def _hard_stop(read_fd: int) -> None:
+    """Read the signals the C-level handler writes; at the second SIGINT / SIGTERM, give the Python handler
+    ``HARD_STOP_S`` to stop the run, then end the process (the main thread is blocked where Python cannot run)."""
+    seen: list[int] = []
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:  # graceful() closed the pipe
+            return
+        seen += [b for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+        if len(seen) >= 2:
+            ready, _, _ = select.select([read_fd], [], [], HARD_STOP_S)
+            if ready and not os.read(read_fd, 64):  # graceful() was left: the stop reached Python in time
+                return
+            name = signal.Signals(seen[1]).name
+            with contextlib.suppress(OSError):
+                os.write(2, f"\nrollyard: {name} received twice while blocked outside Python: stopping at once (the "
+                            f"step in progress is abandoned; the latest checkpoint is intact; resume with "
+                            f"--resume)\n".encode())
+            os._exit(128 + seen[1])
+
+
 @contextmanager
 def graceful() -> Iterator[None]:
     """Handle SIGINT and SIGTERM as described in the module docstring, for the ``with`` body."""
     previous = {s: signal.signal(s, _handler) for s in (signal.SIGINT, signal.SIGTERM)}
     _requested.clear()
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread: the Python handlers alone
+        old_wakeup = None
+    watcher = threading.Thread(target=_hard_stop, args=(read_fd,), daemon=True, name="rollyard-signal-watch")
+    watcher.start()
     try:
         yield
     finally:
+        if old_wakeup is not None:
+            signal.set_wakeup_fd(old_wakeup)
         for s, h in previous.items():
             signal.signal(s, h)
         _requested.clear()
+        os.close(write_fd)  # the watcher reads end-of-file and ends
+        watcher.join(timeout=5)
+        os.close(read_fd)
 
 
 def stop_requested() -> bool:

@@ -68,6 +68,9 @@ from rollyard.config import env_flag
 from rollyard.model import cpu
 
 BUILD_WAIT_S = 600.0  # the longest a process waits for another's build (a build takes seconds to a minute)
+# a stop signal ends a wait that lasts: a short one (another process's no-op ninja check) lets the caller reach its
+# own stop point (the step, the warm start's step), which says more than "waiting for the build"
+STOP_GRACE_S = 10.0
 SAY_AFTER_S = 30.0  # a wait this long says whose build it waits for (a build takes seconds; runs in parallel wait)
 NAME = "rollyard_cpu_kernels"  # the library: <build dir>/rollyard_cpu_kernels.so
 LOCK = "rollyard.lock"  # ours: an flock, released by the kernel when its holder dies
@@ -160,7 +163,7 @@ def build_lock(root: Path, wait_s: float | None = None, say_after_s: float | Non
             except BlockingIOError:
                 pass
             waited = time.monotonic() - t0
-            if signals.stop_requested():
+            if signals.stop_requested() and waited > STOP_GRACE_S:
                 raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {root}")
             if waited > wait_s:
                 raise BuildWaitTimeout(f"waited {wait_s:.0f} s for {_holder(path)}'s build of the CPU kernels in {root} "
@@ -219,7 +222,7 @@ def _break_stale(lock: Path, t0: float, wait_s: float, say_after_s: float) -> No
                       file=sys.stderr, flush=True)
             return
         waited = time.monotonic() - t0
-        if signals.stop_requested():
+        if signals.stop_requested() and waited > STOP_GRACE_S:
             raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {lock.parent}")
         if waited > wait_s:
             raise BuildWaitTimeout(f"waited {wait_s:.0f} s for another process's build of the CPU kernels in "
