@@ -38,9 +38,9 @@ class _Lookups:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def generate(self, requests):
+    def submit(self, requests, **kw):  # a round submits its requests once (rollout/rounds.py run_round)
         self.calls += 2
-        return self.engine.generate(requests)
+        return self.engine.submit(requests, **kw)
 
     def drain(self) -> SideWork:
         now, n, self.calls = time.time(), self.calls, 0
