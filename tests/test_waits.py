@@ -181,12 +181,11 @@ def test_a_build_killed_with_9_leaves_a_lock_the_next_run_breaks_and_says_so(tmp
 
 
 @needs_cxx
-@pytest.mark.parametrize("script", [LOAD, ENGINE], ids=["kernel", "engine"])
-def test_a_wait_on_a_live_build_hears_sigterm(tmp_path, script):
+def test_a_wait_on_a_live_build_hears_sigterm_through_the_engines_fallback(tmp_path):
     env = _cache(tmp_path)
     holder = _hold(env)
     try:
-        waiter = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+        waiter = subprocess.Popen([sys.executable, "-c", ENGINE], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         assert waiter.stdout.readline().strip() == "ready"  # its handlers are in place; the wait follows at once
         time.sleep(1.0)
@@ -220,9 +219,10 @@ def test_a_wait_on_a_build_lock_says_whose_it_is_and_is_bounded(tmp_path, capsys
 @needs_cxx
 def test_a_corrupt_cached_library_is_rebuilt_once_and_said(tmp_path):
     env = _cache(tmp_path)
-    subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300, check=True)
     root = tmp_path / "cache" / "rollyard" / "kernels" / kernels.cache_dir().name
     lib = root / "rollyard_cpu_kernels.so"  # the name a fresh process loads
+    if not lib.exists():  # this machine has no cached build to copy yet
+        subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300, check=True)
     lib.write_bytes(b"\x7fELF" + b"\0" * 64)  # a truncated, overwritten library: ninja thinks it is up to date
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ["ready", "loaded"], proc.stderr
