@@ -74,8 +74,16 @@ def _hard_stop(read_fd: int) -> None:
     """Read the signals the C-level handler writes; at the second SIGINT / SIGTERM, give the Python handler
     ``HARD_STOP_S`` to stop the run, then end the process (the main thread is blocked where Python cannot run)."""
     seen: list[int] = []
+    noticed = False
     while True:
-        try:
+        try:  # 2 s after a first signal the Python handler has not heard (blocked): say it was received
+            ready, _, _ = select.select([read_fd], [], [], 2.0 if seen and not noticed else None)
+            if not ready:
+                noticed = True
+                if not _requested:
+                    os.write(2, f"\nrollyard: {signal.Signals(seen[0]).name} received while blocked outside Python: "
+                                f"the run stops when that wait ends; send it again to stop at once\n".encode())
+                continue
             data = os.read(read_fd, 64)
         except OSError:
             return
