@@ -11,8 +11,8 @@ resolved copy (rollyard's names, every default filled in) is written to the run 
 from __future__ import annotations
 
 import copy
-import math
 import difflib
+import math
 import os
 import sys
 import tomllib
@@ -174,7 +174,6 @@ class AlgoConfig(Section):
     distill_coef: float = Field(1.0, gt=0.0, description="objective=distill or rl+distill: the weight of the per-token reverse-KL advantage")
 
 
-
 class TrainerConfig(Section):
     lr: float = Field(1e-6, gt=0.0, le=1.0, description="AdamW learning rate (TRL's GRPO default, for real models; the tiny demo presets use 5e-4)")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
@@ -317,16 +316,6 @@ class RunConfig(Section):
             raise ValueError("trainer.optimizer_state=bf16 steps plain tensors but trainer.sharding=fsdp shards them "
                              "(DTensor); set trainer.optimizer_state=fp32 or trainer.sharding=none")
         _check_schedule(self)
-        _check_tail(self)  # first: with scheduler=tail, samples_per_prompt=1 gets the tail-specific message
-        if self.rollout.samples_per_prompt < 2:
-            raise ValueError(
-                f"rollout.samples_per_prompt must be >= 2 for GRPO group advantages, got "
-                f"{self.rollout.samples_per_prompt}; set rollout.samples_per_prompt=8"
-            )
-        if self.trainer.sharding == "fsdp" and self.trainer.optimizer_state == "bf16":
-            raise ValueError("trainer.optimizer_state=bf16 steps plain tensors but trainer.sharding=fsdp shards them "
-                             "(DTensor); set trainer.optimizer_state=fp32 or trainer.sharding=none")
-        _check_schedule(self)
         _check_teacher(self)
         if self.trainer.sharding == "fsdp" and self.trainer.dp < 2:
             raise ValueError(f"trainer.sharding=fsdp shards over data-parallel ranks but trainer.dp={self.trainer.dp}; "
@@ -356,21 +345,6 @@ def _check_schedule(cfg: RunConfig) -> None:
     total = schedule_length(cfg)[0]
     warmup = schedule.warmup_steps(total, t.warmup_steps, t.warmup_ratio, t.warmup_rounding)
     schedule.check(t.lr_schedule, t.lr_schedule_kwargs, t.lr, total, warmup)
-
-
-def _training_rows(data: DataConfig) -> int | None:
-    """How many training prompts ``data`` holds (a built-in task's train_size, a file's rows); None while the file
-    does not exist yet (the Python API writes it after a first look at the config)."""
-    if data.path is None:
-        return data.train_size
-    path = Path(data.path)
-    if not path.is_file():
-        return None
-    if path.suffix == ".parquet":
-        pq = require_package("pyarrow.parquet", "parquet", "data.epochs with a .parquet file")
-        return pq.ParquetFile(path).metadata.num_rows
-    with path.open("rb") as f:
-        return sum(1 for line in f if line.strip())
 
 
 def _check_teacher(cfg: RunConfig) -> None:
