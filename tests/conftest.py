@@ -1,7 +1,10 @@
 """Suite-wide settings: one intra-op thread (tiny models are overhead-bound, and on a busy 2-core
-machine a second thread costs more in contention than it gains), Ray without auth or dashboard."""
+machine a second thread costs more in contention than it gains), Ray without auth or dashboard, and every
+test leaving its worker process as it found it (``leaves_no_trace``)."""
 
 import os
+import sys
+import threading
 
 import pytest
 import torch
@@ -22,6 +25,152 @@ def toy_defaults():
     from toy_defaults import defaults
     with defaults():
         yield
+
+
+# Leaks. `make test` runs whole files one after another in each pytest-xdist worker, and which files share a worker
+# depends on timing: a test that leaves a default torch.distributed process group (vLLM in process makes one of world
+# size 1), a Ray session, a child process or a non-daemon thread behind breaks a later file on the same worker, one run
+# in several ("trying to initialize the default process group twice!"). So every test is checked after its teardown,
+# and every module after its module-scoped fixtures' teardown: what it left is named in one line (an error at its
+# teardown), then cleaned up, so the next test starts clean. Allowed: what an active session fixture named
+# `ray_session` holds (the Ray session and the processes ray.init started), and the helpers a process keeps for its
+# life (multiprocessing's resource tracker and forkserver, the reaper rollyard's Ray session starts).
+_RAY_OWNED: dict = {"gcs": None, "pids": set()}  # the ray_session fixture's Ray session (its GCS address), its processes
+
+
+def _children() -> dict[int, str]:
+    """This process's live child processes (not zombies): pid -> a short command line."""
+    import psutil
+
+    out = {}
+    for p in psutil.Process().children():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out[p.pid] = " ".join(p.cmdline())[:100] or p.name()
+        except psutil.Error:  # gone meanwhile
+            pass
+    return out
+
+
+def _lifelong_helpers() -> set[int]:
+    pids = set()
+    mp_tracker = sys.modules.get("multiprocessing.resource_tracker")
+    pids.add(getattr(getattr(mp_tracker, "_resource_tracker", None), "_pid", None))
+    mp_fork = sys.modules.get("multiprocessing.forkserver")
+    pids.add(getattr(getattr(mp_fork, "_forkserver", None), "_forkserver_pid", None))
+    watcher = getattr(sys.modules.get("rollyard.placement.cluster"), "_watcher", None)
+    pids.add(getattr(watcher, "pid", None))
+    return {p for p in pids if p is not None}
+
+
+def _ray_connected() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and ray.is_initialized()
+
+
+def _gcs() -> str | None:
+    return sys.modules["ray"].get_runtime_context().gcs_address if _ray_connected() else None
+
+
+def _state() -> dict:
+    return {"pg": torch.distributed.is_available() and torch.distributed.is_initialized(), "ray": _gcs(),
+            "children": _children(),
+            "threads": {t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()}}
+
+
+def _leaks(before: dict) -> tuple[list[str], dict]:
+    """What the process holds now that it did not hold in ``before`` (and no ray_session holds): one phrase per
+    kind, and what to clean up."""
+    now, said = _state(), []
+    fixture_ray = now["ray"] is not None and _RAY_OWNED["gcs"] == now["ray"]
+    owned = (_RAY_OWNED["pids"] if fixture_ray else set()) | _lifelong_helpers()
+    pg = now["pg"] and not before["pg"]
+    if pg:
+        said.append(f"a default torch.distributed process group ({torch.distributed.get_backend()}, world size "
+                    f"{torch.distributed.get_world_size()})")
+    ray = now["ray"] is not None and now["ray"] != before["ray"] and not fixture_ray
+    if ray:
+        said.append("a Ray session it connected (not the ray_session fixture's)")
+    kids = {pid: cmd for pid, cmd in now["children"].items() if pid not in before["children"] and pid not in owned}
+    if kids:
+        said.append(f"{len(kids)} child process{'es' * (len(kids) > 1)} alive ("
+                    + "; ".join(f"pid {pid}: {cmd}" for pid, cmd in sorted(kids.items())) + ")")
+    threads = [t for t in now["threads"] - before["threads"] if t.is_alive()]
+    if threads:
+        said.append(f"{len(threads)} non-daemon thread{'s' * (len(threads) > 1)} running ("
+                    + ", ".join(sorted(t.name for t in threads)) + ")")
+    return said, {"pg": pg, "ray": ray, "children": kids, "threads": threads}
+
+
+def _clean(what: dict) -> None:
+    import psutil
+
+    if what["pg"]:
+        state = sys.modules.get("vllm.distributed.parallel_state")
+        if state is not None:  # vLLM's groups over the default one: its own teardown, which destroys that too
+            state.destroy_model_parallel()
+            state.destroy_distributed_environment()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if what["ray"]:
+        sys.modules["ray"].shutdown()
+    procs = []
+    for pid in what["children"]:
+        try:
+            p = psutil.Process(pid)
+            procs += [*p.children(recursive=True), p]
+        except psutil.Error:
+            pass
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    for t in what["threads"]:
+        t.join(timeout=2)  # a thread cannot be stopped from outside; one still running is at least not named twice
+
+
+def _check(before: dict, who: str) -> None:
+    said, what = _leaks(before)
+    if said:
+        _clean(what)
+        pytest.fail(f"{who} left behind: {'; '.join(said)}. Close it in the test or its fixture (cleaned up now, for "
+                    f"the next test)", pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_trace(request):
+    """Fails (at teardown) the test that leaves a process group, a Ray session, a child process or a non-daemon
+    thread behind, naming it; set up before and torn down after the test's own function-scoped fixtures."""
+    before = _state()
+    yield
+    _check(before, request.node.nodeid)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_leaves_no_trace(request):
+    """The same for a module's module-scoped fixtures (an engine shared by a file's tests)."""
+    before = _state()
+    yield
+    _check(before, f"{request.node.nodeid} (its module-scoped fixtures)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """A test that asks for ``ray_session`` lets its Ray session and Ray's processes outlive it (a session-scoped
+    fixture's own setup hooks are not called for this conftest, which is not at the root: the test's are)."""
+    result = yield
+    if "ray_session" in item.fixturenames and _ray_connected():
+        _RAY_OWNED["gcs"] = _gcs()
+        _RAY_OWNED["pids"] = {pid for pid, cmd in _children().items() if "ray" in cmd}
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -50,5 +199,7 @@ LONGEST_FIRST = ("test_sync_grid.py", "test_placements.py", "test_restarts.py", 
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("ROLLYARD_TEST_ORDER") == "as-given":  # .ci/run's second pass: the files in its own order
+        return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
