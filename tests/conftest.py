@@ -91,7 +91,8 @@ def _leaks(before: dict) -> tuple[list[str], dict]:
     ray = now["ray"] is not None and now["ray"] != before["ray"] and not fixture_ray
     if ray:
         said.append("a Ray session it connected (not the ray_session fixture's)")
-    kids = {pid: cmd for pid, cmd in now["children"].items() if pid not in before["children"] and pid not in owned}
+    kids = {pid: cmd for pid, cmd in now["children"].items() if pid not in before["children"] and pid not in owned
+            and "wandb-core" not in cmd}  # W&B's service: one per process, kept for its life (wandb.teardown)
     if kids:
         said.append(f"{len(kids)} child process{'es' * (len(kids) > 1)} alive ("
                     + "; ".join(f"pid {pid}: {cmd}" for pid, cmd in sorted(kids.items())) + ")")
