@@ -46,7 +46,7 @@ def _children() -> dict[int, str]:
     for p in psutil.Process().children():
         try:
             if p.status() != psutil.STATUS_ZOMBIE:
-                out[p.pid] = " ".join(p.cmdline())[:100] or p.name()
+                out[p.pid] = " ".join(p.cmdline()) or p.name()  # whole: a long venv path must not hide "ray"
         except psutil.Error:  # gone meanwhile
             pass
     return out
@@ -60,7 +60,25 @@ def _lifelong_helpers() -> set[int]:
     pids.add(getattr(getattr(mp_fork, "_forkserver", None), "_forkserver_pid", None))
     watcher = getattr(sys.modules.get("rollyard.placement.cluster"), "_watcher", None)
     pids.add(getattr(watcher, "pid", None))
+    compile_pool = _inductor_pools()[1]  # torch.compile's process pool (vLLM compiles): kept for the process's life
+    pids.add(getattr(getattr(compile_pool, "process", None), "pid", None))
+    pids.update(getattr(compile_pool, "_processes", None) or ())
     return {p for p in pids if p is not None}
+
+
+def _inductor_pools() -> tuple:
+    """torch.compile's compile pools (a thread pool, a process pool) if this process made them: each is made once,
+    on a cold compile cache (as on a fresh machine), and kept for the process's life."""
+    ac = sys.modules.get("torch._inductor.async_compile")
+    if ac is None:
+        return None, None
+    made = [getattr(ac.AsyncCompile, name) for name in ("pool", "process_pool")]
+    return tuple(f() if f.cache_info().currsize else None for f in made)
+
+
+def _lifelong_threads() -> set:
+    threads = getattr(_inductor_pools()[0], "_threads", None)
+    return set(threads or ())
 
 
 def _ray_connected() -> bool:
@@ -75,7 +93,8 @@ def _gcs() -> str | None:
 def _state() -> dict:
     return {"pg": torch.distributed.is_available() and torch.distributed.is_initialized(), "ray": _gcs(),
             "children": _children(),
-            "threads": {t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()}}
+            "threads": {t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()}
+            - _lifelong_threads()}
 
 
 def _leaks(before: dict) -> tuple[list[str], dict]:
@@ -95,7 +114,7 @@ def _leaks(before: dict) -> tuple[list[str], dict]:
             and "wandb-core" not in cmd}  # W&B's service: one per process, kept for its life (wandb.teardown)
     if kids:
         said.append(f"{len(kids)} child process{'es' * (len(kids) > 1)} alive ("
-                    + "; ".join(f"pid {pid}: {cmd}" for pid, cmd in sorted(kids.items())) + ")")
+                    + "; ".join(f"pid {pid}: {cmd[:100]}" for pid, cmd in sorted(kids.items())) + ")")
     threads = [t for t in now["threads"] - before["threads"] if t.is_alive()]
     if threads:
         said.append(f"{len(threads)} non-daemon thread{'s' * (len(threads) > 1)} running ("
@@ -170,7 +189,7 @@ def pytest_runtest_setup(item):
     result = yield
     if "ray_session" in item.fixturenames and _ray_connected():
         _RAY_OWNED["gcs"] = _gcs()
-        _RAY_OWNED["pids"] = {pid for pid, cmd in _children().items() if "ray" in cmd}
+        _RAY_OWNED["pids"] = {pid for pid, cmd in _children().items() if "/ray/" in cmd}
     return result
 
 
