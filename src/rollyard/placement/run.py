@@ -208,6 +208,71 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def _prompts(cfg: RunConfig, run: Path, tokenizer, context: int, deadletter: list[dict]) -> tuple[list, list]:
+    """The train and held-out prompts; every malformed line's reason in ``deadletter`` (on disk too when no line
+    is usable); a prompt longer than the context is one line."""
+    try:
+        train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
+    except DataError:
+        with open(run / rundir.DEADLETTER, "a") as f:  # every line malformed: the reasons go on disk too
+            f.writelines(json.dumps({"step": None, **rec}) + "\n" for rec in deadletter)
+        raise
+    check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}",
+                  preset=cfg.model.name in PRESETS)
+    return train_prompts, held_out
+
+
+def _dry_run(scorer, prompt) -> None:
+    """A bad reward function (or eval.reward) is one line at start-up, not at the first step."""
+    scorer.dry_run(prompt.text, {**prompt.meta, **({MESSAGES_KEY: prompt.messages} if prompt.messages else {})})
+
+
+def _open_roles(cfg: RunConfig, model, tokenizer, context: int, device, train_prompts: list, held_out: list,
+                resuming: bool, opened: list) -> tuple:
+    """The rewards, the held-out scorer, the warm start, LoRA, the reference, the teacher and the trainer, in that
+    order; each that owns processes is appended to ``opened`` as soon as it exists (closed by the caller if a later
+    one fails). Returns ``(model, rewards, scorer, reference, teacher, trainer, sft_info)``."""
+    rewards = roles.rewards(cfg, tokenizer, model)
+    opened.append(rewards)
+    _dry_run(rewards, train_prompts[0])
+    console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}"
+                  + (f" (CPU class {cpu.cpu_class()})" if str(device).startswith("cpu") else ""))
+    sft_info: dict = {}
+    scorer = roles.eval_rewards(cfg, tokenizer, model, rewards)  # held-out correctness (evaluate.accuracy_signal)
+    if scorer is not None and scorer is not rewards:
+        opened.append(scorer)
+        if held_out:
+            _dry_run(scorer, held_out[0])
+    if not resuming and cfg.sft.auto and cfg.model.name in PRESETS:
+        model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, scorer or rewards, cfg, context, device,
+                                     console.print)
+    model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
+    reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
+    opened += [reference] if hasattr(reference, "close") else []
+    teacher = teacher_placement.build(cfg, tokenizer, device)  # algo.objective=distill | rl+distill
+    opened += [teacher] if hasattr(teacher, "close") else []
+    if teacher is not None:
+        console.print(f"teacher {cfg.teacher.model}: {teacher.params / 1e6:.2f}M "
+                      f"parameters, {cfg.teacher.placement}, algo.objective={cfg.algo.objective}")
+    trainer = roles.trainer(cfg, model, device)
+    opened += [trainer] if hasattr(trainer, "close") else []  # dp ranks
+    return model, rewards, scorer, reference, teacher, trainer, sft_info
+
+
+def _first_eval(rec: RunRecord, handles: Roles, cfg: RunConfig, sft_info: dict) -> None:
+    """Held-out accuracy before RL (once per run: a resume keeps the first session's)."""
+    state = rec.state
+    if state.eval_before is not None:
+        return
+    state.eval_before = evaluate(rec, handles)
+    state.extra.update(sft_info)
+    console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} "
+                  f"({held_out_count(cfg, handles.held_out)}, scored by {accuracy_signal(cfg)})"
+                  if handles.held_out_rewards else no_signal_reason(cfg))
+    if handles.held_out_rewards is not None and handles.held_out and (note := cadence_note(cfg)):
+        console.print(note)
+
+
 def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None = None
           ) -> tuple[RunRecord, Roles, dict]:
     """Set up the run record and the driver-side roles; returns ``(run, roles, extra_rng)``.
@@ -223,39 +288,11 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     device = settings.device
     deadletter: list[dict] = []
     model, tokenizer, context = roles.policy(cfg, device)
+    train_prompts, held_out = _prompts(cfg, run, tokenizer, context, deadletter)
+    opened: list = []  # what owns processes, closed again when start-up fails
     try:
-        train_prompts, held_out = roles.prompts(cfg, deadletter, tokenizer)
-    except DataError:
-        with open(run / rundir.DEADLETTER, "a") as f:  # every line malformed: the reasons go on disk too
-            f.writelines(json.dumps({"step": None, **rec}) + "\n" for rec in deadletter)
-        raise
-    check_context(train_prompts, tokenizer, context, cfg.data.path or f"data.task={cfg.data.task}",
-                  preset=cfg.model.name in PRESETS)
-    rewards = roles.rewards(cfg, tokenizer, model)
-    opened: list = [rewards]  # what owns processes, closed again when start-up fails
-    try:
-        rewards.dry_run(train_prompts[0].text, {**train_prompts[0].meta, **(  # a bad reward function: one line, now
-            {MESSAGES_KEY: train_prompts[0].messages} if train_prompts[0].messages else {})})
-        console.print(f"policy {cfg.model.name}: {num_params(model) / 1e6:.2f}M parameters, context {context}, device {device}"
-                      + (f" (CPU class {cpu.cpu_class()})" if str(device).startswith("cpu") else ""))
-        sft_info: dict = {}
-        scorer = roles.eval_rewards(cfg, tokenizer, model, rewards)  # held-out correctness (evaluate.accuracy_signal)
-        opened += [scorer] if scorer is not None and scorer is not rewards else []
-        if scorer is not None and scorer is not rewards and held_out:
-            scorer.dry_run(held_out[0].text, {**held_out[0].meta, **(  # a bad eval.reward: one line, now
-                {MESSAGES_KEY: held_out[0].messages} if held_out[0].messages else {})})
-        if ckpt is None and cfg.sft.auto and cfg.model.name in PRESETS:
-            model, sft_info = warm_start(model, tokenizer, train_prompts, held_out, scorer or rewards, cfg, context, device, console.print)
-        model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
-        reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
-        opened += [reference] if hasattr(reference, "close") else []
-        teacher = teacher_placement.build(cfg, tokenizer, device)  # algo.objective=distill | rl+distill
-        opened += [teacher] if hasattr(teacher, "close") else []
-        if teacher is not None:
-            console.print(f"teacher {cfg.teacher.model}: {teacher.params / 1e6:.2f}M "
-                          f"parameters, {cfg.teacher.placement}, algo.objective={cfg.algo.objective}")
-        trainer = roles.trainer(cfg, model, device)
-        opened += [trainer] if hasattr(trainer, "close") else []  # dp ranks
+        model, rewards, scorer, reference, teacher, trainer, sft_info = _open_roles(
+            cfg, model, tokenizer, context, device, train_prompts, held_out, ckpt is not None, opened)
         precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
                                                                                  torch.device(device))))
         console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
@@ -286,13 +323,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         (run / rundir.RUN_INFO).write_text(json.dumps({**run_info(cfg, model, settings), **precision, **teacher_info,
                                                        **(info or {})}, indent=1))
         _renote_eval(rec)
-        if state.eval_before is None:
-            state.eval_before = evaluate(rec, handles)
-            state.extra.update(sft_info)
-            console.print(f"held-out greedy accuracy before RL: {fmt_accuracy(state.eval_before)} ({held_out_count(cfg, held_out)}"
-                          f", scored by {accuracy_signal(cfg)})" if scorer else no_signal_reason(cfg))
-            if scorer is not None and held_out and (note := cadence_note(cfg)):
-                console.print(note)
+        _first_eval(rec, handles, cfg, sft_info)
         dump_config(cfg, run / rundir.CONFIG)  # only once start-up succeeded: a failed resume leaves it as it was
         return rec, handles, extra_rng
     except BaseException:  # a refused start (resume of another model's checkpoint, a bad hook) leaves nothing running

@@ -311,13 +311,10 @@ def make_book(cfg: RunConfig, feed: PromptFeed, refill: bool = False) -> RoundBo
     return RoundBook(feed, policy, refill)
 
 
-def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[[list[Sample]], None] | None = None,
-              worker: str = "local") -> Round:
-    """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (the module docstring).
-    ``rewards``: the reward pool's streaming surface (``submit`` / ``poll`` / ``results``), each complete group
-    handed to ``on_group`` once scored; or None: the samples come back unscored (the step scores them after).
-    ``Round.requests`` are the accepted ones; the complete ones are taken (``book.took``) and wait in the ledger
-    (``deferred``) until trained. The round's measures go to the book (``book.measure``)."""
+def _issue(book: RoundBook, engine, round_: int, worker: str) -> tuple[str, list[Request], list[dict]]:
+    """Issue round ``round_`` (handed out to ``worker`` in the ledger) and submit it to ``engine``, which completes
+    each group at its first n samples. Returns ``(kind, live, dead)``: the round's kind, the requests the engine
+    accepted, and the dead letters (the book's and the engine's rejections)."""
     requests: list[Request] = []
     dead: list[dict] = []
 
@@ -326,12 +323,35 @@ def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[
         requests.extend(got)
         dead.extend(lost)
 
-    kind, n = book.issue(round_, send), book.policy.n
-    rejected = engine.submit(requests, keep=n)  # the engine completes each group at its first n samples
+    kind = book.issue(round_, send)
+    rejected = engine.submit(requests, keep=book.policy.n)
     for q, why in rejected:
         book.rejected(q.id)
         dead.append({"source": q.id, "reason": why})
-    live = [q for q in requests if q.id not in {r.id for r, _ in rejected}]
+    gone = {r.id for r, _ in rejected}
+    return kind, [q for q in requests if q.id not in gone], dead
+
+
+def _measure(book: RoundBook, engine, live: list[Request], groups: dict[str, list[Sample]], lengths: list[int]
+             ) -> tuple[float, int, int]:
+    """The round's waste: the decoded tokens no kept group holds, the batch's idle slots (the bubble) and its decode
+    steps, over every sample's decoded length; recorded in the book. Returns ``(bubble, wasted, decode_steps)``."""
+    wasted = sum(lengths) - sum(len(s.completion_ids) for g in groups.values() for s in g)
+    slots = min(engine.max_concurrent, sum(q.n for q in live))
+    idle, steps = bubble(lengths, slots), decode_steps(lengths, slots)
+    book.measure(wasted_tokens=wasted, bubble=idle, decode_steps=steps)
+    return idle, wasted, steps
+
+
+def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[[list[Sample]], None] | None = None,
+              worker: str = "local") -> Round:
+    """Issue round ``round_`` from ``book`` and run it on ``engine`` in this process (the module docstring).
+    ``rewards``: the reward pool's streaming surface (``submit`` / ``poll`` / ``results``), each complete group
+    handed to ``on_group`` once scored; or None: the samples come back unscored (the step scores them after).
+    ``Round.requests`` are the accepted ones; the complete ones are taken (``book.took``) and wait in the ledger
+    (``deferred``) until trained. The round's measures go to the book (``book.measure``)."""
+    kind, live, dead = _issue(book, engine, round_, worker)
+    n = book.policy.n
     finished: dict[str, list[Sample]] = defaultdict(list)  # finished samples per request (the engine keeps n)
     scored: dict[str, list[Sample]] = defaultdict(list)
     groups: dict[str, list[Sample]] = {}  # complete (and, with rewards, scored) groups, in completion order
@@ -369,10 +389,7 @@ def run_round(book: RoundBook, engine, rewards, round_: int, on_group: Callable[
     lengths += [len(x.completion_ids) for x in engine.surplus()]  # the keep rule's: decoded, dropped
     book.close(round_)
     book.took(list(groups))
-    wasted = sum(lengths) - sum(len(s.completion_ids) for g in groups.values() for s in g)
-    slots = min(engine.max_concurrent, sum(q.n for q in live))
-    idle, steps = bubble(lengths, slots), decode_steps(lengths, slots)
-    book.measure(wasted_tokens=wasted, bubble=idle, decode_steps=steps)
+    idle, wasted, steps = _measure(book, engine, live, groups, lengths)
     complete = [q for q in live if q.id in groups]  # hand-out order
     return Round(kind, live, complete, [s for q in complete for s in groups[q.id]],
                  [book.ledger.requests[i] for i in cut], dead, idle, wasted, steps)
