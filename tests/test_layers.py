@@ -191,3 +191,31 @@ def test_the_walker_sees_a_loop_through_a_package_s_own_init(tmp_path):
     assert graph["rollyard.place.pool"] == {"rollyard.place", "rollyard.place.step"}
     assert graph["rollyard.place.colocated"] == {"rollyard.place.step"}
     assert cycles(graph) == [["rollyard.place", "rollyard.place.pool"]]
+
+
+MAX_FUNCTION_LINES = 60  # DESIGN.md: small functions; plan/ (the planner's tables of terms) is the exception
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (or method) in ``root``'s Python files over ``limit`` lines, ``plan/`` aside."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if "plan" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit:
+                out.append(f"{path.relative_to(root)}:{node.lineno} {node.name} "
+                           f"({node.end_lineno - node.lineno + 1} lines)")
+    return out
+
+
+def test_no_function_over_sixty_lines_outside_plan():
+    assert long_functions(SRC) == []
+
+
+def test_the_length_check_finds_a_planted_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(61))
+    (tmp_path / "m.py").write_text(f"def short():\n    return 1\n\n\ndef long():\n{body}\n")
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "p.py").write_text(f"def table():\n{body}\n")
+    assert long_functions(tmp_path) == ["m.py:5 long (62 lines)"]
