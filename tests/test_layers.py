@@ -23,7 +23,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # modules and units of strictly lower layers. The model layer sits below both rollout and trainer.
 LAYERS: list[set[str]] = [
     {"types", "signals", "aliases", "schedule"},
-    {"config", "tasks", "staleness", "accounting"},
+    {"config", "tasks", "staleness", "accounting", "waits"},
     {"model", "telemetry", "algo", "sync"},
     {"reward", "checkpoint", "plan"},
     {"rollout", "trainer", "runguard"},
