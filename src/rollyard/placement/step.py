@@ -91,7 +91,9 @@ def fill_with_signal(run: RunRecord, r: Roles, side, step: int, got: Taken, samp
     """DAPO's dynamic sampling: keep the groups whose rewards differ (a group of equal rewards has advantage 0
     everywhere: no signal) and take more rounds from ``side`` until ``rollout.prompts_per_step`` groups are kept or
     ``algo.dynamic_sampling_rounds`` rounds were drawn. Every group drawn is accounted for (trained on, or counted in
-    ``dynamic/dropped_groups``); the step trains every group kept, so a last round may bring it over the batch."""
+    ``dynamic/dropped_groups``). The step trains the first ``prompts_per_step`` groups kept, as verl trims its batch:
+    the batch (and so the step's learning rate per sample) stays the configured one; a last round's groups with
+    signal beyond it are consumed untrained, counted in ``dynamic/surplus_groups``."""
     cfg = run.cfg
     requests, extra = list(got.requests), dict(got.extra)
     kept, dropped = with_signal(trained)
@@ -104,10 +106,19 @@ def fill_with_signal(run: RunRecord, r: Roles, side, step: int, got: Taken, samp
         samples = samples + scored
         k, d = with_signal(t)
         kept, dropped = kept + k, dropped + d
+    kept, surplus = first_groups(kept, cfg.rollout.prompts_per_step)
     groups = len({s.request_id for s in kept})
     extra.update({"dynamic/rounds": float(rounds), "dynamic/kept_groups": float(groups),
-                  "dynamic/dropped_groups": float(dropped), "dynamic/short": float(groups < cfg.rollout.prompts_per_step)})
+                  "dynamic/dropped_groups": float(dropped), "dynamic/surplus_groups": float(surplus),
+                  "dynamic/short": float(groups < cfg.rollout.prompts_per_step)})
     return Taken(requests, samples, extra), samples, kept
+
+
+def first_groups(samples: list[Sample], k: int) -> tuple[list[Sample], int]:
+    """``(the samples of the first k groups, in the order drawn; how many groups were left out)``."""
+    order = list(dict.fromkeys(s.request_id for s in samples))
+    keep = set(order[:k])
+    return [s for s in samples if s.request_id in keep], max(0, len(order) - k)
 
 
 def with_signal(samples: list[Sample]) -> tuple[list[Sample], int]:
