@@ -353,6 +353,100 @@ def test_a_rollout_actor_that_never_answers_its_join_is_one_line_within_the_boun
         ray.kill(silent)
 
 
+def _mute_actor():
+    """A real Ray actor whose every method blocks and never answers (a process stuck in C++, a swapped-out one)."""
+    import ray
+
+    @ray.remote(num_cpus=0, max_concurrency=4)
+    class Mute:
+        def info(self) -> dict:
+            time.sleep(3600)
+            return {}
+
+        def checksum(self, version: int) -> tuple:
+            time.sleep(3600)
+            return version, ""
+
+    return Mute.remote()
+
+
+def _ends_within(fn, seconds: float):
+    """``fn()`` in a thread of its own: what it raised (or returned) once it ends; fails the test, rather than
+    hanging it, when it is still waiting after ``seconds`` (an unbounded ray.get)."""
+    out: list = []
+
+    def call() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            out.append(e)
+
+    t = threading.Thread(target=call, daemon=True, name="rollyard-test-wait")
+    t.start()
+    t.join(timeout=seconds)
+    assert not t.is_alive(), f"the wait did not end within {seconds} s: unbounded"
+    return out[0]
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_a_ray_actor_that_never_answers_is_one_line_within_the_bound_said_and_heard(capsys):
+    import ray
+
+    from rollyard import signals, waits
+    from rollyard.placement.rollout_actor import handshake, held_checksums
+
+    mute = _mute_actor()
+    try:
+        # start-up: the driver's handshake with a rollout worker that never finishes building
+        t0 = time.monotonic()
+        err = _ends_within(lambda: handshake(mute, "rollout-0", "0" * 64, bound_s=2.0), 30)
+        assert isinstance(err, waits.NoAnswer), err
+        assert str(err).startswith("rollout worker rollout-0 did not answer its start-up (scheduling, model copy, "
+                                   "engine) within 2 s (Ray actor: an answer was expected within 2 s, none came in 2 s);")
+        assert "ray status" in str(err) and "\n" not in str(err) and time.monotonic() - t0 < 30
+        # the weight check: bounded too, and the driver keeps draining its queue while it waits
+        drained: list[int] = []
+        err = _ends_within(lambda: held_checksums({"rollout-1": mute}, 3, lambda: drained.append(1), bound_s=2.0), 30)
+        assert isinstance(err, waits.NoAnswer) and str(err).startswith(
+            "rollout worker rollout-1 did not answer the weight check at version 3"), err
+        assert "\n" not in str(err) and len(drained) > 5
+        # the word after say_after_s, and a stop signal ends the wait (after its grace), not the bound
+        capsys.readouterr()
+        with signals.graceful():
+            threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            t0 = time.monotonic()
+            with pytest.raises(signals.Stopped, match="it was waiting for rollout worker rollout-2 to answer a clock "
+                                                      "round trip; nothing was lost"):
+                waits.get(mute.info.remote(), "rollout worker rollout-2", "a clock round trip", 120.0, "fix",
+                          say_after_s=1.0)
+            assert time.monotonic() - t0 < waits.STOP_GRACE_S + 10
+        said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rollyard: waiting for")]
+        assert said == [said[0]] and said[0].startswith(
+            "rollyard: waiting for rollout worker rollout-2 to answer a clock round trip ("), said
+        assert said[0].endswith("s so far, at most 120 s)")
+    finally:
+        ray.kill(mute)
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_session")
+def test_an_actors_own_unanswered_wait_reaches_the_driver_as_its_line():
+    """A rollout worker's wait that ends in NoAnswer (its queue put) ends its loop; the driver's ``ray.get`` of that
+    loop gets a Ray error that is also a NoAnswer, whose cause is the worker's one line (pool._check_workers)."""
+    import ray
+
+    from rollyard import waits
+
+    @ray.remote(num_cpus=0)
+    def worker_loop() -> None:
+        raise waits.NoAnswer("the run's sample queue did not answer a put within 1 s")
+
+    with pytest.raises(waits.NoAnswer) as e:
+        ray.get(worker_loop.remote(), timeout=60)
+    assert str(e.value.cause) == "the run's sample queue did not answer a put within 1 s"
+
+
 # ---------------------------------------------------------------------------------------- caches sweep
 
 def test_a_warm_start_copy_left_by_a_kill_9_is_swept_by_the_next_warm_start(tmp_path):

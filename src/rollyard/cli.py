@@ -186,6 +186,7 @@ def _main(cmd: str, rest: list[str]) -> int:
     from rollyard.sync.transport_dist import SyncBroken
     from rollyard.trainer.dp import RankDied
     from rollyard.trainer.numerics import NumericalError
+    from rollyard.waits import NoAnswer
     try:
         return commands[cmd](rest)
     except _bad_input_errors() as e:
@@ -197,7 +198,7 @@ def _main(cmd: str, rest: list[str]) -> int:
     except Stopped as e:
         print(f"rollyard {cmd}: {e}", file=sys.stderr)
         return e.exit_code
-    except (NumericalError, RolloutCrashLoop, RankDied, SyncBroken) as e:
+    except (NumericalError, RolloutCrashLoop, RankDied, SyncBroken, NoAnswer) as e:
         print(f"rollyard {cmd}: error: {e}", file=sys.stderr)
         return 1
     except WeightsDiffer as e:  # a rollout copy off the trainer's weights: the run stops rather than sample from it

@@ -23,7 +23,7 @@ from ray.exceptions import RayActorError, RayError
 from ray.util.queue import Empty, Queue
 from rich.markup import escape
 
-from rollyard import staleness
+from rollyard import staleness, waits
 from rollyard.config import RunConfig
 from rollyard.placement.rollout_actor import RolloutWorker, actor_class, handshake, held_checksums
 from rollyard.placement.rules import RestartWindow
@@ -104,10 +104,12 @@ class RolloutPool(RolloutSide):
         dead = [n for n, ref in self.runs.items() if ref in ready]
         for name in dead:
             try:
-                ray.get(self.runs[name])
+                ray.get(self.runs[name], timeout=waits.POLL_S)  # ready: returns (or raises) at once
                 raise RuntimeError(f"rollout worker {name} left its loop without being stopped")
             except RayActorError as e:
                 self._replace(name, e)
+            except waits.NoAnswer as e:  # its own wait went unanswered: that line, not Ray's remote traceback
+                raise waits.NoAnswer(f"rollout worker {name}: {getattr(e, 'cause', e)}") from None
         if dead:
             self.session.connect(self.workers)  # a sync group cannot outlive a member: a new one, all ranks
 

@@ -30,10 +30,13 @@ import ray
 import torch
 from ray.exceptions import RayError
 
+from rollyard import waits
 from rollyard.config import RunConfig
 from rollyard.types import Sample
 
 SPAN_ROLE = "reference_pool"  # the actors' compute (off the critical path); "reference" is the driver's wait
+START_S = 1200.0  # an actor's start-up: scheduled on a free CPU, the model copy unpickled (a large model: minutes)
+SCORE_S = 600.0  # one call scores a queue item's or a step's groups: one packed forward, seconds to a few minutes
 
 
 class ReferenceWorker:
@@ -88,7 +91,9 @@ class ReferencePool:
         self.offsets: dict[str, float] = {}
         for i, h in enumerate(self.actors):
             t0 = time.time()
-            info = ray.get(h.info.remote())  # waits for the copy to be built, then measures the clock offset
+            info = waits.get(h.info.remote(), f"{role} actor {role}-{i}", "its start-up (scheduling, model copy)",
+                             START_S, "see its error above or in the Ray logs; an actor is started once a CPU is "
+                             "free (ray status), then start the run again")  # then measures the clock offset
             self.offsets[f"{role}-{i}"] = info["time"] - (t0 + time.time()) / 2
         self.pending: dict[str, object] = {}  # request id -> ObjectRef of its group's result
         self.order = itertools.count()
@@ -120,11 +125,11 @@ class ReferencePool:
         spans = []
         for ref in dict.fromkeys(refs.values()):
             try:
-                results[ref] = ray.get(ref)
+                results[ref] = self._get(ref, step)
             except RayError:  # the worker that asked for it died, and its result with it: score again
                 self.stats["rescored"] += 1
                 again = [s for s in samples if refs[s.request_id] == ref]
-                results[ref] = ray.get(score_group(self.actors, again, step, next(self.order)))
+                results[ref] = self._get(score_group(self.actors, again, step, next(self.order)), step)
             if ref in self.pending.values():  # a later step trains the call's other groups: its span goes there
                 continue
             span = results[ref]["span"]
@@ -134,6 +139,12 @@ class ReferencePool:
         for s in samples:
             setattr(s, self.field, got[s.id])
         return spans
+
+    def _get(self, ref, step: int) -> dict:
+        """One scoring call's result, bounded by ``SCORE_S`` (``waits.NoAnswer``, one line) and heard by a signal."""
+        return waits.get(ref, f"the {self.role} pool's actors ({self.role}-0..{len(self.actors) - 1})",
+                         f"the scoring of step {step}'s groups", SCORE_S, "an actor alive but not answering is "
+                         "stuck: see the Ray logs; the run stops (resume with --resume)")
 
     def metrics(self) -> dict:
         """Groups whose reference was scored before the trainer asked (``early``), and rescored ones (reset)."""

@@ -39,7 +39,7 @@ from collections import deque
 
 import torch
 
-from rollyard import roles, staleness
+from rollyard import roles, staleness, waits
 from rollyard.config import RunConfig
 from rollyard.sync import canary
 from rollyard.sync.check import weights_checksum
@@ -53,6 +53,13 @@ SPAN_MAX_S = 0.5  # a busy period is cut into spans of at most this long (timeli
 PUTS_IN_FLIGHT = 4  # queue puts the loop does not wait for; past that it waits (a full queue: backpressure)
 SHIP_HOLD_S = 0.02  # a finished group waits up to this long for the rest of its round while the engine decodes
 IDLE_WAIT_S = 0.05  # with nothing to decode the loop sleeps until a control call wakes it, at most this long
+# The bounds of the waits on a worker's answers (rollyard/waits.py), sized to their work:
+START_S = 1200.0  # start-up: scheduled on a free CPU, model copy built (a large model loads, vLLM builds, in minutes)
+ROUND_TRIP_S = 60.0  # an answer that does no work (the clock round trip)
+CHECKSUM_S = 600.0  # the weight check: the worker applies the update first, after in-flight sequences finish
+CHECKSUM_SAY_S = 30.0  # finishing in-flight sequences takes seconds: said only when it takes longer than that
+SHIP_S = 3600.0  # a put into a full sample queue: the driver takes once its step trains
+SHIP_SAY_S = 600.0  # a full queue is backpressure, not news, unless the driver's step takes this long
 
 
 class RolloutWorker:
@@ -290,7 +297,9 @@ class RolloutWorker:
 
         self._puts.append(actor.put.remote(item, None))
         while self._puts and (len(self._puts) > PUTS_IN_FLIGHT or ray.wait([self._puts[0]], timeout=0)[0]):
-            ray.get(self._puts.popleft())
+            waits.get(self._puts.popleft(), "the run's sample queue", "a put of finished groups (the queue is full "
+                      "until the driver takes)", SHIP_S, "the driver took nothing for that long: see the driver's "
+                      "output for why it stopped taking samples", say_after_s=SHIP_SAY_S)
 
     def _target_now(self) -> int:
         return min((t for _, t in self.requests.values()), default=0)
@@ -391,18 +400,21 @@ def actor_class(cls: type):
     return ray.remote(**opts)(cls)
 
 
-def handshake(h, name: str, checksum: str) -> tuple[dict, float]:
-    """``(info, clock offset)`` of a started actor ``h``: waits for its model copy, then a round trip measures the
-    offset. Its weights must hash to ``checksum`` (``WeightsDiffer``), and it must import this rollyard."""
-    import ray
-
+def handshake(h, name: str, checksum: str, bound_s: float = START_S) -> tuple[dict, float]:
+    """``(info, clock offset)`` of a started actor ``h``: waits for its model copy (at most ``bound_s``), then a
+    round trip measures the offset. Its weights must hash to ``checksum`` (``WeightsDiffer``), and it must import
+    this rollyard. An actor that does not answer is one line (``waits.NoAnswer``), a stop signal ends the wait."""
     import rollyard
     from rollyard.config import ConfigError
     from rollyard.sync.check import WeightsDiffer
 
-    ray.get(h.info.remote())  # waits for the model copy to be built
+    waits.get(h.info.remote(), f"rollout worker {name}", "its start-up (scheduling, model copy, engine)", bound_s,
+              f"see its error above or in the Ray logs; a worker is started once a CPU is free (ray status: the free "
+              f"CPUs, and the {ROLLOUT_RESOURCE!r} resource on a cluster that names its rollout nodes), then start "
+              f"the run again")
     t0 = time.time()
-    info = ray.get(h.info.remote())
+    info = waits.get(h.info.remote(), f"rollout worker {name}", "a clock round trip", ROUND_TRIP_S,
+                     "its process is alive but not answering: see the Ray logs, then start the run again")
     offset = info["time"] - (t0 + time.time()) / 2
     if info["checksum"] != checksum:
         raise WeightsDiffer(f"rollout worker {name} starts with weights that differ from the trainer's at "
@@ -413,22 +425,22 @@ def handshake(h, name: str, checksum: str) -> tuple[dict, float]:
     return info, offset
 
 
-def held_checksums(workers: dict, version: int, wait) -> dict[str, tuple[int, str] | None]:
+def held_checksums(workers: dict, version: int, wait, bound_s: float = CHECKSUM_S) -> dict[str, tuple[int, str] | None]:
     """Each actor's ``(version, checksum)`` once it holds ``version`` (None: it died meanwhile); ``wait()`` runs
-    while none has answered (the driver drains its queue: a worker may be asking for a catch-up)."""
+    while they have not all answered (the driver drains its queue: a worker may be asking for a catch-up). One
+    that does not answer within ``bound_s`` is one line (``waits.NoAnswer``)."""
     import ray
     from ray.exceptions import RayActorError
 
-    pending = {h.checksum.remote(version): n for n, h in workers.items()}
+    pending = {h.checksum.remote(version): f"rollout worker {n}" for n, h in workers.items()}
+    waits.wait_for(pending, f"the weight check at version {version} (its checksum once it holds that version)",
+                   bound_s, "a worker that never applies an update is stuck in its loop: see the Ray logs; "
+                   "the run stops rather than sample from unchecked weights", idle=wait, poll_s=0.05,
+                   say_after_s=CHECKSUM_SAY_S)
     out: dict[str, tuple[int, str] | None] = {}
-    while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=0.05)
-        if not ready:
-            wait()
-            continue
-        name = pending.pop(ready[0])
+    for ref, name in zip(pending, workers):
         try:
-            out[name] = tuple(ray.get(ready[0]))
+            out[name] = tuple(ray.get(ref, timeout=waits.POLL_S))  # ready: returns at once
         except RayActorError:
             out[name] = None
     return out

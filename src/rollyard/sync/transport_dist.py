@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rollyard import waits
 from rollyard.sync.group import SyncGroup
 from rollyard.sync.wire import pack_pieces, unpack
 from rollyard.types import WeightUpdate
@@ -140,7 +141,8 @@ class DistSender:
                 for rank, h in enumerate(receivers.values(), 1)]
         try:  # both bounded: make() by the group's timeout (every store wait is capped), the joins' answers too
             self.group = make()
-            ray.get(refs, timeout=self.timeout_s)
+            waits.get(refs, list(receivers), f"a join of sync group g{self.generation}", self.timeout_s,
+                      "see the worker's error above or in the Ray logs")
         except (RuntimeError, ray.exceptions.RayError) as e:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise SyncBroken(f"sync group g{self.generation}: not every one of the {world - 1} rollout worker(s) "
@@ -163,7 +165,8 @@ class DistSender:
         missed = []
         for ref, name in refs.items():
             try:
-                ray.get(ref, timeout=self.timeout_s)
+                waits.get(ref, name, f"a receive of the weight broadcast v{update.version}", self.timeout_s,
+                          "it is caught up from the snapshot")
             except ray.exceptions.RayActorError:
                 pass  # dead: replaced from a snapshot by the caller
             except (ray.exceptions.RayError, RuntimeError):

@@ -16,8 +16,11 @@ from __future__ import annotations
 import ray
 import torch
 
+from rollyard import waits
 from rollyard.sync.wire import pack, unpack
 from rollyard.types import WeightUpdate
+
+RECV_S = 600.0  # a fetch of a whole update from the object store (the largest models: GBs over the node's network)
 
 
 def serialized_size(value) -> int:
@@ -45,7 +48,8 @@ class RayTransport:
         ref = ref if ref is not None else self.ref
         if ref is None:
             raise RuntimeError("RayTransport.recv: no object ref; pass the ref the sender's send() stored")
-        header, payload = ray.get(ref)
+        header, payload = waits.get(ref, "the weights' owner (the driver)", "a weight update's fetch from the object "
+                                    "store", RECV_S, "the driver's node is unreachable or overloaded: see its output")
         update = unpack(header, torch.from_numpy(payload.copy()))
         return update
 
