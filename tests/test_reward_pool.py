@@ -59,3 +59,20 @@ def test_a_worker_that_cannot_start_at_all_is_a_start_up_error(tmp_path):
                     "def score(c, p, m):\n    return 1.0\n")
     with pytest.raises(ValueError, match="imports in this process but not in a worker process: ImportError: not in a"):
         RewardDispatcher(f"{hook}:score", num_workers=2, decode=str)
+
+
+def test_a_worker_that_closes_its_pipe_and_lives_on_is_killed_within_the_bound(tmp_path, monkeypatch):
+    """End of file on a worker's pipe means it is exiting; one whose hook closed the pipe and went on (here while
+    importing) was waited for without a bound (a hang): it is killed after ``EOF_GRACE_S`` and said in one line."""
+    import time
+
+    monkeypatch.setattr(pool, "EOF_GRACE_S", 1.0)
+    hook = tmp_path / "closes_its_pipe.py"
+    hook.write_text('import os, sys, time\nif "rollyard" not in sys.modules:  # in the worker: the protocol pipe too\n'
+                    '    os.closerange(3, 1024)\n    time.sleep(3600)\n'
+                    "def score(c, p, m):\n    return 1.0\n")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="a worker process ended while importing it \\(closed its pipe to rollyard "
+                                         "and was still running 1 s later: killed\\)") as e:
+        RewardDispatcher(f"{hook}:score", num_workers=1, decode=str, start_timeout_s=600)
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 60

@@ -34,6 +34,7 @@ from rollyard.tasks.base import HookError
 WORKER_SCRIPT = os.path.abspath(_worker.__file__)
 _HEADER = struct.Struct(">I")
 MAX_START_FAILURES = 3  # consecutive failed worker starts before the pool gives up (and flags every call)
+EOF_GRACE_S = 5.0  # a worker whose pipe closed has this long to exit before it is killed (see reap)
 
 
 @dataclass(eq=False)
@@ -80,6 +81,17 @@ def kill(proc: subprocess.Popen) -> None:
             f.close()
         except OSError:
             pass
+
+
+def reap(proc: subprocess.Popen) -> str:
+    """How a worker whose pipe reached end of file ended (:func:`describe_exit`). Such a worker is exiting, so it
+    is waited for ``EOF_GRACE_S`` at most: one still running then (its code closed the pipe and went on) is
+    killed and said so, never waited for without a bound."""
+    try:
+        return describe_exit(proc.wait(timeout=EOF_GRACE_S))
+    except subprocess.TimeoutExpired:
+        kill(proc)
+        return f"closed its pipe to rollyard and was still running {EOF_GRACE_S:.0f} s later: killed"
 
 
 def kill_all(procs: set) -> None:
@@ -186,10 +198,10 @@ class WorkerPool:
             frames = self._read(w)
             if w.state != "starting":
                 if frames is None:
-                    w.proc.wait()
+                    reap(w.proc)
                 events.append((w, frames))
             elif frames is None:
-                self._start_failed(w, f"worker exited while importing the hook ({describe_exit(w.proc.wait())})")
+                self._start_failed(w, f"worker ended while importing the hook ({reap(w.proc)})")
             else:
                 for fr in frames:
                     self._on_start_frame(w, fr, initial=False)
@@ -275,9 +287,8 @@ class WorkerPool:
                     continue
                 frames = self._read(w)
                 if frames is None:
-                    rc = w.proc.wait()
-                    raise HookError(f"{self.label}: a worker process exited while importing it "
-                                    f"({describe_exit(rc)}); check that the module imports in a fresh "
+                    raise HookError(f"{self.label}: a worker process ended while importing it "
+                                    f"({reap(w.proc)}); check that the module imports in a fresh "
                                     f"interpreter: {sys.executable} -c 'import ...'")
                 for fr in frames:
                     elapsed = self._on_start_frame(w, fr, initial=True)
