@@ -132,3 +132,18 @@ def test_the_narration_check_sees_an_issue_number_and_a_session(tmp_path):
     module.write_text('"""Docstring: issue 7 is history."""\n\n\ndef f():\n    """issue 8"""\n'
                       '    raise ValueError("slower (in issue 44\'s probe)")\n')
     assert [line for line, text in _message_strings(module) if NARRATION.search(text)] == [6]
+
+
+def test_every_test_the_reliability_table_cites_exists():
+    """docs/reliability.md's table names a test for each fault: `tests/f.py::name`, or a bare `test_name` of the
+    row's last named file (tests/test_reliability.py where the row names none). A renamed or removed test fails here."""
+    missing = []
+    for line in (ROOT / "docs" / "reliability.md").read_text().splitlines():
+        if not line.startswith("| ") or line.startswith("| fault "):
+            continue
+        path = "tests/test_reliability.py"
+        for m in re.finditer(r"`(tests/[\w/]+\.py)(?:::(\w+))?`|`(test_\w+)`", line.rstrip().rstrip("|").rsplit("|", 1)[1]):
+            path, name = (m.group(1), m.group(2)) if m.group(1) else (path, m.group(3))
+            if name and not re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M):
+                missing.append(f"{path}::{name}")
+    assert not missing, f"docs/reliability.md cites tests that do not exist: {missing}"
