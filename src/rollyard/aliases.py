@@ -276,6 +276,12 @@ def _no(name: str, source: str, why: str, closest: str, neutral: tuple = ()) -> 
     return Alias(name, source, (), f"{why}; closest rollyard setting: {closest}{keep}", neutral=neutral)
 
 
+def _beta(value: Any, ctx: Ctx) -> dict[str, Any]:
+    """TRL's ``beta`` is GRPOConfig's KL coefficient, but GKDConfig's interpolation of the generalized JSD."""
+    gkd = ctx.keys("algo.objective") == "gkd" or any(ctx.alias(n) is not None for n in ("lmbda", "seq_kd"))
+    return {"algo.gkd_beta" if gkd else "algo.kl_coef": value}
+
+
 def _epochs(value: Any, ctx: Ctx) -> dict[str, Any]:
     if ctx.alias("max_steps") is not None:  # as in TRL (transformers' Trainer): max_steps wins over epochs
         return {}
@@ -404,7 +410,8 @@ ALIASES_LIST: list[Alias] = [
     _same("num_generations", TRL, "rollout.samples_per_prompt"),
     _same("max_completion_length", TRL, "rollout.max_new_tokens"),
     _same("max_tool_calling_iterations", TRL, "tools.max_tool_calling_iterations"),
-    _same("beta", TRL, "algo.kl_coef"),
+    Alias("beta", TRL, ("algo.kl_coef", "algo.gkd_beta"), "GRPOConfig: same value as algo.kl_coef; GKDConfig (with "
+          "lmbda or seq_kd, or algo.objective=gkd): same value as algo.gkd_beta", _beta),
     Alias("epsilon", TRL, ("algo.clip_low", "algo.clip_high"), "clip_low; clip_high too unless epsilon_high is given",
           _epsilon),
     _same("epsilon_high", TRL, "algo.clip_high"),
@@ -620,6 +627,15 @@ ALIASES_LIST: list[Alias] = [
     _ignored("ignore_data_skip", TRL, "a resumed run continues its prompt stream from the checkpoint's cursor"),
     _no("router_aux_loss_coef", TRL, "rollyard adds no mixture-of-experts load-balancing loss",
         "none (algo.kl_coef is the only extra loss term); remove it", (None, 0)),
+    # ---- TRL GKDConfig (experimental GKDTrainer; temperature and beta above, in a GKD context)
+    Alias("lmbda", TRL, ("algo.objective", "algo.gkd_lmbda"), "algo.objective=gkd, algo.gkd_lmbda = the same value "
+          "(the share of prompts trained on the student's own samples; TRL draws once per batch, rollyard per "
+          "prompt)", lambda v, _c: {"algo.objective": "gkd", "algo.gkd_lmbda": v}),
+    _no("seq_kd", TRL, "sequence-level KD trains on completions the teacher generates, but rollyard's rollout "
+        "engines hold the student only (a teacher engine per rollout worker is not built)",
+        "algo.gkd_lmbda < 1 (the dataset's reference completions)", (False,)),
+    _same("max_new_tokens", TRL, "rollout.max_new_tokens"),
+    _same("teacher_model_name_or_path", TRL, "teacher.model"),
     # ---- verl (dotted, as in its YAML / Hydra overrides)
     _same("data.train_batch_size", VERL, "rollout.prompts_per_step"),
     _same("data.max_response_length", VERL, "rollout.max_new_tokens"),

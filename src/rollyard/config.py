@@ -170,8 +170,11 @@ class AlgoConfig(Section):
     dynamic_sampling_rounds: int = Field(10, ge=1, le=1000, description="dynamic_sampling: rounds of generation one step may draw at most (verl max_num_gen_batches); the step then trains what it has, said in metrics")
     overlong_buffer: int = Field(0, ge=0, description="DAPO's overlong reward shaping: a response longer than rollout.max_new_tokens - overlong_buffer tokens loses overlong_penalty x (excess / overlong_buffer) of reward; 0: off")
     overlong_penalty: float = Field(1.0, ge=0.0, description="overlong_buffer: the penalty at the response cap")
-    objective: Literal["rl", "distill", "rl+distill"] = Field("rl", description="what the per-token advantage is: rl (the reward's GRPO advantage, every token of a sample alike) | distill (on-policy distillation: distill_coef x -(log pi_old(token) - log pi_teacher(token)), each sampled token's own reverse-KL term, the reward unused by the loss; needs teacher.model) | rl+distill (the GRPO advantage plus that term); every objective goes through the same clipped, IS-corrected per-token loss")
+    objective: Literal["rl", "distill", "rl+distill", "gkd"] = Field("rl", description="what the per-token advantage is: rl (the reward's GRPO advantage, every token of a sample alike) | distill (on-policy distillation: distill_coef x -(log pi_old(token) - log pi_teacher(token)), each sampled token's own reverse-KL term, the reward unused by the loss; needs teacher.model) | rl+distill (the GRPO advantage plus that term); every objective goes through the same clipped, IS-corrected per-token loss | gkd (TRL's GKD: at every completion position the generalized JSD between the student's and the teacher's distributions over the teacher's top gkd_top_k tokens, a loss term, no reward, no advantage; algo/gkd.py)")
     distill_coef: float = Field(1.0, gt=0.0, description="objective=distill or rl+distill: the weight of the per-token reverse-KL advantage")
+    gkd_beta: float = Field(0.5, ge=0.0, le=1.0, description="objective=gkd: the generalized JSD's interpolation (TRL GKDConfig beta): 0 the forward KL(teacher || student), 1 the reverse KL(student || teacher)")
+    gkd_lmbda: float = Field(1.0, ge=0.0, le=1.0, description="objective=gkd: the share of prompts whose completions are the student's own samples (TRL GKDConfig lmbda, whose default is 0.5); the rest train on the dataset's reference completion (a demo or string answer; needed when < 1). Drawn per prompt and round, fixed by the run's seed")
+    gkd_top_k: int = Field(20, ge=1, le=1_000_000, description="objective=gkd: the support of the divergence at each position, the teacher's k most likely tokens (both distributions renormalised over them); the teacher sends k ids and log-probs per token (8k B). The vocabulary size gives TRL's full-vocabulary loss exactly")
 
 
 class TrainerConfig(Section):
@@ -356,6 +359,13 @@ def _check_teacher(cfg: RunConfig) -> None:
     if a.objective == "rl" and t.model:
         raise ValueError(f"teacher.model={t.model} is set, but algo.objective=rl uses no teacher; set "
                          f"algo.objective=distill (or rl+distill), or drop teacher.model")
+    if a.objective == "gkd" and t.placement == "pool":
+        raise ValueError("algo.objective=gkd needs the teacher's top-k ids and log-probs per token, but "
+                         "teacher.placement=pool's actors return the sampled tokens' log-probs only; set "
+                         "teacher.placement=inline")
+    if a.objective == "gkd" and cfg.trainer.dp > 1:
+        raise ValueError(f"algo.objective=gkd with trainer.dp={cfg.trainer.dp}: the data-parallel ranks do not "
+                         f"gather the GKD divergence's accumulators yet; set trainer.dp=1")
     if a.objective != "rl" and a.dynamic_sampling:
         raise ValueError(f"algo.dynamic_sampling=true drops groups whose rewards are all equal, but under "
                          f"algo.objective={a.objective} every sampled token carries the teacher's signal; set "

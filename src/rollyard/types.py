@@ -57,6 +57,9 @@ class Sample:
     reward_flag: str | None = None  # "timeout" | "error: ..." when the verifier failed
     ref_logprobs: list[float] | None = None
     teacher_logprobs: list[float] | None = None  # the teacher's, same support (algo.objective=distill)
+    # algo.objective=gkd: per completion token, the teacher's top-k token ids and their log-probs (algo/gkd.py)
+    teacher_top_ids: list[list[int]] | None = None
+    teacher_top_logprobs: list[list[float]] | None = None
     advantage: float = 0.0
     reward_parts: list[float | None] = field(default_factory=list)  # per reward hook, before weighting
     reward_extras: dict[str, float] = field(default_factory=dict)  # "<hook>/<key>": a verl dict result's extras

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import torch
 
-OBJECTIVES = ("rl", "distill", "rl+distill")
+OBJECTIVES = ("rl", "distill", "rl+distill", "gkd")  # gkd: algo/gkd.py (a divergence term, no advantage)
 
 
 def reward_weight(objective: str) -> float:
-    """The GRPO advantage's weight in the per-token advantage: 0 under pure distillation."""
+    """The GRPO advantage's weight in the per-token advantage: 0 under pure distillation (and GKD)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"algo.objective={objective!r}: expected one of {OBJECTIVES}")
-    return 0.0 if objective == "distill" else 1.0
+    return 0.0 if objective in ("distill", "gkd") else 1.0
 
 
 def reverse_kl(old_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ Per token (all ``[T]`` over a packed micro-batch, :mod:`rollyard.algo.segments`)
                                                         #   its weight already holds it)
     term     += kl_coef * k3(logp, ref) [* w]           # [* w]: kl_bias_correction (TRL use_bias_correction_kl)
     loss      = aggregate(term * mask) - entropy_coef * mean_effective(H)
+    loss     += aggregate(JSD_beta(support) * mask)     # GKD (algo/gkd.py): over the teacher's top-k, no IS weight
 
 ``aggregate`` (algo/loss.py) takes the whole optimizer batch's denominators, so micro-batches add up to the batch's
 loss; the entropy bonus is the mean entropy over the tokens the policy term acts on (``mask * entropy_mask``),
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rollyard.algo import correction, distill, ratios, surrogates
+from rollyard.algo import correction, distill, gkd, ratios, surrogates
 from rollyard.algo.loss import aggregate, kl_k3
 
 
@@ -52,11 +53,12 @@ class LossSpec:
     max_len: int | None = None  # the response cap, for seq-mean-token-sum-norm (Dr. GRPO)
     reward_weight: float = 1.0  # the sequence advantage's weight in A (0: algo.objective=distill)
     distill_coef: float = 0.0  # the teacher's per-token reverse-KL advantage's weight (0: no teacher; algo/distill.py)
+    gkd_beta: float | None = None  # algo.objective=gkd: the generalized JSD's beta over the teacher's top-k (None: off)
 
     def needs_every_sample(self) -> bool:
         """Whether a zero-advantage sample moves the weights (then it is trained): a KL, entropy or teacher term
         (under distillation a zero reward advantage is not zero signal)."""
-        return self.kl_coef > 0 or self.entropy_coef != 0 or self.distill_coef > 0
+        return self.kl_coef > 0 or self.entropy_coef != 0 or self.distill_coef > 0 or self.gkd_beta is not None
 
     def needs_entropy_grad(self) -> bool:
         return self.entropy_coef != 0
@@ -78,6 +80,8 @@ class Batch:
     entropy: torch.Tensor | None = None
     entropy_mask: torch.Tensor | None = None  # 1: among the top-entropy tokens of the batch
     teacher_logp: torch.Tensor | None = None  # the teacher's log-probs of the sampled tokens (distillation)
+    support_logp: torch.Tensor | None = None  # [T, k] the policy's log-probs at the teacher's top-k ids (GKD; grad)
+    teacher_support_logp: torch.Tensor | None = None  # [T, k] the teacher's log-probs of its top-k ids (GKD)
 
 
 def policy_loss(spec: LossSpec, b: Batch, num_tokens: int, num_seqs: int, entropy_tokens: int,
@@ -85,7 +89,7 @@ def policy_loss(spec: LossSpec, b: Batch, num_tokens: int, num_seqs: int, entrop
     """``(loss, stats)`` of one micro-batch: the loss to ``backward()`` (its share of the batch's), detached stats:
     ``pg_loss``, ``kl_sum`` (k3 summed over loss tokens, when a reference is given), ``clipped`` (tokens whose
     clip is active), ``is_weight [T]`` and ``w [T]`` (the ratio), ``distill_kl_sum`` (``log pi_old - log pi_teacher``
-    summed over loss tokens, with a teacher). ``entropy_coef`` overrides the spec's (the adaptive controller's
+    summed over loss tokens, with a teacher), ``gkd_jsd_sum`` (GKD). ``entropy_coef`` overrides the spec's (the adaptive controller's
     current value)."""
     stats = {}
     if spec.distill_coef > 0 and b.teacher_logp is not None:  # the per-token advantage (algo/distill.py)
@@ -115,6 +119,10 @@ def policy_loss(spec: LossSpec, b: Batch, num_tokens: int, num_seqs: int, entrop
             kl_term = k3 * w if spec.kl_bias_correction else k3
             loss = loss + spec.kl_coef * aggregate(kl_term * b.mask, b.seq_index, spec.agg, **kw)
         stats["kl_sum"] = (k3.detach() * b.mask).sum()
+    if spec.gkd_beta is not None:  # the per-position divergence over the teacher's top-k: a loss term, not an advantage
+        jsd = gkd.generalized_jsd(b.support_logp, b.teacher_support_logp, spec.gkd_beta)
+        loss = loss + aggregate(jsd * b.mask, b.seq_index, spec.agg, **kw)
+        stats["gkd_jsd_sum"] = (jsd.detach() * b.mask).sum()
     coef = spec.entropy_coef if entropy_coef is None else entropy_coef
     if coef and b.entropy is not None:
         eff = b.mask if b.entropy_mask is None else b.mask * b.entropy_mask

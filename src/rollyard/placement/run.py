@@ -249,7 +249,7 @@ def _open_roles(cfg: RunConfig, model, tokenizer, context: int, device, train_pr
     model = roles.with_lora(cfg, model)  # after the warm start: SFT trains (and caches) the full model
     reference = reference_placement.build(cfg, model)  # reference.placement: inline, pool or fused
     opened += [reference] if hasattr(reference, "close") else []
-    teacher = teacher_placement.build(cfg, tokenizer, device)  # algo.objective=distill | rl+distill
+    teacher = teacher_placement.build(cfg, tokenizer, device, train_prompts)  # algo.objective != rl
     opened += [teacher] if hasattr(teacher, "close") else []
     if teacher is not None:
         console.print(f"teacher {cfg.teacher.model}: {teacher.params / 1e6:.2f}M "

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from rollyard.algo.advantages import assign_advantages, overlong_penalty
 from rollyard.algo.support import Support
+from rollyard.placement import teacher as teacher_placement
 from rollyard.placement.run import Roles, RunRecord, finish
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
 from rollyard.sync import canary
@@ -196,6 +197,9 @@ def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -
         with tel.span("reference", step, placement=cfg.reference.placement):  # the trainer's wait for it
             add_reference(r, trained, step, tel)
     if r.teacher is not None and trained:  # the distillation teacher's log-probs (placement/teacher.py)
+        if cfg.algo.objective == "gkd":  # GKD's lmbda: some groups train on the dataset's reference completion
+            trained = teacher_placement.with_references(r.teacher, r.trainer, trained, cfg.seed, cfg.algo.gkd_lmbda,
+                                                        cfg.rollout.max_new_tokens, r.context, run.state.version)
         with tel.span("teacher", step, placement=cfg.teacher.placement):
             for span in r.teacher.fill(r.trainer, trained, step):
                 tel.record(span)
@@ -214,8 +218,9 @@ def edges(run: RunRecord, r: Roles, step: int, scored: list[Sample], trained: li
     run.telemetry.traffic(step, "rewards", 4 * len(scored))
     if r.reference is not None:  # its logprobs travel to the trainer
         run.telemetry.traffic(step, "ref_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
-    if r.teacher is not None:  # the teacher's too (algo.objective=distill | rl+distill)
-        run.telemetry.traffic(step, "teacher_logprobs", 4 * sum(len(s.completion_ids) for s in trained))
+    if r.teacher is not None:  # the teacher's too (algo.objective=distill | rl+distill); under gkd its top-k as well:
+        k = run.cfg.algo.gkd_top_k if run.cfg.algo.objective == "gkd" else 0  # an int32 id + fp32 log-prob each
+        run.telemetry.traffic(step, "teacher_logprobs", (4 + 8 * k) * sum(len(s.completion_ids) for s in trained))
 
 
 no_turn = contextlib.nullcontext  # a side whose rollout holds nothing the trainer needs while it steps

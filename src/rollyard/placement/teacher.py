@@ -17,6 +17,10 @@ tokenize as the student does: its log-probabilities are of the student's token i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from rollyard import sft
+from rollyard.algo import gkd
 from rollyard.config import ConfigError, RunConfig
 from rollyard.model.loading import load_policy
 from rollyard.sync.check import weights_checksum
@@ -24,16 +28,24 @@ from rollyard.types import Sample
 
 
 class InlineTeacher:
-    """The frozen teacher in the trainer's process."""
+    """The frozen teacher in the trainer's process. ``top_k`` > 0 (``algo.objective=gkd``): it also fills each
+    sample's ``teacher_top_ids`` / ``teacher_top_logprobs``, its ``top_k`` most likely tokens per completion position
+    over the whole vocabulary (``algo/gkd.py``), from the same forward."""
 
-    def __init__(self, model, device: str = "cpu"):
+    def __init__(self, model, device: str = "cpu", top_k: int = 0):
         self.model = model.to(device).eval().requires_grad_(False)
         self.params = sum(p.numel() for p in model.parameters())
+        self.top_k = top_k
+        self.references: dict[str, tuple[list[int], list[int]]] = {}  # GKD's lmbda < 1 (with_references)
 
     def submit(self, samples: list[Sample], step: int = 0) -> None:
         return None
 
     def fill(self, trainer, samples: list[Sample], step: int = 0) -> list[dict]:
+        if self.top_k:
+            for s, (lp, ids, top) in zip(samples, trainer.top_k_logprobs(samples, self.model, self.top_k)):
+                s.teacher_logprobs, s.teacher_top_ids, s.teacher_top_logprobs = lp.tolist(), ids.tolist(), top.tolist()
+            return []
         for s, lp in zip(samples, trainer.logprobs(samples, model=self.model)):
             s.teacher_logprobs = lp.tolist()
         return []
@@ -81,11 +93,13 @@ def tokenizer_differs(mine, theirs) -> str | None:
     return None
 
 
-def build(cfg: RunConfig, tokenizer, device: str = "cpu"):
-    """The teacher scorer for ``cfg`` (None when the objective uses no teacher); ``device``: the trainer's."""
+def build(cfg: RunConfig, tokenizer, device: str = "cpu", prompts: list | None = None):
+    """The teacher scorer for ``cfg`` (None when the objective uses no teacher); ``device``: the trainer's;
+    ``prompts``: the training prompts (GKD's reference completions when ``algo.gkd_lmbda`` < 1)."""
     if cfg.algo.objective == "rl":
         return None
     check(cfg)
+    references = reference_completions(cfg, tokenizer, prompts or [])
     model = load(cfg, tokenizer)
     facts = {"model": cfg.teacher.model, "checksum": weights_checksum(model)}
     if cfg.teacher.placement == "pool":
@@ -93,7 +107,8 @@ def build(cfg: RunConfig, tokenizer, device: str = "cpu"):
         scorer = ReferencePool(cfg, model, workers=cfg.teacher.workers, role="teacher", field="teacher_logprobs")
         scorer.params = sum(p.numel() for p in model.parameters())
     else:
-        scorer = InlineTeacher(model, device)
+        scorer = InlineTeacher(model, device, top_k=cfg.algo.gkd_top_k if cfg.algo.objective == "gkd" else 0)
+        scorer.references = references
     scorer.facts = facts  # run.json's "teacher": what a resume must find again
     return scorer
 
@@ -109,3 +124,55 @@ def check_resume(before: dict | None, teacher) -> None:
         got = "no teacher" if now is None else f"teacher {now['model']} (weights {now['checksum'][:12]})"
         raise ConfigError(f"this run was trained with {said}, but the resume loads {got}: its scores would change "
                           f"mid-run; resume with the same teacher.model and algo.objective, or start a new out_dir")
+
+
+def reference_completions(cfg: RunConfig, tokenizer, prompts: list) -> dict[str, tuple[list[int], list[int]]]:
+    """GKD's off-policy share (``algo.gkd_lmbda`` < 1): prompt id -> (the dataset's reference completion's ids + EOS,
+    its loss mask), tokenized as the SFT warm start's demonstrations are (``sft.demos``: a ``demo``, else a string
+    ``answer``; a tool turn masked). Empty when every completion is the student's; ConfigError (one line) when a
+    training prompt has none."""
+    a = cfg.algo
+    if a.objective != "gkd" or a.gkd_lmbda >= 1.0:
+        return {}
+    tools = sft.tool_demos(cfg, tokenizer)
+    out = {}
+    for p in prompts:
+        got = sft.demos([p], tokenizer, tools)
+        if got:
+            out[p.id] = (got[0][1], got[0][2])
+    if len(out) < len(prompts) or not prompts:
+        missing = next((p.id for p in prompts if p.id not in out), None)
+        raise ConfigError(f"algo.gkd_lmbda={a.gkd_lmbda} < 1 trains {1 - a.gkd_lmbda:.0%} of prompts on the dataset's "
+                          f"reference completion, but {len(prompts) - len(out)} of {len(prompts)} training prompts have "
+                          f"none (first: {missing}; a reference is a `demo` or a string `answer`); set "
+                          f"algo.gkd_lmbda=1.0 or map a reference column (data.fields={{demo: <column>}})")
+    return out
+
+
+def with_references(teacher, trainer, samples: list[Sample], seed: int, lmbda: float, max_new_tokens: int,
+                    context: int, version: int) -> list[Sample]:
+    """GKD's ``lmbda``: ``samples`` with each group drawn off-policy (``algo/gkd.on_policy``) trained on the dataset's
+    reference completion instead of the student's samples: every sample of the group becomes a copy with that
+    completion (cut to ``max_new_tokens`` and the context), so a prompt weighs the same either way. The copies'
+    rollout log-probs are the trainer's own (one no-grad pass: no importance-sampling gap, none of their tokens was
+    sampled), their version ``version``. The scored samples (their rewards, the step's metrics) are left as sampled."""
+    if lmbda >= 1.0:
+        return samples
+    out, fresh = [], []
+    for s in samples:
+        if gkd.on_policy(s.request_id, seed, lmbda):
+            out.append(s)
+            continue
+        ids, mask = teacher.references[s.request_id.rsplit("@", 1)[0]]
+        room = max(1, min(max_new_tokens, context - len(s.prompt_ids)))
+        cut = len(ids) > room
+        ids, mask = ids[:room], mask[:room]
+        copy = replace(s, completion_ids=list(ids), logprobs=[0.0] * len(ids), versions=[version] * len(ids),
+                       finish_reason="length" if cut else "stop", completion_mask=None if all(mask) else list(mask),
+                       meta={**s.meta, "gkd_reference": True})
+        out.append(copy)
+        fresh.append(copy)
+    if fresh:
+        for s, lp in zip(fresh, trainer.logprobs(fresh)):
+            s.logprobs = lp.tolist()
+    return out

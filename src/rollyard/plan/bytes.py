@@ -91,7 +91,8 @@ def step_bytes(p: PlanInputs) -> StepBytes:
         prompts=ro.prompts * ro.prompt_tokens * PROMPT_TOKEN_BYTES,
         rewards=samples * REWARD_BYTES,
         ref_logprobs=tokens * LOGPROB_BYTES if p.phases.use_reference else 0.0,
-        teacher_logprobs=tokens * LOGPROB_BYTES if p.phases.teacher_params > 0 else 0.0,
+        teacher_logprobs=(tokens * (LOGPROB_BYTES + p.phases.teacher_top_k * (PROMPT_TOKEN_BYTES + LOGPROB_BYTES))
+                          if p.phases.teacher_params > 0 else 0.0),
     )
 
 
@@ -386,7 +387,9 @@ def edges(p: PlanInputs, b: StepBytes, placement: str, sync_mode: str) -> list[E
         "samples": (b.rollout_payload, f"{ro.prompts}x{ro.samples}x{ro.avg_tokens:g} tokens x {ro.bytes_per_token:g} B"),
         "rewards": (b.rewards, f"{ro.prompts * ro.samples} samples x 4 B"),
         "ref_logprobs": (b.ref_logprobs, "4 B per completion token" if p.phases.use_reference else "no reference model"),
-        "teacher_logprobs": (b.teacher_logprobs, "4 B per completion token" if p.phases.teacher_params > 0 else "no teacher"),
+        "teacher_logprobs": (b.teacher_logprobs, ("no teacher" if p.phases.teacher_params <= 0 else
+                                                  f"4 B + top-{p.phases.teacher_top_k} x 8 B per completion token"
+                                                  if p.phases.teacher_top_k else "4 B per completion token")),
         "weights": (weights, wnote),
         "gradients": (b.gradient_per_rank, f"per rank, ring over DP={p.trainer.dp}" if p.trainer.dp > 1 else "DP=1: no all-reduce"),
         "gather": (0.0, "unsharded trainer: nothing to gather (review prices fsdp runs from run.json)"),

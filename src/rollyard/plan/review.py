@@ -457,7 +457,9 @@ def _teacher_phases(run: Run, secs: dict[str, float]) -> dict:
     n = run.info.get("teacher_params")
     if not isinstance(n, (int, float)) or isinstance(n, bool) or n <= 0:
         return {}
+    algo = run.config.get("algo") or {}
     return {"teacher_params": float(n), "teacher_s": secs.get("teacher", 0.0),
+            "teacher_top_k": int(algo.get("gkd_top_k") or 0) if algo.get("objective") == "gkd" else 0,
             "teacher_placement": (run.config.get("teacher") or {}).get("placement", "inline")}
 
 
@@ -483,7 +485,9 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
         out["rewards"] = (4.0 * n_samples, f"4 B x {n_samples} samples")
         out["ref_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.use_reference
                                else (0.0, "no reference model"))
-        out["teacher_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.teacher_params > 0
+        k = plan.inputs.phases.teacher_top_k  # GKD: an int32 id + fp32 log-prob per top-k token besides
+        out["teacher_logprobs"] = (((4.0 + 8.0 * k) * gen, f"(4 + 8 x {k}) B x generated tokens" if k
+                                    else "4 B x generated tokens") if plan.inputs.phases.teacher_params > 0
                                    else (0.0, "no teacher"))
     else:
         for e in ("samples", "rewards", "ref_logprobs", "teacher_logprobs"):

@@ -88,3 +88,38 @@ def _entropy(logits: torch.Tensor, logz: torch.Tensor, grad: bool) -> torch.Tens
     with torch.no_grad():
         p = (logits - logz[:, None]).exp_()
         return logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1)
+
+
+def chunked_logprobs_at(hidden: torch.Tensor, lm_head: torch.nn.Module, ids: torch.Tensor, temperature: float = 1.0,
+                        chunk: int = 1024, softcap: float | None = None, fp32_head: bool = False) -> torch.Tensor:
+    """``log_softmax(lm_head(hidden) / temperature)`` at ``ids [N, k]`` per row, over the whole vocabulary (no top-p /
+    top-k restriction: the GKD support is the teacher's, ``algo/gkd.py``) -> ``[N, k]`` fp32, with a gradient when
+    one is needed (each chunk checkpointed, as :func:`chunked_token_logprobs`)."""
+    need_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+    plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
+
+    def one_chunk(h: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+        logits = _logits(h, lm_head, plain, fp32_head, softcap, temperature)
+        return logits.gather(-1, at) - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+    out = [checkpoint(one_chunk, hidden[s:s + chunk], ids[s:s + chunk], use_reentrant=False) if need_grad
+           else one_chunk(hidden[s:s + chunk], ids[s:s + chunk]) for s in range(0, hidden.shape[0], chunk)]
+    return torch.cat(out) if out else hidden.new_zeros(0, ids.shape[-1], dtype=torch.float32)
+
+
+@torch.no_grad()
+def chunked_top_k(hidden: torch.Tensor, lm_head: torch.nn.Module, k: int, temperature: float = 1.0,
+                  chunk: int = 1024, softcap: float | None = None,
+                  fp32_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids [N, k] int64, logp [N, k] fp32)``: the ``k`` most likely tokens per row under
+    ``log_softmax(lm_head(hidden) / temperature)`` over the whole vocabulary, most likely first (a GKD teacher's)."""
+    plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
+    ids, lps = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        logits = _logits(hidden[s:s + chunk], lm_head, plain, fp32_head, softcap, temperature)
+        vals, top = (logits - torch.logsumexp(logits, dim=-1, keepdim=True)).topk(min(k, logits.shape[-1]), dim=-1)
+        ids.append(top)
+        lps.append(vals)
+    if not ids:
+        return hidden.new_zeros(0, k, dtype=torch.long), hidden.new_zeros(0, k, dtype=torch.float32)
+    return torch.cat(ids), torch.cat(lps)

@@ -51,6 +51,8 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
         out["kl"] = total("kl_sum") / computed
     if any(a.get("distill") for a in accs):  # the student's reverse KL to the teacher, per token (algo/distill.py)
         out["distill_kl"] = total("distill_kl_sum") / computed
+    if any(a.get("gkd") for a in accs):  # the generalized JSD to the teacher over its top-k, per token (algo/gkd.py)
+        out["gkd_jsd"] = total("gkd_jsd_sum") / computed
     head_s = sum(float(a.get("lm_head_s", 0.0)) for a in accs)
     if head_s:  # seconds of the step in the LM head (trainer/head.py's path: a plain head, fp32 or bf16 weights)
         out["lm_head_s"] = head_s

@@ -49,4 +49,5 @@ def loss_spec(cfg: RunConfig) -> LossSpec:
                     kl_bias_correction=a.kl_bias_correction, entropy_coef=a.entropy_coef,
                     top_entropy_quantile=a.top_entropy_quantile, max_len=cfg.rollout.max_new_tokens,
                     reward_weight=distill.reward_weight(a.objective),
-                    distill_coef=a.distill_coef if a.objective != "rl" else 0.0)
+                    distill_coef=a.distill_coef if a.objective in ("distill", "rl+distill") else 0.0,
+                    gkd_beta=a.gkd_beta if a.objective == "gkd" else None)

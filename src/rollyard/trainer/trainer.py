@@ -50,7 +50,7 @@ from rollyard.model import families
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer import head as head_grad
 from rollyard.trainer.layout import attention_pair_weight, decoder_of, micro_batch_cost, packing_is_isolated
-from rollyard.trainer.logprobs import chunked_token_logprobs
+from rollyard.trainer.logprobs import chunked_logprobs_at, chunked_token_logprobs, chunked_top_k
 from rollyard.trainer.metrics import quantiles, step_metrics
 from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.optim import ENTROPY_STATE, SCHEDULE_STEP, build_optimizer
@@ -169,8 +169,10 @@ class Trainer:
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         return stack
 
-    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False):
-        """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``."""
+    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False, support=None):
+        """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``. ``support`` (GKD,
+        ``algo/gkd.py``) adds a third result: an int ``k``, the top-``k`` ``(ids [N, k], logp [N, k])`` of the whole
+        distribution at each position (a teacher's); ``[N, k]`` ids, the log-probs at them (the student's)."""
         decoder = decoder_of(model)
         ids = mb.input_ids.to(self.device, non_blocking=True)
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
@@ -184,11 +186,17 @@ class Trainer:
                 # position_ids None => plain causal, pads after every real token (padded; packing.py).
                 hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.rows.to(self.device, non_blocking=True))
-            return chunked_token_logprobs(
-                hidden, model.get_output_embeddings(), mb.targets.to(self.device, non_blocking=True),
+            head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
+            lp, ent = chunked_token_logprobs(
+                hidden, head, mb.targets.to(self.device, non_blocking=True),
                 temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, chunk=self.logprob_chunk,
-                softcap=getattr(model.config, "final_logit_softcapping", None), with_entropy=with_entropy,
-                entropy_grad=entropy_grad, fp32_head=self.lm_head_fp32)
+                softcap=softcap, with_entropy=with_entropy, entropy_grad=entropy_grad, fp32_head=self.lm_head_fp32)
+            if support is None:
+                return lp, ent
+            kw = dict(temperature=self.temperature, chunk=self.logprob_chunk, softcap=softcap, fp32_head=self.lm_head_fp32)
+            if isinstance(support, int):
+                return lp, ent, chunked_top_k(hidden, head, support, **kw)
+            return lp, ent, chunked_logprobs_at(hidden, head, support.to(self.device, non_blocking=True), **kw)
 
     def _use_fast(self, model) -> bool:
         """Whether padded rows of ``model`` take ``families.train_hidden`` (checked once per model).
@@ -280,6 +288,19 @@ class Trainer:
                     ents[i] = part
         return out, (ents if with_entropy else None)
 
+    @torch.no_grad()
+    def top_k_logprobs(self, samples: list[Sample], model, k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per sample ``(logp [len], ids [len, k], top_logp [len, k])`` (CPU) under ``model`` in one pass: the sampled
+        tokens' log-probs (as :meth:`logprobs`) and the ``k`` most likely tokens of the whole distribution at each
+        completion position with their log-probs (a GKD teacher's, ``algo/gkd.py``)."""
+        out = [(torch.zeros(0), torch.zeros(0, k, dtype=torch.long), torch.zeros(0, k)) for _ in samples]
+        for mb in self.micro_batches(samples, model):
+            lp, _, (ids, top) = self._forward(model, mb, support=k)
+            for i, a, b, c in zip(mb.members, lp.float().cpu().split(mb.lengths), ids.cpu().split(mb.lengths),
+                                  top.float().cpu().split(mb.lengths)):
+                out[i] = (a, b, c)
+        return out
+
     # -- RL step --------------------------------------------------------------------------------
 
     def loss_mask(self, s: Sample) -> list[int]:
@@ -309,6 +330,12 @@ class Trainer:
                     f"sample {s.id!r}: a distillation objective needs teacher_logprobs for every completion token, "
                     f"got {None if s.teacher_logprobs is None else len(s.teacher_logprobs)} for "
                     f"{len(s.completion_ids)}; fill them with trainer.logprobs(samples, model=teacher)")
+            if self.loss.gkd_beta is not None and s.completion_ids and (
+                    s.teacher_top_ids is None or len(s.teacher_top_ids) != len(s.completion_ids)):
+                raise ValueError(
+                    f"sample {s.id!r}: algo.objective=gkd needs the teacher's top-k ids and log-probs for every "
+                    f"completion token, got {None if s.teacher_top_ids is None else len(s.teacher_top_ids)} for "
+                    f"{len(s.completion_ids)}; fill them with trainer.top_k_logprobs(samples, teacher, k)")
             if old_logprobs is not None and len(old_logprobs[i]) != len(s.completion_ids):
                 raise ValueError(f"sample {s.id!r}: old_logprobs has {len(old_logprobs[i])} entries for "
                                  f"{len(s.completion_ids)} completion tokens")
@@ -339,7 +366,7 @@ class Trainer:
         positions = [len(s.prompt_ids) + len(s.completion_ids) - 1 if s.completion_ids else 0 for s in samples]
         zero = torch.zeros((), device=self.device)
         acc = {"loss": zero.clone(), "pg_loss": zero.clone(), "kl_sum": zero.clone(), "entropy_sum": zero.clone(),
-               "distill_kl_sum": zero.clone(),
+               "distill_kl_sum": zero.clone(), "gkd_jsd_sum": zero.clone(), "gkd": self.loss.gkd_beta is not None,
                "eff_entropy_sum": zero.clone(), "eff_tokens": zero.clone(),
                "clipped": zero.clone(), "capped": zero.clone(), "diff_sum": zero.clone(), "diff_max": zero.clone(),
                "log_ratio": [], "tokens": num_tokens, "seqs": num_seqs, "micro_batches": 0, "packed_tokens": 0,
@@ -371,7 +398,10 @@ class Trainer:
         def cat(rows) -> torch.Tensor:
             return torch.tensor([x for r in rows for x in r], dtype=torch.float32).to(dev, non_blocking=True)
 
-        logp, ent = self._forward(self.model, mb, with_entropy=True, entropy_grad=self.loss.needs_entropy_grad())
+        gkd = self.loss.gkd_beta is not None  # the student's log-probs at the teacher's top-k ids (algo/gkd.py)
+        ids = torch.tensor([x for s in members for x in s.teacher_top_ids], dtype=torch.long) if gkd else None
+        logp, ent, *at = self._forward(self.model, mb, with_entropy=True, entropy_grad=self.loss.needs_entropy_grad(),
+                                       support=ids)
         # one update per batch: pi_old is the current policy, from this same forward (no extra pass)
         old = logp.detach() if old_logprobs is None else torch.cat(
             [old_logprobs[i].reshape(-1).float() for i in idx]).to(dev)
@@ -381,7 +411,10 @@ class Trainer:
                      seq_index=mb.seq_index.to(dev, non_blocking=True), mask=cat(masks[i] for i in idx),
                      ref_logp=cat(s.ref_logprobs for s in members) if want_kl else None, entropy=ent,
                      teacher_logp=cat(s.teacher_logprobs for s in members) if self.loss.distill_coef > 0 else None,
-                     entropy_mask=None if entropy_masks is None else cat(entropy_masks[i].tolist() for i in idx))
+                     entropy_mask=None if entropy_masks is None else cat(entropy_masks[i].tolist() for i in idx),
+                     support_logp=at[0] if gkd else None,
+                     teacher_support_logp=torch.tensor([x for s in members for x in s.teacher_top_logprobs],
+                                                       dtype=torch.float32).to(dev) if gkd else None)
 
     def _accumulate(self, acc: dict, b: Batch, loss: torch.Tensor, st: dict) -> None:
         with torch.no_grad():
@@ -392,6 +425,8 @@ class Trainer:
             acc["pg_loss"] += st["pg_loss"]
             if "distill_kl_sum" in st:
                 acc["distill_kl_sum"] += st["distill_kl_sum"]
+            if "gkd_jsd_sum" in st:
+                acc["gkd_jsd_sum"] += st["gkd_jsd_sum"]
             if "kl_sum" in st:
                 acc["kl_sum"] += st["kl_sum"]
             acc["entropy_sum"] += (b.entropy.detach() * b.mask).sum()
