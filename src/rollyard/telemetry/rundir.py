@@ -67,7 +67,7 @@ EDGES: dict[str, tuple[str, str, str, str]] = {
     "samples": ("rollout", "trainer", "token ids (int32) + logprobs (fp32) + versions (int32)", "per step"),
     "rewards": ("reward", "trainer", "one fp32 reward per sample", "per step"),
     "ref_logprobs": ("reference", "trainer", "fp32 logprob per completion token", "per step"),
-    "teacher_logprobs": ("teacher", "trainer", "fp32 teacher logprob per completion token (distillation)", "per step"),
+    "teacher_logprobs": ("teacher", "trainer", "fp32 teacher logprob per completion token (distillation); gkd: + top-k int32 ids and fp32 logprobs", "per step"),
     "weights": ("trainer", "rollout", "weight update (full | delta | lora)", "per sync"),
     "gradients": ("trainer", "trainer", "ring all-reduce of gradients", "per optimizer step"),
     "gather": ("trainer", "trainer", "all-gather of sharded (fsdp) parameters before a sync", "per sync"),
