@@ -2,9 +2,11 @@
 machine a second thread costs more in contention than it gains), Ray without auth or dashboard, and every
 test leaving its worker process as it found it (``leaves_no_trace``)."""
 
+import contextlib
 import os
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -97,12 +99,43 @@ def _state() -> dict:
             - _lifelong_threads()}
 
 
+GRACE_S = 5.0  # what is on its way out gets this long: an executor shut down with wait=False (transformers'
+# weight loading), a pool's worker being reaped; on a busy machine that takes a moment, and a test's result may not
+# depend on the machine's load. What still runs after it is a leak.
+
+
+def _owned() -> set[int]:
+    """The child processes no test owns: the ray_session fixture's Ray processes (while its session is the one
+    connected) and the helpers a process keeps for its life."""
+    fixture_ray = _ray_connected() and _RAY_OWNED["gcs"] == _gcs()
+    return (_RAY_OWNED["pids"] if fixture_ray else set()) | _lifelong_helpers()
+
+
+def _new_children(before: dict) -> dict[int, str]:
+    return {pid: cmd for pid, cmd in _children().items() if pid not in before["children"] and pid not in _owned()
+            and "wandb-core" not in cmd}  # W&B's service: one per process, kept for its life (wandb.teardown)
+
+
+def _settle(before: dict) -> None:
+    """Wait (at most ``GRACE_S`` in all) for the new threads to end and the new child processes to exit."""
+    import psutil
+
+    deadline = time.monotonic() + GRACE_S
+    for t in _state()["threads"] - before["threads"]:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    procs = []
+    for pid in _new_children(before):
+        with contextlib.suppress(psutil.Error):
+            procs.append(psutil.Process(pid))
+    psutil.wait_procs(procs, timeout=max(0.0, deadline - time.monotonic()))
+
+
 def _leaks(before: dict) -> tuple[list[str], dict]:
-    """What the process holds now that it did not hold in ``before`` (and no ray_session holds): one phrase per
-    kind, and what to clean up."""
+    """What the process holds now that it did not hold in ``before`` (and no ray_session holds), once what is on
+    its way out has had ``GRACE_S``: one phrase per kind, and what to clean up."""
+    _settle(before)
     now, said = _state(), []
     fixture_ray = now["ray"] is not None and _RAY_OWNED["gcs"] == now["ray"]
-    owned = (_RAY_OWNED["pids"] if fixture_ray else set()) | _lifelong_helpers()
     pg = now["pg"] and not before["pg"]
     if pg:
         said.append(f"a default torch.distributed process group ({torch.distributed.get_backend()}, world size "
@@ -110,8 +143,7 @@ def _leaks(before: dict) -> tuple[list[str], dict]:
     ray = now["ray"] is not None and now["ray"] != before["ray"] and not fixture_ray
     if ray:
         said.append("a Ray session it connected (not the ray_session fixture's)")
-    kids = {pid: cmd for pid, cmd in now["children"].items() if pid not in before["children"] and pid not in owned
-            and "wandb-core" not in cmd}  # W&B's service: one per process, kept for its life (wandb.teardown)
+    kids = _new_children(before)
     if kids:
         said.append(f"{len(kids)} child process{'es' * (len(kids) > 1)} alive ("
                     + "; ".join(f"pid {pid}: {cmd[:100]}" for pid, cmd in sorted(kids.items())) + ")")
