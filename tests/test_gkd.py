@@ -219,6 +219,19 @@ def test_lmbda_trains_a_share_of_groups_on_the_reference_completion():
     assert teacher_placement.with_references(teacher, trainer, samples, 7, 1.0, 2, 48, 4) == samples
 
 
+def test_lmbda_zero_run_trains_on_reference_completions(tmp_path, teacher_dir):
+    """algo.gkd_lmbda=0 end to end: every group trains on the task's answer + EOS (at most 3 digits + EOS here, while
+    the random student runs to the 6-token cap), and the teacher scores (and the ledger counts) those tokens."""
+    run = tmp_path / "ref"
+    assert main(["train", *TINY, "algo.objective=gkd", "algo.gkd_lmbda=0.0", "algo.gkd_top_k=4",
+                 f"teacher.model={teacher_dir}", "steps=2", f"out_dir={run}"]) == 0
+    rows = list(rundir.read_jsonl(run / rundir.METRICS))
+    traffic = [t["bytes"] for t in rundir.read_jsonl(run / rundir.TRAFFIC) if t["edge"] == "teacher_logprobs"]
+    assert traffic == [(4 + 8 * 4) * r["train/tokens"] for r in rows]
+    assert all(0 < r["train/tokens"] <= 2 * 4 * 4 < r["tokens/generated"] for r in rows)
+    assert all(abs(r["train/logprob_diff"]) < 1e-4 for r in rows)  # the copies' rollout log-probs: the trainer's
+
+
 def test_lmbda_below_one_without_reference_completions_is_one_line():
     cfg = load_config(None, ["algo.objective=gkd", "algo.gkd_lmbda=0.5", "teacher.model=tiny"])
     prompts = [Prompt(id="d:1", text="hi", meta={"answer": 3}), Prompt(id="d:2", text="yo", meta={})]
