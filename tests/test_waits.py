@@ -403,7 +403,7 @@ def test_a_ray_actor_that_never_answers_is_one_line_within_the_bound_said_and_he
         err = _ends_within(lambda: handshake(mute, "rollout-0", "0" * 64, bound_s=2.0), 30)
         assert isinstance(err, waits.NoAnswer), err
         assert str(err).startswith("rollout worker rollout-0 did not answer its start-up (scheduling, model copy, "
-                                   "engine) within 2 s (Ray actor: an answer was expected within 2 s, none came in 2 s);")
+                                   "engine) within 2 s (an answer was expected within 2 s, none came in 2 s);")
         assert "ray status" in str(err) and "\n" not in str(err) and time.monotonic() - t0 < 30
         # the weight check: bounded too, and the driver keeps draining its queue while it waits
         drained: list[int] = []
@@ -424,9 +424,35 @@ def test_a_ray_actor_that_never_answers_is_one_line_within_the_bound_said_and_he
         said = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("rollyard: waiting for")]
         assert said == [said[0]] and said[0].startswith(
             "rollyard: waiting for rollout worker rollout-2 to answer a clock round trip ("), said
-        assert said[0].endswith("s so far, at most 120 s)")
+        assert said[0].endswith("s so far, at most 120 s without an answer)")
     finally:
         ray.kill(mute)
+
+
+def test_a_wait_on_a_stream_is_bounded_by_its_silence_and_a_step_keeps_the_first_signals_promise():
+    """``waits.Wait`` as the driver's wait for finished groups uses it: each answer restarts the bound; a wait
+    that is part of a step (``stop_grace_s=None``) goes on at a first signal (the step finishes, then the run
+    stops), one outside a step ends after its grace."""
+    from rollyard import signals, waits
+
+    wait = waits.Wait("the step's request for 4 finished group(s)", 0.6, "fix it", stop_grace_s=None)
+    t0 = time.monotonic()
+    with signals.graceful():
+        os.kill(os.getpid(), signal.SIGTERM)  # heard by the handler: stop_requested() from here on
+        while time.monotonic() - t0 < 1.5:  # answers every 0.2 s: never silent for 0.6 s, and the signal is kept
+            wait.tick("rollout workers rollout-0")
+            time.sleep(0.2)
+            wait.heard()
+        with pytest.raises(waits.NoAnswer, match="^rollout workers rollout-0 did not answer the step's request for "
+                                                 "4 finished group\\(s\\) within 1 s .*; fix it$"):
+            while True:
+                wait.tick("rollout workers rollout-0")
+                time.sleep(0.05)
+        outside = waits.Wait("its start-up", 60.0, "fix it", stop_grace_s=0.2)
+        with pytest.raises(signals.Stopped, match="it was waiting for rollout-1 to answer its start-up"):
+            while True:
+                outside.tick("rollout-1")
+                time.sleep(0.05)
 
 
 @pytest.mark.ray

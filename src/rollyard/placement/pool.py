@@ -38,6 +38,11 @@ from rollyard.sync.transport_dist import SyncBroken
 from rollyard.telemetry.side import SideWork
 from rollyard.types import Request, Sample
 
+# The driver's wait for finished groups is bounded by the workers' silence: no queue item (a finished group, a
+# rejection, a catch-up request) from any worker for this long means their loops are stuck (a dead one is replaced).
+SILENT_S = 3600.0  # a group's whole generation on the slowest setting fits: the longest completion on a CPU
+SILENT_SAY_S = 120.0  # waiting for rollout is normal; one that lasts this long says so
+
 
 class RolloutPool(RolloutSide):
     """The Ray rollout side (the module docstring)."""
@@ -250,8 +255,14 @@ class RolloutPool(RolloutSide):
 
     def groups(self, k: int, version: int, round_: int | None = None) -> tuple[list[Request], list[Sample]]:
         """Groups to train on at trainer ``version``: the first ``k`` fresh ones to arrive, or (with
-        ``round_``) exactly that round's. Blocks until they are there; returns them in hand-out order."""
+        ``round_``) exactly that round's. Blocks until they are there; returns them in hand-out order. The wait is
+        bounded by the workers' silence (``SILENT_S`` with no item from any: ``waits.NoAnswer``, one line), said
+        after ``SILENT_SAY_S``; a second stop signal ends it at once, as anywhere in a step (``waits.Wait``)."""
         t0 = time.time()
+        wait = waits.Wait(f"the step's request for {k} finished group(s) (trainer at version {version})", SILENT_S,
+                          "a worker whose loop is stuck ships nothing and is not replaced (it is alive): see the "
+                          "Ray logs; the run stops (resume with --resume)", say_after_s=SILENT_SAY_S,
+                          stop_grace_s=None)  # part of the step: a first signal lets it finish
         while True:
             self._drop_stale(version)
             if round_ is None:
@@ -264,8 +275,9 @@ class RolloutPool(RolloutSide):
             try:
                 self._receive(self.queue.get(timeout=0.05))
                 self._drain()
+                wait.heard()
             except Empty:
-                pass
+                wait.tick(f"rollout workers {', '.join(self.workers)}")
             self._check_workers()
         self.stats["wait_s"] += time.time() - t0
         chosen.sort(key=self.book.order)

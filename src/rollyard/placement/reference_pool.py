@@ -141,10 +141,12 @@ class ReferencePool:
         return spans
 
     def _get(self, ref, step: int) -> dict:
-        """One scoring call's result, bounded by ``SCORE_S`` (``waits.NoAnswer``, one line) and heard by a signal."""
+        """One scoring call's result, bounded by ``SCORE_S`` (``waits.NoAnswer``, one line); part of the step: a
+        first stop signal lets it finish, a second ends it at once."""
         return waits.get(ref, f"the {self.role} pool's actors ({self.role}-0..{len(self.actors) - 1})",
                          f"the scoring of step {step}'s groups", SCORE_S, "an actor alive but not answering is "
-                         "stuck: see the Ray logs; the run stops (resume with --resume)")
+                         "stuck: see the Ray logs; the run stops (resume with --resume)",
+                         stop_grace_s=None)  # part of the step: a first signal lets it finish
 
     def metrics(self) -> dict:
         """Groups whose reference was scored before the trainer asked (``early``), and rescored ones (reset)."""

@@ -436,7 +436,7 @@ def held_checksums(workers: dict, version: int, wait, bound_s: float = CHECKSUM_
     waits.wait_for(pending, f"the weight check at version {version} (its checksum once it holds that version)",
                    bound_s, "a worker that never applies an update is stuck in its loop: see the Ray logs; "
                    "the run stops rather than sample from unchecked weights", idle=wait, poll_s=0.05,
-                   say_after_s=CHECKSUM_SAY_S)
+                   say_after_s=CHECKSUM_SAY_S, stop_grace_s=None)  # part of the step: a first signal lets it finish
     out: dict[str, tuple[int, str] | None] = {}
     for ref, name in zip(pending, workers):
         try:

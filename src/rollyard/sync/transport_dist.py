@@ -166,7 +166,7 @@ class DistSender:
         for ref, name in refs.items():
             try:
                 waits.get(ref, name, f"a receive of the weight broadcast v{update.version}", self.timeout_s,
-                          "it is caught up from the snapshot")
+                          "it is caught up from the snapshot", stop_grace_s=None)  # part of the step
             except ray.exceptions.RayActorError:
                 pass  # dead: replaced from a snapshot by the caller
             except (ray.exceptions.RayError, RuntimeError):
