@@ -42,6 +42,7 @@ from rollyard.types import Request, Sample
 # rejection, a catch-up request) from any worker for this long means their loops are stuck (a dead one is replaced).
 SILENT_S = 3600.0  # a group's whole generation on the slowest setting fits: the longest completion on a CPU
 SILENT_SAY_S = 120.0  # waiting for rollout is normal; one that lasts this long says so
+STOP_S = 30.0  # a worker's loop ends within a decode step of ``stop``; one that does not by then is killed
 
 
 class RolloutPool(RolloutSide):
@@ -359,10 +360,12 @@ class RolloutPool(RolloutSide):
         self._drain()  # unblock a worker waiting on a full queue
         for name, ref in self.runs.items():
             try:
-                for span in ray.get(ref, timeout=30):
+                for span in waits.get(ref, f"rollout worker {name}", "its stop (the spans it has not shipped)", STOP_S,
+                                      "it is killed", stop_grace_s=None):  # the run's own stop: a signal waits
                     self.run.telemetry.record(span, self.offsets[name])
-            except RayError as e:  # a worker that died at the end has nothing to give
-                self.run.log(f"rollout worker {name} did not stop cleanly: {type(e).__name__}")
+            except (RayError, waits.NoAnswer) as e:  # a worker that died (or hangs) at the end has nothing to give
+                self.run.log(f"rollout worker {name} did not stop cleanly: "
+                             f"{escape(str(e)) if isinstance(e, waits.NoAnswer) else type(e).__name__}")
         for h in self.workers.values():
             ray.kill(h)
         ray.kill(self.queue.actor)
