@@ -90,36 +90,34 @@ def _entropy(logits: torch.Tensor, logz: torch.Tensor, grad: bool) -> torch.Tens
         return logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1)
 
 
-def chunked_logprobs_at(hidden: torch.Tensor, lm_head: torch.nn.Module, ids: torch.Tensor, temperature: float = 1.0,
-                        chunk: int = 1024, softcap: float | None = None, fp32_head: bool = False) -> torch.Tensor:
-    """``log_softmax(lm_head(hidden) / temperature)`` at ``ids [N, k]`` per row, over the whole vocabulary (no top-p /
-    top-k restriction: the GKD support is the teacher's, ``algo/gkd.py``) -> ``[N, k]`` fp32, with a gradient when
-    one is needed (each chunk checkpointed, as :func:`chunked_token_logprobs`)."""
+
+def chunked_support_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor,
+                             support: int | torch.Tensor, temperature: float = 1.0, chunk: int = 1024,
+                             softcap: float | None = None, fp32_head: bool = False, with_entropy: bool = False):
+    """GKD's pass over the LM head (``algo/gkd.py``), one logits chunk at a time, all under
+    ``log_softmax(lm_head(hidden) / temperature)`` over the whole vocabulary (no top-p / top-k restriction):
+    ``(logp [N] at targets, entropy [N] or None, ids [N, k], logp [N, k] at ids)``. ``support``: an int ``k``, the
+    ``k`` most likely tokens of each row, most likely first (a teacher's; no gradient through them); or ``ids [N, k]``,
+    the log-probs at those (the student's, with a gradient when one is needed, each chunk checkpointed as
+    :func:`chunked_token_logprobs`). Entropy carries no gradient."""
     need_grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
     plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
+    k = support if isinstance(support, int) else support.shape[-1]
 
-    def one_chunk(h: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    def one_chunk(h: torch.Tensor, y: torch.Tensor, at: torch.Tensor | None):
         logits = _logits(h, lm_head, plain, fp32_head, softcap, temperature)
-        return logits.gather(-1, at) - torch.logsumexp(logits, dim=-1, keepdim=True)
+        logz = torch.logsumexp(logits, dim=-1)
+        lp = logits.gather(-1, y[:, None]).squeeze(-1) - logz
+        if at is None:
+            at = logits.detach().topk(min(k, logits.shape[-1]), dim=-1).indices
+        return lp, (_entropy(logits, logz, False) if with_entropy else None), at, logits.gather(-1, at) - logz[:, None]
 
-    out = [checkpoint(one_chunk, hidden[s:s + chunk], ids[s:s + chunk], use_reentrant=False) if need_grad
-           else one_chunk(hidden[s:s + chunk], ids[s:s + chunk]) for s in range(0, hidden.shape[0], chunk)]
-    return torch.cat(out) if out else hidden.new_zeros(0, ids.shape[-1], dtype=torch.float32)
-
-
-@torch.no_grad()
-def chunked_top_k(hidden: torch.Tensor, lm_head: torch.nn.Module, k: int, temperature: float = 1.0,
-                  chunk: int = 1024, softcap: float | None = None,
-                  fp32_head: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids [N, k] int64, logp [N, k] fp32)``: the ``k`` most likely tokens per row under
-    ``log_softmax(lm_head(hidden) / temperature)`` over the whole vocabulary, most likely first (a GKD teacher's)."""
-    plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
-    ids, lps = [], []
+    parts = []
     for s in range(0, hidden.shape[0], chunk):
-        logits = _logits(hidden[s:s + chunk], lm_head, plain, fp32_head, softcap, temperature)
-        vals, top = (logits - torch.logsumexp(logits, dim=-1, keepdim=True)).topk(min(k, logits.shape[-1]), dim=-1)
-        ids.append(top)
-        lps.append(vals)
-    if not ids:
-        return hidden.new_zeros(0, k, dtype=torch.long), hidden.new_zeros(0, k, dtype=torch.float32)
-    return torch.cat(ids), torch.cat(lps)
+        args = (hidden[s:s + chunk], targets[s:s + chunk], None if isinstance(support, int) else support[s:s + chunk])
+        parts.append(checkpoint(one_chunk, *args, use_reentrant=False) if need_grad else one_chunk(*args))
+    if not parts:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None), targets.new_zeros(0, k), hidden.new_zeros(0, k, dtype=torch.float32)
+    lp, ent, ids, at = zip(*parts)
+    return torch.cat(lp), (torch.cat(ent) if with_entropy else None), torch.cat(ids), torch.cat(at)

@@ -43,6 +43,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from rollyard import schedule
 from rollyard.algo import correction
+from rollyard.algo import support as algo_support
 from rollyard.algo.entropy_control import EntropyControl
 from rollyard.algo.loss import AGGS
 from rollyard.algo.policy_loss import Batch, LossSpec, policy_loss
@@ -50,7 +51,7 @@ from rollyard.model import families
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer import head as head_grad
 from rollyard.trainer.layout import attention_pair_weight, decoder_of, micro_batch_cost, packing_is_isolated
-from rollyard.trainer.logprobs import chunked_logprobs_at, chunked_token_logprobs, chunked_top_k
+from rollyard.trainer.logprobs import chunked_support_logprobs, chunked_token_logprobs
 from rollyard.trainer.metrics import quantiles, step_metrics
 from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.optim import ENTROPY_STATE, SCHEDULE_STEP, build_optimizer
@@ -172,7 +173,9 @@ class Trainer:
     def _forward(self, model, mb: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False, support=None):
         """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``. ``support`` (GKD,
         ``algo/gkd.py``) adds a third result: an int ``k``, the top-``k`` ``(ids [N, k], logp [N, k])`` of the whole
-        distribution at each position (a teacher's); ``[N, k]`` ids, the log-probs at them (the student's)."""
+        distribution at each position (a teacher's); ``[N, k]`` ids, the log-probs at them (the student's). Both come
+        from the same logits chunks as the sampled tokens' log-probs, one pass over the LM head, unless the rollout's
+        support is truncated (top-p / top-k) or the entropy carries a gradient: then the head is computed twice."""
         decoder = decoder_of(model)
         ids = mb.input_ids.to(self.device, non_blocking=True)
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
@@ -187,16 +190,23 @@ class Trainer:
                 hidden = decoder(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
             hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.rows.to(self.device, non_blocking=True))
             head, softcap = model.get_output_embeddings(), getattr(model.config, "final_logit_softcapping", None)
-            lp, ent = chunked_token_logprobs(
-                hidden, head, mb.targets.to(self.device, non_blocking=True),
-                temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, chunk=self.logprob_chunk,
-                softcap=softcap, with_entropy=with_entropy, entropy_grad=entropy_grad, fp32_head=self.lm_head_fp32)
+            targets = mb.targets.to(self.device, non_blocking=True)
             if support is None:
-                return lp, ent
+                return chunked_token_logprobs(
+                    hidden, head, targets, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    chunk=self.logprob_chunk, softcap=softcap, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                    fp32_head=self.lm_head_fp32)
             kw = dict(temperature=self.temperature, chunk=self.logprob_chunk, softcap=softcap, fp32_head=self.lm_head_fp32)
-            if isinstance(support, int):
-                return lp, ent, chunked_top_k(hidden, head, support, **kw)
-            return lp, ent, chunked_logprobs_at(hidden, head, support.to(self.device, non_blocking=True), **kw)
+            support = support if isinstance(support, int) else support.to(self.device, non_blocking=True)
+            one_pass = not algo_support.active(self.top_p, self.top_k) and not entropy_grad
+            lp, ent, top_ids, at = chunked_support_logprobs(hidden, head, targets, support,
+                                                            with_entropy=with_entropy and one_pass, **kw)
+            if not one_pass:  # the sampled tokens' log-probs over the rollout's support (or a differentiable entropy)
+                lp, ent = chunked_token_logprobs(
+                    hidden, head, targets, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    chunk=self.logprob_chunk, softcap=softcap, with_entropy=with_entropy, entropy_grad=entropy_grad,
+                    fp32_head=self.lm_head_fp32)
+            return lp, ent, ((top_ids, at) if isinstance(support, int) else at)
 
     def _use_fast(self, model) -> bool:
         """Whether padded rows of ``model`` take ``families.train_hidden`` (checked once per model).
