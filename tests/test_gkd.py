@@ -84,9 +84,10 @@ def _hf_logits(model, s: Sample) -> torch.Tensor:
     return model(input_ids=ids).logits[0, len(s.prompt_ids) - 1:-1].float()
 
 
-def _trainer_and_oracle(beta: float, k: int, oracle, top_p: float = 1.0) -> tuple[dict, dict]:
-    """(the trainer's gradient of algo.objective=gkd over samples the inline teacher filled with its top-k, the
-    gradient of ``oracle(student_logits, teacher_logits, labels-or-ids)`` over the plain HF forward)."""
+def _trainer_and_oracle(beta: float, k: int, oracle, top_p: float = 1.0, fill=None) -> tuple[dict, dict]:
+    """(the trainer's gradient of algo.objective=gkd over samples the teacher filled with its top-k (inline, or by
+    ``fill(trainer, samples)``), the gradient of ``oracle(student_logits, teacher_logits, samples)`` over the plain
+    HF forward)."""
     torch.manual_seed(0)
     student = build_preset("tiny", char_tokenizer(), seed=0)
     teacher_model = build_preset("tiny", char_tokenizer(), seed=11)
@@ -95,7 +96,7 @@ def _trainer_and_oracle(beta: float, k: int, oracle, top_p: float = 1.0) -> tupl
     samples = _samples(3)
     for s, lp in zip(samples, trainer.logprobs(samples)):  # on-policy: mu = pi_old
         s.logprobs = lp.tolist()
-    InlineTeacher(teacher_model, top_k=k).fill(trainer, samples)
+    (fill or InlineTeacher(teacher_model, top_k=k).fill)(trainer, samples)
     assert all(len(s.teacher_top_ids) == len(s.completion_ids) and len(s.teacher_top_ids[0]) == k for s in samples)
     plain = trainer.logprobs(samples, model=teacher_model)  # the sampled tokens' log-probs, as without GKD
     assert max(float((torch.tensor(s.teacher_logprobs) - lp).abs().max()) for s, lp in zip(samples, plain)) < 1e-5
@@ -133,15 +134,54 @@ def test_trainer_gradient_equals_trls_loss_at_full_vocabulary(beta):
     _assert_equal(*_trainer_and_oracle(beta, 98, trl))
 
 
+def _direct(beta: float, k: int):
+    def direct(student, teacher, samples):
+        terms = [_renormalised_jsd(s, t, (t / T).topk(k, -1).indices, beta, T) for s, t in zip(student, teacher)]
+        return torch.cat(terms).sum() / sum(len(x) for x in terms)
+    return direct
+
+
 @pytest.mark.parametrize("beta, top_p", [(0.0, 1.0), (0.3, 1.0), (1.0, 1.0), (0.3, 0.9)])
 def test_trainer_gradient_equals_autograd_at_top_k(beta, top_p):
     """Top-k = 6 of 98 through the trainer: the renormalised objective, token-mean over the batch's tokens. With the
     rollout's top-p < 1 the sampled tokens' log-probs take their own pass over the head; the GKD support stays the
     teacher's top-k of the whole distribution."""
-    def direct(student, teacher, samples):
-        terms = [_renormalised_jsd(s, t, (t / T).topk(6, -1).indices, beta, T) for s, t in zip(student, teacher)]
-        return torch.cat(terms).sum() / sum(len(x) for x in terms)
-    _assert_equal(*_trainer_and_oracle(beta, 6, direct, top_p))
+    _assert_equal(*_trainer_and_oracle(beta, 6, _direct(beta, 6), top_p))
+
+
+def ray_test(fn):
+    return pytest.mark.ray(pytest.mark.slow(pytest.mark.usefixtures("ray_session")(fn)))
+
+
+@ray_test
+def test_pool_teacher_top_k_gradient_equals_autograd():
+    """The teacher on its Ray actors (teacher.placement=pool): the same top-k ids and log-probs as inline, a group
+    whose completions changed (forget) scored again, and the trainer's gradient over them equals the direct autograd."""
+    from rollyard.config import RunConfig
+    from rollyard.placement.reference_pool import ReferencePool
+
+    cfg = RunConfig.model_validate({"algo": {"objective": "gkd", "gkd_top_k": 6}, "rollout": {"temperature": T},
+                                    "teacher": {"model": "tiny", "placement": "pool"},
+                                    "trainer": {"precision": "fp32", "micro_batch_tokens": 40}})
+    pool = ReferencePool(cfg, build_preset("tiny", char_tokenizer(), seed=11), workers=2, role="teacher",
+                         field="teacher_logprobs", top_k=6)
+    try:
+        def fill(trainer, samples):
+            stale = [Sample(**{**s.__dict__, "completion_ids": s.completion_ids[:1], "logprobs": s.logprobs[:1],
+                               "versions": s.versions[:1]}) for s in samples[:2]]
+            pool.submit(stale, step=0)  # scored ahead for completions that then changed
+            pool.forget({s.request_id for s in stale})
+            pool.submit(samples[2:4], step=0)  # one group sent ahead, as a rollout worker does; the rest at fill
+            assert {s["role"] for s in pool.fill(trainer, samples, step=0)} == {"teacher_pool"}
+            got = [(s.teacher_logprobs, s.teacher_top_ids, s.teacher_top_logprobs) for s in samples]
+            InlineTeacher(build_preset("tiny", char_tokenizer(), seed=11), top_k=6).fill(trainer, samples)
+            for (lp, ids, top), s in zip(got, samples):
+                assert ids == s.teacher_top_ids
+                assert torch.allclose(torch.tensor(top), torch.tensor(s.teacher_top_logprobs), atol=1e-5)
+                assert torch.allclose(torch.tensor(lp), torch.tensor(s.teacher_logprobs), atol=1e-5)
+        _assert_equal(*_trainer_and_oracle(0.5, 6, _direct(0.5, 6), fill=fill))
+    finally:
+        pool.stop()
 
 
 # ------------------------------------------------------------------------------------ the run
@@ -183,6 +223,26 @@ def test_colocated_gkd_run_moves_the_student_towards_the_teacher(tmp_path, teach
     after = load_policy(str(run / rundir.MODEL))[0].eval()
     b, a = _jsd_to(before, teacher, seqs), _jsd_to(after, teacher, seqs)
     assert a < 0.95 * b, f"JSD to the teacher {b:.4g} -> {a:.4g}"
+
+
+@ray_test
+def test_async_pool_teacher_gkd_run_matches_colocated_inline_run(tmp_path, teacher_dir):
+    """Async at bound 0 trains on exactly colocated's samples; with the teacher on its pool (groups scored as they
+    ship, the reference-completion groups of lmbda=0.5 scored again) the loss and the JSD equal the inline teacher's,
+    step by step, and review passes."""
+    colo, asyn = tmp_path / "colo", tmp_path / "async"
+    kd = ["algo.objective=gkd", "algo.gkd_top_k=5", "algo.gkd_lmbda=0.5", f"teacher.model={teacher_dir}", "steps=3",
+          "rollout.prompts_per_step=4"]
+    assert main(["train", *TINY, *kd, f"out_dir={colo}"]) == 0
+    assert main(["train", *TINY, *kd, f"out_dir={asyn}", "placement=async", "max_staleness=0",
+                 "teacher.placement=pool"]) == 0
+    a, c = list(rundir.read_jsonl(asyn / rundir.METRICS)), list(rundir.read_jsonl(colo / rundir.METRICS))
+    for ra, rc in zip(a, c, strict=True):
+        assert (ra["tokens/generated"], ra["train/tokens"]) == (rc["tokens/generated"], rc["train/tokens"])
+        assert ra["train/gkd_jsd"] == pytest.approx(rc["train/gkd_jsd"], abs=1e-5)
+        assert ra["loss"] == pytest.approx(rc["loss"], abs=1e-5)
+    assert any(r["train/tokens"] != r["tokens/generated"] for r in c)  # some groups trained on the answers
+    assert main(["review", str(asyn)]) == 0
 
 
 # ------------------------------------------------------------------------------------ lmbda
@@ -265,8 +325,6 @@ def test_trls_temperature_and_max_new_tokens():
 
 @pytest.mark.parametrize("override, needle", [
     (["lmbda=0.5", "seq_kd=true", "teacher.model=tiny"], "rollout engines hold the student only"),
-    (["algo.objective=gkd", "teacher.model=tiny", "placement=disaggregated", "teacher.placement=pool"],
-     "teacher.placement=pool's actors return the sampled tokens' log-probs only"),
     (["algo.objective=gkd", "teacher.model=tiny", "trainer.dp=2"], "set trainer.dp=1"),
     (["algo.objective=gkd", "teacher.model=tiny", "algo.gkd_beta=1.5"], "gkd_beta"),
     (["algo.objective=gkd"], "teacher.model is not set"),

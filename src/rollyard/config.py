@@ -359,10 +359,6 @@ def _check_teacher(cfg: RunConfig) -> None:
     if a.objective == "rl" and t.model:
         raise ValueError(f"teacher.model={t.model} is set, but algo.objective=rl uses no teacher; set "
                          f"algo.objective=distill (or rl+distill), or drop teacher.model")
-    if a.objective == "gkd" and t.placement == "pool":
-        raise ValueError("algo.objective=gkd needs the teacher's top-k ids and log-probs per token, but "
-                         "teacher.placement=pool's actors return the sampled tokens' log-probs only; set "
-                         "teacher.placement=inline")
     if a.objective == "gkd" and cfg.trainer.dp > 1:
         raise ValueError(f"algo.objective=gkd with trainer.dp={cfg.trainer.dp}: the data-parallel ranks do not "
                          f"gather the GKD divergence's accumulators yet; set trainer.dp=1")

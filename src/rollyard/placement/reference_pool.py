@@ -16,7 +16,9 @@ here, per step inline).
 
 A distillation teacher (``placement/teacher.py``) is a reference with other weights: the same pool, built with
 ``role="teacher"`` (actors ``teacher-<i>``, spans ``teacher_pool``, metrics ``teacher/...``) over the teacher's model,
-filling ``field="teacher_logprobs"``.
+filling ``field="teacher_logprobs"``; under ``algo.objective=gkd`` (``top_k`` > 0) each actor also returns its top-k ids
+and log-probs per completion position from the same forward (``Trainer.top_k_logprobs``), filling
+``teacher_top_ids`` / ``teacher_top_logprobs``.
 """
 
 from __future__ import annotations
@@ -42,12 +44,12 @@ SCORE_S = 600.0  # one call scores a queue item's or a step's groups: one packed
 class ReferenceWorker:
     """One reference actor: a frozen copy of the initial policy and a trainer's packed logprob path."""
 
-    def __init__(self, cfg: dict, model, name: str, role: str = SPAN_ROLE):
+    def __init__(self, cfg: dict, model, name: str, role: str = SPAN_ROLE, top_k: int = 0):
         from rollyard.trainer.settings import trainer_kwargs
         from rollyard.trainer.trainer import Trainer
 
         torch.set_num_threads(1)
-        self.name, self.role = name, role
+        self.name, self.role, self.top_k = name, role, top_k
         # The Trainer builds its AdamW over trainable parameters (an empty list is refused); AdamW allocates
         # no state before a step, and this one never steps: the copy is frozen right after.
         model.requires_grad_(True)
@@ -55,12 +57,19 @@ class ReferenceWorker:
         model.eval().requires_grad_(False)
 
     def score(self, samples: list[Sample], step: int) -> dict:
-        """``{"logprobs": {sample id: [fp32 per completion token]}, "span": the compute's span}``."""
+        """``{"logprobs": {sample id: [fp32 per completion token]}, "span": the compute's span}``; with ``top_k``,
+        ``"top": {sample id: ([[k ids] per token], [[k fp32 log-probs] per token])}`` too."""
         start = time.time()
-        lps = self.trainer.logprobs(samples)
+        out: dict = {}
+        if self.top_k:
+            scored = self.trainer.top_k_logprobs(samples, self.trainer.model, self.top_k)
+            lps = [lp for lp, _, _ in scored]
+            out["top"] = {s.id: (ids.tolist(), top.tolist()) for s, (_, ids, top) in zip(samples, scored)}
+        else:
+            lps = self.trainer.logprobs(samples)
         span = {"role": self.role, "step": step, "worker": self.name, "pid": os.getpid(), "start": start,
                 "end": time.time(), "samples": len(samples)}
-        return {"logprobs": {s.id: lp.tolist() for s, lp in zip(samples, lps)}, "span": span}
+        return {"logprobs": {s.id: lp.tolist() for s, lp in zip(samples, lps)}, "span": span, **out}
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "time": time.time()}
@@ -75,9 +84,10 @@ class ReferencePool:
     """The driver's side: start the actors, take the results rollout workers requested, fill samples."""
 
     def __init__(self, cfg: RunConfig, model, workers: int | None = None, role: str = "reference",
-                 field: str = "ref_logprobs"):
+                 field: str = "ref_logprobs", top_k: int = 0):
         """``model``: the weights the actors score with (the initial policy, or a teacher); ``workers`` (default
-        ``reference.workers``) actors named ``<role>-<i>``; ``field``: the Sample attribute ``fill`` sets."""
+        ``reference.workers``) actors named ``<role>-<i>``; ``field``: the Sample attribute ``fill`` sets; ``top_k``
+        (a GKD teacher): the actors' top-k per position too."""
         self.role, self.field = role, field
         plain = copy.deepcopy(model)
         if hasattr(plain, "merge_and_unload"):  # a PEFT policy: its adapter is the identity at start
@@ -87,7 +97,7 @@ class ReferencePool:
         actor = ray.remote(num_cpus=1)(ReferenceWorker)
         cfg_json = cfg.model_dump(mode="json")
         n = cfg.reference.workers if workers is None else workers
-        self.actors = [actor.remote(cfg_json, weights, f"{role}-{i}", f"{role}_pool") for i in range(n)]
+        self.actors = [actor.remote(cfg_json, weights, f"{role}-{i}", f"{role}_pool", top_k) for i in range(n)]
         self.offsets: dict[str, float] = {}
         for i, h in enumerate(self.actors):
             t0 = time.time()
@@ -102,6 +112,12 @@ class ReferencePool:
     def adopt(self, refs: dict[str, object]) -> None:
         """Results a rollout worker requested for the groups it shipped (request id -> ObjectRef)."""
         self.pending.update(refs)
+
+    def forget(self, request_ids) -> None:
+        """Drop the results requested for these groups: their completions changed since (GKD's reference
+        completions, ``placement/teacher.with_references``), so ``fill`` scores them again."""
+        for rid in request_ids:
+            self.pending.pop(rid, None)
 
     def submit(self, samples: list[Sample], step: int = 0) -> None:
         """Score now, in one call, the groups of ``samples`` no rollout worker sent already."""
@@ -135,9 +151,11 @@ class ReferencePool:
             span = results[ref]["span"]
             off = self.offsets.get(span["worker"], 0.0)
             spans.append({**span, "step": step, "start": span["start"] - off, "end": span["end"] - off})
-        got = {k: v for res in results.values() for k, v in res["logprobs"].items()}
-        for s in samples:
-            setattr(s, self.field, got[s.id])
+        for s in samples:  # from its own group's call (another call may hold an older copy of it: forget)
+            res = results[refs[s.request_id]]
+            setattr(s, self.field, res["logprobs"][s.id])
+            if "top" in res:
+                s.teacher_top_ids, s.teacher_top_logprobs = res["top"][s.id]
         return spans
 
     def _get(self, ref, step: int) -> dict:

@@ -100,15 +100,17 @@ def build(cfg: RunConfig, tokenizer, device: str = "cpu", prompts: list | None =
         return None
     check(cfg)
     references = reference_completions(cfg, tokenizer, prompts or [])
+    top_k = cfg.algo.gkd_top_k if cfg.algo.objective == "gkd" else 0
     model = load(cfg, tokenizer)
     facts = {"model": cfg.teacher.model, "checksum": weights_checksum(model)}
     if cfg.teacher.placement == "pool":
         from rollyard.placement.reference_pool import ReferencePool
-        scorer = ReferencePool(cfg, model, workers=cfg.teacher.workers, role="teacher", field="teacher_logprobs")
+        scorer = ReferencePool(cfg, model, workers=cfg.teacher.workers, role="teacher", field="teacher_logprobs",
+                               top_k=top_k)
         scorer.params = sum(p.numel() for p in model.parameters())
     else:
-        scorer = InlineTeacher(model, device, top_k=cfg.algo.gkd_top_k if cfg.algo.objective == "gkd" else 0)
-        scorer.references = references
+        scorer = InlineTeacher(model, device, top_k=top_k)
+    scorer.references = references
     scorer.facts = facts  # run.json's "teacher": what a resume must find again
     return scorer
 
@@ -175,4 +177,6 @@ def with_references(teacher, trainer, samples: list[Sample], seed: int, lmbda: f
     if fresh:
         for s, lp in zip(fresh, trainer.logprobs(fresh)):
             s.logprobs = lp.tolist()
+        if hasattr(teacher, "forget"):  # a pool's results for these groups are of the student's completions
+            teacher.forget({s.request_id for s in fresh})
     return out
