@@ -245,6 +245,21 @@ def test_async_pool_teacher_gkd_run_matches_colocated_inline_run(tmp_path, teach
     assert main(["review", str(asyn)]) == 0
 
 
+@pytest.mark.slow
+def test_vllm_backend_gkd(tmp_path):
+    """rollout.backend=vllm (preset tiny64) with an inline GKD teacher and lmbda=0.5: the teacher's top-k is taken on
+    the trainer's side, whatever engine sampled."""
+    pytest.importorskip("vllm")
+    tok = char_tokenizer()
+    export(build_preset("tiny64", tok, seed=11, max_position_embeddings=48), tok, tmp_path / "teacher")
+    run = tmp_path / "vllm"
+    assert main(["train", *TINY, "model.name=tiny64", "rollout.backend=vllm", "algo.objective=gkd", "algo.gkd_top_k=5",
+                 "algo.gkd_lmbda=0.5", f"teacher.model={tmp_path / 'teacher'}", "steps=2", f"out_dir={run}"]) == 0
+    rows = list(rundir.read_jsonl(run / rundir.METRICS))
+    traffic = [t["bytes"] for t in rundir.read_jsonl(run / rundir.TRAFFIC) if t["edge"] == "teacher_logprobs"]
+    assert all(r["train/gkd_jsd"] > 0 for r in rows) and traffic == [(4 + 8 * 5) * r["train/tokens"] for r in rows]
+
+
 # ------------------------------------------------------------------------------------ lmbda
 
 
