@@ -309,6 +309,7 @@ def test_lmbda_zero_run_trains_on_reference_completions(tmp_path, teacher_dir):
     assert traffic == [(4 + 8 * 4) * r["train/tokens"] for r in rows]
     assert all(0 < r["train/tokens"] <= 2 * 4 * 4 < r["tokens/generated"] for r in rows)
     assert all(abs(r["train/logprob_diff"]) < 1e-4 for r in rows)  # the copies' rollout log-probs: the trainer's
+    assert main(["review", str(run)]) == 0  # it prices the edge from the trained tokens, not the generated ones
 
 
 def test_lmbda_below_one_without_reference_completions_is_one_line():

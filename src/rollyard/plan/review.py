@@ -463,6 +463,17 @@ def _teacher_phases(run: Run, secs: dict[str, float]) -> dict:
             "teacher_placement": (run.config.get("teacher") or {}).get("placement", "inline")}
 
 
+def _teacher_tokens(run: Run, gen: int) -> tuple[float, str]:
+    """The completion tokens the teacher scored: the generated ones, but under GKD with ``algo.gkd_lmbda`` < 1 the
+    trained ones (``train/tokens``: some groups train on the dataset's reference completion instead)."""
+    algo = run.config.get("algo") or {}
+    if algo.get("objective") == "gkd" and float(algo.get("gkd_lmbda", 1.0)) < 1.0:
+        trained = [r["train/tokens"] for r in run.metrics if isinstance(r.get("train/tokens"), (int, float))]
+        if trained:
+            return float(sum(trained)), "trained tokens (train/tokens; reference completions replace some groups')"
+    return float(gen), "generated tokens"
+
+
 def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float | None, str]]:
     """edge -> (predicted total bytes over the run, how), from run.json and measured token counts."""
     info = run.info
@@ -486,8 +497,9 @@ def predict_from_run(run: Run, plan: Plan, steps: int) -> dict[str, tuple[float 
         out["ref_logprobs"] = ((4.0 * gen, "4 B x generated tokens") if plan.inputs.phases.use_reference
                                else (0.0, "no reference model"))
         k = plan.inputs.phases.teacher_top_k  # GKD: an int32 id + fp32 log-prob per top-k token besides
-        out["teacher_logprobs"] = (((4.0 + 8.0 * k) * gen, f"(4 + 8 x {k}) B x generated tokens" if k
-                                    else "4 B x generated tokens") if plan.inputs.phases.teacher_params > 0
+        scored, what = _teacher_tokens(run, gen)
+        out["teacher_logprobs"] = (((4.0 + 8.0 * k) * scored, f"(4 + 8 x {k}) B x {what}" if k
+                                    else f"4 B x {what}") if plan.inputs.phases.teacher_params > 0
                                    else (0.0, "no teacher"))
     else:
         for e in ("samples", "rewards", "ref_logprobs", "teacher_logprobs"):
