@@ -81,6 +81,93 @@ def test_a_store_listed_by_another_process_shows_no_secret_and_takes_no_value_fr
         admit(client, new_secret(), f"127.0.0.1:{store.port}")
 
 
+# Another local process that lists a live store as often as it can until the store goes away: one JSON line per
+# listing (key -> value hex); it only reads. It imports torch while the run starts, then tries the ports it is handed
+# on stdin (the run's new listening ports as they appear), each again until one answers as a store. It says "ready"
+# once torch is imported, so the run starts only then (a short run's store is gone before a slow import ends).
+LISTER = """
+import json, os, select, sys, time
+from datetime import timedelta
+import torch.distributed as dist
+print("ready", flush=True)
+ports, buf = [], b""
+while True:
+    if select.select([0], [], [], 0)[0]:
+        chunk = os.read(0, 4096)
+        if not chunk:
+            break  # the run is over
+        buf += chunk
+        *lines, buf = buf.split(b"\\n")
+        ports += [int(x) for x in lines if x]
+    for port in list(ports):
+        try:
+            s = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+            keys = s.list_keys()
+        except Exception:
+            continue  # not a store (gloo's sockets refuse it), or not answering yet: tried again
+        while True:
+            got = {}
+            for k in keys:
+                try:
+                    got[k] = s.get(k).hex()
+                except Exception:
+                    pass
+            print(json.dumps(got), flush=True)
+            time.sleep(0.1)
+            try:
+                keys = s.list_keys()
+            except Exception:
+                sys.exit(0)
+    time.sleep(0.1)
+"""
+
+
+def test_a_live_dp2_runs_store_lists_nothing_usable_to_another_process(tmp_path):
+    """A live ``trainer.dp=2`` run's rendezvous store (one of the ports the run's process listens on: the lister
+    tries each as it appears), listed by another local process while the run goes on:
+    only opaque 64-hex names (it saw the secret as every key's prefix before), and the run trains regardless."""
+    import psutil
+
+    from rollyard.cli import main
+
+    me = psutil.Process()
+
+    def listening() -> set[int]:
+        return {c.laddr.port for c in me.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
+
+    before, found, done = listening(), {}, threading.Event()
+    lister = subprocess.Popen([sys.executable, "-c", LISTER], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    assert lister.stdout.readline().strip() == "ready"
+
+    def find() -> None:
+        seen = set(before)
+        while not done.is_set():
+            for port in listening() - seen:
+                seen.add(port)
+                found.setdefault("ports", []).append(port)
+                lister.stdin.write(f"{port}\n")
+                lister.stdin.flush()
+            done.wait(0.02)
+
+    t = threading.Thread(target=find, daemon=True, name="rollyard-test-store-finder")
+    t.start()
+    try:
+        assert main(["train", "model.context=48", "data.train_size=32", "data.eval_size=4",
+                     "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4",
+                     "sft.auto=false", "progress=false", "reward.num_workers=1", "log.plots=false", "steps=2",
+                     "trainer.dp=2", "trainer.micro_batch_tokens=64", f"out_dir={tmp_path / 'run'}"]) == 0
+    finally:
+        done.set()
+        t.join(timeout=5)
+        out, _ = lister.communicate(timeout=60)  # stdin closed: it ends once no store is left to list
+    listings = [json.loads(line) for line in out.splitlines() if line.strip()]
+    names = {k for listing in listings for k in listing}
+    assert listings and len(names) >= 2, (found, listings)  # it listed the live store: the admission key, the group's
+    for name in names:  # HMAC names: no rollyard, gloo or torch key readable (no "/", no word), no secret prefix
+        assert re.fullmatch(r"[0-9a-f]{64}", name), name
+
+
 def test_a_sync_group_rendezvous_and_broadcast_run_through_the_secret_store():
     address, make = SyncGroup.host(2, timeout_s=20)
     joined: list = []
