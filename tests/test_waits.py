@@ -542,6 +542,21 @@ def test_a_wait_on_a_stream_is_bounded_by_its_silence_and_a_step_keeps_the_first
                 time.sleep(0.05)
 
 
+def test_an_unanswered_wait_ends_the_command_in_one_line_exit_1(monkeypatch, capsys):
+    """The CLI reports ``waits.NoAnswer`` as it reports a failed rendezvous: its line after ``error:``, exit 1."""
+    from rollyard import cli, waits
+
+    line = ("rollout worker rollout-0 did not answer its start-up (scheduling, model copy, engine) within 1200 s (an "
+            "answer was expected within 1200 s, none came in 1200 s); see its error above or in the Ray logs")
+
+    def mute(argv: list[str]) -> int:
+        raise waits.NoAnswer(line)
+
+    monkeypatch.setattr(cli, "cmd_train", mute)
+    assert cli.main(["train"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"rollyard train: error: {line}"]
+
+
 @pytest.mark.ray
 @pytest.mark.usefixtures("ray_session")
 def test_an_actors_own_unanswered_wait_reaches_the_driver_as_its_line():
