@@ -144,6 +144,24 @@ def _holder(lock: Path) -> str:
     return f"pid {pid}"
 
 
+def _wait_turn(t0: float, wait_s: float, say_after_s: float, said: bool, holder: str, root: Path, how: str) -> bool:
+    """One turn of a wait for ``holder``'s build of the kernels in ``root`` (begun at ``t0``): a stop signal ends it
+    (after ``STOP_GRACE_S``), ``wait_s`` bounds it (one line, the fix: end ``holder``, ``how``), past ``say_after_s``
+    it is said once; then a short sleep. Returns whether it has been said."""
+    waited = time.monotonic() - t0
+    if signals.stop_requested() and waited > STOP_GRACE_S:
+        raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {root}")
+    if waited > wait_s:
+        raise BuildWaitTimeout(f"waited {wait_s:.0f} s for {holder}'s build of the CPU kernels in {root} to finish; "
+                               f"if that process is stuck, end it {how}")
+    if not said and waited > say_after_s:
+        said = True
+        print(f"[rollyard] waiting for {holder}'s build of the CPU kernels in {root} (at most {wait_s:.0f} s)",
+              file=sys.stderr, flush=True)
+    time.sleep(0.2)
+    return said
+
+
 @contextlib.contextmanager
 def build_lock(root: Path, wait_s: float | None = None, say_after_s: float | None = None):
     """Hold ``root/rollyard.lock`` for a build (see the module docstring): waits said after
@@ -162,17 +180,7 @@ def build_lock(root: Path, wait_s: float | None = None, say_after_s: float | Non
                 break
             except BlockingIOError:
                 pass
-            waited = time.monotonic() - t0
-            if signals.stop_requested() and waited > STOP_GRACE_S:
-                raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {root}")
-            if waited > wait_s:
-                raise BuildWaitTimeout(f"waited {wait_s:.0f} s for {_holder(path)}'s build of the CPU kernels in {root} "
-                                   f"to finish; if that process is stuck, end it (or delete {root})")
-            if not said and waited > say_after_s:
-                said = True
-                print(f"[rollyard] waiting for {_holder(path)}'s build of the CPU kernels in {root} (at most "
-                      f"{wait_s:.0f} s)", file=sys.stderr, flush=True)
-            time.sleep(0.2)
+            said = _wait_turn(t0, wait_s, say_after_s, said, _holder(path), root, f"(or delete {root})")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         _break_stale(root / TORCH_LOCK, t0, wait_s, say_after_s)
@@ -221,17 +229,7 @@ def _break_stale(lock: Path, t0: float, wait_s: float, say_after_s: float) -> No
                 print(f"[rollyard] removed a stale CPU-kernel build lock {lock} (left by a build that was killed)",
                       file=sys.stderr, flush=True)
             return
-        waited = time.monotonic() - t0
-        if signals.stop_requested() and waited > STOP_GRACE_S:
-            raise signals.Stopped(signals.requested(), None, waiting=f"the CPU-kernel build in {lock.parent}")
-        if waited > wait_s:
-            raise BuildWaitTimeout(f"waited {wait_s:.0f} s for another process's build of the CPU kernels in "
-                                   f"{lock.parent} (it holds {lock}); if that process is stuck, end it")
-        if not said and waited > say_after_s:
-            said = True
-            print(f"[rollyard] waiting for another process's build of the CPU kernels in {lock.parent} (at most "
-                  f"{wait_s:.0f} s)", file=sys.stderr, flush=True)
-        time.sleep(0.2)
+        said = _wait_turn(t0, wait_s, say_after_s, said, "another process", lock.parent, f"(it holds {lock})")
 
 
 def _compile(rebuild: bool = False) -> Path:
