@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollyard.config import ConfigError, MissingPackage, RunConfig, from_dict, load_config, read_file
+from rollyard.config import ConfigError, MissingPackage, RunConfig, from_dict, get_dotted, load_config, read_file
 from rollyard.reward.hooks import path_of
 from rollyard.telemetry import rundir
 from rollyard.telemetry.report import console, quiet_third_party
@@ -119,13 +119,10 @@ def with_trl_defaults(args: dict) -> dict:
     where it does not set the rollyard key either (``{"trainer": {"lr_schedule": ...}}``)."""
     from rollyard.aliases import ALIASES
 
+    missing = object()
+
     def given(dotted: str) -> bool:
-        node: Any = args
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return False
-            node = node[part]
-        return True
+        return get_dotted(args, dotted, missing) is not missing
 
     out = dict(args)
     for name, value in TRL_SCRIPT_DEFAULTS.items():

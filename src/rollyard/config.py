@@ -489,11 +489,12 @@ def _take_aliases_below(node: dict, prefix: str) -> dict[str, Any]:
     return found
 
 
-def _get_dotted(data: dict, dotted: str) -> Any:
+def get_dotted(data: dict, dotted: str, default: Any = None) -> Any:
+    """``data``'s value at the dotted key (``trainer.lr``), ``default`` where a part is missing."""
     node: Any = data
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return default
         node = node[part]
     return node
 
@@ -506,14 +507,14 @@ def _apply_aliases(found: dict[str, Any], own: dict, context: dict, target: dict
     if not found:
         return {}
     def keys(dotted: str) -> Any:
-        mine = _get_dotted(own, dotted)
-        return mine if mine is not None else _get_dotted(context, dotted)
+        mine = get_dotted(own, dotted)
+        return mine if mine is not None else get_dotted(context, dotted)
     try:
         values, notes = aliases.convert(found, keys)
     except aliases.NoEquivalent as e:
         raise ConfigError(f"{e}; rollyard config --{_source_of(found).lower()} lists the mapping") from None
     for key, value in values.items():
-        mine = _get_dotted(own, key)
+        mine = get_dotted(own, key)
         if mine is not None and mine != value:
             name = next(n for n in found if key in aliases.ALIASES[n].to)
             raise ConfigError(f"{name} sets {key}={value!r} but {key}={mine!r} is set too; keep one of them")
