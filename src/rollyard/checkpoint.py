@@ -2,7 +2,9 @@
 
 A checkpoint is written into ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` only when every
 file is on disk, so a crash mid-write leaves the previous checkpoint as the latest valid one (a
-``.tmp`` directory is never read and is cleaned up by the next save).
+``.tmp`` directory is never read and is cleaned up by the next save). Saving is two parts:
+:func:`snapshot` (the state in memory, on the caller's thread) and :func:`write` (the files, their
+fsync, the rename, the pruning); ``checkpoint_writer.Writer`` runs the second in the background.
 
 Every checkpoint carries ``manifest.json`` (size and SHA-256 of each file), written last. On
 resume :func:`latest` checks the newest checkpoint against it; a corrupt or incomplete one (a
@@ -91,28 +93,80 @@ class CheckpointWriteError(OSError):
     CLI prints it as one line, exit 2)."""
 
 
+@dataclass
+class Snapshot:
+    """One checkpoint held in memory, ready for :func:`write`. Taken with ``copy=True`` it shares no storage with
+    the live model and optimizer: an optimizer step taken while it is written cannot reach the files."""
+
+    step: int
+    state_json: str                # state.json's text, as the state was when the snapshot was taken
+    model: dict[str, torch.Tensor]  # CPU tensors, each with its own storage (safetensors refuses shared ones)
+    optim: dict                    # optimizer.state_dict() (its tensors copied to CPU with copy=True)
+    rng: dict                      # _rng_state() and the driver's "extra" generators
+    need: int                      # bytes it takes on disk: its tensors plus 1 MB (an estimate)
+
+
+def snapshot(state: TrainState, model, optimizer, extra_rng: dict[str, torch.Tensor] | None = None,
+             copy: bool = False) -> Snapshot:
+    """Checkpoint ``state.step`` in memory: the model's tensors on CPU, each cloned (tied embeddings share storage),
+    the optimizer state, the RNG states now and state.json's text. ``copy``: the optimizer state's tensors copied
+    to CPU too (a background write: the model and optimizer state held twice in memory while it runs);
+    without it they are the optimizer's own, written before the next step."""
+    optim = optimizer.state_dict()  # once: with trainer.dp > 1 it is gathered from the ranks
+    if copy:
+        optim = _cpu_copy(optim)
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    rng = {**_rng_state(), "extra": _cpu_copy(extra_rng or {}) if copy else (extra_rng or {})}
+    need = _tensor_bytes(tensors) + _tensor_bytes(optim) + _tensor_bytes(rng["extra"]) + (1 << 20)
+    return Snapshot(state.step, json.dumps(asdict(state), indent=1), tensors, optim, rng, need)
+
+
+def _cpu_copy(obj: Any) -> Any:
+    """``obj`` with every tensor copied to CPU memory and every container rebuilt (numbers, strings kept)."""
+    if torch.is_tensor(obj):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _cpu_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_cpu_copy(v) for v in obj)
+    return obj
+
+
 def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2,
          extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
-    """Write checkpoint ``state.step`` atomically; keep the newest ``keep``; return its path.
+    """Write checkpoint ``state.step`` atomically, now (:func:`snapshot` then :func:`write`); return its path."""
+    return write(run_dir, snapshot(state, model, optimizer, extra_rng), keep)
+
+
+def write(run_dir: str | Path, snap: Snapshot, keep: int = 2) -> Path:
+    """Write ``snap`` atomically; keep the newest ``keep`` (pruned only once the new one is published); return
+    its path. Any thread may call it (the background writer does), one write at a time per run directory.
 
     CheckpointWriteError when the disk refuses it: a full disk (torch.save says so as a RuntimeError,
     safetensors as its own error, plain writes as ENOSPC) names the directory, the bytes the checkpoint
     needs and the bytes free. Whatever failed, ``step_N.tmp`` is removed and the previous checkpoint
     stays the latest valid one."""
     root = Path(run_dir) / rundir.CHECKPOINTS
-    tmp = root / f"step_{state.step:06d}.tmp"
-    optim = optimizer.state_dict()  # once: with trainer.dp > 1 it is gathered from the ranks
+    tmp = root / f"step_{snap.step:06d}.tmp"
     try:
-        return _save(root, tmp, state, model, optim, keep, extra_rng)
+        return _write(root, tmp, snap, keep)
     except Exception as e:  # any write failure is classified below, anything else re-raised
         written = _tree_bytes(tmp)
         free = _free_bytes(root)  # before the partial write is removed: what was left when it failed
         shutil.rmtree(tmp, ignore_errors=True)
-        need = _needed_bytes(model, optim, extra_rng)
-        full = _is_disk_full(e) or (free is not None and free < need - written)
+        full = _is_disk_full(e) or (free is not None and free < snap.need - written)
         if not full and not isinstance(e, OSError):
             raise
-        raise CheckpointWriteError(_write_error_line(run_dir, root, state.step, e, full, need)) from None
+        raise CheckpointWriteError(_write_error_line(run_dir, root, snap.step, e, full, snap.need)) from None
+
+
+def write_failed(run_dir: str | Path, step: int, err: BaseException) -> CheckpointWriteError:
+    """The one-line error for a write of checkpoint ``step`` that failed with ``err`` (no disk error: a bug, a
+    library's own error), naming the checkpoint to resume from."""
+    root = Path(run_dir) / rundir.CHECKPOINTS
+    shutil.rmtree(root / f"step_{step:06d}.tmp", ignore_errors=True)
+    return CheckpointWriteError(_write_error_line(run_dir, root, step, OSError(f"{type(err).__name__}: {err}"),
+                                                  False, 0))
 
 
 def _write_error_line(run_dir, root: Path, step: int, err: BaseException, full: bool, need: int) -> str:
@@ -165,25 +219,16 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def _needed_bytes(model, optim: dict, extra_rng) -> int:
-    """What a checkpoint takes on disk: its tensors (model, optimizer state, RNG) plus 1 MB for the
-    headers, the JSON files and the filesystem's block rounding. An estimate, not a measurement."""
-    return _tensor_bytes(dict(model.state_dict())) + _tensor_bytes(optim) + _tensor_bytes(extra_rng or {}) + (1 << 20)
-
-
-def _save(root: Path, tmp: Path, state: TrainState, model, optim: dict, keep: int,
-          extra_rng: dict[str, torch.Tensor] | None) -> Path:
+def _write(root: Path, tmp: Path, snap: Snapshot, keep: int) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     final = root / tmp.name.removesuffix(".tmp")
     for stale in root.glob("step_*.tmp"):  # left by a process killed mid-write
         shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
-    tensors = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    # Tied embeddings share storage; safetensors refuses shared tensors, so clone them apart.
-    save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / MODEL))
-    torch.save(optim, tmp / OPTIM)
-    torch.save({**_rng_state(), "extra": extra_rng or {}}, tmp / RNG)
-    (tmp / STATE).write_text(json.dumps(asdict(state), indent=1))
+    save_file(snap.model, str(tmp / MODEL))
+    torch.save(snap.optim, tmp / OPTIM)
+    torch.save(snap.rng, tmp / RNG)
+    (tmp / STATE).write_text(snap.state_json)
     (tmp / MANIFEST).write_text(json.dumps({f.name: _fingerprint(f) for f in sorted(tmp.iterdir())}, indent=1))
     for f in tmp.iterdir():  # make the files durable before the rename publishes them
         with open(f, "rb") as fh:
