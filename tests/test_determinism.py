@@ -18,6 +18,7 @@ ARGS = ["model.name=tiny", "model.context=64", "data.train_size=64", "data.eval_
         "reward.num_workers=1", "log.plots=false", "steps=3", "seed=7"]
 # measured durations and what follows from them (the step-time alarm), the only values allowed to differ
 TIMED = ("time/", "tokens/per_s", "eval/seconds", "checkpoint/seconds", "alarm/step_time", "rollout/engine_cpu_s",
+         "checkpoint/write_seconds",  # the background checkpoint write's own seconds
          "train/lm_head_s", "train/optimizer_s",  # seconds inside the train step (trainer/head.py's clock, AdamW)
          "memory/")  # memory/*: measured peak RSS (the allocator and thread timing move it)
 

@@ -26,7 +26,7 @@ LAYERS: list[set[str]] = [
     {"config", "tasks", "staleness", "accounting", "waits"},
     {"model", "telemetry", "algo", "sync"},
     {"reward", "checkpoint", "plan"},
-    {"rollout", "trainer", "runguard"},
+    {"rollout", "trainer", "runguard", "checkpoint_writer"},  # checkpoint_writer: checkpoint.write in a thread
     {"env"},  # tools / multi-turn, rollout-side: MultiTurn wraps a rollout engine (rollout.engine.Engine)
     {"evaluate"},
     {"sft", "roles"},

@@ -277,6 +277,7 @@ class RunConfig(Section):
     max_staleness: int = Field(0, description="async: the most weight versions a trained sample may lag the trainer (>= 0)")
     checkpoint_every: int = Field(10, ge=1, description="steps between checkpoints (and one at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept on disk")
+    checkpoint_async: bool = Field(True, description="write checkpoints in a background thread: the step pays only for a copy of the model and optimizer state in CPU memory (held twice while the write runs); false: written on the step's critical path, no second copy")
     eval_every: int = Field(0, ge=0, description="steps between held-out evals during the run; 0: only before and after")
     progress: bool = Field(True, description="live progress bar with the step breakdown")
     model: ModelConfig = Field(default_factory=ModelConfig)

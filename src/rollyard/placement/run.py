@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ import torch
 
 from rollyard import checkpoint, roles, runguard, signals, staleness
 from rollyard.accounting import PromptLedger
+from rollyard.checkpoint_writer import Writer
 from rollyard.config import RunConfig, dump_config
 from rollyard.evaluate import (
     accuracy_signal,
@@ -52,6 +54,7 @@ from rollyard.telemetry.tracking import Tracking, completion_records, trainer_na
 from rollyard.trainer.precision import precision_choice
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
+from rollyard.waits import NoAnswer
 
 SIDE_WORK = "side_work"  # a step's ``SideWork`` (telemetry/side.py), placement -> run record (popped there, never a metric)
 
@@ -85,6 +88,7 @@ class RunRecord:
     side_seconds: dict[str, list[float]] = field(default_factory=dict)  # by role: every call beside decoding (summary)
     reward_failures: RewardFailures | None = None
     settings: roles.Settings | None = None  # resolved once at start-up (device, sync plan, staleness bound)
+    writer: Writer | None = None  # the background checkpoint writer (checkpoint_async); None: checkpoints written now
     _clock: float = field(default_factory=time.time)
 
     def log(self, msg: str) -> None:
@@ -179,28 +183,77 @@ class RunRecord:
                    train_metrics: dict[str, float], trained_at: int, extra: dict[str, Any] | None = None,
                    extra_rng=None) -> None:
         """The end of every driver's step: advance, eval when due (in this step's row, where the
-        reward-hacking alarm compares it), write the row, checkpoint when due or stopping, and stop
-        on a signal. ``extra_rng``: a callable returning the driver's extra RNG state to checkpoint."""
+        reward-hacking alarm compares it), collect a finished background checkpoint write (waiting for it when
+        the next checkpoint is due), write the row, checkpoint when due or stopping, and stop on a signal.
+        ``extra_rng``: a callable returning the driver's extra RNG state to checkpoint."""
         self.state.step = step + 1
         r.rewards.trainer_state = {"global_step": self.state.step, "max_steps": self.cfg.steps}  # TRL's trainer_state
         if self.cfg.eval_every and self.state.step % self.cfg.eval_every == 0 and self.state.step < self.cfg.steps:
             t0 = time.time()
             self.eval_during(r, step)
             self.telemetry.note(step, {"eval/seconds": time.time() - t0})  # in this step's wall time (alarms skip it)
+        due = (self.state.step % self.cfg.checkpoint_every == 0 or self.state.step == self.cfg.steps
+               or signals.stop_requested())
+        failed, waited = self._collect_write(step, due)  # in this step's row, written next
         progress.update(self.end_step(step, r, requests, samples, train_metrics, trained_at=trained_at, extra=extra))
-        if (self.state.step % self.cfg.checkpoint_every == 0 or self.state.step == self.cfg.steps
-                or signals.stop_requested()):
+        if failed is not None:
+            raise failed  # the run ends in one line (exit 2); the previous checkpoint is the latest valid one
+        if due:
             t0 = time.time()
             self.save_checkpoint(r, extra_rng() if extra_rng else None)
-            # after this row was written: the next step's wall time holds it (alarms skip that step)
-            self.telemetry.note(self.state.step, {"checkpoint/seconds": time.time() - t0})
+            # the critical path's seconds (a write still in flight waited for, the snapshot or the synchronous
+            # write), after this row was written: the next step's wall time holds them (alarms skip that step)
+            self.telemetry.note(self.state.step, {"checkpoint/seconds": waited + time.time() - t0})
         if self.state.step < self.cfg.steps:  # a signal in the last step: the run finishes (model/ is exported)
+            if signals.stop_requested():
+                self.finish_checkpoint()  # "checkpoint written at step N" is said once it is on disk
             signals.raise_if_stopping(self.state.step)
 
-    def save_checkpoint(self, r: Roles, extra_rng: dict | None = None) -> Path:
+    def save_checkpoint(self, r: Roles, extra_rng: dict | None = None) -> None:
+        """Checkpoint ``state.step``: written now (``checkpoint_async=false``), or snapshotted now and written by
+        the background writer (the previous write collected first: at most one in flight)."""
         self.state.cursor = r.feed.state()
-        return checkpoint.save(self.run_dir, self.state, r.model, r.trainer.optimizer,
-                               keep=self.cfg.keep_checkpoints, extra_rng=extra_rng)
+        if self.writer is None:
+            checkpoint.save(self.run_dir, self.state, r.model, r.trainer.optimizer,
+                            keep=self.cfg.keep_checkpoints, extra_rng=extra_rng)
+            return
+        self.finish_checkpoint()
+        snap = checkpoint.snapshot(self.state, r.model, r.trainer.optimizer, extra_rng, copy=True)
+        self.writer.submit(self.run_dir, snap, self.cfg.keep_checkpoints)
+
+    def _collect_write(self, step: int, due: bool) -> tuple[checkpoint.CheckpointWriteError | None, float]:
+        """The background write in flight, collected when the next checkpoint is ``due`` (waited for) or as soon as
+        it has failed: its seconds in ``step``'s row (``checkpoint/write_seconds``; ``checkpoint/failed`` for a
+        failure). Returns its error (raised once the row is written) and the seconds this step waited for it."""
+        if self.writer is None or not ((due and self.writer.in_flight) or self.writer.failed):
+            return None, 0.0
+        t0 = time.time()
+        done = self.writer.wait()
+        self.count("checkpoint_write_seconds", done.seconds)
+        values: dict[str, float] = {"checkpoint/write_seconds": done.seconds}
+        if done.error is not None:
+            values["checkpoint/failed"] = 1
+            self.count("checkpoint_failures")
+        self.telemetry.note(step, values)
+        return done.error, time.time() - t0
+
+    def finish_checkpoint(self) -> None:
+        """Wait (bounded, said) for the background write in flight, if any; raise its CheckpointWriteError."""
+        done = self.writer.wait() if self.writer is not None else None
+        if done is not None:
+            self.count("checkpoint_write_seconds", done.seconds)
+            if done.error is not None:
+                self.count("checkpoint_failures")
+                raise done.error
+
+    def settle_checkpoint(self) -> None:
+        """The run is ending on an error or a signal: the write in flight finishes first (the run directory's
+        latest checkpoint is then what the error's line says); its own failure is said, not put in the place of
+        the error that ends the run."""
+        try:
+            self.finish_checkpoint()
+        except (checkpoint.CheckpointWriteError, NoAnswer) as e:
+            print(f"rollyard: error: {e}", file=sys.stderr, flush=True)
 
 
 def _seed_everything(seed: int) -> None:
@@ -311,7 +364,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
                                             alarms=Alarms(regression_z=cfg.eval.regression_z,
                                                           canary_first_max=first_canary_max(settings.plan.dtype))), state,
-                        settings=settings)
+                        settings=settings, writer=Writer() if cfg.checkpoint_async else None)
         rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
         handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer, teacher)
         rec.reward_failures = RewardFailures(run, cfg.reward.on_failure, cfg.reward.max_failure_frac, console.print, state.step)

@@ -46,7 +46,9 @@ def train(run: RunRecord, r: Roles, side) -> dict:
         with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
             for step in range(run.state.step, cfg.steps):
                 grpo_step(run, r, side, step, progress)
+        run.finish_checkpoint()  # the last checkpoint's background write is on disk (or its failure raised)
     except BaseException:  # a run that stops mid-way (an error, a signal) leaves no verifier worker behind
+        run.settle_checkpoint()  # ... nor a checkpoint write in flight
         for pool in {id(p): p for p in (r.rewards, r.held_out_rewards) if p is not None}.values():
             with contextlib.suppress(Exception):
                 pool.close()
