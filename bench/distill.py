@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+import recipes  # bench/: the cell runner and the deadline, shared
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/real_model/smollm2.toml"
@@ -61,21 +61,8 @@ def shell(cmd: list[str]) -> str:
 
 
 def run_cell(out: Path, cmd: list[str]) -> str | None:
-    """Run one cell; None when it finished, else one line saying how it failed."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log = out.parent / f"{out.name}.log"
-    t0, load0 = time.time(), os.getloadavg()[0]
-    print(f"{time.strftime('%H:%M:%S')} {out.name}: running (log {log})", flush=True)
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
-    wall = time.time() - t0
-    if rc != 0:
-        lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
-        return f"exit {rc}: {lines[-1] if lines else '(no output)'}"
-    (out / "bench.json").write_text(json.dumps({"wall_s": wall, "load_start": load0, "load_end": os.getloadavg()[0],
-                                                "command": shell(cmd)}))
-    print(f"{time.strftime('%H:%M:%S')} {out.name}: done in {wall:.0f} s", flush=True)
-    return None
+    """Run one cell (bench/recipes.py's runner: log, wall time, load at its start and end in bench.json)."""
+    return recipes.run_cell(out, cmd, say=shell)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -190,12 +177,7 @@ def plot(cells: dict, teacher: dict, share: float, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def past(deadline: str | None) -> bool:
-    if not deadline:
-        return False
-    hh, mm = (int(x) for x in deadline.split(":"))
-    now = time.gmtime()
-    return (now.tm_hour, now.tm_min) >= (hh, mm)
+past = recipes.past
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -84,8 +84,9 @@ def shell(cmd: list[str]) -> str:
                     .replace("_", "").isalnum() else repr(a) for a in cmd)
 
 
-def run_cell(out: Path, cmd: list[str]) -> str | None:
-    """Run one cell; None when it finished, else one line saying how it failed."""
+def run_cell(out: Path, cmd: list[str], say=None) -> str | None:
+    """Run one cell; None when it finished, else one line saying how it failed. ``say(cmd)``: the command as
+    ``bench.json`` records it (default: :func:`shell`). bench/distill.py runs its cells through this too."""
     out.parent.mkdir(parents=True, exist_ok=True)
     log = out.parent / f"{out.name}.log"
     t0, load0 = time.time(), os.getloadavg()[0]
@@ -97,7 +98,7 @@ def run_cell(out: Path, cmd: list[str]) -> str | None:
         lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
         return f"exit {rc}: {lines[-1] if lines else '(no output)'}"
     (out / "bench.json").write_text(json.dumps({"wall_s": wall, "load_start": load0, "load_end": os.getloadavg()[0],
-                                                "command": shell(cmd)}))
+                                                "command": (say or shell)(cmd)}))
     print(f"{time.strftime('%H:%M:%S')} {out.name}: done in {wall:.0f} s", flush=True)
     return None
 
