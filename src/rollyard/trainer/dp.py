@@ -54,6 +54,7 @@ from rollyard.trainer.trainer import Trainer
 from rollyard.types import Sample
 
 BUCKET_BYTES = 64 << 20
+STUCK_LOG = "dp_rank{rank}.stacks"  # in the run directory: where a rank stuck in the rendezvous waited
 RANK_LOG = "dp_rank{rank}.log"  # in the run directory: a spawned rank's own error, with its traceback
 SHARDED_KEY = "rollyard_fsdp_ranks"  # optimizer.pt of an fsdp run: {SHARDED_KEY: [rank 0 state, rank 1 state, ...]}
 # A collective's bound: ranks 1..k-1 wait in one between steps while rank 0 samples a whole step's rollout.
@@ -349,6 +350,23 @@ def _in_collective(e: BaseException) -> bool:
         "torch/distributed" in f.filename.replace(os.sep, "/") for f in traceback.extract_tb(e.__traceback__))
 
 
+@contextlib.contextmanager
+def _stacks_if_stuck(path: Path, after_s: float):
+    """Every thread's stack written to ``path`` if the block is still running after ``after_s`` (a rendezvous
+    that does not finish: where this rank waits, for the one line rank 0 prints)."""
+    import faulthandler
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        faulthandler.dump_traceback_later(after_s, repeat=False, file=f)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    if path.stat().st_size == 0:
+        path.unlink()
+
+
 def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str, secret: str) -> None:
     """A spawned rank (1..k-1): join the group, build the policy, serve rank 0's commands until 'stop'.
 
@@ -360,7 +378,9 @@ def rank_main(rank: int, k: int, port: int, cfg_data: dict, device: str, secret:
         torch.set_num_threads(max(1, available_ranks("cpu") // k))
         cfg = RunConfig.model_validate(cfg_data)
         dev = f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
-        _join_group(rank, k, port, device, secret=secret, bound_s=rendezvous_bound(device))
+        bound = rendezvous_bound(device)
+        with _stacks_if_stuck(Path(cfg.out_dir) / STUCK_LOG.format(rank=rank), bound * 0.8):
+            _join_group(rank, k, port, device, secret=secret, bound_s=bound)
         model, _, _ = policy(cfg, dev)
         me = Rank(cfg, model, dev)
         while True:
@@ -447,6 +467,10 @@ class DataParallelTrainer:
             p.start()
         try:
             join_watching(self.procs, scoped, port, device, bound)
+        except RendezvousFailed as e:
+            self._kill_ranks()
+            stuck = sorted(str(p) for p in self.run_dir.glob(STUCK_LOG.format(rank="*")))
+            raise RendezvousFailed(f"{e} (where the ranks waited: {', '.join(stuck)})" if stuck else str(e)) from None
         except BaseException:
             self._kill_ranks()
             raise
