@@ -242,15 +242,11 @@ def ray_session():
 # pytest-xdist workers, handed out in collection order, so a long file collected last would run alone at the
 # end while the other worker idles (longest first: the last file to start is a short one). Order only: every
 # file still runs every test. The list: the files with the longest tests in `pytest --durations=60` (2026-11-27).
-# The files whose runs spawn data-parallel trainer ranks from the test process go first, each onto a worker that has
-# run little else: twice in fresh-clone runs (2026-11-28 and 2026-11-29) a dp run's rank 1 never joined its group
-# within the 120 s bound in a worker that had run other files before (vLLM in process among them), while the same
-# tests passed in a fresh process every time. The cause is not found; this ordering avoids the state, not the cause.
-SPAWN_RANKS_FIRST = ("test_dp.py", "test_security.py", "test_dp_faults.py")
-LONGEST_FIRST = SPAWN_RANKS_FIRST + ("test_sync_grid.py", "test_placements.py", "test_restarts.py", "test_vllm.py", "test_reference.py",
-                 "test_tail_ray.py", "test_reliability.py", "test_two_nodes.py",
+LONGEST_FIRST = ("test_sync_grid.py", "test_placements.py", "test_restarts.py", "test_vllm.py", "test_reference.py",
+                 "test_tail_ray.py", "test_reliability.py", "test_two_nodes.py", "test_dp_faults.py",
                  "test_determinism.py", "test_orphans.py", "test_tools.py", "test_ray_dp.py", "test_trainer.py",
-                 "test_restart_booking.py", "test_review_runs.py", "test_weight_check.py", "test_trl_script.py", "test_support_learning.py", "test_memory_peaks.py",
+                 "test_restart_booking.py", "test_review_runs.py", "test_security.py", "test_weight_check.py",
+                 "test_dp.py", "test_trl_script.py", "test_support_learning.py", "test_memory_peaks.py",
                  "test_output.py", "test_plan.py")
 
 

@@ -302,7 +302,21 @@ def _join_group(rank: int, k: int, port: int, device: str, store: dist.Store | N
     if store is None:  # ranks 1..k-1 join rank 0's store
         store = admit(dist.TCPStore("127.0.0.1", port, k, False, timeout=timedelta(seconds=bound_s)), secret,
                       f"127.0.0.1:{port}", bound_s)
+    fresh_world()
     dist.init_process_group(backend, store=store, rank=rank, world_size=k, timeout=COLLECTIVE_TIMEOUT)
+
+
+def fresh_world() -> None:
+    """Make this process name its next default group as a fresh process does (``"0"``), when it has none.
+
+    torch.distributed names the default group by a per-process counter and keys every rendezvous value under
+    that name; only destroying a default group resets the counter. A ``init_process_group`` that never
+    finished (a rendezvous past its bound, a stop signal during it) leaves it advanced, and the next dp run in
+    the same process would wait under name "1" for ranks writing under "0", until the bound: every later
+    ``trainer.dp`` run of a long-lived process (a notebook, a sweep, a test worker) would fail that way."""
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if not dist.is_initialized() and world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 def join_watching(procs: list, store: dist.Store, port: int, device: str, bound_s: float) -> None:
