@@ -46,8 +46,9 @@ DEFAULT_STEPS = 20  # the example's steps
 OBJECTIVES = ("distill", "rl")
 
 
-def run_dir(runs: Path, objective: str, seed: int, steps: int) -> Path:
-    return runs / (f"{objective}-{seed}" + (f"-{steps}steps" if steps != DEFAULT_STEPS else ""))
+def run_dir(runs: Path, objective: str, seed: int, steps: int, schedule: str = "constant") -> Path:
+    return runs / (f"{objective}-{seed}" + (f"-{steps}steps" if steps != DEFAULT_STEPS else "")
+                   + (f"-{schedule}" if schedule != "constant" else ""))
 
 
 def command(out: Path, seed: int, steps: int, eval_every: int, extra: list[str]) -> list[str]:
@@ -183,8 +184,12 @@ past = recipes.past
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--steps", type=int, default=8, help="steps of every distilled and RL cell (run dirs "
-                    "<objective>-<seed>-<N>steps unless N is the example's 20)")
+    ap.add_argument("--steps", type=int, default=8, help="steps of every distilled cell, and of every RL cell "
+                    "unless --rl-steps (run dirs <objective>-<seed>-<N>steps unless N is the example's 20)")
+    ap.add_argument("--rl-steps", type=int, default=None, help="steps of every RL cell (default: --steps): enough "
+                    "for RL to reach the target gives a ratio instead of a bound")
+    ap.add_argument("--distill-schedule", default="constant", help="trainer.lr_schedule of the distilled cells "
+                    "(run dirs get a -<schedule> suffix unless constant)")
     ap.add_argument("--eval-every", type=int, default=2, help="held-out evals during every run (the curves)")
     ap.add_argument("--teacher-seed", type=int, default=0)
     ap.add_argument("--teacher-steps", type=int, default=DEFAULT_STEPS, help="RL steps of the teacher's run")
@@ -198,19 +203,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the cells and the report rows here")
     a = ap.parse_args(argv)
     teacher_out = run_dir(a.runs, "rl", a.teacher_seed, a.teacher_steps)
+    rl_steps = a.rl_steps or a.steps
     jobs = [(teacher_out, command(teacher_out, a.teacher_seed, a.teacher_steps, a.eval_every, []))]
     dirs = {}
     for seed in a.seeds:
         for objective in OBJECTIVES:
-            if objective == "rl" and seed == a.teacher_seed and a.teacher_steps >= a.steps:
+            steps = rl_steps if objective == "rl" else a.steps
+            if objective == "rl" and seed == a.teacher_seed and a.teacher_steps >= steps:
                 # the same command with more steps (constant rate): its first steps are this cell's, and its whole
                 # curve says when RL reaches the target
                 dirs[objective, seed] = teacher_out
                 continue
-            out = dirs[objective, seed] = run_dir(a.runs, objective, seed, a.steps)
+            schedule = "constant" if objective == "rl" else a.distill_schedule
+            out = dirs[objective, seed] = run_dir(a.runs, objective, seed, steps, schedule)
             extra = ([] if objective == "rl" else
-                     ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}"])
-            jobs.append((out, command(out, seed, a.steps, a.eval_every, extra)))
+                     ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}",
+                      f"trainer.lr_schedule={schedule}"])
+            jobs.append((out, command(out, seed, steps, a.eval_every, extra)))
     failed = {}
     if a.run:
         for out, cmd in jobs:
@@ -248,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"teacher": teacher, "share": a.share, "distill_lr": a.distill_lr,
+                                      "distill_schedule": a.distill_schedule,
                                       "cells": {f"{o}-{s}": c for (o, s), c in cells.items() if c is not None},
                                       "report": rows}, indent=1))
     return 1 if failed else 0
