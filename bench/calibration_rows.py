@@ -179,13 +179,23 @@ def recipe(*overrides: str) -> tuple[str, ...]:
     return overrides if V6 else ()
 
 
+# The expert all-to-all and the engine's sleep (fields the rules before them did not have): dropped when those rules
+# are not imported. The file states Qwen3-30B-A3B's top-8 and the engine's sleep; Qwen3-235B-A22B and DeepSeek-V3 route
+# to 8 experts too, DeepSeek-V3 in 58 of its 61 layers.
+A2A = hasattr(plan_inputs, "EP_NVLINK_BW")
+
+
+def recipe_moe(*overrides: str) -> tuple[str, ...]:
+    return overrides if A2A else ()
+
+
 # The v6 terms each row's NeMo-RL v0.6.0 recipe states (docs/calibration.md "Plan v6"): the Qwen3-30B file holds
 # its own; the others state layers, the training layout and recompute, and one optimizer step per batch
 # (G-GBS = T-GBS = 512).
 N2_RECIPE = recipe("policy.layers=94", "policy.hidden=4096", "trainer.tp=4", "trainer.pp=8", "trainer.ep=16",
                    "trainer.recompute=true", "trainer.optimizer_minibatches=1")
-N3_RECIPE = recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=16", "trainer.ep=16",
-                   "trainer.recompute=true", "trainer.optimizer_minibatches=1")
+N3_RECIPE = (*recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=16", "trainer.ep=16",
+                    "trainer.recompute=true", "trainer.optimizer_minibatches=1"), *recipe_moe("policy.moe_layers=58"))
 N2 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945", "rollout.prompts=32",
       "rollout.avg_tokens=5457", "tail.max_tokens=7936", "rollout.tp=8", "rollout.gpus=128", "trainer.dp=128",
       "trainer.gpus=128", "rollout.kv_bytes_per_token=193536", "cluster.gpus=256", *N2_RECIPE)
@@ -235,11 +245,13 @@ PERF_V06 = ("NVIDIA-NeMo/RL docs/about/performance-summary.md (mirror 7ea279ab, 
 PERF_V04 = "NVIDIA-NeMo/RL docs/about/performance-summary.md at 06beed91 (NeMo RL v0.4 table, DGX-H100 BF16)"
 GB200 = ("rollout.mem_bandwidth=8e12", "trainer.peak_flops=2.5e15", "cluster.gpu_memory=186e9",
          # GB200 NVL72: 72 GPUs in one NVLink domain, so a TP16/TP32 replica's all-reduces stay on NVLink (v6's
-         # cross-node decode term applies beyond the domain)
-         *recipe("cluster.gpus_per_node=72"))
+         # cross-node decode term applies beyond the domain), and so does an EP16 expert all-to-all: DeepEP's SM100
+         # EP8 NVLink 5 dispatch, 726 GB/s (deepseek-ai/DeepEP README at 0297fc80)
+         *recipe("cluster.gpus_per_node=72"), *recipe_moe("network.ep_nvlink_bw=726e9"))
 G1 = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tensors=45395", "rollout.prompts=32",
       "rollout.avg_tokens=444", "tail.max_tokens=1280", "rollout.tp=16", "rollout.gpus=128", "trainer.dp=128",
       "trainer.gpus=128", "rollout.kv_bytes_per_token=70272", "cluster.gpus=256", *GB200,
+      *recipe_moe("policy.moe_layers=58"),
       *recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=8", "trainer.ep=16",
               "trainer.recompute=true", "trainer.optimizer_minibatches=1"))
 G2 = ("policy.params=235.1e9", "policy.active_params=22e9", "policy.weight_tensors=36945", "rollout.prompts=32",
@@ -340,7 +352,7 @@ DS_H = ("policy.params=671e9", "policy.active_params=37e9", "policy.weight_tenso
         "rollout.samples=16", "tail.max_tokens=1280", "rollout.tp=32", "rollout.gpus=256", "trainer.dp=256",
         "trainer.gpus=256", "rollout.kv_bytes_per_token=70272", "cluster.gpus=512",
         *recipe("policy.layers=61", "policy.hidden=7168", "trainer.tp=1", "trainer.pp=16", "trainer.ep=16",
-                "trainer.recompute=true", "trainer.optimizer_minibatches=1"))
+                "trainer.recompute=true", "trainer.optimizer_minibatches=1"), *recipe_moe("policy.moe_layers=58"))
 
 
 # Weight syncs gathered 2026-11-29 after the v6 rules were committed (364f4b0), none in the repository before:

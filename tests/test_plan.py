@@ -773,7 +773,9 @@ def test_calibration_rows_hold_their_figures(capsys):
     assert [k for k, r in speed.items() if r["stated_phases"]] == ["N1", "N2", "N3"]
     # Plan v6 reads NeMo-RL's 1-step off as async (in-flight weight updates): N2 and N3 now over-predict the gain
     # (1.67, 1.47; v5 0.76, 0.58 as disaggregated): the colocated step is still short of the published one.
-    assert [round(speed[k]["ratio"], 2) for k in ("N1", "N2", "N3")] == [0.89, 1.67, 1.47]
+    # The expert all-to-all (DeepEP's rates) and the engine's sleep (vLLM level 1 over the host link) lengthen the
+    # colocated step (the async one stays rollout-bound): 0.89, 1.67, 1.47 before those two terms.
+    assert [round(speed[k]["ratio"], 2) for k in ("N1", "N2", "N3")] == [0.85, 1.77, 1.55]
 
 
 def _numeric_fields():
@@ -1072,11 +1074,12 @@ def test_new_published_figures_checked_out_of_sample():
         assert new[rid]["published_x"] == pytest.approx(on_policy / one_off)
         assert new[rid]["ratio"] == pytest.approx(new[rid]["plan_x"] / (on_policy / one_off))
         assert new[rid]["published_colocated_s"] == on_policy
-    assert {k: round(r["ratio"], 2) for k, r in new.items()} == {"G1": 2.08, "G2": 1.96, "V1": 0.64, "V2": 1.23}
+    # (v6 + the expert all-to-all and the engine's sleep; v6 alone: G1 2.08, G2 1.96, V1 0.64, V2 1.23)
+    assert {k: round(r["ratio"], 2) for k, r in new.items()} == {"G1": 2.30, "G2": 2.04, "V1": 0.64, "V2": 1.17}
     assert [k for k, r in new.items() if r["within_25"]] == ["V2"]  # v5: G2, V2
     # The plan's colocated step against the published on-policy step: 0.22-0.57 (the stated phases are too fast).
     assert {k: round(r["colocated_s"] / r["published_colocated_s"], 2) for k, r in new.items()} == {
-        "G1": 0.26, "G2": 0.28, "V1": 0.74, "V2": 0.43}  # v5: 0.22, 0.24, 0.57, 0.31
+        "G1": 0.29, "G2": 0.29, "V1": 0.74, "V2": 0.46}  # v5: 0.22, 0.24, 0.57, 0.31; v6: 0.26, 0.28, 0.74, 0.43
     # Weight sync, slime PR #2146 (Qwen3-8B, one node of 8 x A100, Megatron TP4 -> SGLang TP4): published steady-state
     # means 0.755 s (NCCL broadcast) and 0.484 s (P2P shards). The plan prices 61 / 57 ms: 0 of 2 within 2x, and its
     # P2P / broadcast ratio is 0.93 against the published 0.64.
@@ -1089,4 +1092,4 @@ def test_new_published_figures_checked_out_of_sample():
     scaling = {r["id"]: r for r in rows.scaling_table()}
     for rid, (small, full) in {"C1": (134, 111), "C2": (395, 312), "C3": (108, 98.7), "C4": (286, 345)}.items():
         assert scaling[rid]["published_x"] == pytest.approx(small / full)
-    assert {k: round(r["ratio"], 2) for k, r in scaling.items()} == {"C1": 0.87, "C2": 0.85, "C3": 1.04, "C4": 1.43}
+    assert {k: round(r["ratio"], 2) for k, r in scaling.items()} == {"C1": 0.88, "C2": 0.87, "C3": 1.04, "C4": 1.44}

@@ -28,6 +28,8 @@ from rollyard.plan import mechanisms as M
 from rollyard.plan.inputs import (
     CROSS_NODE_ALLREDUCE_S,
     DENSE_TRAINER_MFU,
+    EP_NVLINK_BW,
+    EP_RDMA_BW,
     MOE_TRAINER_MFU,
     PCIE5_X16_BW,
     STEP_OVERHEAD_S,
@@ -252,17 +254,42 @@ def trainer_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
     fb = 6 * per * train_tokens(p)
     rc = 2 * per * train_tokens(p) if t.recompute else 0.0
     extra = (t.epochs - 1) * (fb + rc)
+    # dispatch + combine per MoE layer in each forward, the same pair in the backward, and again in a recompute
+    a2a = t.epochs * (4 + (2 if t.recompute else 0)) * expert_all_to_all_s(p, gpus, train_tokens(p))
     bub = bubble(p, gpus) - 1
     out = {"train: forward + backward (6 x P_active x tokens)": fb, "train: activation recompute (2 x P_active x tokens)": rc,
-           "train: extra epochs": extra, "train: pipeline bubble": bub * (fb + rc + extra)}
+           "train: extra epochs": extra,
+           "train: expert all-to-all (dispatch + combine per MoE layer, forward, backward, recompute)": a2a,
+           "train: pipeline bubble": bub * (fb + rc + extra + a2a)}
     fwd = 2 * per * train_tokens(p, skipping=False)
     ref = fwd if p.phases.use_reference else 0.0
     old = fwd if old_logprob_forward(p) else 0.0
+    fwd_a2a = 2 * expert_all_to_all_s(p, gpus, train_tokens(p, skipping=False))
+    ref_a2a = fwd_a2a * ((1 if ref else 0) + (1 if old else 0))
     out.update({"reference: reference forward (2 x P_active x tokens)": ref,
-                "reference: previous-policy logprob forward": old, "reference: pipeline bubble": bub * (ref + old),
+                "reference: previous-policy logprob forward": old,
+                "reference: expert all-to-all of the logprob forwards (dispatch + combine per MoE layer)": ref_a2a,
+                "reference: pipeline bubble": bub * (ref + old + ref_a2a),
                 "reference: weights swapped through host memory": reference_swap_s(p, gpus),
                 "reference: teacher forward (2 x P_teacher x tokens)": teacher_s(p, gpus)})
     return out
+
+
+def expert_all_to_all_s(p: PlanInputs, gpus: int, tokens: float) -> float:
+    """One dispatch (or combine) of every MoE layer over a pass of ``tokens`` tokens on ``gpus`` trainer GPUs
+    (``mechanisms.expert_all_to_all_s``): a GPU holds the layers of its pipeline stage and the tokens of its
+    data-parallel rank split over tp (sequence parallel), ``tokens x pp / gpus``; its expert group is ``trainer.ep``
+    neighbouring ranks (Megatron's expert parallelism folded over the data- and tensor-parallel ranks), as many of
+    them in its node as fit. 0 for a dense model, without expert parallelism, or when ``policy.experts_per_token``,
+    ``hidden`` or ``layers`` is not given."""
+    pol, t = p.policy, p.trainer
+    layers = pol.moe_layers or pol.layers
+    if not (is_moe(p) and pol.experts_per_token and pol.hidden and layers) or t.ep <= 1:
+        return 0.0
+    local = min(t.ep, p.cluster.gpus_per_node)
+    nw = p.network
+    return M.expert_all_to_all_s(tokens * t.pp / gpus, pol.hidden, pol.experts_per_token, layers / t.pp, t.ep, local,
+                                 nw.ep_nvlink_bw or EP_NVLINK_BW, nw.ep_rdma_bw or EP_RDMA_BW)
 
 
 def teacher_s(p: PlanInputs, gpus: int) -> float:
@@ -307,6 +334,15 @@ def offload_s(p: PlanInputs, gpus: int) -> float:
     grad = p.trainer.grad_bytes_per_param or bpp
     optimizer = max(p.cluster.train_bytes_per_param - bpp - grad, 0.0) * p.policy.params / gpus
     return M.host_copies_s(2 * (model_shard_params(p, gpus) * (bpp + grad) + optimizer), host_bw(p))
+
+
+def engine_sleep_s(p: PlanInputs) -> float:
+    """Colocated, an engine that sleeps while the trainer runs (``rollout.sleep_offload``: vLLM sleep level 1) copies
+    its weight shard (all weights over ``rollout.tp``) to host memory and back each step over the host link; 0 when
+    not set."""
+    if not p.rollout.sleep_offload:
+        return 0.0
+    return M.host_copies_s(2 * weight_bytes(p) / p.rollout.tp, host_bw(p))
 
 
 def _flop_seconds(p: PlanInputs, flops_per_token_param: float, given: float | None, gpus: int,
@@ -367,7 +403,8 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     algo = p.phases.algorithm_s  # advantages / loss bookkeeping: on the trainer side, as in the simulator
     ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G) + algo
     tr_colo = tr + offload_s(p, G)  # colocated: the trainer's state leaves the GPUs for generation and comes back
-    colo = M.PoolSplit("colocated", G, G, ro, tr_colo, reload_s, M.colocated_step_s(ro, 0.0, tr_colo, reload_s))
+    ro_colo = ro + engine_sleep_s(p)  # and the engine's weights leave them for training
+    colo = M.PoolSplit("colocated", G, G, ro_colo, tr_colo, reload_s, M.colocated_step_s(ro_colo, 0.0, tr_colo, reload_s))
     out = {"colocated": {"best": colo, "all": [colo]}}
     tp = p.rollout.tp
     for placement in ("disaggregated", "async"):

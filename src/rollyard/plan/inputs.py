@@ -145,6 +145,19 @@ MOE_TRAINER_MFU = 158e12 / 989e12
 # create-a3mega-ztan-fork ztan-NCCL-test-result, GCP A3 Mega, read 2026-11-29). An InfiniBand cluster's own
 # all_reduce_perf figure replaces it (network.cross_node_allreduce_s).
 CROSS_NODE_ALLREDUCE_S = 123.5e-6
+# The expert all-to-all of an expert-parallel trainer (trainer.ep > 1): every MoE layer's forward sends each token's
+# hidden state to the ranks of its top-k experts (dispatch) and sums their outputs back (combine); the backward runs
+# the same pair (the gradient of a dispatch is a combine, of a combine a dispatch), a recomputed forward again.
+# DeepEP's published rates for its normal (training) kernels (deepseek-ai/DeepEP docs/legacy.md at 0297fc80, read
+# 2026-11-29; H800 with one CX7 400 Gb/s NIC each, DeepSeek-V3 pre-training shapes: 4,096 tokens per batch, hidden
+# 7,168, top-8, FP8 dispatch, BF16 combine): intranode EP8 dispatch 153 GB/s and combine 158 GB/s over NVLink;
+# internode EP16 43 / 43, EP32 58 / 57, EP64 51 / 50 GB/s over RDMA. The plan takes the dispatch figures (the slower
+# of each pair) and the narrowest internode group's: a kernel written for this traffic, so the term is about the least
+# the all-to-all can take. The network side is the same NIC on H100 (43 GB/s). NVLink is not: 153 GB/s is 96% of
+# H800's ~160 GB/s; the same share of H100's NVLink 4 (18 links x 25 GB/s = 450 GB/s per direction) is 430 GB/s.
+# (DeepEP's V2 README at the same commit: SM100 EP8 726 GB/s over NVLink 5; a GB200 plan states it.)
+EP_NVLINK_BW = 153 / 160 * 450e9
+EP_RDMA_BW = 43e9
 
 
 def optimizer_passes(trainer) -> tuple[int, int]:
@@ -209,6 +222,8 @@ class PolicySection(Section):
     layers: int | None = Field(None, ge=1, le=10_000, description="transformer layers [count]; with hidden and vocab, prices the trainer's activations (null: not priced, and the plan says so); Qwen2.5-14B (the runbook's class): 48")
     hidden: int | None = Field(None, ge=1, le=10**6, description="hidden size [elements]; prices the trainer's activations; Qwen2.5-14B: 5120")
     vocab: int | None = Field(None, ge=1, le=10**8, description="vocabulary size [tokens]; prices the trainer's fp32 logits per micro-batch; Qwen2.5-14B: 152064")
+    experts_per_token: int | None = Field(None, ge=1, le=4096, description="routed experts per token of a MoE (top-k) [count]: with trainer.ep > 1, policy.hidden and policy.layers, prices the trainer's expert all-to-all (each token's hidden state to k experts' ranks and back, per MoE layer per pass, at DeepEP's published rates: inputs.EP_NVLINK_BW, EP_RDMA_BW); null = not priced; Qwen3-30B-A3B, Qwen3-235B-A22B, DeepSeek-V3: 8")
+    moe_layers: int | None = Field(None, ge=1, le=10_000, description="layers with routed experts [count] (the expert all-to-all runs in these); null = policy.layers; DeepSeek-V3: 58 of 61 (its first 3 are dense)")
 
 
 class TrainerSection(Section):
@@ -254,6 +269,7 @@ class RolloutSection(Section):
     step_overhead_s: float | None = Field(None, ge=0, le=10, description="the engine's fixed work per decode step [s] (scheduling, sampling, kernel launches; the tail of a synchronous round pays it once per token of its longest response); null = the backend's published figure on a GPU (inputs.STEP_OVERHEAD_S: vLLM 1.69 ms from a single-request TPOT on H100, SGLang and native 0: not published) and 0 on a CPU; a given phases.rollout_s sets it from the measured round instead")
     kv_bytes_per_token: float = Field(196608, ge=0, le=1e9, description="KV-cache bytes per token of context [bytes]; 196608 = 48 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 bytes")
     bytes_per_decoded_token: float | None = Field(None, gt=0, le=1e15, description="bytes read from HBM per decoded token [bytes]; null = params*bytes_per_param/concurrency + kv_bytes_per_token * (prompt_tokens + avg_tokens/2)")
+    sleep_offload: bool = Field(False, description="colocated: the engine sleeps while the trainer runs, its weights copied to host memory and back on wake (vLLM sleep level 1: weights offloaded, KV cache discarded; NeMo-RL's colocated vLLM worker): the engine's weight shard (policy.params x bytes_per_param / rollout.tp) out and back per step over cluster.host_bw")
 
 
 class SyncSection(Section):
@@ -286,6 +302,8 @@ class NetworkSection(Section):
     senders: int | None = Field(None, ge=1, le=MAX_GPUS, description="parallel links a sync uses, each at the sync_link bandwidth [count] (one NIC per GPU; at most rollout.gpus: each link ends on a receiving GPU); null = rollout.tp (each GPU of a receiving replica takes its 1/tp share on its own NIC)")
     custom: dict[str, float] = Field(default_factory=dict, max_length=100, description="extra tiers: name = bandwidth [bytes/s] (> 0, finite), e.g. {roce = 25e9}")
     cross_node_allreduce_s: float | None = Field(None, ge=0, le=1, description="one small all-reduce across the node boundary [s]: a decode step of a rollout replica wider than a node (rollout.tp > cluster.gpus_per_node) pays two per layer (policy.layers); null = 123.5 us (nccl-tests on 16 H100 over 2 nodes, inputs.CROSS_NODE_ALLREDUCE_S)")
+    ep_nvlink_bw: float | None = Field(None, gt=0, le=1e15, description="the trainer's expert all-to-all inside a node, per GPU [bytes/s]: the tokens a GPU sends to the node's other expert ranks; null = 430e9 (DeepEP's intranode EP8 dispatch, 153 GB/s on H800's ~160 GB/s NVLink, as the same share of H100's 450 GB/s; inputs.EP_NVLINK_BW); B200/GB200: 726e9 (DeepEP V2, SM100 EP8)")
+    ep_rdma_bw: float | None = Field(None, gt=0, le=1e15, description="the trainer's expert all-to-all between nodes, per GPU [bytes/s]: the tokens a GPU sends to expert ranks on other nodes (trainer.tp x trainer.ep > cluster.gpus_per_node); null = 43e9 (DeepEP's internode EP16 dispatch over CX7 400 Gb/s, inputs.EP_RDMA_BW)")
 
 
 class PhasesSection(Section):
@@ -436,6 +454,10 @@ class PlanInputs(Section):
         if layers is not None and tr.pp > layers:
             raise ValueError(f"trainer.pp = {tr.pp} exceeds policy.layers = {layers}: a pipeline stage holds at least "
                              f"one layer; fix: set trainer.pp <= {layers}")
+        moe = self.policy.moe_layers
+        if layers is not None and moe is not None and moe > layers:
+            raise ValueError(f"policy.moe_layers = {moe} exceeds policy.layers = {layers}: the MoE layers are some of the "
+                             f"model's layers; fix: set policy.moe_layers <= {layers}")
         for name, width in (("tp", tr.tp), ("ep", tr.ep)):
             if tr.pp * width > ranks:
                 raise ValueError(f"trainer.pp x trainer.{name} = {tr.pp} x {width} = {tr.pp * width} exceeds the trainer's "

@@ -217,6 +217,20 @@ def host_copies_s(nbytes: float, host_bw: float) -> float:
     return nbytes / host_bw
 
 
+def expert_all_to_all_s(tokens: float, hidden: int, top_k: int, layers: float, ep: int, local: int,
+                        nvlink_bw: float, rdma_bw: float, bytes_per_element: float = 2) -> float:
+    """One all-to-all (a dispatch or a combine) of every MoE layer a GPU holds, over ``tokens`` tokens on that GPU:
+    each token's hidden state (``hidden`` x ``bytes_per_element``) goes to ``top_k`` experts spread evenly over ``ep``
+    ranks, of which ``local`` share the GPU's node: ``(local - 1) / ep`` of the copies cross NVLink, ``(ep - local) /
+    ep`` the network, both at once (DeepEP forwards NVLink and RDMA traffic concurrently), so the slower link sets
+    the time; ``1 / ep`` stay on the GPU."""
+    if not (0 < local <= ep) or not (nvlink_bw > 0 and rdma_bw > 0):
+        raise ValueError(f"an expert all-to-all needs 0 < local <= ep and > 0 bytes/s links, got local {local}, "
+                         f"ep {ep}, {nvlink_bw}, {rdma_bw}")
+    copies = tokens * top_k * hidden * bytes_per_element * layers
+    return max(copies * (local - 1) / ep / nvlink_bw, copies * (ep - local) / ep / rdma_bw)
+
+
 def cross_node_tp_step_s(layers: int, allreduce_s: float) -> float:
     """A decode step of a tensor-parallel replica wider than a node: two all-reduces per layer (after attention
     and after the MLP or MoE block, Megatron-style tensor parallelism) cross the node boundary, each a small

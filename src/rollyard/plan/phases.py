@@ -89,7 +89,8 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     measured_train = ph.train_s is not None or bool(ph.train_s_measured)
     t = p.trainer
     passes = "".join([" + recompute (2 x)" if t.recompute else "", f", x {t.epochs} epochs" if t.epochs > 1 else "",
-                      f", x {H.bubble(p, gt):.3g} pipeline bubble (pp {t.pp})" if t.pp > 1 else ""])
+                      f", x {H.bubble(p, gt):.3g} pipeline bubble (pp {t.pp})" if t.pp > 1 else "",
+                      f" + expert all-to-all (EP{t.ep})" if H.expert_all_to_all_s(p, gt, train_tokens(p)) else ""])
     src["train"] = ("given" if ph.train_s is not None and not ph.gpus else
                     f"given on {ph.gpus} GPUs, to {gt} by Amdahl's law (serial fraction "
                     f"{p.trainer.serial_fraction:g})" if ph.train_s is not None else
@@ -112,6 +113,9 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     if H.offload_s(p, gt):
         terms["train (colocated only, on top of these seconds): optimizer, gradients, weights offloaded and "
               "reloaded"] = H.offload_s(p, gt)
+    if H.engine_sleep_s(p):
+        terms["rollout (colocated only, on top of these seconds): engine weights offloaded to host memory and back "
+              "(sleep level 1, wake)"] = H.engine_sleep_s(p)
     if ph.rollout_s is None and p.rollout.bytes_per_decoded_token is None and H.cross_node_tp_s(p):
         d = H.decode_on(p, p.rollout.gpus, lengths)
         terms["rollout: cross-node TP all-reduces (2 per layer per decode step)"] = (

@@ -186,6 +186,8 @@ def _placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None
         ph = replace(ph, reference=max(ph.reference - off, 0.0))
     if placement == "colocated" and p.trainer.offload:  # the trainer's state leaves the GPUs for generation
         ph = replace(ph, train=ph.train + H.offload_s(p, H.trainer_gpus(p)))
+    if placement == "colocated" and p.rollout.sleep_offload:  # the engine's weights leave them for training
+        ph = replace(ph, rollout=ph.rollout + H.engine_sleep_s(p))
     if placement != "async":
         return ph
     ref = 0.0 if p.phases.async_rollout_logprobs else ph.reference
