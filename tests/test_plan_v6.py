@@ -169,6 +169,16 @@ def test_expert_all_to_all_at_deepeps_rates():
                                        "trainer.ep=8"), 8, 8000) == 0
 
 
+def test_moe_layers_are_some_of_the_layers():
+    from rollyard.plan.inputs import PlanError
+    with pytest.raises(PlanError, match=r"policy.moe_layers = 62 exceeds policy.layers = 61"):
+        load_plan(None, ["policy.layers=61", "policy.moe_layers=62"])
+    # DeepSeek-V3's first 3 layers are dense: 58 of 61 route, 58/61 of the all-to-all of all 61
+    over = [*MOE, "policy.layers=61", "trainer.ep=8"]
+    assert (H.expert_all_to_all_s(_plan(*over, "policy.moe_layers=58"), 8, 8000)
+            == pytest.approx(58 / 61 * H.expert_all_to_all_s(_plan(*over), 8, 8000)))
+
+
 def test_colocated_engine_sleep_moves_its_weights_over_the_host_link():
     # vLLM sleep level 1 copies the engine's weights to host memory and wake copies them back: a 14e9-parameter
     # bf16 model on TP2 replicas holds 14 GB per GPU, out and back over PCIe Gen5 x16 (64 GB/s per direction).
