@@ -156,7 +156,7 @@ def plot(cells: dict, teacher: dict, share: float, path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     styles = {"distill": "-", "rl": "--"}
-    for ax, x, label in ((axes[0], 1, "training wall seconds (steps only, evals excluded; shared 2-core CPU)"),
+    for ax, x, label in ((axes[0], 1, "training wall seconds (steps only, evals excluded; 2-core CPU)"),
                          (axes[1], 0, "optimizer step")):
         for (objective, seed), c in sorted(cells.items()):
             if c is None:
@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                     "unless --rl-steps (run dirs <objective>-<seed>-<N>steps unless N is the example's 20)")
     ap.add_argument("--rl-steps", type=int, default=None, help="steps of every RL cell (default: --steps): enough "
                     "for RL to reach the target gives a ratio instead of a bound")
+    ap.add_argument("--retime-teacher-seed", action="store_true", help="run the RL cell of the teacher's seed on its "
+                    "own (run dir rl-<seed>[-<N>steps]-retimed) instead of reading the teacher's run: the same steps, "
+                    "timed at the load of the other cells")
     ap.add_argument("--distill-schedule", default="constant", help="trainer.lr_schedule of the distilled cells "
                     "(run dirs get a -<schedule> suffix unless constant)")
     ap.add_argument("--eval-every", type=int, default=2, help="held-out evals during every run (the curves)")
@@ -209,12 +212,14 @@ def main(argv: list[str] | None = None) -> int:
     for seed in a.seeds:
         for objective in OBJECTIVES:
             steps = rl_steps if objective == "rl" else a.steps
-            if objective == "rl" and seed == a.teacher_seed and a.teacher_steps >= steps:
+            if objective == "rl" and seed == a.teacher_seed and a.teacher_steps >= steps and not a.retime_teacher_seed:
                 # the same command with more steps (constant rate): its first steps are this cell's, and its whole
                 # curve says when RL reaches the target
                 dirs[objective, seed] = teacher_out
                 continue
             schedule = "constant" if objective == "rl" else a.distill_schedule
+            if objective == "rl" and seed == a.teacher_seed:  # retimed: the teacher's own directory is taken
+                schedule = "retimed"
             out = dirs[objective, seed] = run_dir(a.runs, objective, seed, steps, schedule)
             extra = ([] if objective == "rl" else
                      ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}",
