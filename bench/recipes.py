@@ -55,7 +55,10 @@ TASKS = {
     "gcd": ("reasoning_gym:gcd", "{min_numbers: 2, max_numbers: 2, min_value: 1, max_value: 30}"),
     "products": ("reasoning_gym:products", "{min_terms: 2, max_terms: 2, min_digits: 1, max_digits: 2}"),
     "lcm": ("reasoning_gym:lcm", "{min_numbers: 2, max_numbers: 2, min_value: 1, max_value: 12}"),
+    "sums": (None, None),  # the SmolLM2 sums example as it is (its data, reward hook and lr 5e-6): SUMS_CONFIG
 }
+# The real-model example (two-digit sums, zero-shot; data from `examples/real_model/sums.py .cache/sums`)
+SUMS_CONFIG = ROOT / "examples/real_model/smollm2.toml"
 
 RECIPES = {
     "default": [],
@@ -74,8 +77,9 @@ def run_dir(runs: Path, task: str, recipe: str, seed: int, steps: int | None = N
 
 def command(out: Path, task: str, recipe: str, seed: int, eval_every: int, steps: int | None = None) -> list[str]:
     name, options = TASKS[task]
-    return [sys.executable, "-m", "rollyard.cli", "train", "--config", str(CONFIG), f"data.task={name}",
-            f"data.task_options={options}", *RECIPES[recipe], f"seed={seed}", f"eval_every={eval_every}",
+    data = [f"data.task={name}", f"data.task_options={options}"] if name else []
+    return [sys.executable, "-m", "rollyard.cli", "train", "--config", str(CONFIG if name else SUMS_CONFIG), *data,
+            *RECIPES[recipe], f"seed={seed}", f"eval_every={eval_every}",
             *([f"steps={steps}"] if steps else []), f"out_dir={out}", "progress=false", "log.plots=false"]
 
 
