@@ -119,8 +119,10 @@ TRL behaviour to know (1.16, ``grpo_trainer.py``)
 
 from __future__ import annotations
 
+import atexit
 import functools
 import math
+import shutil
 import tempfile
 import warnings
 from collections import defaultdict
@@ -136,6 +138,14 @@ _DEFAULTS = {"num_generations": 2, "per_device_train_batch_size": 4, "max_comple
 
 
 @functools.lru_cache(maxsize=1)
+def _scratch_root() -> str:
+    """One directory per test process for the tokenizer files and TRL's output dirs, removed when it exits."""
+    root = tempfile.mkdtemp(prefix="trl_oracle_")
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
+@functools.lru_cache(maxsize=1)
 def _tokenizer_files() -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -147,7 +157,7 @@ def _tokenizer_files() -> str:
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=SPECIALS,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     out = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    path = tempfile.mkdtemp(prefix="trl_oracle_tok_")
+    path = tempfile.mkdtemp(prefix="tok_", dir=_scratch_root())
     out.save_pretrained(path)
     return path
 
@@ -199,7 +209,7 @@ def build_trl_trainer(model, tokenizer, *, reward_funcs: int = 1, **grpo_config_
 
     kwargs = {**_DEFAULTS, **grpo_config_kwargs}
     use_vllm = bool(kwargs.pop("use_vllm", False))
-    kwargs.setdefault("output_dir", tempfile.mkdtemp(prefix="trl_oracle_"))
+    kwargs.setdefault("output_dir", tempfile.mkdtemp(prefix="out_", dir=_scratch_root()))
     if kwargs.get("beta", 0.0) != 0.0:  # TRL loads its reference from the policy's name_or_path
         ref_dir = Path(kwargs["output_dir"]) / "reference_init"
         model.save_pretrained(ref_dir)
