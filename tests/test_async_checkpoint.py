@@ -164,7 +164,9 @@ def save_then_hang(tensors, path):  # checkpoint 2's write stops half-way: model
     real(tensors, path)
     calls.append(path)
     if len(calls) == 2:
-        marker.write_text(threading.current_thread().name)
+        tmp = marker.with_suffix(".tmp")  # written whole, then renamed: the test sees the marker with its text
+        tmp.write_text(threading.current_thread().name)
+        tmp.rename(marker)
         time.sleep(600)
 
 checkpoint.save_file = save_then_hang
