@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,6 +104,9 @@ def run_cell(out: Path, cmd: list[str], say=None) -> str | None:
         return f"exit {rc}: {lines[-1] if lines else '(no output)'}"
     (out / "bench.json").write_text(json.dumps({"wall_s": wall, "load_start": load0, "load_end": os.getloadavg()[0],
                                                 "command": (say or shell)(cmd)}))
+    # the figures come from the run's records; its checkpoints (weights and AdamW state: 1.2 GB for SmolLM2-135M)
+    # would fill the disk over a grid of cells. model/ stays: bench/distill.py's teacher is a cell's model/.
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
     print(f"{time.strftime('%H:%M:%S')} {out.name}: done in {wall:.0f} s", flush=True)
     return None
 
