@@ -122,44 +122,32 @@ while True:
 """
 
 
-def test_a_live_dp2_runs_store_lists_nothing_usable_to_another_process(tmp_path):
-    """A live ``trainer.dp=2`` run's rendezvous store (one of the ports the run's process listens on: the lister
-    tries each as it appears), listed by another local process while the run goes on:
-    only opaque 64-hex names (it saw the secret as every key's prefix before), and the run trains regardless."""
-    import psutil
-
+def test_a_live_dp2_runs_store_lists_nothing_usable_to_another_process(tmp_path, monkeypatch):
+    """A live ``trainer.dp=2`` run's rendezvous store, listed by another local process while the run goes on (its
+    port handed to the lister the moment the store listens, before the ranks are spawned): only opaque 64-hex names
+    (it saw the secret as every key's prefix before), and the run trains regardless."""
     from rollyard.cli import main
+    from rollyard.trainer import dp
 
-    me = psutil.Process()
-
-    def listening() -> set[int]:
-        return {c.laddr.port for c in me.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN}
-
-    before, found, done = listening(), {}, threading.Event()
     lister = subprocess.Popen([sys.executable, "-c", LISTER], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     assert lister.stdout.readline().strip() == "ready"
+    found, host = {}, dp._host_store
 
-    def find() -> None:
-        seen = set(before)
-        while not done.is_set():
-            for port in listening() - seen:
-                seen.add(port)
-                found.setdefault("ports", []).append(port)
-                lister.stdin.write(f"{port}\n")
-                lister.stdin.flush()
-            done.wait(0.02)
+    def host_and_tell(k, bound_s):  # the port only, as a process watching the machine's listening sockets would find it
+        store = host(k, bound_s)
+        found.setdefault("ports", []).append(store.port)
+        lister.stdin.write(f"{store.port}\n")
+        lister.stdin.flush()
+        return store
 
-    t = threading.Thread(target=find, daemon=True, name="rollyard-test-store-finder")
-    t.start()
+    monkeypatch.setattr(dp, "_host_store", host_and_tell)
     try:
         assert main(["train", "model.context=48", "data.train_size=32", "data.eval_size=4",
                      "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4",
                      "sft.auto=false", "progress=false", "reward.num_workers=1", "log.plots=false", "steps=2",
                      "trainer.dp=2", "trainer.micro_batch_tokens=64", f"out_dir={tmp_path / 'run'}"]) == 0
     finally:
-        done.set()
-        t.join(timeout=5)
         out, _ = lister.communicate(timeout=60)  # stdin closed: it ends once no store is left to list
     listings = [json.loads(line) for line in out.splitlines() if line.strip()]
     names = {k for listing in listings for k in listing}
