@@ -46,9 +46,9 @@ DEFAULT_STEPS = 20  # the example's steps
 OBJECTIVES = ("distill", "rl")
 
 
-def run_dir(runs: Path, objective: str, seed: int, steps: int, schedule: str = "constant") -> Path:
-    return runs / (f"{objective}-{seed}" + (f"-{steps}steps" if steps != DEFAULT_STEPS else "")
-                   + (f"-{schedule}" if schedule != "constant" else ""))
+def run_dir(runs: Path, objective: str, seed: int, steps: int, tag: str = "") -> Path:
+    """``tag``: what sets the cell apart from the default one (a distilled cell's schedule, a retimed RL cell)."""
+    return runs / (f"{objective}-{seed}" + (f"-{steps}steps" if steps != DEFAULT_STEPS else "") + (f"-{tag}" if tag else ""))
 
 
 def command(out: Path, seed: int, steps: int, eval_every: int, extra: list[str]) -> list[str]:
@@ -217,13 +217,14 @@ def main(argv: list[str] | None = None) -> int:
                 # curve says when RL reaches the target
                 dirs[objective, seed] = teacher_out
                 continue
-            schedule = "constant" if objective == "rl" else a.distill_schedule
-            if objective == "rl" and seed == a.teacher_seed:  # retimed: the teacher's own directory is taken
-                schedule = "retimed"
-            out = dirs[objective, seed] = run_dir(a.runs, objective, seed, steps, schedule)
+            if objective == "rl":  # the teacher's seed, retimed: the teacher's own directory is taken
+                tag = "retimed" if seed == a.teacher_seed else ""
+            else:
+                tag = "" if a.distill_schedule == "constant" else a.distill_schedule
+            out = dirs[objective, seed] = run_dir(a.runs, objective, seed, steps, tag)
             extra = ([] if objective == "rl" else
                      ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}",
-                      f"trainer.lr_schedule={schedule}"])
+                      f"trainer.lr_schedule={a.distill_schedule}"])
             jobs.append((out, command(out, seed, steps, a.eval_every, extra)))
     failed = {}
     if a.run:
