@@ -65,6 +65,29 @@ def test_a_limit_too_low_for_torch_is_one_line_exit_2(tmp_path, limit_kb):
         f"(ulimit -v {limit_kb})"), proc.stderr
 
 
+def test_an_import_that_cannot_allocate_is_the_out_of_memory_line_and_other_os_errors_propagate(monkeypatch, capsys):
+    """Under a tight ulimit -v, importing torch can fail inside the import system itself (listing a package
+    directory: OSError ENOMEM, not MemoryError), depending on where the limit lands: the same one line."""
+    import errno
+
+    from rollyard import cli
+
+    def no_memory(cmd, rest):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory", "/site-packages/torch/jit")
+
+    monkeypatch.setattr(cli, "_main", no_memory)
+    assert cli.main(["train"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rollyard train: error: out of memory"), err
+
+    def missing(cmd, rest):
+        raise OSError(errno.ENOENT, "No such file or directory", "x")
+
+    monkeypatch.setattr(cli, "_main", missing)
+    with pytest.raises(FileNotFoundError):
+        cli.main(["train"])
+
+
 QUIET = """
 import os, sys, warnings
 from rollyard.rollout.vllm import _console_kept_clear

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import errno
 import os
 import resource
 import sys
@@ -134,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     oom = f"rollyard {argv[0]}: error: out of memory {_memory_limit()}"  # built now: no memory later
     try:
         return _main(argv[0], argv[1:])
-    except (MemoryError, ImportError) as e:  # anywhere, imports included: under a tight ulimit -v torch cannot load
+    except (MemoryError, ImportError, OSError) as e:  # anywhere, imports included: under a tight ulimit -v torch cannot load
         if isinstance(e, ImportError) and "failed to map segment" not in str(e):
             raise
+        if isinstance(e, OSError) and e.errno != errno.ENOMEM:
+            raise  # ENOMEM: the import system itself could not allocate (listing a package directory)
         print(oom, file=sys.stderr)
         dynamo = sys.modules.get("torch._dynamo.utils")  # its exit hook imports more: a second traceback
         if dynamo is not None and hasattr(dynamo, "dump_compile_times"):
