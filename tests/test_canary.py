@@ -92,6 +92,27 @@ def test_inprocess_canary_checks_the_fast_paths_fused_copies(tmp_path, capsys):
     assert sum(line.startswith("ALARM step 2: logprob canary") for line in capsys.readouterr().out.splitlines()) == 1
 
 
+def test_a_bf16_rollout_over_the_shared_fp32_module_reads_bf16_rounding_and_raises_no_alarm(tmp_path, capsys):
+    """rollout.precision=bf16 with the trainer's fp32 module shared (sync.mode=inprocess): the fast path's fused
+    copies are bf16, so the canary reads bf16 rounding (far above the fp32 kernels'), within the first-sync
+    ceiling of a bf16 rollout, not the fp32 copy's: no alarm, and run.json says what ran."""
+    import json
+
+    cfg = load_config(None, [*RUN, "rollout.precision=bf16", "trainer.lr=1e-4", f"out_dir={tmp_path / 'r'}"])
+    run, r, extra = start(cfg, cfg.out_dir, False)
+    side = LocalRollout(run, r, resolve(cfg, "cpu"), extra)
+    assert side.session.mode == "inprocess" and side.engine.backend.fwd.mm_dtype.is_floating_point
+    assert str(side.engine.backend.fwd.mm_dtype) == "torch.bfloat16"
+    grpo.train(run, r, side)
+    rows = _rows(run)
+    gaps = [row["canary/logprob_gap"] for row in rows]
+    assert min(gaps) > 20 * KERNELS and max(gaps) < 0.5 and max(gaps) > 1e-3, gaps  # (1e-3: an fp32 copy's ceiling)
+    assert not any(row["alarm/logprob_canary"] for row in rows), gaps
+    assert "ALARM" not in capsys.readouterr().out
+    info = json.loads((Path(run.run_dir) / rundir.RUN_INFO).read_text())
+    assert info["rollout_precision"] == "bf16" and "rollout.precision=bf16" in info["rollout_precision_reason"]
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.usefixtures("ray_session")

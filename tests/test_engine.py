@@ -297,6 +297,34 @@ def test_bf16_weights_on_cpu_decode_with_an_fp32_cache_and_match_the_forward(hid
         else:
             assert errs.max() < 1e-4, (lengths, errs.max())
 
+def test_bf16_compute_over_an_fp32_module_samples_from_bf16_copies_and_follows_weight_loads():
+    """rollout.precision=bf16 over the trainer's fp32 module (sync.mode=inprocess): the fused copies are the
+    module's weights cast to bf16 at every refresh, the module itself stays fp32, the cache fp32. The sampled
+    logprobs are a bf16 forward's (close to the bf16-cast module's HF forward, measurably off the fp32 one), and
+    after the module changes in place and a load_weights, they follow the new weights."""
+    model = build_preset("small", TOK, seed=0, max_position_embeddings=CTX).eval()
+    eng = _engine(model, temperature=1.0, max_concurrent=6, seed=4, compute_dtype=torch.bfloat16)
+    fwd = eng.backend.fwd
+    assert eng.backend.name == "fast" and fwd.mm_dtype == torch.bfloat16 and fwd.weight_dtype == torch.float32
+    assert fwd.layers[0]["wqkv"].dtype == torch.bfloat16 and next(model.parameters()).dtype == torch.float32
+
+    def errors(ref, samples):
+        return torch.cat([(torch.tensor(s.logprobs) - _recompute_logprobs(ref, s, 1.0)).abs() for s in samples])
+
+    samples, _ = eng.generate(_requests((5, 9, 3, 12), n=2, max_new=12))
+    assert eng.backend.kv.dtype == torch.float32
+    bf16, fp32 = errors(copy.deepcopy(model).to(torch.bfloat16), samples), errors(model, samples)
+    assert bf16.max() < 0.1 and bf16.mean() < 0.02, (bf16.max(), bf16.mean())
+    assert fp32.mean() > 1e-4, fp32.mean()  # an fp32 forward would be ~1e-6 off: the copies really are bf16
+    with torch.no_grad():
+        for n, t in _perturbed(model).items():
+            dict(model.named_parameters())[n].copy_(t)
+    eng.load_weights(WeightUpdate(version=3, mode="inprocess"))
+    samples, _ = eng.generate(_requests((6, 6), n=2, max_new=10, prefix="after"))
+    new = errors(copy.deepcopy(model).to(torch.bfloat16), samples)
+    assert all(s.versions == [3] * 10 for s in samples) and new.max() < 0.1 and new.mean() < 0.02, new.max()
+
+
 def test_shared_prefill_equals_separate_prefills():
     model = _model()
     prompt = _prompt(0, 7)

@@ -278,6 +278,7 @@ def test_the_bound_counts_the_versions_a_step_makes():
     (["algo.dynamic_sampling_rounds=3"], "without algo.dynamic_sampling=true"),
     (["trainer.lm_head_fp32=true", "trainer.precision=fp32"], "runs every matmul in fp32 already"),
     (["reference.mixup_alpha=0.9"], "without reference.sync_every > 0"),
+    (["rollout.backend=vllm", "rollout.precision=bf16"], "set rollout.dtype=bf16 for vLLM"),
 ])
 def test_a_setting_without_effect_is_one_line_exit_2(tmp_path, capsys, override, says):
     assert main(["train", *TINY, *override, f"out_dir={tmp_path / 'r'}"]) == 2

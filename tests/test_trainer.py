@@ -669,3 +669,12 @@ def test_auto_precision_is_bf16_on_a_native_bf16_cpu_only_for_a_real_size_decode
     cpu = torch.device("cpu")
     assert auto_precision(smol, cpu) == ("bf16" if native_bf16 else "fp32")
     assert auto_precision(_model(0), cpu) == "fp32" and auto_precision(smol, torch.device("cuda")) == "bf16"
+    # rollout.precision=auto: the same rule for the native engine's compute; otherwise the rollout copy's dtype
+    from rollyard.trainer.precision import rollout_precision
+    chosen, why = rollout_precision("auto", smol, cpu)
+    assert chosen == ("bf16" if native_bf16 else None) and why.startswith("auto: ")
+    assert rollout_precision("auto", _model(0), cpu)[0] is None
+    assert "rollout copy's dtype" in rollout_precision("auto", _model(0), cpu)[1]
+    assert rollout_precision("auto", smol, torch.device("cuda"))[0] is None
+    chosen, why = rollout_precision("bf16", _model(0), cpu)
+    assert chosen == "bf16" and "rollout.precision=bf16" in why and ("emulated" in why) != native_bf16

@@ -38,12 +38,13 @@ def unsupported_reason(model) -> str | None:
     return family.unsupported_reason(model)
 
 
-def fast_forward(model) -> FastForward:
-    """``model``'s fast forward (prefill and decode over its weights); ValueError where it has none."""
+def fast_forward(model, compute_dtype: torch.dtype | None = None) -> FastForward:
+    """``model``'s fast forward (prefill and decode over its weights, computed in ``compute_dtype``, None: the
+    module's); ValueError where it has none."""
     family = family_of(model)
     if family is None:
         raise ValueError(f"fast path unsupported: {unsupported_reason(model)}")
-    return family(model)
+    return family(model, compute_dtype)
 
 
 def train_hidden(model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,

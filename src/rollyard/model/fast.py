@@ -18,8 +18,10 @@ to repay its per-call cost are stored prepacked in oneDNN's layout.
 KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``; a slot's entries at
 positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. With bf16 weights on a
 CPU the cache and the decode attention are fp32 (``kv_dtype``): CPU bf16 batched matmuls copy their strided cache
-views and run ~2x slower than fp32 at these shapes. ``dtype`` is the compute dtype (a family may upcast narrow bf16
-models: ``CPU_BF16_MIN_HIDDEN``), ``weight_dtype`` the module's. On CPU the decode step's attention, RMSNorms and
+views and run ~2x slower than fp32 at these shapes. ``mm_dtype`` is the matmuls' dtype, that of the fused copies
+(``compute_dtype``, rollout.precision; else the module's, and a family may upcast narrow bf16 models:
+``CPU_BF16_MIN_HIDDEN``); ``dtype`` the activations' (fp32 on CPU: a matmul's input is cast to ``mm_dtype`` and
+its output back), ``weight_dtype`` the module's. On CPU the decode step's attention, RMSNorms and
 (without q/k norms) RoPE with the cache write run through ``rollyard.model.kernels`` (compiled at first use; torch's
 ops where it cannot be built).
 
@@ -121,7 +123,7 @@ class FastForward:
     def unsupported_reason(model) -> str | None:
         raise NotImplementedError
 
-    def __init__(self, model):
+    def __init__(self, model, compute_dtype: torch.dtype | None = None):
         reason = self.unsupported_reason(model)
         if reason:
             raise ValueError(f"fast path unsupported: {reason}")
@@ -133,10 +135,19 @@ class FastForward:
         self.qk_norm = hasattr(model.model.layers[0].self_attn, "q_norm")
         on_cpu = p.device.type == "cpu"
         cpu_bf16 = on_cpu and p.dtype == torch.bfloat16
-        # Compute dtype: bf16 weights of a narrow model on CPU are upcast once per refresh; the values are the
-        # bf16 weights', only the arithmetic is wider.
-        self.dtype = torch.float32 if cpu_bf16 and self.D < self.CPU_BF16_MIN_HIDDEN else p.dtype
-        self.kv_dtype = torch.float32 if cpu_bf16 else p.dtype
+        # Compute dtype: ``compute_dtype`` when given (rollout.precision: the fused copies are the module's weights
+        # cast once per refresh); else the module's, except that bf16 weights of a narrow model on CPU are upcast
+        # once per refresh (the values are the bf16 weights', only the arithmetic is wider).
+        if compute_dtype is not None:
+            self.mm_dtype = compute_dtype
+        else:
+            self.mm_dtype = torch.float32 if cpu_bf16 and self.D < self.CPU_BF16_MIN_HIDDEN else p.dtype
+        # On CPU the activations (residual stream, norms, RoPE, attention, logits) are fp32 whatever the matmuls'
+        # dtype: the fp32 kernels run, and bf16 rounds only a matmul's weights and inputs (a bf16 SiLU or RMSNorm
+        # on CPU measured slower than the fp32 kernels, and rounds the residual stream at every layer).
+        self.dtype = torch.float32 if on_cpu else self.mm_dtype
+        self.mixed = self.mm_dtype != self.dtype
+        self.kv_dtype = torch.float32 if on_cpu else self.dtype
         # rollyard.model.kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
         self.attn_kernel = (on_cpu and self.kv_dtype == torch.float32
                             and (self.ATTN_KERNEL_ANY_COMPUTE or self.dtype == torch.float32)
@@ -174,15 +185,14 @@ class FastForward:
     def refresh(self) -> None:
         """Rebuild the fused weight copies (and the RoPE tables) from the module (after any weight change)."""
         inner = self.model.model
-        c = self._c
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
-        self.embed = c(inner.embed_tokens.weight)
+        self.embed = inner.embed_tokens.weight.detach()  # the module's own table: rows are cast as they are looked up
         scale = getattr(inner.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else float(scale.to(self.embed.dtype))
         self.norm_w, self.norm_eps = self._norm(inner.norm)
-        head = c(self.model.lm_head.weight)
+        head = self._w(self.model.lm_head.weight)
         self.lm_head = pack(head) if self.PACK_HEAD else head
-        self.lm_bias = c(getattr(self.model.lm_head, "bias", None))
+        self.lm_bias = self._w(getattr(self.model.lm_head, "bias", None))
         self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
         self._T = 0
         if not self.GROW_TABLES:
@@ -193,7 +203,7 @@ class FastForward:
         return self._c(self._norm_scale(n.weight)), eps_of(n)
 
     def _layer_weights(self, layer) -> dict:
-        a, m, c = layer.self_attn, layer.mlp, self._c
+        a, m, c = layer.self_attn, layer.mlp, self._w
         scale = 1.0 if self.qk_norm else self.scale  # with q/k norms, the scale sits in q's norm weight
         w = torch.cat((c(a.q_proj.weight) * scale, c(a.k_proj.weight), c(a.v_proj.weight))).contiguous()
         b = None
@@ -218,8 +228,21 @@ class FastForward:
         return self.lm_head is None
 
     def _c(self, t: torch.Tensor | None) -> torch.Tensor | None:
-        """``t`` in the compute dtype (the module's own tensor when that is its dtype already)."""
+        """``t`` in the activations' dtype (the module's own tensor when that is its dtype already)."""
         return None if t is None else t.to(self.dtype)
+
+    def _w(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """A matmul's weight or bias ``t`` in the matmuls' dtype (the module's own tensor when that is its dtype)."""
+        return None if t is None else t.to(self.mm_dtype)
+
+    def _mm(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+            add: torch.Tensor | None = None) -> torch.Tensor:
+        """``add + x @ w.T + b`` for a fused weight ``w`` (``pack``ed): in the matmuls' dtype, returned in the
+        activations' (the add then in the activations' dtype too)."""
+        if not self.mixed:
+            return packed_linear(x, w, b, add=add)
+        y = packed_linear(x.to(self.mm_dtype), w, b).to(self.dtype)
+        return y if add is None else y.add_(add)
 
     def tables(self, T: int) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
         """Each layer kind's RoPE tables for positions ``0..T-1`` at least (grown by doubling with
@@ -243,7 +266,8 @@ class FastForward:
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = F.embedding(tokens, self.embed)
-        return x if self.embed_scale is None else x * self.embed_scale
+        x = x if self.embed_scale is None else x * self.embed_scale
+        return x.to(self.dtype)
 
     def _qk(self, y: torch.Tensor, shape: tuple, w: dict) -> torch.Tensor:
         """The q|k heads ``[*shape, H + KVH, hd]`` of the fused projection ``y``, through the q/k norms if any."""
@@ -254,7 +278,7 @@ class FastForward:
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         x = self._rms(x, self.norm_w, self.norm_eps)
-        return softcap(packed_linear(x, self.lm_head, self.lm_bias), self.softcap)
+        return softcap(self._mm(x, self.lm_head, self.lm_bias), self.softcap)
 
     @torch.no_grad()
     def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
@@ -276,7 +300,7 @@ class FastForward:
             kind = self.kinds[l]
             cos, sin = (t[:P, None] for t in tables[kind])  # [P, 1, hd]
             h = self._rms(x, *w[first])
-            y = packed_linear(h, w["wqkv"], w["bqkv"])
+            y = self._mm(h, w["wqkv"], w["bqkv"])
             qk = rope(self._qk(y, (G, P), w), cos, sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
@@ -330,7 +354,7 @@ class FastForward:
         for l, w in enumerate(self.layers):
             kind = self.kinds[l]
             h = self._rms(x, *w[first])
-            y = packed_linear(h, w["wqkv"], w["bqkv"])
+            y = self._mm(h, w["wqkv"], w["bqkv"])
             if self.rope_kernel:
                 q = cpu_kernels.decode_rope_write(y, *tables[kind], *rope_at, kv[l], H, KVH).view(B, H, hd)
             else:

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.fast import FastForward, decoder_reason, heads, train_attention, train_mlp
-from rollyard.model.gemm import packed_linear
 
 MODEL_TYPES = ("gemma3_text",)
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -104,9 +103,9 @@ class Gemma3Fast(FastForward):
         return _geglu(gu)
 
     def block(self, x: torch.Tensor, o: torch.Tensor, w: dict) -> torch.Tensor:
-        x = x + self._rms(packed_linear(o, w["wo"], w["bo"]), *w["post_attention_layernorm"])
+        x = x + self._rms(self._mm(o, w["wo"], w["bo"]), *w["post_attention_layernorm"])
         h = self._rms(x, *w["pre_feedforward_layernorm"])
-        d = packed_linear(self._act(packed_linear(h, w["wgu"])), w["wd"])
+        d = self._mm(self._act(self._mm(h, w["wgu"])), w["wd"])
         return x + self._rms(d, *w["post_feedforward_layernorm"])
 
     @classmethod

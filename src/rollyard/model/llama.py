@@ -20,7 +20,6 @@ import torch.nn.functional as F
 
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.fast import FastForward, decoder_reason, train_attention, train_mlp
-from rollyard.model.gemm import packed_linear
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 # On CPU, bf16 weights of a model narrower than this compute in fp32: at hidden 96 a bf16 decode
@@ -67,9 +66,9 @@ class LlamaFast(FastForward):
         return F.silu(gu[..., :self.I]) * gu[..., self.I:]
 
     def block(self, x: torch.Tensor, o: torch.Tensor, w: dict) -> torch.Tensor:
-        x = packed_linear(o, w["wo"], w["bo"], add=x)
+        x = self._mm(o, w["wo"], w["bo"], add=x)
         h = self._rms(x, *w["post_attention_layernorm"])
-        return packed_linear(self._act(packed_linear(h, w["wgu"])), w["wd"], add=x)
+        return self._mm(self._act(self._mm(h, w["wgu"])), w["wd"], add=x)
 
     @classmethod
     def train_layer(cls, x, layer, cos, sin, mask=None) -> torch.Tensor:

@@ -141,6 +141,10 @@ def inert(cfg: RunConfig) -> None:
         raise ConfigError("trainer.lm_head_fp32=true computes the head in fp32 under bf16, but trainer.precision=fp32 "
                           "runs every matmul in fp32 already; set trainer.precision=bf16 (or auto) or drop "
                           "trainer.lm_head_fp32")
+    if cfg.rollout.backend == "vllm" and cfg.rollout.precision != "auto":
+        raise ConfigError(f"rollout.precision={cfg.rollout.precision} sets the native engine's compute precision, but "
+                          f"rollout.backend=vllm computes in its weights' dtype; set rollout.dtype={cfg.rollout.precision} "
+                          f"for vLLM, or drop rollout.precision (auto)")
     if cfg.reference.mixup_alpha != type(cfg.reference).model_fields["mixup_alpha"].default and not \
             cfg.reference.sync_every:
         raise ConfigError(f"reference.mixup_alpha={cfg.reference.mixup_alpha} has no effect without "

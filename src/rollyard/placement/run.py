@@ -42,7 +42,7 @@ from rollyard.reward.failures import RewardFailures
 from rollyard.reward.hooks import MESSAGES_KEY
 from rollyard.rollout.scheduler import PromptFeed, PromptStream
 from rollyard.sft import warm_start
-from rollyard.sync.factory import sync_facts
+from rollyard.sync.factory import DTYPES, sync_facts
 from rollyard.tasks.base import DataError, Prompt
 from rollyard.tasks.dataset import check_context
 from rollyard.telemetry import rundir, sessions
@@ -51,7 +51,7 @@ from rollyard.telemetry.report import console, fmt_accuracy, print_summary, role
 from rollyard.telemetry.side import SideWork, latency_metrics
 from rollyard.telemetry.telemetry import Telemetry
 from rollyard.telemetry.tracking import Tracking, completion_records, trainer_names
-from rollyard.trainer.precision import precision_choice
+from rollyard.trainer.precision import precision_choice, rollout_precision
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Request, Sample
 from rollyard.waits import NoAnswer
@@ -349,6 +349,11 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
         precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
                                                                                  torch.device(device))))
         console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
+        if cfg.rollout.backend == "native":
+            rp, why = rollout_precision(cfg.rollout.precision, model, torch.device(device))
+            precision.update(rollout_precision=rp or {v: k for k, v in DTYPES.items()}[settings.plan.dtype],
+                             rollout_precision_reason=why)
+            console.print(f"rollout precision {precision['rollout_precision']} ({why})")
         r = cfg.rollout
         feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed, shuffle=cfg.data.shuffle), PromptLedger(),
                           tokenizer, r.samples_per_prompt, r.max_new_tokens, context,
@@ -363,7 +368,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
                           + (f", {len(feed.ledger.queued())} live prompts requeued" if feed.ledger.queued() else ""))
         rec = RunRecord(cfg, run, Telemetry(run, tracking=tracking if tracking.active else None,
                                             alarms=Alarms(regression_z=cfg.eval.regression_z,
-                                                          canary_first_max=first_canary_max(settings.plan.dtype))), state,
+                                                          canary_first_max=first_canary_max(precision.get("rollout_precision") or settings.plan.dtype))), state,
                         settings=settings, writer=Writer() if cfg.checkpoint_async else None)
         rewards.trainer_state = {"global_step": state.step, "max_steps": cfg.steps}
         handles = Roles(model, tokenizer, context, trainer, rewards, reference, feed, held_out, scorer, teacher)

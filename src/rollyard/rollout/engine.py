@@ -419,9 +419,12 @@ class RolloutEngine(EngineBase):
 
     def __init__(self, model, *, eos_token_id: int | list[int], pad_token_id: int = 0, temperature: float = 1.0,
                  top_p: float = 1.0, max_concurrent: int = 64, max_cache_tokens: int = 65536,
-                 seed: int = 0, version: int = 0, top_k: int = 0):
+                 seed: int = 0, version: int = 0, top_k: int = 0, compute_dtype: torch.dtype | None = None):
         self.model = model
         self.device = next(model.parameters()).device
+        # The native fast path's compute dtype (rollout.precision; None: the module's). The HF backends
+        # compute in the module's dtype.
+        self.compute_dtype = compute_dtype
         super().__init__(model, eos_token_id=eos_token_id, pad_token_id=pad_token_id, temperature=temperature,
                          top_p=top_p, max_concurrent=max_concurrent, max_cache_tokens=max_cache_tokens, seed=seed,
                          version=version, device=self.device, top_k=top_k)
@@ -436,9 +439,11 @@ class RolloutEngine(EngineBase):
         reason = native.unsupported_reason(self.model)
         if reason is None:
             try:
-                backend = native.NativeBackend(self.model, self.max_concurrent, self.max_cache_tokens)
+                backend = native.NativeBackend(self.model, self.max_concurrent, self.max_cache_tokens,
+                                               self.compute_dtype)
                 err = native.fast_path_matches(self.model, backend)
-                tol = 1e-4 if backend.fwd.weight_dtype == torch.float32 else 3e-2
+                fp32 = backend.fwd.weight_dtype == torch.float32 and backend.fwd.mm_dtype == torch.float32
+                tol = 1e-4 if fp32 else 3e-2
                 if err <= tol:
                     return backend
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"
@@ -459,8 +464,12 @@ class RolloutEngine(EngineBase):
     def _use_backend(self, name: str) -> None:
         """Force ``"fast"``, ``"hf"`` (batched HF) or ``"hf-perseq"``; tests compare them. Only while idle."""
         assert not self._active, "switch backends only while idle"
-        cls = {"fast": native.NativeBackend, "hf": hf_backend.BatchedHFBackend, "hf-perseq": hf_backend.PerSeqHFBackend}[name]
-        self.backend = cls(self.model, self.max_concurrent, self.max_cache_tokens)
+        if name == "fast":
+            self.backend = native.NativeBackend(self.model, self.max_concurrent, self.max_cache_tokens,
+                                                self.compute_dtype)
+        else:
+            cls = {"hf": hf_backend.BatchedHFBackend, "hf-perseq": hf_backend.PerSeqHFBackend}[name]
+            self.backend = cls(self.model, self.max_concurrent, self.max_cache_tokens)
         for g in self._queue:
             g.stash = g.logits = None
 

@@ -27,8 +27,8 @@ class NativeBackend:
 
     name = "fast"
 
-    def __init__(self, model, max_concurrent: int, max_cache_tokens: int):
-        self.fwd = families.fast_forward(model)
+    def __init__(self, model, max_concurrent: int, max_cache_tokens: int, compute_dtype: torch.dtype | None = None):
+        self.fwd = families.fast_forward(model, compute_dtype)
         self.max_concurrent, self.budget = max_concurrent, max_cache_tokens
         self.context = self.fwd.context
         self.R = self.W = 0

@@ -48,7 +48,8 @@ CANARY_KEY = "canary/logprob_gap"
 
 
 def first_canary_max(copy_dtype) -> float:
-    """The largest first-sync canary gap a rollout copy of ``copy_dtype`` reads from rounding alone, with room:
+    """The largest first-sync canary gap a rollout copy computing in ``copy_dtype`` (its dtype, or the native
+    engine's rollout.precision) reads from rounding alone, with room:
     measured at most 3.3e-6 (fp32) and 2.1e-2 (bf16) nats (docs/weight-sync.md, ``bench/canary.py --part gaps``)."""
     return 1e-3 if str(copy_dtype) in ("torch.float32", "fp32", "float32") else 0.5
 # Row values: seconds of this step's wall time spent outside the step's own work (see RunRecord)
@@ -142,7 +143,7 @@ class Alarms:
                 self.log(f"ALARM step {row.get('step')}: logprob canary: at the first sync the rollout copy's logprobs "
                          f"of the fixed probe already differ from the trainer's by {gap:.2e}, past the copy dtype's "
                          f"rounding ({limit:g}): the two sides never matched. Check that rollout.top_p / top_k / "
-                         f"temperature reach both sides, rollout.dtype, and the weight names the copy loads "
+                         f"temperature reach both sides, rollout.dtype / rollout.precision, and the weight names the copy loads "
                          f"(sync.check_every=1 names a differing tensor)")
             self.canary_off = True
             return 1.0

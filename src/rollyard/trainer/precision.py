@@ -1,4 +1,5 @@
-"""The trainer's matmul precision: ``auto``'s choice and the words the start-up line says it with."""
+"""The matmul precision of the trainer (``trainer.precision``) and of the native rollout engine
+(``rollout.precision``): ``auto``'s choice, one rule for both, and the words the start-up line says it with."""
 
 from __future__ import annotations
 
@@ -32,18 +33,18 @@ def auto_precision(model, device: torch.device) -> str:
     return "fp32"
 
 
-def precision_choice(setting: str, model, device: torch.device) -> tuple[str, str]:
-    """``(the precision the Trainer runs, why)`` for ``trainer.precision=setting``: the start-up line and run.json
-    say it. The choice is :func:`auto_precision`'s (the Trainer's own); this only words it. An explicit bf16 on
+def precision_choice(setting: str, model, device: torch.device, key: str = "trainer.precision") -> tuple[str, str]:
+    """``(the precision the Trainer runs, why)`` for ``trainer.precision=setting`` (``key`` names the setting in
+    the words): the start-up line and run.json say it. The choice is :func:`auto_precision`'s (the Trainer's own); this only words it. An explicit bf16 on
     a CPU without native bf16 says that it is emulated there and slower than fp32."""
     cpu = device.type == "cpu"
     native = cpu and cpu_gemm.cpu_has_native_bf16()
     if setting != "auto":
-        why = f"set by trainer.precision={setting}"
+        why = f"set by {key}={setting}"
         if setting == "bf16" and cpu and not native:
             why += ("; this CPU has no native bf16 (no AVX512-BF16 or AMX): bf16 is emulated and slower than fp32 "
                     "(a trainer step measured 12-40x fp32's on such a CPU, 2026-11-27; bench/precision.py measures this "
-                    "one); trainer.precision=fp32 or auto is faster here")
+                    f"one); {key}=fp32 or auto is faster here")
         return setting, why
     chosen = auto_precision(model, device)
     if not cpu:
@@ -54,3 +55,17 @@ def precision_choice(setting: str, model, device: torch.device) -> tuple[str, st
     side = ">=" if n >= BF16_MIN_DECODER_PARAMS else "<"
     return chosen, (f"auto: {chosen}, native bf16 on this CPU and {n / 1e6:.1f}M decoder matrix parameters {side} "
                     f"{BF16_MIN_DECODER_PARAMS / 1e6:.0f}M (below it bf16's casts cost more than its matmuls save)")
+
+
+def rollout_precision(setting: str, model, device: torch.device) -> tuple[str | None, str]:
+    """``(the native engine's compute precision, why)`` for ``rollout.precision=setting``; ``None``: the rollout
+    copy's own dtype. ``auto`` takes :func:`auto_precision`'s bf16 on a CPU (native bf16, a large enough decoder:
+    the trainer's rule, so sampler and trainer run alike); elsewhere, and on a GPU, the copy's dtype."""
+    if setting != "auto":
+        return precision_choice(setting, model, device, key="rollout.precision")
+    if device.type == "cpu":
+        chosen, why = precision_choice("auto", model, device, key="rollout.precision")
+        if chosen == "bf16":
+            return chosen, why
+        return None, "auto: the rollout copy's dtype" + why.removeprefix("auto: fp32")
+    return None, f"auto: the rollout copy's dtype on {device.type}"
