@@ -21,6 +21,10 @@ step for TRL) and of its train phase, the ratios between sides, and the train ph
 matmul_flops, 1024^3, same threads), over every sample's positions (the old floor) and over the positions the
 trainer computed (the useful-work floor: zero-advantage samples skipped, each group's prompt once;
 `train/computed_positions`). `native-all` is the native side with trainer.useful_work=false (every position).
+The rollout phase (native sides) is held against its roofline per step: the larger of its matmul FLOPs (each
+group's prompt prefilled once, every decoded token, attention included) at the matmul rate measured here in the
+precision the rollout ran (run.json's rollout_precision) and the bytes it must read (the weights once per
+forward, each decode step's K/V) at the memory bandwidth measured here (a 512 MB copy).
 
 train: the trainer's step alone on the example's batch shape (4 prompts of the example's chat template x 8
 completions of 5-24 tokens, --zero-groups of the 4 with all-equal rewards), trainer.useful_work on and off in
@@ -99,8 +103,10 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
         raise SystemExit(f"[{name}] rollyard train failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
+    lengths = {r["step"]: r for r in map(json.loads, (run / "lengths.jsonl").read_text().splitlines())}
     return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run),
-            "real_positions": real_positions(run / "lengths.jsonl")}
+            "real_positions": real_positions(run / "lengths.jsonl"), "lengths": lengths,
+            "precision": json.loads((run / "run.json").read_text()).get("rollout_precision")}
 
 
 def real_positions(path: Path) -> dict[int, int]:
@@ -206,6 +212,47 @@ def matmul_rate(precision: str, threads: int, size: int = 1024) -> float:
     return matmul_flops(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, size=size)
 
 
+def memory_bandwidth(threads: int, mb: int = 512, seconds: float = 0.5) -> float:
+    """Bytes/s of a large copy (read + write counted), the memory limit a decode step is held against."""
+    import torch
+
+    torch.set_num_threads(threads)
+    src = torch.ones(mb << 18)  # mb MB of fp32
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        dst.copy_(src)
+        reps += 1
+    return 2 * src.numel() * 4 * reps / (time.perf_counter() - t0)
+
+
+def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidth: float, weight_bytes: float) -> dict:
+    """The rollout phase's physical limit for one step's lengths (lengths.jsonl's row): the larger of its matmul
+    FLOPs at ``rate`` and the bytes it must read at ``bandwidth``.
+
+    FLOPs: each group's prompt prefilled once (2 x matmul params per token, plus causal attention), and every
+    sampled token after the first (that one comes from the prefill's logits) decoded: 2 x matmul params plus
+    attention over its position. Bytes: the weights (``weight_bytes``: matmul params in the precision the rollout
+    ran) once per forward (the prefill and each decode step, the longest sample's count), and each decode step's
+    reads of its sequences' fp32 K/V cache."""
+    L, H, KVH = c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
+    hd = getattr(c, "head_dim", None) or c.hidden_size // H
+    prompts, responses = lengths["prompt_lengths"], [n for n in lengths["response_lengths"] if n]
+    k = max(1, len(lengths["response_lengths"]) // max(1, len(prompts)))
+    flops = sum(2 * matmul_params * P + 2 * L * H * hd * P * P for P in prompts)
+    kv_positions = 0
+    for i, n in enumerate(lengths["response_lengths"]):
+        P = prompts[i // k]
+        for t in range(1, n):
+            flops += 2 * matmul_params + 4 * L * H * hd * (P + t)
+            kv_positions += P + t
+    kv_bytes = kv_positions * L * 2 * KVH * hd * 4
+    passes = 1 + max(responses, default=1) - 1
+    read = passes * weight_bytes + kv_bytes
+    return {"seconds": max(flops / rate, read / bandwidth), "compute_s": flops / rate, "memory_s": read / bandwidth}
+
+
 def cached_dir(gguf: Path) -> str:
     from rollyard.model import gguf as gguf_model
 
@@ -234,8 +281,16 @@ def speed(a) -> int:
                  + 3 * c.hidden_size * c.intermediate_size)
     matmul_params = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size
     steps = a.warmup + a.steps
+    rates: dict[str, float] = {}
+
+    def rate_of(p: str) -> float:  # the matmul limit at precision p, measured once
+        if p not in rates:
+            rates[p] = matmul_rate(p, a.threads)
+        return rates[p]
+
     for precision in a.precisions:
-        rate = matmul_rate("bf16" if precision == "auto" and auto_is_bf16(model_dir) else precision, a.threads)
+        rate = rate_of("bf16" if precision == "auto" and auto_is_bf16(model_dir) else precision)
+        bandwidth = memory_bandwidth(a.threads)
         res: dict[str, list[dict]] = {s: [] for s in a.sides}
         load = [os.getloadavg()[0]]
         for r in range(a.rounds):
@@ -250,10 +305,13 @@ def speed(a) -> int:
                     o = [f"steps={steps}", f"rollout.backend={side.removesuffix('-all')}",
                          f"trainer.precision={precision}", "eval_every=0",
                          *(["trainer.useful_work=false"] if side.endswith("-all") else []),
-                         *(["rollout.dtype=bf16"] if precision == "bf16" and side == "native" else []), *a.set]
+                         *([f"rollout.precision={precision}"] if side.startswith("native") else []), *a.set]
                     run = run_rollyard(f"speed-{side}-{precision}-{r}", str(a.gguf), o, a.threads)
                     rows = run["rows"][a.warmup:]
-                    res[side].append({"step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
+                    rp = run["precision"] or "fp32"
+                    roof = [rollout_roofline(run["lengths"][x["step"]], c, matmul_params, rate_of(rp), bandwidth,
+                                             matmul_params * (2 if rp == "bf16" else 4)) for x in rows]
+                    res[side].append({"roofline": roof, "rollout_precision": rp, "step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
                                       "rollout": [x["time/rollout"] for x in rows],
                                       "positions": [run["real_positions"][x["step"]] for x in rows],
                                       "computed": [x["train/packed_tokens"] for x in rows],
@@ -283,6 +341,16 @@ def speed(a) -> int:
                          f"skipped; the micro-batches held {computed:.0f} with their padding) = {useful_floor:.2f} s: "
                          f"train is {med[side]['train'] / max(useful_floor, 1e-9):.2f}x it; "
                          f"peak RSS GB {rounds[-1]['memory']}")
+            if side != "trl" and side != "vllm":
+                roof = [r for rd in rounds for r in rd["roofline"]]
+                rp = rounds[-1]["rollout_precision"]
+                ratios = [x / r["seconds"] for rd in rounds for x, r in zip(rd["rollout"], rd["roofline"])]
+                line += (f"\n        rollout roofline ({rp} matmuls at {rate_of(rp) / 1e9:.0f} GFLOP/s, memory "
+                         f"{bandwidth / 1e9:.1f} GB/s; prefill once per group, every decode step's weight and K/V "
+                         f"reads): median {statistics.median(r['seconds'] for r in roof):.2f} s (compute "
+                         f"{statistics.median(r['compute_s'] for r in roof):.2f}, memory "
+                         f"{statistics.median(r['memory_s'] for r in roof):.2f}): rollout is "
+                         f"{statistics.median(ratios):.2f}x it (median of the steps' ratios)")
             log(line)
         for x in a.sides:
             for y in a.sides:
