@@ -203,20 +203,37 @@ class FastForward:
         return self._c(self._norm_scale(n.weight)), eps_of(n)
 
     def _layer_weights(self, layer) -> dict:
-        a, m, c = layer.self_attn, layer.mlp, self._w
+        a, m, c, fuse = layer.self_attn, layer.mlp, self._w, self._fuse
         scale = 1.0 if self.qk_norm else self.scale  # with q/k norms, the scale sits in q's norm weight
-        w = torch.cat((c(a.q_proj.weight) * scale, c(a.k_proj.weight), c(a.v_proj.weight))).contiguous()
+        w = fuse((a.q_proj.weight, scale), (a.k_proj.weight, 1.0), (a.v_proj.weight, 1.0))
         b = None
         if a.q_proj.bias is not None:
-            b = torch.cat((c(a.q_proj.bias) * scale, c(a.k_proj.bias), c(a.v_proj.bias))).contiguous()
+            b = fuse((a.q_proj.bias, scale), (a.k_proj.bias, 1.0), (a.v_proj.bias, 1.0))
         qkn, qk_eps = None, 0.0
         if self.qk_norm:  # [H + KVH, hd]: per-head norm weights, q rows times the attention scale
             qkn = torch.cat(((self._norm_scale(a.q_norm.weight) * self.scale).expand(self.H, self.hd),
                              self._norm_scale(a.k_norm.weight).expand(self.KVH, self.hd))).to(self.dtype).contiguous()
             qk_eps = eps_of(a.q_norm)
         out = dict(wqkv=pack(w), bqkv=b, qkn=qkn, qk_eps=qk_eps, wo=pack(c(a.o_proj.weight)), bo=c(a.o_proj.bias),
-                   wgu=pack(torch.cat((c(m.gate_proj.weight), c(m.up_proj.weight)))), wd=pack(c(m.down_proj.weight)))
+                   wgu=pack(fuse((m.gate_proj.weight, 1.0), (m.up_proj.weight, 1.0))), wd=pack(c(m.down_proj.weight)))
         out.update((name, self._norm(getattr(layer, name))) for name in self.NORMS)
+        return out
+
+    def _fuse(self, *parts: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """The rows of ``parts`` (a weight or bias and its scale) stacked in the matmuls' dtype: each part read once
+        and written once, cast and scaled on the way (a sync's refresh is a pass over the weights, not four)."""
+        first = parts[0][0]
+        out = torch.empty((sum(t.shape[0] for t, _ in parts), *first.shape[1:]), dtype=self.mm_dtype,
+                          device=first.device)
+        row = 0
+        with torch.no_grad():
+            for t, scale in parts:
+                dst = out[row:row + t.shape[0]]
+                if scale == 1.0:
+                    dst.copy_(t)
+                else:
+                    torch.mul(t, scale, out=dst)
+                row += t.shape[0]
         return out
 
     def release(self) -> None:
