@@ -183,7 +183,8 @@ class FastForward:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """Rebuild the fused weight copies (and the RoPE tables) from the module (after any weight change)."""
+        """Rebuild the fused weight copies from the module (after any weight change); the RoPE tables, which no weight
+        changes, are built at the first refresh only."""
         inner = self.model.model
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight.detach()  # the module's own table: rows are cast as they are looked up
@@ -193,10 +194,11 @@ class FastForward:
         head = self._w(self.model.lm_head.weight)
         self.lm_head = pack(head) if self.PACK_HEAD else head
         self.lm_bias = self._w(getattr(self.model.lm_head, "bias", None))
-        self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._T = 0
-        if not self.GROW_TABLES:
-            self.tables(self.context)
+        if not hasattr(self, "_tables"):  # the RoPE tables depend on no weight: built once, kept across refreshes
+            self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+            self._T = 0
+            if not self.GROW_TABLES:
+                self.tables(self.context)
         self.n_qk = (self.H + self.KVH) * self.hd
 
     def _norm(self, n) -> tuple[torch.Tensor, float]:
