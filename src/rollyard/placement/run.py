@@ -346,14 +346,7 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     try:
         model, rewards, scorer, reference, teacher, trainer, sft_info = _open_roles(
             cfg, model, tokenizer, context, device, train_prompts, held_out, ckpt is not None, opened)
-        precision = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model,
-                                                                                 torch.device(device))))
-        console.print(f"trainer precision {precision['precision']} ({precision['precision_reason']})" + kernels_said(device))
-        if cfg.rollout.backend == "native":
-            rp, why = rollout_precision(cfg.rollout.precision, model, torch.device(device))
-            precision.update(rollout_precision=rp or {v: k for k, v in DTYPES.items()}[settings.plan.dtype],
-                             rollout_precision_reason=why)
-            console.print(f"rollout precision {precision['rollout_precision']} ({why})")
+        precision = _precisions(cfg, model, settings)
         r = cfg.rollout
         feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed, shuffle=cfg.data.shuffle), PromptLedger(),
                           tokenizer, r.samples_per_prompt, r.max_new_tokens, context,
@@ -390,6 +383,19 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
                 handle.close()
         rundir.unlock(run)
         raise
+
+
+def _precisions(cfg: RunConfig, model, settings: roles.Settings) -> dict:
+    """The trainer's and the native engine's matmul precisions with why (run.json's keys), said at start-up."""
+    device = torch.device(settings.device)
+    out = dict(zip(("precision", "precision_reason"), precision_choice(cfg.trainer.precision, model, device)))
+    console.print(f"trainer precision {out['precision']} ({out['precision_reason']})" + kernels_said(settings.device))
+    if cfg.rollout.backend == "native":
+        chosen, why = rollout_precision(cfg.rollout.precision, model, device)
+        out.update(rollout_precision=chosen or {v: k for k, v in DTYPES.items()}[settings.plan.dtype],
+                   rollout_precision_reason=why)
+        console.print(f"rollout precision {out['rollout_precision']} ({why})")
+    return out
 
 
 def _read_info(run: Path) -> dict | None:
