@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,14 +30,29 @@ ROOT = Path(__file__).resolve().parents[1]
 def run_seed(seed: int, out: Path, cache: Path, env: dict, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "rollyard.cli", "train", "--config", str(ROOT / "examples/demo.toml"),
            f"seed={seed}", f"out_dir={out}", f"sft.cache_dir={cache}", "progress=false", "log.plots=false", *extra]
+    shutil.rmtree(out, ignore_errors=True)  # this script's own run of the seed: a rerun replaces it (the warm start stays)
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"seed {seed}: rollyard train exited {proc.returncode}:\n{proc.stderr[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    cls = next((ln.split("CPU class ", 1)[1].rstrip(")") for ln in proc.stdout.splitlines() if "CPU class " in ln), "?")
     return {"seed": seed, "before": summary["eval_before"], "after": summary["eval_after"],
-            "seconds": time.time() - t0, "cpu_class": cls}
+            "seconds": time.time() - t0, "rl_seconds": summary["seconds"], "cpu_class": cpu_class(proc.stdout)}
+
+
+def cpu_class(stdout: str) -> str:
+    """The class in "device cpu (CPU class avx2 (narrowed by ROLLYARD_CPU_ISA=avx2))", up to its own closing
+    parenthesis (the narrowed name has one of its own; the console may wrap the line)."""
+    text = " ".join(stdout.split())
+    start = text.find("(CPU class ")
+    if start < 0:
+        return "?"
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + len("(CPU class "):i]
+    return text[start + len("(CPU class "):]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         row = run_seed(seed, a.out / f"{tag}-seed{seed}", cache, env, a.overrides)
         rows.append(row)
         print(f"seed {seed}: {row['before']:.1%} -> {row['after']:.1%} ({100 * (row['after'] - row['before']):+.1f} "
-              f"points, {row['seconds']:.0f} s, CPU class {row['cpu_class']})", flush=True)
+              f"points, {row['seconds']:.0f} s in all, RL {row['rl_seconds']:.0f} s, CPU class {row['cpu_class']})", flush=True)
     gains = [100 * (r["after"] - r["before"]) for r in rows]
     afters = [100 * r["after"] for r in rows]
     print(f"CPU class {rows[0]['cpu_class']}: gain {min(gains):+.1f} .. {max(gains):+.1f} points over seeds "
