@@ -146,6 +146,32 @@ TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.p
         "reward.num_workers=1", f"trainer.dp={K}"]
 
 
+def test_sent_bytes_counts_the_collectives_threads_not_a_background_file_writer(tmp_path):
+    """The gradient bytes are measured as the bytes the process writes around the all-reduce; a checkpoint
+    written in the background at the same time (a Python thread writing files) must not count, the main
+    thread's own writes must."""
+    import threading
+
+    from rollyard.trainer.dp import sent_bytes
+
+    wrote, release = threading.Event(), threading.Event()
+
+    def background():
+        (tmp_path / "checkpoint.bin").write_bytes(b"x" * (4 << 20))
+        wrote.set()
+        release.wait(30)
+
+    before = sent_bytes()
+    t = threading.Thread(target=background)
+    t.start()
+    assert wrote.wait(30)
+    (tmp_path / "main.bin").write_bytes(b"y" * (1 << 20))
+    after = sent_bytes()
+    release.set()
+    t.join()
+    assert before is not None and (1 << 20) <= after - before < (1 << 20) + (256 << 10), after - before
+
+
 @pytest.mark.slow
 def test_train_dp2_resume_and_review(tmp_path):
     straight, split = straight_and_resumed(TINY, tmp_path, stop_at=2, steps=3)

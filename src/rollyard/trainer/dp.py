@@ -84,15 +84,26 @@ def check_backend(cfg: RunConfig) -> None:
 
 
 def sent_bytes() -> int | None:
-    """Bytes this process has written through write-family syscalls (sockets included), or None."""
+    """Bytes written through write-family syscalls (sockets included) by this process's threads but its Python
+    threads beside the main one, or None where /proc cannot tell. The gloo collectives write from the main thread
+    and gloo's own native threads; a Python thread writes files, not gradients (the background checkpoint writer
+    saving the previous step while this one all-reduces, a TensorBoard writer), so it is left out."""
+    skip = {t.native_id for t in threading.enumerate() if t is not threading.main_thread()}
+    total = 0
     try:
-        with open("/proc/self/io") as f:
-            for line in f:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
+        tasks = os.listdir("/proc/self/task")
     except OSError:
-        pass
-    return None
+        return None
+    for tid in tasks:
+        if int(tid) in skip:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/io") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+        except (OSError, StopIteration):
+            if tid == str(threading.main_thread().native_id):
+                return None  # (another thread may have just ended: its bytes are not the collective's)
+    return total
 
 
 def available_ranks(device: str) -> int:
