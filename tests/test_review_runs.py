@@ -236,6 +236,22 @@ def test_pipelining_is_judged_by_the_next_rounds_start():
     assert pipelined_steps([_span("rollout", 0, 0, 1), _span("train", 0, 1, 2)]) == (0, 0, [])  # too short
 
 
+def test_a_round_handed_out_before_training_but_started_late_by_its_worker_is_not_judged():
+    """The driver handed rounds 2 and 3 out before steps 1 and 2 began training; their workers started only
+    after training ended (a worker the loaded machine did not schedule for a training step of milliseconds, or
+    a wait inside the worker: the run cannot tell): not judged. A round the driver handed out only once training
+    had begun is the driver holding it back: judged, serialized."""
+    def rollout(step, start, end, handed):
+        return {**_span("rollout", step, start, end), "handed_out": handed}
+
+    early = [rollout(1, 0.0, 1.0, 0.0), _span("train", 1, 1.0, 1.02), rollout(2, 1.05, 2.0, 0.9),
+             _span("train", 2, 2.0, 2.02), rollout(3, 2.1, 3.0, 1.9)]
+    assert pipelined_steps(early, bound=10) == (0, 0, [])
+    late = [rollout(1, 0.0, 1.0, 0.0), _span("train", 1, 1.0, 1.02), rollout(2, 1.05, 2.0, 1.03),
+            _span("train", 2, 2.0, 2.02), rollout(3, 2.1, 3.0, 2.03)]
+    assert pipelined_steps(late, bound=10) == (0, 2, [1, 2])
+
+
 def test_calibration_tolerance_is_three_standard_errors():
     # train: mean 2, sample std 1 over 4 steps -> 3 * sqrt(2) * 0.5 / 2 = 1.06; reward (< 5%) ignored.
     per = {"train": [1.0, 3.0, 1.0, 3.0], "reward": [0.0, 0.1, 0.0, 0.0]}

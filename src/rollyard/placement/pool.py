@@ -79,6 +79,9 @@ class RolloutPool(RolloutSide):
         self.per_step = cfg.trainer.epochs * cfg.trainer.mini_batches  # versions one step makes
         self.lag = self.per_step * run.state.step - run.state.version  # versions not made (skipped), see retarget
         self.sent: dict[str, tuple[str, int]] = {}  # request id -> (worker, target step) it was last handed out to
+        # round -> when the driver first handed its prompts out (this clock), on the round's rollout spans: the review
+        # tells a round the driver held back until training ended from one whose worker started it late
+        self.handed: dict[int, float] = {}
         for i in range(cfg.rollout.workers):
             self._start(f"rollout-{i}", self.ref, self.checksum)
         self.session.connect(self.workers)
@@ -188,6 +191,9 @@ class RolloutPool(RolloutSide):
                 self.workers[name].cut.remote(pairs)
 
     def _hand_out(self, items: list[tuple[Request, int]]) -> None:
+        now = time.time()
+        for _, target in items:
+            self.handed.setdefault(target, now)
         load = Counter(dict.fromkeys(self.workers, 0) | Counter(self.ledger.worker.values()))
         per: dict[str, list] = {}
         for q, target in items:
@@ -210,7 +216,7 @@ class RolloutPool(RolloutSide):
     def _receive(self, item: dict) -> None:
         name, tel, step = item["worker"], self.run.telemetry, self.run.state.step
         for span in item["spans"]:
-            tel.record(span, self.offsets.get(name, 0.0))
+            self._record(span, name)
         self.stats.update(item["stats"])
         tel.memory.observe("rollout_actor", item.get("memory_peak"))  # the actor process's peak RSS so far
         if (side := item.get("side")) is not None:  # from then on every row reports it (zeros in a step without)
@@ -238,6 +244,12 @@ class RolloutPool(RolloutSide):
                 self.r.teacher.adopt({rid: item["teacher"][rid]})
         for version, held, logprobs in item.get("canary", ()):
             self.canaries.answer(name, version, held, logprobs, self.workers)
+
+    def _record(self, span: dict, name: str) -> None:
+        """A worker's span on the run's timeline (its clock aligned); a rollout span carries its round's hand-out."""
+        if span.get("role") == "rollout" and span.get("step") in self.handed:
+            span = {**span, "handed_out": self.handed[span["step"]]}
+        self.run.telemetry.record(span, self.offsets.get(name, 0.0))
 
     def _drop_stale(self, version: int) -> None:
         """Consumption: a buffered group older than the bound is not trained on; its prompt is
@@ -362,7 +374,7 @@ class RolloutPool(RolloutSide):
             try:
                 for span in waits.get(ref, f"rollout worker {name}", "its stop (the spans it has not shipped)", STOP_S,
                                       "it is killed", stop_grace_s=None):  # the run's own stop: a signal waits
-                    self.run.telemetry.record(span, self.offsets[name])
+                    self._record(span, name)
             except (RayError, waits.NoAnswer) as e:  # a worker that died (or hangs) at the end has nothing to give
                 self.run.log(f"rollout worker {name} did not stop cleanly: "
                              f"{escape(str(e)) if isinstance(e, waits.NoAnswer) else type(e).__name__}")

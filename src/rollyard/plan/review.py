@@ -229,17 +229,26 @@ def pipelined_steps(spans: list[dict], bound: int = 1) -> tuple[int, int, list[i
     concurrently. A step is judged only if the weights round ``s + 1`` needs (version
     ``s + 1 - bound``, the admission rule) had reached a rollout worker before step ``s``'s training
     ended: otherwise the round waited on the weight transfer, not on the trainer (a trainer step
-    shorter than a sync's latency), which the sync budget prices. Returns (pipelined, judged,
-    serialized steps)."""
+    shorter than a sync's latency), which the sync budget prices. Nor is a step whose next round the
+    driver handed out (``handed_out`` on the round's rollout spans, the driver's clock) before its
+    training began, yet whose worker started only after training ended: the driver did not hold the
+    round back, and the run cannot tell a worker process the machine did not schedule in time (a
+    loaded machine against a training step of milliseconds) from a wait inside the worker. Returns
+    (pipelined, judged, serialized steps)."""
     starts: dict[int, float] = {}
     ends: dict[int, float] = {}
+    began: dict[int, float] = {}  # step -> its training's first start
+    handed: dict[int, float] = {}  # round -> when the driver handed it out
     applied: list[tuple[int, float]] = []  # (version, time a worker held it)
     for s in spans:
         k = int(s["step"])
         if s["role"] == "rollout":
             starts[k] = min(starts.get(k, math.inf), float(s["start"]))
+            if s.get("handed_out") is not None:
+                handed[k] = min(handed.get(k, math.inf), float(s["handed_out"]))
         elif s["role"] == "train":
             ends[k] = max(ends.get(k, -math.inf), float(s["end"]))
+            began[k] = min(began.get(k, math.inf), float(s["start"]))
         elif s["role"] == "sync" and s.get("worker", "driver") != "driver" and isinstance(s.get("version"), int):
             applied.append((s["version"], float(s["end"])))
     first = min((int(s["version"]) for s in spans if s["role"] == "rollout" and isinstance(s.get("version"), int)),
@@ -250,7 +259,10 @@ def pipelined_steps(spans: list[dict], bound: int = 1) -> tuple[int, int, list[i
             return -math.inf
         return min((t for v, t in applied if v >= version), default=math.inf)
 
-    judged = [k for k in sorted(ends) if k + 1 in starts and ready(k + 1 - bound) < ends[k]]
+    def worker_late(k: int) -> bool:
+        return starts[k + 1] >= ends[k] and handed.get(k + 1, math.inf) < began[k]
+
+    judged = [k for k in sorted(ends) if k + 1 in starts and ready(k + 1 - bound) < ends[k] and not worker_late(k)]
     serial = [k for k in judged if starts[k + 1] >= ends[k]]
     return len(judged) - len(serial), len(judged), serial
 
@@ -784,7 +796,9 @@ def overlap_item(run: Run, plan: Plan, overlaps: list[dict], per: dict[str, list
                 results.append(NOT_CHECKED)
                 notes.append(f"{pair}: not checked: no step whose next round's rollout and own training were both "
                              f"recorded with the round's weights delivered before training ended (the run is too "
-                             f"short, or each training step was shorter than a weight transfer)")
+                             f"short, or each training step was shorter than a weight transfer), other than steps "
+                             f"whose next round was handed out before training began and started late on its "
+                             f"worker (machine scheduling or a wait in the worker: the run cannot tell which)")
             elif judged < 2 and not ok:
                 results.append(NOT_CHECKED)
                 notes.append(f"{pair}: not checked: the one judged step (step {serial[0]}) was serialized, and one "
