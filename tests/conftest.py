@@ -234,6 +234,10 @@ def ray_session():
     from rollyard.placement import cluster
 
     cluster.connect()
+    # Owned from here, also when a test asks for it by request.getfixturevalue (not in its fixturenames: the
+    # setup hook above does not see it), so a file run alone passes as it does after another Ray file
+    _RAY_OWNED["gcs"] = _gcs()
+    _RAY_OWNED["pids"] = {pid for pid, cmd in _children().items() if "/ray/" in cmd}
     yield ray
     ray.shutdown()
 
