@@ -112,8 +112,6 @@ class FastForward:
     NORMS: tuple[str, ...] = ("input_layernorm", "post_attention_layernorm")
     # On CPU, bf16 weights of a model narrower than this compute in fp32 (0: never).
     CPU_BF16_MIN_HIDDEN = 0
-    # Whether the compiled decode attention may run when the compute dtype is not fp32 (q is cast to the cache's).
-    ATTN_KERNEL_ANY_COMPUTE = True
     # Whether the LM head is copied (and packed for oneDNN) at refresh, or read from the module as it is.
     PACK_HEAD = True
     # RoPE tables: computed for the whole context at refresh, or grown by doubling as positions are reached.
@@ -149,9 +147,7 @@ class FastForward:
         self.mixed = self.mm_dtype != self.dtype
         self.kv_dtype = torch.float32 if on_cpu else self.dtype
         # rollyard.model.kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
-        self.attn_kernel = (on_cpu and self.kv_dtype == torch.float32
-                            and (self.ATTN_KERNEL_ANY_COMPUTE or self.dtype == torch.float32)
-                            and cpu_kernels.attention_supported(self.H, self.KVH, self.hd))
+        self.attn_kernel = on_cpu and cpu_kernels.attention_supported(self.H, self.KVH, self.hd)
         self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
         # RoPE + the cache write of a decode step in one call (all fp32; not with q/k norms).
         self.rope_kernel = self.attn_kernel and self.norm_kernel and not self.qk_norm
@@ -228,14 +224,13 @@ class FastForward:
         out = torch.empty((sum(t.shape[0] for t, _ in parts), *first.shape[1:]), dtype=self.mm_dtype,
                           device=first.device)
         row = 0
-        with torch.no_grad():
-            for t, scale in parts:
-                dst = out[row:row + t.shape[0]]
-                if scale == 1.0:
-                    dst.copy_(t)
-                else:
-                    torch.mul(t, scale, out=dst)
-                row += t.shape[0]
+        for t, scale in parts:  # (under refresh's no_grad)
+            dst = out[row:row + t.shape[0]]
+            if scale == 1.0:
+                dst.copy_(t)
+            else:
+                torch.mul(t, scale, out=dst)
+            row += t.shape[0]
         return out
 
     def release(self) -> None:

@@ -83,7 +83,6 @@ class Gemma3Fast(FastForward):
 
     MODEL_TYPES = MODEL_TYPES
     NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
-    ATTN_KERNEL_ANY_COMPUTE = False
     PACK_HEAD = False  # the tied head is the embedding itself: a 262k x 640 fp32 copy would be 0.67 GB
     GROW_TABLES = True
     unsupported_reason = staticmethod(unsupported_reason)
