@@ -323,3 +323,67 @@ def test_the_plan_shares_no_byte_formula_with_the_runtime():
                 for a in node.names:
                     assert (path.name, node.module, a.name) in allowed, (path.name, node.module, a.name)
     assert math.isfinite(DENSE_S)
+
+
+# The phase table lists every estimated second: the rollout's round and the sync term by term, as train and reference.
+VLLM_STEP_S = 6.48e-3 - 16.06e9 / 3.35e12  # vLLM's published single-request TPOT on H100 less its weight read
+
+
+def _terms(plan, role):
+    return {k.split(": ", 1)[1]: v for k, v in plan.phases.terms.items() if k.startswith(role + ":")}
+
+
+def test_the_rollout_round_is_listed_term_by_term():
+    # 8 sequences on 8 single-GPU replicas: 1 each, 1,000 decode steps (the cap is the longest response); memory-bound:
+    # 2 GB of weights per step at 3.35 TB/s, the KV of 1,000 tokens at a mean context of 500 x 196,608 B, and vLLM's
+    # per-step work
+    plan = make_plan(_plan("rollout.backend=vllm"))
+    terms = _terms(plan, "rollout")
+    assert terms["weight reads (one per decode step)"] == pytest.approx(1000 * 2e9 / 3.35e12)
+    assert terms["KV reads"] == pytest.approx(1000 * 500 * 196608 / 3.35e12)
+    assert terms["engine work per decode step"] == pytest.approx(1000 * VLLM_STEP_S)
+    assert sum(terms.values()) == pytest.approx(plan.phases.rollout)
+    # 512 sequences per replica and no KV: 512 x 1,000 tokens x 2 x 1e9 FLOPs at 989 TFLOP/s outlast the weight reads
+    big = make_plan(_plan("rollout.samples=512", "rollout.concurrency=512", "rollout.kv_bytes_per_token=0"))
+    terms = _terms(big, "rollout")
+    assert terms == {"FLOPs (compute-bound)": pytest.approx(512 * 1000 * 2e9 / 989e12)}
+    assert sum(terms.values()) == pytest.approx(big.phases.rollout)
+    # a measured round has no terms (as a measured train phase)
+    assert _terms(make_plan(_plan("phases.rollout_s=5")), "rollout") == {}
+
+
+def test_the_sync_is_listed_term_by_term():
+    # One full update of 2 GB (1e9 bf16 parameters) into vLLM over a 50 GB/s link between nodes: the control of
+    # NeMo-RL's refit anchor (0.84 s less its wire and vLLM's pause), vLLM's pause (TRL), the wire the slowest side,
+    # the trainer's copy into the send buffer (4 B read + written per parameter) and the engine's copy (2 x 2 GB) at
+    # 3.35 TB/s each adding half (two 1 GB buckets), and the slime profile's 3.2 ms per bucket.
+    plan = make_plan(_plan("placement=disaggregated", "rollout.backend=vllm", "sync.mode=full"))
+    terms = _terms(plan, "sync")
+    assert terms["control once per update (fixed)"] == pytest.approx(0.84 - 63.2e9 / (8 * 50e9) - 0.14)
+    assert terms["engine pause and resume"] == pytest.approx(0.14)
+    assert terms["slowest side of the bucket pipeline (trainer, wire or engine)"] == pytest.approx(2e9 / 50e9)
+    copy = 4 * 1e9 / 3.35e12
+    assert terms["the other sides (one bucket's share when pipelined, all when not)"] == pytest.approx(copy)
+    assert terms["per-bucket handshakes"] == pytest.approx(2 * (3e-3 + 0.2e-3))
+    assert sum(terms.values()) == pytest.approx(plan.phases.sync)
+    assert "slowest side: wire" in plan.phases.source["sync"]
+    # a sync every 2 steps: each term per step halves
+    every2 = _terms(make_plan(_plan("placement=disaggregated", "rollout.backend=vllm", "sync.mode=full",
+                                    "sync.every_steps=2", "sync.staleness_bound=2")), "sync")
+    assert every2 == {k: pytest.approx(v / 2) for k, v in terms.items()}
+
+
+def test_review_names_the_rollout_terms_of_a_missed_round(tmp_path):
+    from test_review import PLAN_OK, items, make_run
+
+    from rollyard.plan.review import review
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN_OK.replace("rollout_s = 1.0\n", ""))
+    rv = review(make_run(tmp_path / "run"), plan)
+    rollout = next(p for p in rv.phases if p["role"] == "rollout")
+    assert sum(rollout["terms"].values()) == pytest.approx(rollout["budget_s"])
+    assert "weight reads (one per decode step)" in rollout["terms"]
+    # the run's rollout (seconds) is far over a round of 0.5M parameters at H100 rates: the flag names the terms
+    assert items(rv)["Measured step breakdown matches the budget"] == "FAIL"
+    evidence = next(v["evidence"] for v in rv.verification if v["item"] == "Measured step breakdown matches the budget")
+    assert "planned weight reads (one per decode step)" in evidence

@@ -130,6 +130,22 @@ def cross_node_tp_s(p: PlanInputs) -> float:
     return M.cross_node_tp_step_s(layers, CROSS_NODE_ALLREDUCE_S if alpha is None else alpha)
 
 
+def rollout_terms(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> dict[str, float]:
+    """The estimated synchronous round on ``gpus`` GPUs term by term (``M.Decode.round_terms``), each key
+    ``"rollout: ..."``; the engine's work per decode step is split into its own and a replica wider than a node's
+    all-reduces (``cross_node_tp_s``). They add up to ``rollout_s(p, gpus)`` when no round is measured."""
+    ro = p.rollout
+    if ro.bytes_per_decoded_token is not None:
+        return {"rollout: decoded tokens x rollout.bytes_per_decoded_token over HBM": _modelled_rollout(p, gpus, "round", lengths)}
+    d = decode_on(p, gpus, lengths)
+    steps = M.round_steps(d)
+    out = {f"rollout: {k}": v for k, v in d.round_terms(steps).items()}
+    tp = cross_node_tp_s(p) * steps
+    out["rollout: engine work per decode step"] -= tp
+    out["rollout: cross-node TP all-reduces (2 per layer per decode step)"] = tp
+    return out
+
+
 def decode_on(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> M.Decode:
     ro = p.rollout
     # Measured lengths may hold empty responses; a decode of zero mean tokens has nothing to price.

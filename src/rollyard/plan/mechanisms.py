@@ -97,6 +97,14 @@ class Decode:
         (weight reads per step + KV reads, against the FLOPs) plus the engine's work per step."""
         return max(steps * self.weight_step_s + self.kv_s, self.compute_s) + steps * self.step_overhead_s
 
+    def round_terms(self, steps: float) -> dict[str, float]:
+        """``round_s(steps)`` term by term: the bound that holds (the weight reads of every decode step and the KV
+        reads of every token, or the FLOPs of every token when those take longer) and the engine's work per step;
+        the terms add up to ``round_s(steps)``."""
+        memory = {"weight reads (one per decode step)": steps * self.weight_step_s, "KV reads": self.kv_s}
+        bound = memory if sum(memory.values()) >= self.compute_s else {"FLOPs (compute-bound)": self.compute_s}
+        return {**bound, "engine work per decode step": steps * self.step_overhead_s}
+
 
 def replica_decode(*, sequences_total: int, gpus: int, tp: int, mean_len: float, longest: float, concurrency: int,
                    weight_bytes: float, kv_bytes_per_token: float, prompt_tokens: float, mem_bw: float,
@@ -362,6 +370,18 @@ class SyncTime:
     @property
     def total(self) -> float:
         return self.fixed_s + self.pause_s + self.compare_s + self.moving_s
+
+    def terms(self) -> dict[str, float]:
+        """``total`` term by term (they add up to it): what is paid once per update, the slowest side of the bucket
+        pipeline and what the others add (their share of one bucket when pipelined, all of them when not), the
+        per-bucket handshakes and round trips."""
+        sides = (self.trainer_s, self.wire_s, self.engine_s)
+        moving = pipelined_s(sides, self.buckets) if self.overlap else sum(sides)
+        return {"control once per update (fixed)": self.fixed_s, "engine pause and resume": self.pause_s,
+                "delta compare on the trainer": self.compare_s,
+                "slowest side of the bucket pipeline (trainer, wire or engine)": max(sides),
+                "the other sides (one bucket's share when pipelined, all when not)": moving - max(sides),
+                "per-bucket handshakes": self.bucket_s, "request/acknowledge round trips": self.round_trip_s}
 
     def as_dict(self) -> dict:
         return {**asdict(self), "trainer_s": self.trainer_s, "engine_s": self.engine_s,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from rollyard.plan import hardware as H
+from rollyard.plan import mechanisms as M
 from rollyard.plan.bytes import StepBytes, receiver_words
 from rollyard.plan.inputs import PlanInputs
 
@@ -61,8 +62,10 @@ trainer_gpus = H.trainer_gpus
 train_tokens = H.train_tokens
 
 
-def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int] | None = None) -> Phases:
-    """Phase budget on the configured pools; ``sync_seconds`` is one sync (or the colocated reload)."""
+def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int] | None = None,
+             sync_detail: M.SyncTime | None = None) -> Phases:
+    """Phase budget on the configured pools; ``sync_seconds`` is one sync (or the colocated reload), ``sync_detail``
+    its terms (``mechanisms.SyncTime``; None: the sync phase lists none)."""
     ph = p.phases
     gt = trainer_gpus(p)
     src: dict[str, str] = {}
@@ -110,19 +113,27 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     terms = {k: v for k, v in H.trainer_terms(p, gt).items()
              if not (k.startswith("train:") and measured_train)
              and not (k.startswith("reference:") and ph.reference_s is not None and "teacher" not in k)}
+    if ph.rollout_s is None:
+        terms.update(H.rollout_terms(p, p.rollout.gpus, lengths))
     if H.offload_s(p, gt):
         terms["train (colocated only, on top of these seconds): optimizer, gradients, weights offloaded and "
               "reloaded"] = H.offload_s(p, gt)
     if H.engine_sleep_s(p):
         terms["rollout (colocated only, on top of these seconds): engine weights offloaded to host memory and back "
               "(sleep level 1, wake)"] = H.engine_sleep_s(p)
-    if ph.rollout_s is None and p.rollout.bytes_per_decoded_token is None and H.cross_node_tp_s(p):
-        d = H.decode_on(p, p.rollout.gpus, lengths)
-        terms["rollout: cross-node TP all-reduces (2 per layer per decode step)"] = (
-            H.cross_node_tp_s(p) * H.M.round_steps(d))
+    if sync_detail is not None:  # one update's terms, per step
+        terms.update({f"sync: {k}": v / p.sync.every_steps for k, v in sync_detail.terms().items()})
     src["reward"] = src["algorithm"] = "given"
     src["sync"] = (f"one sync over {p.network.sync_link} (fixed + gather/wire/load), per {p.sync.every_steps} "
-                   f"step(s); receive path {receiver_words(p)}")
+                   f"step(s); " + (f"{_slowest_side(sync_detail)}; " if sync_detail else "")
+                   + f"receive path {receiver_words(p)}")
     return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, algorithm=ph.algorithm_s,
                   train=train, sync=sync_seconds / p.sync.every_steps, source=src,
                   terms={k: v for k, v in terms.items() if v > 0})
+
+
+def _slowest_side(t: M.SyncTime) -> str:
+    """Which side of one update's bucket pipeline is the slowest, in words with each side's seconds."""
+    sides = {"trainer": t.trainer_s, "wire": t.wire_s, "engine": t.engine_s}
+    slow = max(sides, key=sides.get)
+    return f"slowest side: {slow} ({', '.join(f'{k} {v:.3g} s' for k, v in sides.items())}, {t.buckets} buckets)"

@@ -223,7 +223,8 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
     equal = H.split_table(p, times[mode0][link] / p.sync.every_steps, reload_s, lengths)
     dec = decide(p, b, ph0, equal)
     sync_s = reload_s if dec.placement == "colocated" else times[dec.sync_mode][link]
-    ph = estimate(p, b, sync_s, lengths)
+    detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
+    ph = estimate(p, b, sync_s, lengths, detail)
     equal = H.split_table(p, times[dec.sync_mode][link] / p.sync.every_steps, reload_s, lengths)
     sims = {pl: run_sim(p, _as_placed(p, ph, pl, lengths), pl,
                         reload_s if pl == "colocated" else times[dec.sync_mode][link]) for pl in PLACEMENTS}
@@ -252,7 +253,6 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
     findings = [mean_note, *findings] if mean_note else findings
     stated = stated_phases_note(p, ph, lengths)
     findings = [stated, *findings] if stated else findings
-    detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
     return Plan(p, b, hourly, times, ph, dec, B.edges(p, b, dec.placement, dec.sync_mode), sims,
                 rate_match(p, ph, equal), budget, tail, equal, detail, mem, findings, plan_tools.price(p))
 
