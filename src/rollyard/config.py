@@ -361,9 +361,6 @@ def _check_teacher(cfg: RunConfig) -> None:
     if a.objective == "rl" and t.model:
         raise ValueError(f"teacher.model={t.model} is set, but algo.objective=rl uses no teacher; set "
                          f"algo.objective=distill (or rl+distill), or drop teacher.model")
-    if a.objective == "gkd" and cfg.trainer.dp > 1:
-        raise ValueError(f"algo.objective=gkd with trainer.dp={cfg.trainer.dp}: the data-parallel ranks do not "
-                         f"gather the GKD divergence's accumulators yet; set trainer.dp=1")
     if a.objective != "rl" and a.dynamic_sampling:
         raise ValueError(f"algo.dynamic_sampling=true drops groups whose rewards are all equal, but under "
                          f"algo.objective={a.objective} every sampled token carries the teacher's signal; set "

@@ -217,7 +217,8 @@ _COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions", 
 
 def _reduce_metrics(acc: dict, device) -> None:
     """Sum (max for diff_max) the accumulators over ranks; gather the log ratios for the quantiles."""
-    names = ["loss", "pg_loss", "kl_sum", "entropy_sum", "clipped", "capped", "diff_sum", "distill_kl_sum"]
+    names = ["loss", "pg_loss", "kl_sum", "entropy_sum", "clipped", "capped", "diff_sum", "distill_kl_sum",
+             "gkd_jsd_sum"]
     vec = torch.stack([acc[n].detach().double().reshape(()) for n in names]
                       + [torch.tensor(float(acc["micro_batches"]), dtype=torch.float64, device=device),
                          torch.tensor(float(acc["packed_tokens"]), dtype=torch.float64, device=device)]
@@ -567,6 +568,11 @@ class DataParallelTrainer:
     def logprobs(self, samples: list[Sample], model=None) -> list[torch.Tensor]:
         self.start()
         return self.rank.trainer.logprobs(samples, model=self.model if model is None else model)
+
+    def top_k_logprobs(self, samples: list[Sample], model, k: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """A GKD teacher's scores (``Trainer.top_k_logprobs``), on rank 0 alone like :meth:`logprobs`."""
+        self.start()
+        return self.rank.trainer.top_k_logprobs(samples, model, k)
 
     def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None) -> dict[str, float]:
         self.start()
