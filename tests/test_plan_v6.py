@@ -387,3 +387,12 @@ def test_review_names_the_rollout_terms_of_a_missed_round(tmp_path):
     assert items(rv)["Measured step breakdown matches the budget"] == "FAIL"
     evidence = next(v["evidence"] for v in rv.verification if v["item"] == "Measured step breakdown matches the budget")
     assert "planned weight reads (one per decode step)" in evidence
+
+
+def test_previous_policy_forward_scores_only_the_samples_the_updates_compute():
+    # rollyard's trainer forwards pi_old over the samples that move the weights (trainer/optimize.old_logprobs); the
+    # reference scores every sample. Half the samples skipped: the previous-policy forward halves, the reference not.
+    full = 2 * 1e9 * TOKENS / (989e12 * 0.31 * 8)
+    terms = H.trainer_terms(_plan("trainer.old_logprob_forward=true", "trainer.zero_advantage_share=0.5"), 8)
+    assert terms["reference: reference forward (2 x P_active x tokens)"] == pytest.approx(full)
+    assert terms["reference: previous-policy logprob forward"] == pytest.approx(full / 2)

@@ -218,7 +218,7 @@ def rollout_s(p: PlanInputs, gpus: int, *, continuous: bool = False, balanced: b
 def train_tokens(p: PlanInputs, skipping: bool = True) -> float:
     """Positions the trainer computes per step: every sample's response, and each prompt once per group
     (``trainer.prefix_shared``) or once per sample; ``skipping``: less the samples it leaves out
-    (``trainer.zero_advantage_share``; a reference or old-logprob forward scores every sample)."""
+    (``trainer.zero_advantage_share``; a reference forward scores every sample, an old-logprob forward the kept ones)."""
     t, ro = p.trainer, p.rollout
     prompts = ro.prompts if t.prefix_shared else sequences(p)
     kept = 1.0 - t.zero_advantage_share if skipping else 1.0
@@ -277,11 +277,12 @@ def trainer_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
            "train: extra epochs": extra,
            "train: expert all-to-all (dispatch + combine per MoE layer, forward, backward, recompute)": a2a,
            "train: pipeline bubble": bub * (fb + rc + extra + a2a)}
-    fwd = 2 * per * train_tokens(p, skipping=False)
-    ref = fwd if p.phases.use_reference else 0.0
-    old = fwd if old_logprob_forward(p) else 0.0
-    fwd_a2a = 2 * expert_all_to_all_s(p, gpus, train_tokens(p, skipping=False))
-    ref_a2a = fwd_a2a * ((1 if ref else 0) + (1 if old else 0))
+    # The reference scores every sample; the previous policy only the samples the updates compute (rollyard's
+    # trainer/optimize.old_logprobs forwards the samples that move the weights; 0 skipped: every sample, as NeMo-RL)
+    ref = 2 * per * train_tokens(p, skipping=False) if p.phases.use_reference else 0.0
+    old = 2 * per * train_tokens(p) if old_logprob_forward(p) else 0.0
+    ref_a2a = sum(2 * expert_all_to_all_s(p, gpus, train_tokens(p, skipping=k)) for k, on in ((False, ref), (True, old))
+                  if on)
     out.update({"reference: reference forward (2 x P_active x tokens)": ref,
                 "reference: previous-policy logprob forward": old,
                 "reference: expert all-to-all of the logprob forwards (dispatch + combine per MoE layer)": ref_a2a,
