@@ -396,3 +396,19 @@ def test_previous_policy_forward_scores_only_the_samples_the_updates_compute():
     terms = H.trainer_terms(_plan("trainer.old_logprob_forward=true", "trainer.zero_advantage_share=0.5"), 8)
     assert terms["reference: reference forward (2 x P_active x tokens)"] == pytest.approx(full)
     assert terms["reference: previous-policy logprob forward"] == pytest.approx(full / 2)
+
+
+def test_an_async_plan_lists_the_rollout_it_prices():
+    # Async, staleness 1: each single-GPU replica's one sequence per batch is generated within 2 step periods, so a
+    # batch takes at least its longest response (1,000 tokens) / 2 = 500 decode steps, the weight read of each shared
+    # by what is in flight; the KV reads of every token are the round's.
+    plan = make_plan(_plan("placement=async", "rollout.backend=vllm"))
+    terms = {k.split(": ", 1)[1]: v for k, v in plan.phases.terms.items()
+             if k.startswith("rollout (async only")}
+    assert terms["weight reads (one per decode step)"] == pytest.approx(500 * 2e9 / 3.35e12)
+    assert terms["KV reads"] == pytest.approx(1000 * 500 * 196608 / 3.35e12)
+    assert terms["engine work per decode step"] == pytest.approx(500 * VLLM_STEP_S)
+    assert sum(terms.values()) == pytest.approx(H.rollout_s(plan.inputs, 8, continuous=True))
+    assert "min(concurrency 256, (staleness 1 + 1) x 1 sequences) = 2 slots per replica" in plan.phases.source["rollout"]
+    # a colocated plan lists the synchronous round only
+    assert not any(k.startswith("rollout (async only") for k in make_plan(_plan("placement=colocated")).phases.terms)

@@ -130,19 +130,25 @@ def cross_node_tp_s(p: PlanInputs) -> float:
     return M.cross_node_tp_step_s(layers, CROSS_NODE_ALLREDUCE_S if alpha is None else alpha)
 
 
-def rollout_terms(p: PlanInputs, gpus: int, lengths: list[int] | None = None) -> dict[str, float]:
-    """The estimated synchronous round on ``gpus`` GPUs term by term (``M.Decode.round_terms``), each key
-    ``"rollout: ..."``; the engine's work per decode step is split into its own and a replica wider than a node's
-    all-reduces (``cross_node_tp_s``). They add up to ``rollout_s(p, gpus)`` when no round is measured."""
-    ro = p.rollout
-    if ro.bytes_per_decoded_token is not None:
-        return {"rollout: decoded tokens x rollout.bytes_per_decoded_token over HBM": _modelled_rollout(p, gpus, "round", lengths)}
-    d = decode_on(p, gpus, lengths)
-    steps = M.round_steps(d)
-    out = {f"rollout: {k}": v for k, v in d.round_terms(steps).items()}
+ASYNC_ROLLOUT = "rollout (async only, instead of the synchronous round)"
+
+
+def rollout_terms(p: PlanInputs, gpus: int, lengths: list[int] | None = None,
+                  continuous: bool = False) -> dict[str, float]:
+    """The estimated rollout on ``gpus`` GPUs term by term (``M.Decode.round_terms``): the synchronous round, keys
+    ``"rollout: ..."``, or with ``continuous`` the async schedule (``ASYNC_ROLLOUT``: slots capped by
+    ``in_flight_bound``); the engine's work per decode step is split into its own and a replica wider than a node's
+    all-reduces (``cross_node_tp_s``). They add up to ``rollout_s(p, gpus, continuous=...)`` when no round is
+    measured."""
+    head = ASYNC_ROLLOUT if continuous else "rollout"
+    if p.rollout.bytes_per_decoded_token is not None:
+        return {f"{head}: decoded tokens x rollout.bytes_per_decoded_token over HBM":
+                _modelled_rollout(p, gpus, "round", lengths)}
+    d, steps = _scheduled(p, decode_on(p, gpus, lengths), "continuous" if continuous else "round")
+    out = {f"{head}: {k}": v for k, v in d.round_terms(steps).items()}
     tp = cross_node_tp_s(p) * steps
-    out["rollout: engine work per decode step"] -= tp
-    out["rollout: cross-node TP all-reduces (2 per layer per decode step)"] = tp
+    out[f"{head}: engine work per decode step"] -= tp
+    out[f"{head}: cross-node TP all-reduces (2 per layer per decode step)"] = tp
     return out
 
 
@@ -169,10 +175,17 @@ def _modelled_rollout(p: PlanInputs, gpus: int, schedule: str, lengths: list[int
     d = decode_on(p, gpus, lengths)
     if overhead_s is not None:
         d = replace(d, step_overhead_s=overhead_s)
+    d, steps = _scheduled(p, d, schedule)
+    return d.round_s(steps)
+
+
+def _scheduled(p: PlanInputs, d: M.Decode, schedule: str) -> tuple[M.Decode, float]:
+    """A replica's decode under ``schedule`` and its decode steps: async ("continuous") keeps at most
+    ``in_flight_bound`` slots busy and takes at least ``round steps / (staleness + 1)`` steps."""
     if schedule == "continuous":
         d = replace(d, concurrency=in_flight_bound(p, d))
-        return d.round_s(max(M.continuous_steps(d), M.round_steps(d) / (p.sync.staleness_bound + 1)))
-    return d.round_s(SCHEDULES[schedule](d))
+        return d, max(M.continuous_steps(d), M.round_steps(d) / (p.sync.staleness_bound + 1))
+    return d, SCHEDULES[schedule](d)
 
 
 def in_flight_bound(p: PlanInputs, d: M.Decode) -> int:

@@ -63,9 +63,10 @@ train_tokens = H.train_tokens
 
 
 def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int] | None = None,
-             sync_detail: M.SyncTime | None = None) -> Phases:
+             sync_detail: M.SyncTime | None = None, placement: str | None = None) -> Phases:
     """Phase budget on the configured pools; ``sync_seconds`` is one sync (or the colocated reload), ``sync_detail``
-    its terms (``mechanisms.SyncTime``; None: the sync phase lists none)."""
+    its terms (``mechanisms.SyncTime``; None: the sync phase lists none); ``placement`` "async" also lists the
+    rollout the async placement prices (continuous, in-flight slots capped by the staleness bound)."""
     ph = p.phases
     gt = trainer_gpus(p)
     src: dict[str, str] = {}
@@ -115,6 +116,9 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
              and not (k.startswith("reference:") and ph.reference_s is not None and "teacher" not in k)}
     if ph.rollout_s is None:
         terms.update(H.rollout_terms(p, p.rollout.gpus, lengths))
+        if placement == "async":  # the schedule the async placement prices instead of the round
+            terms.update(H.rollout_terms(p, p.rollout.gpus, lengths, continuous=True))
+            src["rollout"] += "; " + _async_words(p, lengths)
     if H.offload_s(p, gt):
         terms["train (colocated only, on top of these seconds): optimizer, gradients, weights offloaded and "
               "reloaded"] = H.offload_s(p, gt)
@@ -137,3 +141,13 @@ def _slowest_side(t: M.SyncTime) -> str:
     sides = {"trainer": t.trainer_s, "wire": t.wire_s, "engine": t.engine_s}
     slow = max(sides, key=sides.get)
     return f"slowest side: {slow} ({', '.join(f'{k} {v:.3g} s' for k, v in sides.items())}, {t.buckets} buckets)"
+
+
+def _async_words(p: PlanInputs, lengths: list[int] | None) -> str:
+    """The async schedule in words: the slots a replica keeps busy and the decode steps of a batch."""
+    d = H.decode_on(p, p.rollout.gpus, lengths)
+    s = p.sync.staleness_bound
+    slots = H.in_flight_bound(p, d)
+    steps = max(d.sequences * d.mean_len / slots, H.M.round_steps(d) / (s + 1))
+    return (f"async: min(concurrency {d.concurrency}, (staleness {s} + 1) x {d.sequences:g} sequences) = {slots} "
+            f"slots per replica, {steps:.0f} decode steps per batch")

@@ -224,7 +224,7 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
     dec = decide(p, b, ph0, equal)
     sync_s = reload_s if dec.placement == "colocated" else times[dec.sync_mode][link]
     detail = B.colocated_breakdown(p, b) if dec.placement == "colocated" else B.sync_breakdown(p, b, dec.sync_mode)
-    ph = estimate(p, b, sync_s, lengths, detail)
+    ph = estimate(p, b, sync_s, lengths, detail, dec.placement)
     equal = H.split_table(p, times[dec.sync_mode][link] / p.sync.every_steps, reload_s, lengths)
     sims = {pl: run_sim(p, _as_placed(p, ph, pl, lengths), pl,
                         reload_s if pl == "colocated" else times[dec.sync_mode][link]) for pl in PLACEMENTS}
