@@ -404,7 +404,6 @@ def test_trls_temperature_and_max_new_tokens():
 
 
 @pytest.mark.parametrize("override, needle", [
-    (["lmbda=0.5", "seq_kd=true", "teacher.model=tiny"], "rollout engines hold the student only"),
     (["algo.objective=gkd", "teacher.model=tiny", "algo.gkd_beta=1.5"], "gkd_beta"),
     (["algo.objective=gkd"], "teacher.model is not set"),
 ])

@@ -631,9 +631,9 @@ ALIASES_LIST: list[Alias] = [
     Alias("lmbda", TRL, ("algo.objective", "algo.gkd_lmbda"), "algo.objective=gkd, algo.gkd_lmbda = the same value "
           "(the share of prompts trained on the student's own samples; TRL draws once per batch, rollyard per "
           "prompt)", lambda v, _c: {"algo.objective": "gkd", "algo.gkd_lmbda": v}),
-    _no("seq_kd", TRL, "sequence-level KD trains on completions the teacher generates, but rollyard's rollout "
-        "engines hold the student only (a teacher engine per rollout worker is not built)",
-        "algo.gkd_lmbda < 1 (the dataset's reference completions)", (False,)),
+    Alias("seq_kd", TRL, ("algo.objective", "algo.gkd_seq_kd"), "algo.objective=gkd, algo.gkd_seq_kd = the same "
+          "value (the off-policy share, 1 - lmbda of the prompts, trains on completions the teacher samples)",
+          lambda v, _c: {"algo.objective": "gkd", "algo.gkd_seq_kd": v}),
     _same("max_new_tokens", TRL, "rollout.max_new_tokens"),
     _same("teacher_model_name_or_path", TRL, "teacher.model"),
     # ---- verl (dotted, as in its YAML / Hydra overrides)

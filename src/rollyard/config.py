@@ -174,7 +174,8 @@ class AlgoConfig(Section):
     objective: Literal["rl", "distill", "rl+distill", "gkd"] = Field("rl", description="what the per-token advantage is: rl (the reward's GRPO advantage, every token of a sample alike) | distill (on-policy distillation: distill_coef x -(log pi_old(token) - log pi_teacher(token)), each sampled token's own reverse-KL term, the reward unused by the loss; needs teacher.model) | rl+distill (the GRPO advantage plus that term); every objective goes through the same clipped, IS-corrected per-token loss | gkd (TRL's GKD: at every completion position the generalized JSD between the student's and the teacher's distributions over the teacher's top gkd_top_k tokens, a loss term, no reward, no advantage; algo/gkd.py)")
     distill_coef: float = Field(1.0, gt=0.0, description="objective=distill or rl+distill: the weight of the per-token reverse-KL advantage")
     gkd_beta: float = Field(0.5, ge=0.0, le=1.0, description="objective=gkd: the generalized JSD's interpolation (TRL GKDConfig beta): 0 the forward KL(teacher || student), 1 the reverse KL(student || teacher)")
-    gkd_lmbda: float = Field(1.0, ge=0.0, le=1.0, description="objective=gkd: the share of prompts whose completions are the student's own samples (TRL GKDConfig lmbda, whose default is 0.5); the rest train on the dataset's reference completion (a demo or string answer; needed when < 1). Drawn per prompt and round, fixed by the run's seed")
+    gkd_lmbda: float = Field(1.0, ge=0.0, le=1.0, description="objective=gkd: the share of prompts whose completions are the student's own samples (TRL GKDConfig lmbda, whose default is 0.5); the rest train on the dataset's reference completion (a demo or string answer; needed when < 1), or with gkd_seq_kd on the teacher's own samples. Drawn per prompt and round, fixed by the run's seed")
+    gkd_seq_kd: bool = Field(False, description="objective=gkd: sequence-level KD (TRL GKDConfig seq_kd): the off-policy share (1 - gkd_lmbda of prompts) trains on completions the teacher samples, one per sample of the group, under the rollout's sampling settings (rollout.temperature, top_p, top_k, max_new_tokens, stopping at EOS), instead of the dataset's reference completion; the teacher scores them like any GKD sample. Needs gkd_lmbda < 1 and teacher.placement=inline")
     gkd_top_k: int = Field(20, ge=1, le=1_000_000, description="objective=gkd: the support of the divergence at each position, the teacher's k most likely tokens (both distributions renormalised over them); the teacher sends k ids and log-probs per token (8k B). The vocabulary size gives TRL's full-vocabulary loss exactly")
 
 
@@ -361,10 +362,33 @@ def _check_teacher(cfg: RunConfig) -> None:
     if a.objective == "rl" and t.model:
         raise ValueError(f"teacher.model={t.model} is set, but algo.objective=rl uses no teacher; set "
                          f"algo.objective=distill (or rl+distill), or drop teacher.model")
+    if a.gkd_seq_kd:
+        _check_seq_kd(cfg)
     if a.objective != "rl" and a.dynamic_sampling:
         raise ValueError(f"algo.dynamic_sampling=true drops groups whose rewards are all equal, but under "
                          f"algo.objective={a.objective} every sampled token carries the teacher's signal; set "
                          f"algo.dynamic_sampling=false or algo.objective=rl")
+
+
+def _check_seq_kd(cfg: RunConfig) -> None:
+    """``algo.gkd_seq_kd=true``: the teacher samples GKD's off-policy share, so that share must exist and the teacher
+    must be in the trainer's process."""
+    a = cfg.algo
+    if a.objective != "gkd":
+        raise ValueError(f"algo.gkd_seq_kd=true has the teacher sample GKD's off-policy completions, but "
+                         f"algo.objective={a.objective}; set algo.objective=gkd or algo.gkd_seq_kd=false")
+    if a.gkd_lmbda >= 1.0:
+        raise ValueError(f"algo.gkd_seq_kd=true has the teacher sample the off-policy share's completions "
+                         f"(1 - algo.gkd_lmbda of the prompts), but algo.gkd_lmbda={a.gkd_lmbda} leaves none; set "
+                         f"algo.gkd_lmbda=0.5 (TRL's default) or algo.gkd_seq_kd=false")
+    if cfg.teacher.placement != "inline":
+        raise ValueError(f"algo.gkd_seq_kd=true samples with the teacher in the trainer's process (teacher.placement="
+                         f"inline), but teacher.placement={cfg.teacher.placement} holds it on Ray actors that only "
+                         f"score; set teacher.placement=inline or algo.gkd_seq_kd=false")
+    if cfg.tools.functions or cfg.tools.environment:
+        raise ValueError("algo.gkd_seq_kd=true has the teacher sample single-turn completions, but tools.* makes the "
+                         "student's rollouts multi-turn (tool calls and their results); set algo.gkd_seq_kd=false "
+                         "(the dataset's reference completions) or run without tools")
 
 
 def _training_rows(data: DataConfig) -> int | None:

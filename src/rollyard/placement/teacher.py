@@ -23,6 +23,7 @@ from rollyard import sft
 from rollyard.algo import gkd
 from rollyard.config import ConfigError, RunConfig
 from rollyard.model.loading import load_policy
+from rollyard.placement import teacher_sampler
 from rollyard.sync.check import weights_checksum
 from rollyard.types import Sample
 
@@ -37,6 +38,7 @@ class InlineTeacher:
         self.params = sum(p.numel() for p in model.parameters())
         self.top_k = top_k
         self.references: dict[str, tuple[list[int], list[int]]] = {}  # GKD's lmbda < 1 (with_references)
+        self.sampler = None  # algo.gkd_seq_kd: the off-policy share sampled by the teacher (teacher_sampler.py)
 
     def submit(self, samples: list[Sample], step: int = 0) -> None:
         return None
@@ -110,6 +112,8 @@ def build(cfg: RunConfig, tokenizer, device: str = "cpu", prompts: list | None =
         scorer.params = sum(p.numel() for p in model.parameters())
     else:
         scorer = InlineTeacher(model, device, top_k=top_k)
+        if cfg.algo.gkd_seq_kd:
+            scorer.sampler = teacher_sampler.build(cfg, scorer.model, tokenizer)
     scorer.references = references
     scorer.facts = facts  # run.json's "teacher": what a resume must find again
     return scorer
@@ -134,7 +138,7 @@ def reference_completions(cfg: RunConfig, tokenizer, prompts: list) -> dict[str,
     ``answer``; a tool turn masked). Empty when every completion is the student's; ConfigError (one line) when a
     training prompt has none."""
     a = cfg.algo
-    if a.objective != "gkd" or a.gkd_lmbda >= 1.0:
+    if a.objective != "gkd" or a.gkd_lmbda >= 1.0 or a.gkd_seq_kd:  # (seq_kd: the teacher samples that share)
         return {}
     tools = sft.tool_demos(cfg, tokenizer)
     out = {}
@@ -154,23 +158,26 @@ def reference_completions(cfg: RunConfig, tokenizer, prompts: list) -> dict[str,
 def with_references(teacher, trainer, samples: list[Sample], seed: int, lmbda: float, max_new_tokens: int,
                     context: int, version: int) -> list[Sample]:
     """GKD's ``lmbda``: ``samples`` with each group drawn off-policy (``algo/gkd.on_policy``) trained on the dataset's
-    reference completion instead of the student's samples: every sample of the group becomes a copy with that
-    completion (cut to ``max_new_tokens`` and the context), so a prompt weighs the same either way. The copies'
-    rollout log-probs are the trainer's own (one no-grad pass: no importance-sampling gap, none of their tokens was
-    sampled), their version ``version``. The scored samples (their rewards, the step's metrics) are left as sampled."""
+    reference completion instead of the student's samples (every sample of the group becomes a copy with that
+    completion, so a prompt weighs the same either way), or with ``algo.gkd_seq_kd`` (``teacher.sampler`` set) on
+    the teacher's own samples, one per sample of the group (``teacher_sampler.py``); cut to ``max_new_tokens`` and
+    the context. The copies' rollout log-probs are the trainer's own (one no-grad pass: no importance-sampling gap,
+    none of their tokens was the student's sample), their version ``version``. The scored samples (their rewards, the
+    step's metrics) are left as sampled."""
     if lmbda >= 1.0:
         return samples
+    off = [s for s in samples if not gkd.on_policy(s.request_id, seed, lmbda)]
+    room = {s.id: max(1, min(max_new_tokens, context - len(s.prompt_ids))) for s in off}
+    sampler = getattr(teacher, "sampler", None)
+    got = sampler.complete(off, max_new_tokens, context) if sampler is not None else _references(teacher, off, room)
     out, fresh = [], []
     for s in samples:
-        if gkd.on_policy(s.request_id, seed, lmbda):
+        if s.id not in got:
             out.append(s)
             continue
-        ids, mask = teacher.references[s.request_id.rsplit("@", 1)[0]]
-        room = max(1, min(max_new_tokens, context - len(s.prompt_ids)))
-        cut = len(ids) > room
-        ids, mask = ids[:room], mask[:room]
+        ids, mask, reason = got[s.id]
         copy = replace(s, completion_ids=list(ids), logprobs=[0.0] * len(ids), versions=[version] * len(ids),
-                       finish_reason="length" if cut else "stop", completion_mask=None if all(mask) else list(mask),
+                       finish_reason=reason, completion_mask=None if mask is None or all(mask) else list(mask),
                        meta={**s.meta, "gkd_reference": True})
         out.append(copy)
         fresh.append(copy)
@@ -179,4 +186,15 @@ def with_references(teacher, trainer, samples: list[Sample], seed: int, lmbda: f
             s.logprobs = lp.tolist()
         if hasattr(teacher, "forget"):  # a pool's results for these groups are of the student's completions
             teacher.forget({s.request_id for s in fresh})
+    return out
+
+
+def _references(teacher, off: list[Sample], room: dict[str, int]) -> dict[str, tuple[list[int], list[int], str]]:
+    """Per off-policy sample id: its prompt's reference completion ``(ids, loss mask, finish_reason)``, cut to
+    ``room[id]`` tokens (``"length"`` when cut)."""
+    out = {}
+    for s in off:
+        ids, mask = teacher.references[s.request_id.rsplit("@", 1)[0]]
+        n = room[s.id]
+        out[s.id] = (ids[:n], mask[:n], "length" if len(ids) > n else "stop")
     return out

@@ -1,0 +1,158 @@
+"""GKD's sequence-level KD (algo.gkd_seq_kd, TRL's seq_kd=True): the off-policy share trains on completions the
+teacher samples. They equal the teacher's own greedy ``generate`` (transformers, an independent sampler) at
+temperature 0, stopping at EOS and at the cap; the trainer's gradient over them equals a direct autograd of the GKD
+objective; a colocated run with lmbda=0 trains on them and review passes; TRL's name maps to the field; the
+combinations that cannot work end in one line (exit 2)."""
+
+import pytest
+import torch
+from test_distill import TINY, _samples
+from test_gkd import T, _assert_equal, _direct, _trainer_and_oracle
+
+from rollyard.cli import main
+from rollyard.config import load_config
+from rollyard.model.loading import build_preset, char_tokenizer, export
+from rollyard.placement import teacher as teacher_placement
+from rollyard.placement import teacher_sampler
+from rollyard.placement.teacher import InlineTeacher
+from rollyard.telemetry import rundir
+from rollyard.trainer.trainer import Trainer
+
+SEQ_KD = ["algo.objective=gkd", "algo.gkd_lmbda=0.0", "algo.gkd_seq_kd=true", "teacher.model=tiny"]
+
+
+def _teacher():
+    """The tiny teacher (seed 11), its EOS row made to outscore token 97 (which it greedily repeats after some
+    prompts), so some of its completions stop at EOS and others run to the cap."""
+    tok = char_tokenizer()
+    model = build_preset("tiny", tok, seed=11, max_position_embeddings=48).eval()
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] = 1.1 * model.lm_head.weight[97]
+    return model, tok
+
+
+def _hf_greedy(model, prompt: list[int], room: int, eos: int) -> list[int]:
+    """transformers' greedy ``generate`` of the teacher: the completion, up to and including its first EOS."""
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=room,
+                             eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_off_policy_completions_are_the_teachers_greedy_generations():
+    """lmbda=0, temperature 0: every sample becomes a copy carrying the teacher's greedy completion of its prompt
+    (ending at EOS, "stop", or at max_new_tokens / the context, "length"), its logprobs the trainer's, its version
+    the current one; scoring the copies gives the teacher's top-k of those tokens."""
+    model, tok = _teacher()
+    cfg = load_config(None, [*SEQ_KD, "rollout.temperature=0", "rollout.precision=fp32", "model.context=48"])
+    teacher = InlineTeacher(model, top_k=4)
+    teacher.sampler = teacher_sampler.build(cfg, teacher.model, tok)
+    trainer = Trainer(build_preset("tiny", tok, seed=0, max_position_embeddings=48), precision="fp32")
+    samples = _samples(5)
+    out = teacher_placement.with_references(teacher, trainer, samples, seed=0, lmbda=0.0, max_new_tokens=6,
+                                            context=48, version=3)
+    reasons = set()
+    for s, o in zip(samples, out, strict=True):
+        want = _hf_greedy(model, s.prompt_ids, 6, tok.eos_token_id)
+        assert o.completion_ids == want and o.id == s.id and o.prompt_ids == s.prompt_ids
+        assert o.finish_reason == ("stop" if want[-1] == tok.eos_token_id else "length")
+        assert o.versions == [3] * len(want) and o.completion_mask is None
+        assert o.logprobs == pytest.approx(trainer.logprobs([o])[0].tolist(), abs=1e-6)
+        reasons.add(o.finish_reason)
+    assert reasons == {"stop", "length"}  # both ends of a completion are exercised
+    assert any(o.completion_ids != s.completion_ids for s, o in zip(samples, out))
+    short = teacher_placement.with_references(teacher, trainer, samples, 0, 0.0, 6, context=len(samples[0].prompt_ids) + 2,
+                                              version=3)[0]
+    assert short.completion_ids == _hf_greedy(model, samples[0].prompt_ids, 2, tok.eos_token_id)  # the context's room
+    teacher.fill(trainer, out)
+    assert all(len(o.teacher_top_ids) == len(o.completion_ids) for o in out)
+
+
+def test_sampled_completions_are_reproducible_per_group_and_differ_within_a_group():
+    """At temperature 1 the teacher's samples are its own draws: a group's samples differ from each other, and the
+    same groups sample the same completions again (a resume or a streamed round), whatever ran in between."""
+    model, tok = _teacher()
+    cfg = load_config(None, [*SEQ_KD, "rollout.temperature=1", "rollout.precision=fp32", "model.context=48"])
+    sampler = teacher_sampler.build(cfg, model, tok)
+    samples = _samples(6, groups=2, n=4)
+    first = sampler.complete(samples, 6, 48)
+    sampler.complete(_samples(7), 6, 48)
+    assert sampler.complete(samples, 6, 48) == first
+    group = [first[s.id][0] for s in samples if s.request_id == "r0"]
+    assert len({tuple(c) for c in group}) > 1
+
+
+def test_gradient_over_teacher_samples_equals_autograd_of_the_gkd_objective():
+    """The samples replaced by the teacher's (sampled at temperature T), scored by the same teacher's top-6: the
+    trainer's gradient equals a direct autograd of the renormalised generalized JSD on those tokens (fp32)."""
+    tok = char_tokenizer()
+    cfg = load_config(None, [*SEQ_KD, f"rollout.temperature={T}", "rollout.precision=fp32", "model.context=48"])
+    original = []
+
+    def fill(trainer, samples):
+        original.extend(s.completion_ids for s in samples)
+        teacher = InlineTeacher(build_preset("tiny", tok, seed=11), top_k=6)  # _trainer_and_oracle's teacher
+        teacher.sampler = teacher_sampler.build(cfg, teacher.model, tok)  # samples and scores with the same weights
+        samples[:] = teacher_placement.with_references(teacher, trainer, samples, 0, 0.0, 6, 48, version=0)
+        teacher.fill(trainer, samples)
+        drawn = teacher.sampler.complete(samples, 6, 48)
+        assert [s.completion_ids for s in samples] == [drawn[s.id][0] for s in samples]
+
+    _assert_equal(*_trainer_and_oracle(0.5, 6, _direct(0.5, 6), fill=fill))
+    assert original  # the fill ran, over the student's completions it replaced
+
+
+# ------------------------------------------------------------------------------------ the run
+
+
+def test_seq_kd_run_trains_on_the_teachers_completions_and_review_passes(tmp_path):
+    """algo.gkd_seq_kd with lmbda=0 end to end at temperature 0: every trained sample is the teacher's greedy
+    completion of its prompt (the teacher here runs into EOS at once, the student to the 6-token cap), the
+    teacher_logprobs edge counts the trained tokens, and review passes."""
+    tok = char_tokenizer()
+    teacher = build_preset("tiny", tok, seed=11, max_position_embeddings=48)
+    with torch.no_grad():  # a teacher whose every greedy completion is EOS alone: one large residual feature, read
+        emb = teacher.model.embed_tokens.weight  # by the tied head with EOS's row twice any other's
+        assert teacher.lm_head.weight is emb
+        emb[:, 0] = 30.0
+        emb[tok.eos_token_id, 0] = 60.0
+    export(teacher, tok, tmp_path / "teacher")
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "algo.objective=gkd", "algo.gkd_lmbda=0.0", "algo.gkd_seq_kd=true",
+                 "algo.gkd_top_k=4", "rollout.temperature=0", f"teacher.model={tmp_path / 'teacher'}", "steps=2",
+                 f"out_dir={run}"]) == 0
+    rows = list(rundir.read_jsonl(run / rundir.METRICS))
+    traffic = [t["bytes"] for t in rundir.read_jsonl(run / rundir.TRAFFIC) if t["edge"] == "teacher_logprobs"]
+    assert [r["train/tokens"] for r in rows] == [2 * 4] * 2  # 2 prompts x 4 samples x [EOS]
+    assert all(r["tokens/generated"] > 8 for r in rows)
+    assert traffic == [(4 + 8 * 4) * 8] * 2
+    assert all(r["train/gkd_jsd"] >= 0 and abs(r["train/logprob_diff"]) < 1e-4 for r in rows)
+    assert main(["review", str(run)]) == 0
+
+
+# ------------------------------------------------------------------------------------ TRL's name and bad input
+
+
+@pytest.mark.parametrize("overrides, expect", [
+    (["seq_kd=true", "lmbda=0.5", "teacher.model=tiny"], {"objective": "gkd", "gkd_seq_kd": True, "gkd_lmbda": 0.5}),
+    (["seq_kd=false", "lmbda=0.5", "beta=0.2", "teacher.model=tiny"],
+     {"objective": "gkd", "gkd_seq_kd": False, "gkd_beta": 0.2, "kl_coef": 0.0}),
+    ([], {"objective": "rl", "gkd_seq_kd": False}),
+])
+def test_trls_seq_kd_maps_to_the_field(overrides, expect):
+    algo = load_config(None, overrides).algo
+    assert {k: getattr(algo, k) for k in expect} == expect
+
+
+@pytest.mark.parametrize("override, needle", [
+    (["seq_kd=true", "teacher.model=tiny"], "set algo.gkd_lmbda=0.5 (TRL's default) or algo.gkd_seq_kd=false"),
+    (["algo.gkd_seq_kd=true", "algo.objective=distill", "teacher.model=tiny"], "set algo.objective=gkd"),
+    (["seq_kd=true", "lmbda=0.5", "teacher.model=tiny", "teacher.placement=pool", "placement=async"],
+     "set teacher.placement=inline or algo.gkd_seq_kd=false"),
+    (["seq_kd=true", "lmbda=0.5", "teacher.model=tiny", "tools.functions=[tool_fns:add]"],
+     "run without tools"),
+])
+def test_bad_seq_kd_settings_exit_2(tmp_path, capsys, override, needle):
+    assert main(["train", *TINY, *override, f"out_dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
