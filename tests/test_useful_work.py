@@ -6,7 +6,11 @@ import copy
 import pytest
 import torch
 
+from rollyard.model import kernels
 from rollyard.model.loading import attach_lora, build_preset, char_tokenizer
+from rollyard.trainer import optim
+from rollyard.trainer import trainer as trainer_mod
+from rollyard.trainer.adamw_bf16 import AdamWBf16
 from rollyard.trainer.streaming import StreamingStep
 from rollyard.trainer.trainer import Trainer
 from rollyard.types import Sample
@@ -96,11 +100,14 @@ def test_skipping_keeps_lora_gradients():
     _same(got, full)
 
 
-def test_a_fully_zero_batch_still_steps_on_the_zero_gradient_without_a_forward():
+def test_a_fully_zero_batch_still_steps_on_the_zero_gradient_without_a_forward(monkeypatch):
     """Adam's moments from the first step move the weights on the second, all-zero-advantage step: the
     skipping trainer must take that step too (no forward, no backward) and land on the same weights."""
     a, b = _model(7), _model(7)
     ta, tb = Trainer(a, lr=1e-2), Trainer(b, lr=1e-2, skip_zero_advantage=False)
+    taken = []  # the skipping trainer's step on the zero gradient allocates none (where the kernels load)
+    real = trainer_mod.step_on_zero_gradient
+    monkeypatch.setattr(trainer_mod, "step_on_zero_gradient", lambda opt: taken.append(real(opt)) or taken[-1])
     first = _groups(8, zero_groups=())
     ma, mb = ta.step(copy.deepcopy(first)), tb.step(copy.deepcopy(first))
     assert ma["skipped_frac"] == 0.0 and ma["loss"] == pytest.approx(mb["loss"], abs=1e-6)
@@ -114,6 +121,54 @@ def test_a_fully_zero_batch_still_steps_on_the_zero_gradient_without_a_forward()
     assert moved > 1e-4  # the step on the zero gradient did move the weights (Adam's first moment)
     for k, v in b.state_dict().items():
         assert torch.allclose(a.state_dict()[k], v, atol=1e-6), k
+    assert taken == [kernels.kernel() is not None]
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.1])
+def test_adamw_step_on_zero_gradient_equals_torch_adamw_on_zeros(decay):
+    """optim.step_on_zero_gradient against torch.optim.AdamW's own (for-each) step on zero-filled gradients: the
+    same weights and moments over three steps after three real ones, two parameter groups, the rate changed between
+    steps as a schedule does; nothing done before the moments exist, with a gradient present, or for bf16 moments."""
+    if kernels.kernel() is None:
+        pytest.skip("the CPU kernels are off here (ROLLYARD_CPU_KERNELS=0 or no compiler): the caller's fallback runs")
+    torch.manual_seed(0)
+    ps = [torch.nn.Parameter(torch.randn(n)) for n in (33, 70_001, 4 * 1024)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+
+    def groups(xs):
+        return [{"params": xs[:2]}, {"params": xs[2:], "weight_decay": 0.0}]
+    want = torch.optim.AdamW(groups(ps), lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=decay, foreach=True)
+    got = optim.adamw(groups(qs), lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=decay)
+    assert not optim.step_on_zero_gradient(got)  # no moments yet: the caller steps on zeros
+    for _ in range(3):
+        for p, q in zip(ps, qs):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        want.step()
+        got.step()
+        want.zero_grad()
+        got.zero_grad()
+    qs[0].grad = torch.zeros_like(qs[0])
+    assert not optim.step_on_zero_gradient(got)  # a gradient present: not this step's case
+    qs[0].grad = None
+    before = [q.detach().clone() for q in qs]
+    for k in range(3):
+        for o in (want, got):
+            for g in o.param_groups:
+                g["lr"] = 1e-2 * (0.5 + 0.2 * k)
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        want.step()
+        want.zero_grad()
+        assert optim.step_on_zero_gradient(got)
+    for p, q in zip(ps, qs):
+        assert torch.allclose(p, q, rtol=1e-6, atol=1e-7)
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.allclose(want.state[p][name], got.state[q][name], rtol=1e-6, atol=1e-12)
+        assert float(got.state[q]["step"]) == 6.0
+    assert max((q.detach() - b).abs().max().item() for q, b in zip(qs, before)) > 1e-3  # the moments moved them
+    bf = AdamWBf16([torch.nn.Parameter(torch.randn(8))], lr=1e-2)
+    assert not optim.step_on_zero_gradient(bf)
 
 
 def test_skipped_share_is_in_the_step_metrics():

@@ -297,7 +297,8 @@ def _first_line(e: BaseException) -> str:
 
 _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollyard_rms_norm_f32",
             "rollyard_rms_norm_bwd_f32", "rollyard_swiglu_fwd_f32", "rollyard_swiglu_bwd_f32", "rollyard_qkv_rope_fwd_f32",
-            "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state")  # _load's
+            "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state",
+            "rollyard_adamw_f32_zero_grad")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -324,6 +325,8 @@ def _load(path: Path) -> ctypes.CDLL:
     F32 = ctypes.c_float
     lib.rollyard_adamw_bf16_state.argtypes = [P, P, P, P, L, F32, F32, F32, F32, F32, F32, F32, ctypes.c_uint64, I]
     lib.rollyard_adamw_bf16_state.restype = None
+    lib.rollyard_adamw_f32_zero_grad.argtypes = [P, P, P, L, F32, F32, F32, F32, F32, F32, I]
+    lib.rollyard_adamw_f32_zero_grad.restype = None
     return lib
 
 
@@ -455,6 +458,26 @@ def adamw_bf16_state(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch
         return False
     lib.rollyard_adamw_bf16_state(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), lr, beta1,
                                   beta2, eps, weight_decay, bc1, bc2, seed & (2 ** 64 - 1), torch.get_num_threads())
+    return True
+
+
+def f32_cpu(*tensors: torch.Tensor) -> bool:
+    """Every tensor is a plain (no subclass: a sharded DTensor is not), contiguous fp32 CPU tensor: what the fp32
+    kernels take."""
+    return all(type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == "cpu" and t.dtype == torch.float32
+               and t.is_contiguous() for t in tensors)
+
+
+def adamw_zero_grad(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step_size: float, decay: float,
+                    beta1: float, beta2: float, sqrt_bc2: float, eps: float) -> bool:
+    """AdamW's step of the fp32 CPU weight ``p`` on an exactly zero gradient, fp32 moments ``m``, ``v`` (all in
+    place, one pass, no gradient read: ``kernels.cc``); ``False`` (nothing done) when the kernel is not loaded or a
+    tensor is not contiguous fp32 CPU data."""
+    lib = _STATE.get("lib")
+    if lib is None or not f32_cpu(p, m, v):
+        return False
+    lib.rollyard_adamw_f32_zero_grad(p.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), step_size, decay, beta1,
+                                     beta2, sqrt_bc2, eps, torch.get_num_threads())
     return True
 
 

@@ -3,10 +3,12 @@ param groups (the schedule's position, the adaptive entropy bonus) so a checkpoi
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
 
+from rollyard.model import kernels
 from rollyard.trainer.adamw_bf16 import AdamWBf16
 
 OPTIMIZER_STATES = ("fp32", "bf16")  # AdamW moments: torch.optim.AdamW, or bf16 (trainer/adamw_bf16.py)
@@ -78,3 +80,32 @@ def build_optimizer(model, optimizer_state: str, *, lr: float, betas, eps: float
             group.update(mine)
     optimizer.register_load_state_dict_post_hook(keep_settings)
     return optimizer, params
+
+
+def step_on_zero_gradient(optimizer: torch.optim.Optimizer) -> bool:
+    """torch.optim.AdamW's step on an exactly zero gradient, taken without one: a step whose every sample was skipped
+    (zero advantage) moves the weights by the decayed moments alone, so no gradient is allocated, zero-filled,
+    clipped (its norm is 0) or read (``kernels.adamw_zero_grad``: one pass over weight and moments). ``False``, with
+    nothing changed, where it does not apply: another optimizer, a parameter with a gradient, no moments yet (the
+    first step), amsgrad or maximize, a tensor the kernel does not take; the caller then steps on zero gradients."""
+    if type(optimizer) is not torch.optim.AdamW or kernels.kernel() is None:
+        return False
+    work = []
+    for g in optimizer.param_groups:
+        if g.get("amsgrad") or g.get("maximize"):
+            return False
+        for p in g["params"]:
+            st = optimizer.state.get(p, {})
+            if p.grad is not None or not all(k in st for k in ("step", "exp_avg", "exp_avg_sq")):
+                return False
+            if not kernels.f32_cpu(p, st["exp_avg"], st["exp_avg_sq"]):
+                return False
+            work.append((g, p, st))
+    for g, p, st in work:
+        (beta1, beta2), lr = g["betas"], float(g["lr"])
+        t = float(st["step"]) + 1
+        kernels.adamw_zero_grad(p.data, st["exp_avg"], st["exp_avg_sq"], step_size=lr / (1 - beta1 ** t),
+                                decay=1 - lr * g["weight_decay"], beta1=beta1, beta2=beta2,
+                                sqrt_bc2=math.sqrt(1 - beta2 ** t), eps=g["eps"])
+        st["step"] += 1
+    return True

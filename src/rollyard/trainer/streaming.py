@@ -59,13 +59,14 @@ class StreamingStep:
             t.optimizer.zero_grad(set_to_none=True)
             grad_norm = 0.0
         else:
-            if not any(a["micro_batches"] for a in accs):
-                t.zero_missing_grads()  # every sample skipped (zero advantage): the step still runs on zeros
-            with torch.no_grad():
-                for p in t.params:
-                    if p.grad is not None:
-                        p.grad.div_(den)
-            grad_norm, skipped = t._optimizer_step(total("loss") / den)  # clip, non-finite guard, step
+            if not any(a["micro_batches"] for a in accs):  # every sample skipped (zero advantage): the step
+                grad_norm, skipped = t.zero_gradient_step(total("loss") / den)  # still runs, on zeros
+            else:
+                with torch.no_grad():
+                    for p in t.params:
+                        if p.grad is not None:
+                            p.grad.div_(den)
+                grad_norm, skipped = t._optimizer_step(total("loss") / den)  # clip, non-finite guard, step
         # every sample of the step may have been skipped (zero advantage): tokens counted, no ratio computed
         log_ratio = [x for a in accs for x in a["log_ratio"]]
         ratio = torch.cat(log_ratio).exp() if log_ratio else torch.zeros(0)

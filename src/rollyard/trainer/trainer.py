@@ -35,6 +35,7 @@ causal LMs have no dropout; with dropout on, pi_old and mu would be noisy).
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import warnings
 
@@ -54,7 +55,7 @@ from rollyard.trainer.layout import attention_pair_weight, decoder_of, micro_bat
 from rollyard.trainer.logprobs import chunked_support_logprobs, chunked_token_logprobs
 from rollyard.trainer.metrics import quantiles, step_metrics
 from rollyard.trainer.numerics import SkipGuard
-from rollyard.trainer.optim import ENTROPY_STATE, SCHEDULE_STEP, build_optimizer
+from rollyard.trainer.optim import ENTROPY_STATE, SCHEDULE_STEP, build_optimizer, step_on_zero_gradient
 from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan, prefix_shared
 from rollyard.trainer.precision import PRECISIONS, auto_precision
 from rollyard.types import Sample
@@ -474,6 +475,19 @@ class Trainer:
         self.optimizer_s = time.perf_counter() - t0  # the step's clip + AdamW (per step, by parameter count)
         return float(grad_norm), skipped
 
+    def zero_gradient_step(self, loss: float = 0.0) -> tuple[float, bool]:
+        """The optimizer step of a step that computed nothing (every sample skipped): AdamW's step on the zero
+        gradient, without allocating one where ``optim.step_on_zero_gradient`` applies (the same update), else on
+        zero-filled gradients (:meth:`zero_missing_grads`). Returns ``(grad_norm, skipped)`` as
+        :meth:`_optimizer_step`."""
+        t0 = time.perf_counter()
+        if math.isfinite(loss) and all(p.grad is None for p in self.params) and step_on_zero_gradient(self.optimizer):
+            self.skips.check(loss, 0.0)
+            self.optimizer_s = time.perf_counter() - t0
+            return 0.0, False
+        self.zero_missing_grads()
+        return self._optimizer_step(loss)
+
     def step(self, samples: list[Sample], old_logprobs: list[torch.Tensor] | None = None,
              entropy_masks: list[torch.Tensor] | None = None) -> dict[str, float]:
         """One optimizer step over all ``samples``; returns float metrics (see module docs).
@@ -495,9 +509,10 @@ class Trainer:
             grad_norm = 0.0  # nothing to learn from; leave the weights (and Adam's moments) alone
             self.optimizer.zero_grad(set_to_none=True)
         else:
-            if acc["micro_batches"] == 0:
-                self.zero_missing_grads()  # every sample skipped: the step on the zero gradient still runs
-            grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
+            if acc["micro_batches"] == 0:  # every sample skipped: the step on the zero gradient still runs
+                grad_norm, skipped = self.zero_gradient_step(float(acc["loss"]))
+            else:
+                grad_norm, skipped = self._optimizer_step(float(acc["loss"]))
         coef = self.entropy.coef
         if float(acc["eff_tokens"]) > 0:  # a step that computed no token measured no entropy
             self.entropy.update(float(acc["eff_entropy_sum"]) / float(acc["eff_tokens"]))
