@@ -678,3 +678,25 @@ def test_auto_precision_is_bf16_on_a_native_bf16_cpu_only_for_a_real_size_decode
     assert rollout_precision("auto", smol, torch.device("cuda"))[0] is None
     chosen, why = rollout_precision("bf16", _model(0), cpu)
     assert chosen == "bf16" and "rollout.precision=bf16" in why and ("emulated" in why) != native_bf16
+
+
+@pytest.mark.parametrize("max_norm", [1e-4, 1e6])
+def test_the_optimizer_sees_gradients_clipped_to_max_grad_norm_and_the_step_reports_the_unclipped_norm(max_norm):
+    """trainer.max_grad_norm as transformers' Trainer applies it (clip_grad_norm_): the optimizer steps on the
+    gradients times min(1, max_norm / (norm + 1e-6)), the norm taken over every gradient before clipping and
+    reported as grad_norm; a norm under the bound leaves the gradients exactly as the backward left them."""
+    seen = {}
+    for name, bound in (("free", float("inf")), ("bounded", max_norm)):
+        t = Trainer(_model(5), lr=1e-3, max_grad_norm=bound)
+        t.optimizer.step = lambda *a, _n=name, _t=t, **k: seen.__setitem__(_n, [p.grad.clone() for p in _t.params])
+        seen[name + "/norm"] = t.step(_samples(3))["grad_norm"]
+    free, bounded = seen["free"], seen["bounded"]
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in free))
+    assert seen["bounded/norm"] == pytest.approx(norm, rel=1e-5) and seen["free/norm"] == pytest.approx(norm, rel=1e-5)
+    factor = min(1.0, max_norm / (norm + 1e-6))
+    assert (factor < 1e-2) == (max_norm == 1e-4)  # the two cases: clipped hard, and not at all
+    for a, b in zip(free, bounded):
+        if factor == 1.0:
+            assert torch.equal(a, b)
+        else:
+            assert torch.allclose(b, a * factor, rtol=1e-5, atol=1e-12)

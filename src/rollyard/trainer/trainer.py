@@ -467,7 +467,12 @@ class Trainer:
         """Clip, step, zero; returns ``(grad_norm, skipped)``. A non-finite loss or gradient norm
         skips the update (printed and counted by ``self.skips``, which raises if it repeats)."""
         t0 = time.perf_counter()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        with_grad = [p for p in self.params if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
+        # clip_grad_norm_'s factor, max_norm / (norm + 1e-6) clamped to 1: a pass over the gradients only where it
+        # is below 1 (a factor of 1 leaves them as they are)
+        if float(grad_norm) + 1e-6 > self.max_grad_norm:
+            torch.nn.utils.clip_grads_with_norm_(with_grad, self.max_grad_norm, grad_norm)
         skipped = self.skips.check(loss, float(grad_norm))
         if not skipped:
             self.optimizer.step()
