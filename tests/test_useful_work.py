@@ -100,11 +100,13 @@ def test_skipping_keeps_lora_gradients():
     _same(got, full)
 
 
-def test_a_fully_zero_batch_still_steps_on_the_zero_gradient_without_a_forward(monkeypatch):
+@pytest.mark.parametrize("state", ["fp32", "bf16"])
+def test_a_fully_zero_batch_still_steps_on_the_zero_gradient_without_a_forward(monkeypatch, state):
     """Adam's moments from the first step move the weights on the second, all-zero-advantage step: the
     skipping trainer must take that step too (no forward, no backward) and land on the same weights."""
     a, b = _model(7), _model(7)
-    ta, tb = Trainer(a, lr=1e-2), Trainer(b, lr=1e-2, skip_zero_advantage=False)
+    ta = Trainer(a, lr=1e-2, optimizer_state=state)
+    tb = Trainer(b, lr=1e-2, skip_zero_advantage=False, optimizer_state=state)
     taken = []  # the skipping trainer's step on the zero gradient allocates none (where the kernels load)
     real = trainer_mod.step_on_zero_gradient
     monkeypatch.setattr(trainer_mod, "step_on_zero_gradient", lambda opt: taken.append(real(opt)) or taken[-1])
@@ -167,8 +169,37 @@ def test_adamw_step_on_zero_gradient_equals_torch_adamw_on_zeros(decay):
             assert torch.allclose(want.state[p][name], got.state[q][name], rtol=1e-6, atol=1e-12)
         assert float(got.state[q]["step"]) == 6.0
     assert max((q.detach() - b).abs().max().item() for q, b in zip(qs, before)) > 1e-3  # the moments moved them
-    bf = AdamWBf16([torch.nn.Parameter(torch.randn(8))], lr=1e-2)
-    assert not optim.step_on_zero_gradient(bf)
+
+
+def test_bf16_moments_step_on_zero_gradient_gives_the_bits_of_a_step_on_zero_filled_gradients():
+    """AdamWBf16 on an exactly zero gradient without one (the kernel's g = None) against its own step on zero-filled
+    gradients: the same bits in weights and moments (the same arithmetic and random bits), and the weights moved."""
+    if kernels.kernel() is None:
+        pytest.skip("the CPU kernels are off here (ROLLYARD_CPU_KERNELS=0 or no compiler): the caller's fallback runs")
+    torch.manual_seed(1)
+    ps = [torch.nn.Parameter(torch.randn(n)) for n in (17, 70_001)]
+    qs = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    want, got = (AdamWBf16(x, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05) for x in (ps, qs))
+    assert not optim.step_on_zero_gradient(got)  # no moments yet
+    for p, q in zip(ps, qs):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    want.step()
+    got.step()
+    for x in (*ps, *qs):
+        x.grad = None
+    before = [q.detach().clone() for q in qs]
+    for _ in range(2):
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        want.step()
+        for p in ps:
+            p.grad = None
+        assert optim.step_on_zero_gradient(got)
+    for p, q, b in zip(ps, qs, before):
+        assert torch.equal(p, q) and not torch.equal(q, b)
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(want.state[p][name], got.state[q][name])
 
 
 def test_skipped_share_is_in_the_step_metrics():

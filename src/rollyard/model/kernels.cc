@@ -440,9 +440,11 @@ extern "C" void rollyard_adamw_bf16_state(float* p, const float* g, uint16_t* m,
                                           float lr, float beta1, float beta2, float eps, float wd,
                                           float bc1, float bc2, uint64_t seed, int threads) {
     const float step = lr / bc1, decay = 1.f - lr * wd, inv_sqrt_bc2 = 1.f / std::sqrt(bc2);
+    // g == nullptr: the step on an exactly zero gradient (a step whose every sample was skipped), no gradient read;
+    // the same arithmetic as with a zero-filled g (0 * (1 - beta1) adds exactly nothing), so the same bits
 #pragma omp parallel for schedule(static) num_threads(threads) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; i++) {
-        const float gi = g[i];
+        const float gi = g ? g[i] : 0.f;
         const float mi = beta1 * bf16_to_f32(m[i]) + (1.f - beta1) * gi;
         const float vi = beta2 * bf16_to_f32(v[i]) + (1.f - beta2) * gi * gi;
         p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);

@@ -64,24 +64,39 @@ class AdamWBf16(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for gi, group in enumerate(self.param_groups):
-            beta1, beta2 = group["betas"]
             for pi, p in enumerate(group["params"]):
-                if p.grad is None:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["step"] = torch.tensor(0.0)
-                    for k in MOMENTS:
-                        st[k] = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.contiguous_format)
-                for k in MOMENTS:  # a loaded state dict comes back in the weight's dtype (bf16-exact values)
-                    if st[k].dtype != torch.bfloat16:
-                        st[k] = st[k].to(torch.bfloat16).contiguous()
-                st["step"] += 1
-                t = int(st["step"].item())
-                kw = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"],
-                          weight_decay=group["weight_decay"], bc1=1 - beta1 ** t, bc2=1 - beta2 ** t,
-                          seed=step_seed(t, gi, pi))
-                g = p.grad.contiguous()
-                if not kernels.adamw_bf16_state(p, g, st["exp_avg"], st["exp_avg_sq"], **kw):
-                    torch_update(p, g, st["exp_avg"], st["exp_avg_sq"], **kw)
+                if p.grad is not None:
+                    self._update(group, gi, pi, p, p.grad.contiguous())
         return loss
+
+    @torch.no_grad()
+    def step_on_zero_gradient(self) -> bool:
+        """:meth:`step` on an exactly zero gradient without one (no gradient allocated or read: the kernel's
+        ``g = None``; the same bits as stepping on zero-filled gradients). ``False``, nothing changed, where a
+        parameter has a gradient or no moments yet, or the kernel does not take it (the caller steps on zeros)."""
+        todo = [(gi, pi, group, p) for gi, group in enumerate(self.param_groups) for pi, p in enumerate(group["params"])]
+        if any(p.grad is not None or not self.state.get(p) or not kernels.f32_cpu(p) for _, _, _, p in todo):
+            return False
+        if kernels.kernel() is None:
+            return False
+        for gi, pi, group, p in todo:
+            self._update(group, gi, pi, p, None)
+        return True
+
+    def _update(self, group: dict, gi: int, pi: int, p: torch.Tensor, g: torch.Tensor | None) -> None:
+        """One parameter's update from its gradient ``g`` (None: zero, through the kernel only)."""
+        beta1, beta2 = group["betas"]
+        st = self.state[p]
+        if not st:
+            st["step"] = torch.tensor(0.0)
+            for k in MOMENTS:
+                st[k] = torch.zeros_like(p, dtype=torch.bfloat16, memory_format=torch.contiguous_format)
+        for k in MOMENTS:  # a loaded state dict comes back in the weight's dtype (bf16-exact values)
+            if st[k].dtype != torch.bfloat16:
+                st[k] = st[k].to(torch.bfloat16).contiguous()
+        st["step"] += 1
+        t = int(st["step"].item())
+        kw = dict(lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                  bc1=1 - beta1 ** t, bc2=1 - beta2 ** t, seed=step_seed(t, gi, pi))
+        if not kernels.adamw_bf16_state(p, g, st["exp_avg"], st["exp_avg_sq"], **kw):
+            torch_update(p, torch.zeros_like(p) if g is None else g, st["exp_avg"], st["exp_avg_sq"], **kw)

@@ -87,7 +87,10 @@ def step_on_zero_gradient(optimizer: torch.optim.Optimizer) -> bool:
     (zero advantage) moves the weights by the decayed moments alone, so no gradient is allocated, zero-filled,
     clipped (its norm is 0) or read (``kernels.adamw_zero_grad``: one pass over weight and moments). ``False``, with
     nothing changed, where it does not apply: another optimizer, a parameter with a gradient, no moments yet (the
-    first step), amsgrad or maximize, a tensor the kernel does not take; the caller then steps on zero gradients."""
+    first step), amsgrad or maximize, a tensor the kernel does not take; the caller then steps on zero gradients.
+    bf16 moments (``AdamWBf16``): its own step on a zero gradient (the same bits as on zero-filled gradients)."""
+    if isinstance(optimizer, AdamWBf16):
+        return optimizer.step_on_zero_gradient()
     if type(optimizer) is not torch.optim.AdamW or kernels.kernel() is None:
         return False
     work = []
