@@ -151,6 +151,7 @@ class FastForward:
         self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
         # RoPE + the cache write of a decode step in one call (all fp32; not with q/k norms).
         self.rope_kernel = self.attn_kernel and self.norm_kernel and not self.qk_norm
+        self._scratch: torch.Tensor | None = None  # refresh's staging buffer for what pack copies (_packed)
         self.refresh()
 
     # -- the family's choices (defaults: the Llama family's) ---------------------------------------------
@@ -180,15 +181,17 @@ class FastForward:
     @torch.no_grad()
     def refresh(self) -> None:
         """Rebuild the fused weight copies from the module (after any weight change); the RoPE tables, which no weight
-        changes, are built at the first refresh only."""
+        changes, are built at the first refresh only. The old copies are dropped first: the new ones reuse their
+        memory, and a refresh never holds two sets."""
         inner = self.model.model
+        self.layers, self.lm_head = [], None
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight.detach()  # the module's own table: rows are cast as they are looked up
         scale = getattr(inner.embed_tokens, "embed_scale", None)
         self.embed_scale = None if scale is None else float(scale.to(self.embed.dtype))
         self.norm_w, self.norm_eps = self._norm(inner.norm)
-        head = self._w(self.model.lm_head.weight)
-        self.lm_head = pack(head) if self.PACK_HEAD else head
+        head = self.model.lm_head.weight
+        self.lm_head = self._packed((head, 1.0)) if self.PACK_HEAD else self._w(head)
         self.lm_bias = self._w(getattr(self.model.lm_head, "bias", None))
         if not hasattr(self, "_tables"):  # the RoPE tables depend on no weight: built once, kept across refreshes
             self._tables: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -201,9 +204,8 @@ class FastForward:
         return self._c(self._norm_scale(n.weight)), eps_of(n)
 
     def _layer_weights(self, layer) -> dict:
-        a, m, c, fuse = layer.self_attn, layer.mlp, self._w, self._fuse
+        a, m, c, fuse, packed = layer.self_attn, layer.mlp, self._w, self._fuse, self._packed
         scale = 1.0 if self.qk_norm else self.scale  # with q/k norms, the scale sits in q's norm weight
-        w = fuse((a.q_proj.weight, scale), (a.k_proj.weight, 1.0), (a.v_proj.weight, 1.0))
         b = None
         if a.q_proj.bias is not None:
             b = fuse((a.q_proj.bias, scale), (a.k_proj.bias, 1.0), (a.v_proj.bias, 1.0))
@@ -212,17 +214,37 @@ class FastForward:
             qkn = torch.cat(((self._norm_scale(a.q_norm.weight) * self.scale).expand(self.H, self.hd),
                              self._norm_scale(a.k_norm.weight).expand(self.KVH, self.hd))).to(self.dtype).contiguous()
             qk_eps = eps_of(a.q_norm)
-        out = dict(wqkv=pack(w), bqkv=b, qkn=qkn, qk_eps=qk_eps, wo=pack(c(a.o_proj.weight)), bo=c(a.o_proj.bias),
-                   wgu=pack(fuse((m.gate_proj.weight, 1.0), (m.up_proj.weight, 1.0))), wd=pack(c(m.down_proj.weight)))
+        out = dict(wqkv=packed((a.q_proj.weight, scale), (a.k_proj.weight, 1.0), (a.v_proj.weight, 1.0)), bqkv=b,
+                   qkn=qkn, qk_eps=qk_eps, wo=packed((a.o_proj.weight, 1.0)), bo=c(a.o_proj.bias),
+                   wgu=packed((m.gate_proj.weight, 1.0), (m.up_proj.weight, 1.0)), wd=packed((m.down_proj.weight, 1.0)))
         out.update((name, self._norm(getattr(layer, name))) for name in self.NORMS)
         return out
 
-    def _fuse(self, *parts: tuple[torch.Tensor, float]) -> torch.Tensor:
-        """The rows of ``parts`` (a weight or bias and its scale) stacked in the matmuls' dtype: each part read once
-        and written once, cast and scaled on the way (a sync's refresh is a pass over the weights, not four)."""
+    def _packed(self, *parts: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """``pack`` of the rows of ``parts`` stacked in the matmuls' dtype (:meth:`_fuse`). A lone part already in
+        that dtype, unscaled, is packed from the module's own tensor; where ``pack`` copies into oneDNN's layout, the
+        stack is built in a scratch buffer kept across weights and refreshes (its size the largest such weight's),
+        not in fresh memory: SmolLM2-135M's bf16 refresh otherwise wrote and faulted in ~270 MB of casts that the
+        reorder read once and dropped."""
+        first, scale = parts[0]
+        if len(parts) == 1 and scale == 1.0 and first.dtype == self.mm_dtype:
+            return pack(first)
+        shape = (sum(t.shape[0] for t, _ in parts), *first.shape[1:])
+        numel = shape[0] * first[0].numel()
+        if not cpu_gemm.packs(numel, self.mm_dtype, first.device):
+            return self._fuse(*parts)  # kept as it is: fresh memory
+        if self._scratch is None or self._scratch.numel() < numel:
+            self._scratch = torch.empty(numel, dtype=self.mm_dtype, device=first.device)
+        return pack(self._fuse(*parts, out=self._scratch[:numel].view(shape)))
+
+    def _fuse(self, *parts: tuple[torch.Tensor, float], out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of ``parts`` (a weight or bias and its scale) stacked in the matmuls' dtype, in ``out`` (else
+        fresh memory): each part read once and written once, cast and scaled on the way (a sync's refresh is a pass
+        over the weights, not four)."""
         first = parts[0][0]
-        out = torch.empty((sum(t.shape[0] for t, _ in parts), *first.shape[1:]), dtype=self.mm_dtype,
-                          device=first.device)
+        if out is None:
+            out = torch.empty((sum(t.shape[0] for t, _ in parts), *first.shape[1:]), dtype=self.mm_dtype,
+                              device=first.device)
         row = 0
         for t, scale in parts:  # (under refresh's no_grad)
             dst = out[row:row + t.shape[0]]
@@ -235,7 +257,7 @@ class FastForward:
 
     def release(self) -> None:
         """Drop the fused weight copies (``refresh`` rebuilds them): the colocated engine's sleep."""
-        self.layers, self.lm_head = [], None
+        self.layers, self.lm_head, self._scratch = [], None, None
 
     @property
     def released(self) -> bool:

@@ -129,12 +129,19 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
     return _lp(x, w, b)
 
 
+def packs(numel: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`pack` copies a weight of ``numel`` elements of ``dtype`` on ``device`` into oneDNN's layout
+    (else it returns the weight itself): a caller may then build the weight in a scratch buffer it reuses."""
+    return (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and enabled()
+            and (dtype == torch.float32 or cpu.onednn_bf16()) and PACK_ROWS * numel >= MIN_MACS)
+
+
 def pack(w: torch.Tensor) -> torch.Tensor:
     """``w [out, in]`` ready for :func:`packed_linear`: oneDNN's layout for fp32 / bf16 CPU weights
     when :func:`enabled` and the weight is large enough to repay oneDNN's per-call cost at
-    ``PACK_ROWS`` rows, else ``w`` itself (no grad; repack after any change to ``w``)."""
-    if (w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16) and enabled()
-            and (w.dtype == torch.float32 or cpu.onednn_bf16()) and PACK_ROWS * w.numel() >= MIN_MACS):
+    ``PACK_ROWS`` rows (:func:`packs`: a copy, ``w`` may be reused after), else ``w`` itself (no grad; repack
+    after any change to ``w``)."""
+    if packs(w.numel(), w.dtype, w.device):
         return torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), None)
     return w
 
