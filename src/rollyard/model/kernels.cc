@@ -436,15 +436,13 @@ static inline uint16_t f32_to_bf16_sr(float f, uint32_t r16) {
     return (uint16_t)((b + r16) >> 16);
 }
 
-extern "C" void rollyard_adamw_bf16_state(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
-                                          float lr, float beta1, float beta2, float eps, float wd,
-                                          float bc1, float bc2, uint64_t seed, int threads) {
+template <bool ZERO_GRAD>
+static void adamw_bf16_state(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n, float lr, float beta1,
+                             float beta2, float eps, float wd, float bc1, float bc2, uint64_t seed, int threads) {
     const float step = lr / bc1, decay = 1.f - lr * wd, inv_sqrt_bc2 = 1.f / std::sqrt(bc2);
-    // g == nullptr: the step on an exactly zero gradient (a step whose every sample was skipped), no gradient read;
-    // the same arithmetic as with a zero-filled g (0 * (1 - beta1) adds exactly nothing), so the same bits
 #pragma omp parallel for schedule(static) num_threads(threads) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; i++) {
-        const float gi = g ? g[i] : 0.f;
+        const float gi = ZERO_GRAD ? 0.f : g[i];
         const float mi = beta1 * bf16_to_f32(m[i]) + (1.f - beta1) * gi;
         const float vi = beta2 * bf16_to_f32(v[i]) + (1.f - beta2) * gi * gi;
         p[i] = p[i] * decay - step * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
@@ -452,6 +450,18 @@ extern "C" void rollyard_adamw_bf16_state(float* p, const float* g, uint16_t* m,
         m[i] = f32_to_bf16_sr(mi, (uint32_t)(r & 0xffff));
         v[i] = f32_to_bf16_sr(vi, (uint32_t)((r >> 16) & 0xffff));
     }
+}
+
+// g == nullptr: the step on an exactly zero gradient (a step whose every sample was skipped), no gradient read;
+// the same arithmetic as with a zero-filled g (0 * (1 - beta1) adds exactly nothing), so the same bits. Two loops
+// (a template), so that neither holds a branch that would keep it from vectorizing.
+extern "C" void rollyard_adamw_bf16_state(float* p, const float* g, uint16_t* m, uint16_t* v, int64_t n,
+                                          float lr, float beta1, float beta2, float eps, float wd,
+                                          float bc1, float bc2, uint64_t seed, int threads) {
+    if (g == nullptr)
+        adamw_bf16_state<true>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, seed, threads);
+    else
+        adamw_bf16_state<false>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1, bc2, seed, threads);
 }
 
 // ---- AdamW's step on an exactly zero gradient (fp32 moments) -------------------------------------------
