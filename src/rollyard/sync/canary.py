@@ -44,6 +44,8 @@ equality check by default) as the copy's noise floor.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from rollyard.types import Sample
@@ -80,18 +82,25 @@ def logprobs(logits: torch.Tensor, targets: torch.Tensor, under=None) -> list[fl
     return lp.gather(1, targets.reshape(-1, 1).to(lp.device))[:, 0].cpu().tolist()
 
 
+def keeps_logits(model) -> bool:
+    """``model``'s forward computes the head at its last positions only when asked (HF's ``logits_to_keep``)."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 @torch.no_grad()
 def score(model, sample: Sample, under=None) -> list[float]:
-    """Completion-token logprobs of ``sample`` under ``model`` (one forward) on the support ``under``
-    (:func:`logprobs`)."""
+    """Completion-token logprobs of ``sample`` under ``model`` (one forward, over every token but the last, whose
+    logits nothing reads) on the support ``under`` (:func:`logprobs`). Where the forward takes ``logits_to_keep``
+    the head runs at the completion's positions only (no other position's logits are read)."""
     device = next(model.parameters()).device
     ids = torch.tensor([sample.prompt_ids + sample.completion_ids], device=device)
+    C = len(sample.completion_ids)
+    keep = {"logits_to_keep": C} if keeps_logits(model) else {}
     was_training = model.training
     model.eval()
-    logits = model(input_ids=ids, use_cache=False).logits[0]
+    logits = model(input_ids=ids[:, :-1], use_cache=False, **keep).logits[0, -C:]
     model.train(was_training)
-    P = len(sample.prompt_ids)
-    return logprobs(logits[P - 1:-1], ids[0, P:], under)
+    return logprobs(logits, ids[0, -C:], under)
 
 
 @torch.no_grad()

@@ -1,0 +1,87 @@
+"""The canary's two scores of the probe: the trainer's (its module's forward, the head at the completion only) equals
+a full forward's log-softmax at the completion positions, with or without ``logits_to_keep``; the engine's runs its
+prefill and a decode step through the fused copies and agrees with the trainer's to the kernels' rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rollyard.model import families
+from rollyard.model.loading import build_preset, char_tokenizer
+from rollyard.sync import canary
+
+TOK = char_tokenizer()
+KERNELS = 1e-5  # fp32 kernels' rounding, nats (as tests/test_canary.py)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+class PlainForward(torch.nn.Module):
+    """A module whose forward takes no ``logits_to_keep``: its logits cover every position."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids, use_cache=False):
+        return self.inner(input_ids=input_ids, use_cache=use_cache)
+
+
+class CountingForward:
+    """A fast forward that counts its prefill and decode calls."""
+
+    def __init__(self, fwd):
+        self.fwd, self.calls = fwd, []
+
+    def __getattr__(self, name):
+        return getattr(self.fwd, name)
+
+    def prefill(self, *args, **kwargs):
+        self.calls.append("prefill")
+        return self.fwd.prefill(*args, **kwargs)
+
+    def decode(self, *args, **kwargs):
+        self.calls.append("decode")
+        return self.fwd.decode(*args, **kwargs)
+
+
+def _model():
+    return build_preset("small", TOK, seed=0, max_position_embeddings=64).eval()
+
+
+def _full_forward_logprobs(model, probe) -> list[float]:
+    ids = torch.tensor([probe.prompt_ids + probe.completion_ids])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)
+    P = len(probe.prompt_ids)
+    return [float(lp[P - 1 + i, t]) for i, t in enumerate(probe.completion_ids)]
+
+
+def test_the_trainer_side_equals_a_full_forward_at_the_completion_positions():
+    model = _model()
+    probe = canary.probe(model.config.vocab_size, 64)
+    assert canary.keeps_logits(model) and not canary.keeps_logits(PlainForward(model))
+    want = _full_forward_logprobs(model, probe)
+    for m in (model, PlainForward(model)):
+        got = canary.score(m, probe)
+        assert len(got) == len(probe.completion_ids) and max(abs(a - b) for a, b in zip(got, want)) < KERNELS
+    model.train()
+    canary.score(model, probe)
+    assert model.training  # the mode it was in is restored
+
+
+def test_the_engine_side_runs_a_prefill_and_a_decode_step_and_reads_the_kernels_rounding():
+    model = _model()
+    probe = canary.probe(model.config.vocab_size, 64)
+    fwd = CountingForward(families.fast_forward(model, torch.float32))
+    got = canary.score_fast(fwd, probe)
+    assert fwd.calls[0] == "prefill" and fwd.calls.count("decode") >= 1  # the decode kernels are in the probe
+    assert fwd.calls.count("decode") == len(probe.completion_ids) - 1
+    assert max(abs(a - b) for a, b in zip(got, canary.score(model, probe))) < KERNELS
