@@ -223,9 +223,9 @@ class FastForward:
     def _packed(self, *parts: tuple[torch.Tensor, float]) -> torch.Tensor:
         """``pack`` of the rows of ``parts`` stacked in the matmuls' dtype (:meth:`_fuse`). A lone part already in
         that dtype, unscaled, is packed from the module's own tensor; where ``pack`` copies into oneDNN's layout, the
-        stack is built in a scratch buffer kept across weights and refreshes (its size the largest such weight's),
-        not in fresh memory: SmolLM2-135M's bf16 refresh otherwise wrote and faulted in ~270 MB of casts that the
-        reorder read once and dropped."""
+        stack is built in a scratch buffer kept across weights and refreshes (its size the largest such weight's;
+        ``release`` drops it), not in fresh memory: SmolLM2-135M's bf16 refresh otherwise wrote ~270 MB of casts that
+        the reorder read once and dropped."""
         first, scale = parts[0]
         if len(parts) == 1 and scale == 1.0 and first.dtype == self.mm_dtype:
             return pack(first)
