@@ -223,17 +223,19 @@ class FastForward:
 
     def _packed(self, *parts: tuple[torch.Tensor, float]) -> torch.Tensor:
         """``pack`` of the rows of ``parts`` stacked in the matmuls' dtype (:meth:`_fuse`). A lone part already in
-        that dtype, unscaled, is packed from the module's own tensor; where ``pack`` copies into oneDNN's layout, the
-        stack is built in a scratch buffer kept across weights and refreshes (its size the largest such weight's;
-        ``release`` drops it), not in fresh memory: SmolLM2-135M's bf16 refresh otherwise wrote ~270 MB of casts that
-        the reorder read once and dropped."""
+        that dtype, unscaled, is packed from the module's own tensor. Where the matmuls' dtype differs from the
+        module's and ``pack`` copies into oneDNN's layout, the cast is staged in a scratch buffer kept across weights
+        and refreshes (its size the largest such weight's; ``release`` drops it), not in fresh memory: SmolLM2-135M's
+        bf16 refresh otherwise wrote ~270 MB of casts that the reorder read once and dropped (held: 70-97 -> 54-69
+        ms, 2 threads). Stacks in the module's own dtype keep fresh memory, which the allocator recycles from one
+        weight to the next: a scratch there measured no faster (fp32 after a release, 69-73 vs 84-95 ms)."""
         first, scale = parts[0]
         if len(parts) == 1 and scale == 1.0 and first.dtype == self.mm_dtype:
             return pack(first)
         shape = (sum(t.shape[0] for t, _ in parts), *first.shape[1:])
         numel = shape[0] * first[0].numel()
-        if not cpu_gemm.packs(numel, self.mm_dtype, first.device):
-            return self._fuse(*parts)  # kept as it is: fresh memory
+        if first.dtype == self.mm_dtype or not cpu_gemm.packs(numel, self.mm_dtype, first.device):
+            return pack(self._fuse(*parts))  # fresh memory: kept as it is (not packed), or recycled once packed
         if self._scratch is None or self._scratch.numel() < numel:
             self._scratch = torch.empty(numel, dtype=self.mm_dtype, device=first.device)
         return pack(self._fuse(*parts, out=self._scratch[:numel].view(shape)))
