@@ -259,3 +259,14 @@ def pytest_collection_modifyitems(config, items):
         return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order is kept
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of tiny-model tests (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    their matmuls gain nothing from threads, and on a busy 2-core machine OpenMP's barriers made such files up to
+    10x slower with 2 threads than with 1."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -15,12 +15,7 @@ TOK = char_tokenizer()
 KERNELS = 1e-5  # fp32 kernels' rounding, nats (as tests/test_canary.py)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 class PlainForward(torch.nn.Module):

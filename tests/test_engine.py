@@ -20,13 +20,7 @@ CTX = 96
 NO_EOS = -1  # an id the model can never sample: every completion runs to max_new_tokens
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls gain nothing from intra-op threads; on a busy 2-core box 2 threads are 10x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _model(seed=0):

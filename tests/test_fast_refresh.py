@@ -15,12 +15,7 @@ TOK = char_tokenizer()
 WEIGHTS = ("wqkv", "wo", "wgu", "wd")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _dense(t: torch.Tensor) -> torch.Tensor:

@@ -33,12 +33,7 @@ CASES = [("constant", {}), ("constant_with_warmup", {}), ("linear", {}), ("cosin
          ("cosine_warmup_with_min_lr", {"min_lr": 2e-4, "warmup_lr_rate": 0.05})]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _transformers_lrs(name, kwargs, lr, total, warmup, steps) -> list[float]:

@@ -17,14 +17,7 @@ TOK = char_tokenizer()
 V = len(TOK)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tiny model's matmuls are too small to gain from intra-op threads; on a busy 2-core
-    machine OpenMP barriers made this file 10x slower with 2 threads than with 1."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _model(seed=0):

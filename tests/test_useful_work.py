@@ -19,12 +19,7 @@ TOK = char_tokenizer()
 V = len(TOK)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _model(seed=0):
