@@ -188,6 +188,12 @@ def plot(cells: dict, teacher: dict, share: float, path: Path, teacher_seed: int
         ax.set_ylabel("held-out greedy accuracy, % (64 prompts)")
         ax.set_ylim(0, None)
         ax.grid(alpha=0.3)
+    hits = [h[1] for c in cells.values() if c is not None and (h := reach(c, share * teacher["after"]))]
+    if hits:  # the time axis up to twice the latest time to the target: a cell's slow tail (a load spike after it
+        # reached the target) would squeeze every curve into the axis' first tenth
+        axes[0].set_xlim(0, 2 * max(hits))
+        axes[0].set_xlabel("training wall seconds (steps only, evals excluded; 2-core CPU), "
+                           "up to 2x the latest time to the target", fontsize=8)
     axes[1].legend(fontsize=7, ncol=2, loc="lower right")
     fig.suptitle(f"SmolLM2-135M-Instruct on two-digit sums: on-policy distillation from an RL teacher "
                  f"({teacher['steps']} steps, seed {teacher_seed}) vs RL, same start", fontsize=10)
