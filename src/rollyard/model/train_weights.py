@@ -6,13 +6,12 @@ forward runs twice (the forward, then its recompute in the backward), so a step 
 writes every weight ``2m`` times over, 14 B per parameter each time (an fp32 stack, then its bf16 cast). Inside
 :func:`step_cache` (the trainer's forward and backward of one optimizer step, weights unchanged) :func:`weight`
 builds each bf16 stack once, in one pass per part (6 B per parameter), and hands the same copy to every call.
-The LM head is not among them (``trainer/logprobs.py``): at a large vocabulary its copy would outlive its use.
 
 The values are autocast's: a cast is elementwise, so stacking the casts is casting the stack, and the gradient of
 each part is the stacked gradient's rows cast to the part's dtype, as autograd's cast and cat backwards give them.
 Outside autocast, or outside :func:`step_cache`, :func:`weight` is the plain stack (or the weight itself), as
-before. The cache holds one bf16 copy of the decoder layers' weights for the step (SmolLM2-135M: 0.21 GB), while
-the engine's own copies are released for the trainer's step (``placement/colocated.trainer_turn``).
+before. The cache holds one bf16 copy of the weights for the step (SmolLM2-135M: 0.27 GB), while the engine's own
+copies are released for the trainer's step (``placement/colocated.trainer_turn``).
 """
 
 from __future__ import annotations
