@@ -42,7 +42,6 @@ from torch.utils.checkpoint import checkpoint
 
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import kernels as cpu_kernels
-from rollyard.model import train_weights
 from rollyard.model.gemm import pack, packed_linear
 
 SLIDING = "sliding_attention"
@@ -529,7 +528,7 @@ def train_attention(h: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor,
     a = attn
     B, T, _ = h.shape
     H, KVH, hd = heads(a)
-    w = train_weights.weight(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight)
+    w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
     b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
     y = cpu_gemm.linear(h, w, b)
     fused = None if qk_norm is not None else _qkv_rope(y, cos, sin, H, KVH)
@@ -545,14 +544,13 @@ def train_attention(h: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor,
         q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
         v = y[..., (H + KVH) * hd:].view(B, T, KVH, hd).transpose(1, 2)
         o = causal_attention(q, k, v, scale, mask)
-    return cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), train_weights.weight(a.o_proj.weight), a.o_proj.bias)
+    return cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
 
 
 def train_mlp(h: torch.Tensor, mlp, act) -> torch.Tensor:
-    """``down(act([gate | up](h)))`` with autograd (one matmul for gate and up; under autocast the weights cast once
-    per step: ``model/train_weights.py``)."""
-    gu = cpu_gemm.linear(h, train_weights.weight(mlp.gate_proj.weight, mlp.up_proj.weight))
-    return cpu_gemm.linear(act(gu), train_weights.weight(mlp.down_proj.weight))
+    """``down(act([gate | up](h)))`` with autograd (one matmul for gate and up)."""
+    gu = cpu_gemm.linear(h, torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)))
+    return cpu_gemm.linear(act(gu), mlp.down_proj.weight)
 
 
 def _qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, KVH: int):

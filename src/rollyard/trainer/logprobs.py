@@ -8,7 +8,6 @@ from torch.utils.checkpoint import checkpoint
 
 from rollyard.algo import support
 from rollyard.model import gemm as cpu_gemm
-from rollyard.model import train_weights
 from rollyard.trainer import head as head_grad
 
 
@@ -72,8 +71,7 @@ def _logits(h: torch.Tensor, lm_head, plain: bool, fp32_head: bool, softcap: flo
             logits = torch.nn.functional.linear(h.float(), lm_head.weight.float(),
                                                 None if lm_head.bias is None else lm_head.bias.float())
     else:
-        # (under autocast the head's cast once per step: model/train_weights.py)
-        logits = (cpu_gemm.linear(h, train_weights.weight(lm_head.weight), lm_head.bias) if plain else lm_head(h)).float()
+        logits = (cpu_gemm.linear(h, lm_head.weight, lm_head.bias) if plain else lm_head(h)).float()
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap
     if temperature != 1.0:

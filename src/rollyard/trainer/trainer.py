@@ -48,7 +48,7 @@ from rollyard.algo import support as algo_support
 from rollyard.algo.entropy_control import EntropyControl
 from rollyard.algo.loss import AGGS
 from rollyard.algo.policy_loss import Batch, LossSpec, policy_loss
-from rollyard.model import families, train_weights
+from rollyard.model import families
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer import head as head_grad
 from rollyard.trainer.layout import attention_pair_weight, decoder_of, micro_batch_cost, packing_is_isolated
@@ -396,16 +396,15 @@ class Trainer:
                "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained),
                "computed_positions": 0}
         head_grad.CLOCK.take()
-        with train_weights.step_cache():  # the weights' autocast casts once for every micro-batch's passes
-            for mb in self.micro_batches([samples[i] for i in trained]):
-                idx = [trained[k] for k in mb.members]  # into ``samples``
-                b = self._loss_batch(mb, samples, idx, masks, old_logprobs, entropy_masks, want_kl)
-                loss, st = policy_loss(self.loss, b, den_tokens, den_seqs, ent_tokens, self.entropy.coef)
-                loss.backward()
-                self._accumulate(acc, b, loss, st)
-                acc["micro_batches"] += 1
-                acc["packed_tokens"] += mb.num_tokens
-                acc["computed_positions"] += mb.real_positions
+        for mb in self.micro_batches([samples[i] for i in trained]):
+            idx = [trained[k] for k in mb.members]  # into ``samples``
+            b = self._loss_batch(mb, samples, idx, masks, old_logprobs, entropy_masks, want_kl)
+            loss, st = policy_loss(self.loss, b, den_tokens, den_seqs, ent_tokens, self.entropy.coef)
+            loss.backward()
+            self._accumulate(acc, b, loss, st)
+            acc["micro_batches"] += 1
+            acc["packed_tokens"] += mb.num_tokens
+            acc["computed_positions"] += mb.real_positions
         acc["lm_head_s"] = head_grad.CLOCK.take()  # the LM head's logprobs, forward and backward (trainer/head.py)
         return acc
 
