@@ -467,14 +467,11 @@ class FastForward:
 
     @classmethod
     def train_hidden(cls, model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                     segments: torch.Tensor | None = None, sparse_embed: bool = False) -> torch.Tensor:
+                     segments: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states ``[B, T, D]`` of right-padded rows ``input_ids [B, T]`` (positions 0..T-1,
         causal), differentiable w.r.t. the module's own parameters. Or, the prefix-shared layout
         (``trainer/packing.py``): ``position_ids [B, T]`` per token and ``segments [B, T]`` for the attention mask
         (:func:`prefix_shared_mask`); a sliding window is taken on positions, so it holds in any layout.
-        ``sparse_embed``: the lookup's gradient as the rows it touched (sparse), for a caller whose backward also
-        gives the embedding a dense gradient (an LM head tied to it), which autograd adds it into: no [V, D] zero
-        fill, scatter and dense add (the same sums). Alone, it would leave a sparse ``.grad``.
 
         The trainer's padded micro-batches run through this instead of the HF module forward when
         ``families.train_forward_matches`` holds: the same math in fewer ops (q|k|v and gate|up concatenated per
@@ -486,7 +483,7 @@ class FastForward:
         """
         inner = model.model
         e = inner.embed_tokens
-        x = F.embedding(input_ids, e.weight, e.padding_idx, sparse=sparse_embed)
+        x = F.embedding(input_ids, e.weight, e.padding_idx)
         if getattr(e, "embed_scale", None) is not None:
             x = x * e.embed_scale.to(e.weight.dtype)
         T = input_ids.shape[1]
