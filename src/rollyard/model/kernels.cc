@@ -470,14 +470,18 @@ extern "C" void rollyard_adamw_bf16_state(float* p, const float* g, uint16_t* m,
 // needs no gradient, so none is allocated, zero-filled, clipped or read: one pass over (p, m, v), 24 B per
 // parameter against 28 B plus a 4 B/parameter zero fill. torch.optim.AdamW's order of operations: the decoupled
 // decay first, then m <- lerp(m, 0, 1 - beta1), v <- beta2 v, then p -= step_size m / (sqrt(v) / sqrt(bc2) + eps).
-extern "C" void rollyard_adamw_f32_zero_grad(float* p, float* m, float* v, int64_t n, float step_size, float decay,
-                                             float beta1, float beta2, float sqrt_bc2, float eps, int threads) {
-    const float w1 = 1.f - beta1;
+// Bit for bit torch's fused CPU AdamW on g = 0: w1 = 1 - beta1 rounded from double as torch's coefficient (1.f - 0.9f
+// is not the float nearest 0.1); m's lerp as its one fused multiply-add, and no other contraction (torch rounds each
+// vector op), so the compiler may not fuse p * decay - ... into one.
+extern "C" __attribute__((optimize("fp-contract=off")))
+void rollyard_adamw_f32_zero_grad(float* p, float* m, float* v, int64_t n, float step_size, float decay, float w1,
+                                  float beta2, float sqrt_bc2, float eps, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (n >= (1 << 16))
     for (int64_t i = 0; i < n; i++) {
-        const float mi = m[i] - w1 * m[i];
-        const float vi = beta2 * v[i];
-        p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + eps);
+        const float mi = std::fma(w1, -m[i], m[i]);  // lerp(m, 0, w1)
+        const float vi = v[i] * beta2;
+        const float pd = p[i] * decay;
+        p[i] = pd - step_size * mi / (std::sqrt(vi) / sqrt_bc2 + eps);
         m[i] = mi;
         v[i] = vi;
     }

@@ -478,8 +478,8 @@ def adamw_zero_grad(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step_s
     lib = _STATE.get("lib")
     if lib is None or not f32_cpu(p, m, v):
         return False
-    lib.rollyard_adamw_f32_zero_grad(p.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), step_size, decay, beta1,
-                                     beta2, sqrt_bc2, eps, torch.get_num_threads())
+    lib.rollyard_adamw_f32_zero_grad(p.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), step_size, decay,
+                                     1.0 - beta1, beta2, sqrt_bc2, eps, torch.get_num_threads())
     return True
 
 
