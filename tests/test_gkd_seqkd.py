@@ -1,8 +1,9 @@
 """GKD's sequence-level KD (algo.gkd_seq_kd, TRL's seq_kd=True): the off-policy share trains on completions the
 teacher samples. They equal the teacher's own greedy ``generate`` (transformers, an independent sampler) at
 temperature 0, stopping at EOS and at the cap; the trainer's gradient over them equals a direct autograd of the GKD
-objective; a colocated run with lmbda=0 trains on them and review passes; TRL's name maps to the field; the
-combinations that cannot work end in one line (exit 2)."""
+objective; TRL 1.16's own GKDTrainer with seq_kd=True (tests/trl_oracle.py) generates the same teacher completions
+and computes the same loss and gradients over them (fp32); a colocated run with lmbda=0 trains on them and review
+passes; TRL's name maps to the field; the combinations that cannot work end in one line (exit 2)."""
 
 import pytest
 import torch
@@ -100,6 +101,87 @@ def test_gradient_over_teacher_samples_equals_autograd_of_the_gkd_objective():
 
     _assert_equal(*_trainer_and_oracle(0.5, 6, _direct(0.5, 6), fill=fill))
     assert original  # the fill ran, over the student's completions it replaced
+
+
+# ------------------------------------------------------------------------------------ TRL as the oracle
+
+TAU = 1e-7  # TRL's generation temperature: GKDTrainer always samples (do_sample=True), so greedy is a tiny temperature
+
+
+@pytest.fixture(scope="module")
+def trl_pair():
+    """The oracle's tiny Qwen2 student (seed 0) and teacher (seed 1; its head x 10, and its EOS row 1.05 x token 40's,
+    so two of the four completions stop at EOS and two run to the cap), the BPE tokenizer, four prompts of 4 and 6
+    tokens (TRL left-pads the shorter: its loss forward then runs at shifted positions, which RoPE's relative
+    positions make equal up to float rounding)."""
+    from trl_oracle import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    student, teacher = tiny_model(0, tok), tiny_model(1, tok)
+    with torch.no_grad():
+        teacher.lm_head.weight.mul_(10.0)
+        teacher.lm_head.weight[tok.eos_token_id] = 1.05 * teacher.lm_head.weight[40]
+    prompts = [tok(t)["input_ids"] for t in ("What is 3 plus 4?", "What is 11 plus 2?", "The answer is",
+                                             "What is 7 plus 9?")]
+    return student, teacher, tok, prompts
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_seq_kd_step_equals_trls_gkd_trainer(trl_pair, beta):
+    """TRL 1.16's ``GKDTrainer`` with ``seq_kd=True, lmbda=0`` against rollyard's seq_kd path on the same teacher,
+    student and prompts, fp32: the completions the teacher generates, the loss and every parameter's gradient.
+
+    Why the comparison is exact. Generation: rollyard samples at ``temperature=0`` (greedy, its engine's argmax).
+    TRL cannot (its generation config always samples), so it runs at temperature 1e-7; every top-1 / top-2 logit gap
+    of the teacher along the generated completions is checked to be > 1e-3, so ``softmax(logits / 1e-7)`` puts
+    exactly 0 (fp32 underflow: exp(-1e4)) on every other token and TRL's draw is the argmax; the same margin is far
+    above the float rounding between rollyard's engine forward and transformers' ``generate``, so both argmaxes are
+    the same token. The sampling rule: TRL draws once per batch (``random.random() <= lmbda``, the student on
+    success, else with ``seq_kd`` the teacher), rollyard once per prompt (``algo/gkd.on_policy``); at ``lmbda=0``
+    both give every sample the teacher's completion (TRL's draw fails unless ``random()`` returns exactly 0.0),
+    which is the case held here. The loss: TRL's ``compute_loss`` takes the full-vocabulary generalized JSD at
+    temperature 1 over the labels (up to and including the first EOS), token mean over the batch; rollyard with
+    ``rollout.temperature=0`` trains at temperature 1 (``trainer/settings.py``) and ``algo.gkd_top_k`` = the
+    vocabulary makes its top-k support the whole vocabulary. rollyard's settings are TRL's own names (``seq_kd``,
+    ``lmbda``, ``beta``, ``temperature``, ``max_new_tokens``), mapped by ``aliases.py``."""
+    import copy
+
+    from trl_oracle import build_trl_gkd_trainer, trl_gkd_step
+
+    from rollyard.trainer.settings import trainer_kwargs
+    from rollyard.types import Sample
+
+    student, teacher, tok, prompts = trl_pair
+    trl = build_trl_gkd_trainer(copy.deepcopy(student), copy.deepcopy(teacher), tok, lmbda=0.0, beta=beta,
+                                seq_kd=True, temperature=TAU, max_new_tokens=6)
+    want_ids, want_loss, want_grads = trl_gkd_step(trl, prompts)
+
+    V = len(tok)
+    cfg = load_config(None, ["seq_kd=true", "lmbda=0.0", f"beta={beta}", "temperature=0", "max_new_tokens=6",
+                             "teacher.model=tiny", f"algo.gkd_top_k={V}", "rollout.precision=fp32",
+                             "trainer.precision=fp32", "model.context=64"])
+    mine = InlineTeacher(copy.deepcopy(teacher), top_k=cfg.algo.gkd_top_k)
+    mine.sampler = teacher_sampler.build(cfg, mine.model, tok)
+    trainer = Trainer(copy.deepcopy(student), **trainer_kwargs(cfg), device="cpu")
+    samples = [Sample(id=f"p{i}#0", request_id=f"p{i}", prompt_ids=p, completion_ids=[5], logprobs=[0.0], versions=[0],
+                      finish_reason="length") for i, p in enumerate(prompts)]
+    out = teacher_placement.with_references(mine, trainer, samples, cfg.seed, cfg.algo.gkd_lmbda,
+                                            cfg.rollout.max_new_tokens, cfg.model.context, version=0)
+    got_ids = [o.completion_ids for o in out]
+    assert got_ids == want_ids
+    assert {o.finish_reason for o in out} == {"stop", "length"} and all(len(c) <= 6 for c in got_ids)
+    with torch.no_grad():  # the margin that makes both generations the teacher's argmax (docstring)
+        gaps = [teacher(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:-1].topk(2, -1).values
+                for p, c in zip(prompts, got_ids)]
+    assert min(float((g[:, 0] - g[:, 1]).min()) for g in gaps) > 1e-3
+
+    mine.fill(trainer, out)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    acc = trainer.accumulate_gradients(out)
+    assert want_loss > 1e-2 and float(acc["loss"]) == pytest.approx(want_loss, rel=1e-5)
+    got = {n: p.grad for n, p in trainer.model.named_parameters()}
+    assert set(got) == set(want_grads)
+    _assert_equal(got, want_grads)
 
 
 # ------------------------------------------------------------------------------------ the run

@@ -87,6 +87,18 @@ API
     ``_compute_loss`` reads and the caller may set on the trainer: ``entropy_coef``, ``_last_world_entropy``
     (adaptive entropy: the bonus applies only when it is <= ``entropy_target``; inf at start-up), ``beta``.
 
+``build_trl_gkd_trainer(model, teacher, tokenizer, **gkd_config_kwargs) -> GKDTrainer``
+    TRL's experimental ``GKDTrainer(model, teacher, GKDConfig(...), Dataset, tokenizer)`` (``lmbda``, ``beta``,
+    ``seq_kd``, ``temperature``, ``max_new_tokens``...), with ``_DEFAULTS``' offline settings; its dataset is a
+    placeholder (the batch comes from ``trl_gkd_step``).
+
+``trl_gkd_step(trainer, prompts) -> (completions, loss, grads)``
+    One ``GKDTrainer.training_step`` on ``prompts`` (lists of token ids, left-padded with the pad id as TRL's ChatML
+    collator pads them): TRL draws on- or off-policy (``random.random() <= lmbda``), generates with its own
+    ``generate_on_policy_outputs`` (the student's model, or with ``seq_kd`` the teacher's) and takes its
+    ``compute_loss`` and backward. ``completions``: each row's loss tokens (TRL's labels != -100: up to and including
+    the first EOS), ``loss`` TRL's, ``grads`` every parameter's gradient (cloned; zeroed first, no optimizer step).
+
 ``trl_lr_schedule(trainer_kwargs, n_steps) -> list[float]``
     The learning rate of each of ``n_steps`` optimizer steps of a TRL run with these ``GRPOConfig`` kwargs
     (``learning_rate``, ``lr_scheduler_type``, ``warmup_steps``, ``lr_scheduler_kwargs``, ``optim``...):
@@ -359,3 +371,37 @@ def trl_lr_schedule(trainer_kwargs: dict, n_steps: int) -> list[float]:
         trainer.optimizer.step()  # no gradients: nothing moves, but the scheduler sees the steps in order
         trainer.lr_scheduler.step()
     return lrs
+
+
+def build_trl_gkd_trainer(model, teacher, tokenizer, **gkd_config_kwargs):
+    """TRL's ``GKDTrainer`` on ``model`` and ``teacher`` (see the module docstring)."""
+    from datasets import Dataset
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="TRL currently supports vLLM versions")
+        warnings.filterwarnings("ignore", message=".*experimental")
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    kwargs = {k: v for k, v in _DEFAULTS.items() if k not in ("num_generations", "max_completion_length")}
+    kwargs = {**kwargs, **gkd_config_kwargs}
+    kwargs.setdefault("output_dir", tempfile.mkdtemp(prefix="out_", dir=_scratch_root()))
+    placeholder = Dataset.from_dict({"messages": [[{"role": "user", "content": "What is 1 plus 2?"}]] * 2})
+    trainer = GKDTrainer(model=model, teacher_model=teacher, args=GKDConfig(**kwargs), train_dataset=placeholder,
+                         processing_class=tokenizer)
+    trainer.current_gradient_accumulation_steps = trainer.args.gradient_accumulation_steps
+    return trainer
+
+
+def trl_gkd_step(trainer, prompts: list[list[int]]) -> tuple[list[list[int]], float, dict[str, torch.Tensor]]:
+    """One TRL ``GKDTrainer.training_step`` on ``prompts`` (see the module docstring)."""
+    pad = trainer.processing_class.pad_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    inputs = {"prompts": ids, "prompt_attention_mask": mask, "input_ids": ids.clone(), "attention_mask": mask.clone(),
+              "labels": torch.full_like(ids, -100)}
+    trainer.model.zero_grad(set_to_none=True)
+    loss = trainer.training_step(trainer.model, inputs)  # replaces inputs' ids, mask and labels by the generated ones
+    completions = [[int(t) for t in row if t != -100] for row in inputs["labels"]]
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+    return completions, float(loss), grads
