@@ -258,3 +258,78 @@ def test_attention_choice_does_not_depend_on_timing(monkeypatch):
     monkeypatch.setattr(_time, "perf_counter", lambda: float(next(ticks)))
     assert cpu_kernels.attention_supported(8, 8, 128)
     assert cpu_kernels.choices()["decode_attention"] == {"G=1,head_dim=128": True}
+
+
+def _running_sum_draw(w, r):
+    """The engine's draw without the kernel: torch's fp64 cumsum, the target ``r * total``, ``searchsorted``."""
+    c = w.double().cumsum(-1)
+    return torch.searchsorted(c, r[:, None] * c[:, -1:], right=True).squeeze(1).clamp_(max=w.shape[1] - 1), c
+
+
+@needs_cxx
+@pytest.mark.parametrize("B,V", [(32, 4099), (1, 1), (9, 70), (17, 129), (8, 64), (3, 50000)])
+def test_inverse_cdf_draws_the_running_sums_index_bit_for_bit(B, V):
+    """The kernel's index and total against torch's fp64 cumsum + searchsorted: random targets, targets placed
+    exactly on a running sum (the ``>`` edge), rows with zero weights (never picked), peaked and flat rows, groups
+    of rows not a multiple of the kernel's 8, widths not a multiple of its 64-wide blocks, 1 and 2 threads."""
+    assert cpu_kernels.kernel() is not None, cpu_kernels._STATE
+    gen = torch.Generator().manual_seed(B * 1000 + V)
+    n = torch.get_num_threads()
+    try:
+        for scale in (0.01, 3.0, 40.0):
+            logits = torch.randn(B, V, generator=gen) * scale
+            logits[:, 1::5] = torch.finfo(torch.float32).min  # outside the support: weight exactly 0
+            w = torch.log_softmax(logits, -1).exp()
+            want_r = torch.rand(B, generator=gen, dtype=torch.float64)
+            ref, c = _running_sum_draw(w, want_r)
+            on_edge = (c[:, V // 2] / c[:, -1]).contiguous()  # r * total lands on (or next to) a running sum
+            ref_edge, _ = _running_sum_draw(w, on_edge)
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                totals = torch.empty(B, dtype=torch.float64)
+                got = cpu_kernels.inverse_cdf(w, want_r, totals)
+                assert torch.equal(got, ref), (scale, threads, got, ref)
+                assert torch.equal(totals, c[:, -1]), (scale, threads)
+                assert torch.equal(cpu_kernels.inverse_cdf(w, on_edge), ref_edge), (scale, threads)
+                if V > 1:
+                    assert not bool((got % 5 == 1).any()), "a zero-weight token was drawn"
+    finally:
+        torch.set_num_threads(n)
+
+
+@needs_cxx
+def test_inverse_cdf_refuses_what_it_does_not_take():
+    """Other dtypes or layouts fall back (None), they are never read wrongly."""
+    assert cpu_kernels.kernel() is not None
+    w = torch.rand(4, 10)
+    r = torch.rand(4, dtype=torch.float64)
+    assert cpu_kernels.inverse_cdf(w.double(), r) is None
+    assert cpu_kernels.inverse_cdf(w, r.float()) is None
+    assert cpu_kernels.inverse_cdf(w.t(), r) is None
+    assert cpu_kernels.inverse_cdf(w, r[:3]) is None
+
+
+@needs_cxx
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_engine_samples_the_same_tokens_with_and_without_the_draw_kernel(monkeypatch, temperature, top_p):
+    """Two engines of one seed, one drawing through the kernel and one through torch's cumsum: the same tokens and
+    logprobs over a whole generation (the kernel changes no sample)."""
+    from rollyard.rollout.engine import RolloutEngine
+    from rollyard.types import Request
+
+    model = build_preset("tiny", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
+    reqs = [Request(f"p{i}", list(range(5 + i, 12 + 2 * i)), n=4, max_new_tokens=20) for i in range(3)]
+    outs, used = [], []
+    real = cpu_kernels.inverse_cdf
+    for on in (True, False):
+        def draw(*a, _on=on, **k):
+            got = real(*a, **k) if _on else None
+            used.append(got is not None)
+            return got
+        monkeypatch.setattr(cpu_kernels, "inverse_cdf", draw)
+        eng = RolloutEngine(model, eos_token_id=-1, temperature=temperature, top_p=top_p, seed=3)
+        samples, _ = eng.generate(reqs)
+        outs.append(sorted((s.id, s.completion_ids, s.logprobs) for s in samples))
+        eng.close()
+    assert any(used) and not all(used)
+    assert outs[0] == outs[1]

@@ -486,3 +486,56 @@ void rollyard_adamw_f32_zero_grad(float* p, float* m, float* v, int64_t n, float
         v[i] = vi;
     }
 }
+
+// ---- the rollout's draw: inverse CDF over unnormalised weights -------------------------------------------------
+// Row b of ``w [rows, V]`` (non-negative floats): the running sum c_i = w_0 + ... + w_i in double, added in index
+// order (torch's CPU cumsum of the fp64 weights: one double accumulator, each float widened exactly), the target
+// u = r[b] * c_{V-1}, and the first i with c_i > u (V - 1 if none): ``searchsorted(c, u, right=True)`` clamped,
+// the same index bit for bit. Two things make it cheaper than cumsum + searchsorted, without changing one sum:
+// - no [rows, V] fp64 copy nor running-sum tensor: the sums are read as they are made;
+// - eight rows at a time, one accumulator each: eight independent chains of adds where one row's chain waits on
+//   each add's latency. The running sum is kept at the end of every block of 64; the search scans those, then
+//   re-adds the one block from its start, which repeats the same adds from the same value.
+// ``totals`` (may be NULL): each row's c_{V-1}.
+extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V, const double* r, int64_t* out,
+                                         double* totals, int threads) {
+    constexpr int R = 8;
+    constexpr int64_t BLK = 64;
+    const int64_t nb = (V + BLK - 1) / BLK, groups = (rows + R - 1) / R;
+#pragma omp parallel num_threads(threads) if (rows * V >= (1 << 17))
+    {
+        double* ends = new double[R * nb];
+#pragma omp for schedule(static)
+        for (int64_t gi = 0; gi < groups; gi++) {
+            const int64_t r0 = gi * R;
+            const int n = (int)(rows - r0 < R ? rows - r0 : R);
+            const float* row[R];
+            for (int k = 0; k < R; k++) row[k] = w + (r0 + (k < n ? k : n - 1)) * V;  // short group: repeats
+            double acc[R] = {};
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t hi = (b + 1) * BLK < V ? (b + 1) * BLK : V;
+                for (int64_t i = b * BLK; i < hi; i++)
+                    for (int k = 0; k < R; k++) acc[k] += (double)row[k][i];
+                for (int k = 0; k < R; k++) ends[k * nb + b] = acc[k];
+            }
+            for (int k = 0; k < n; k++) {
+                const double* e = ends + k * nb;
+                const double u = r[r0 + k] * e[nb - 1];
+                if (totals) totals[r0 + k] = e[nb - 1];
+                int64_t b = 0;
+                while (b < nb && !(e[b] > u)) b++;
+                int64_t pick = V - 1;
+                if (b < nb) {
+                    double c = b ? e[b - 1] : 0.0;
+                    const int64_t hi = (b + 1) * BLK < V ? (b + 1) * BLK : V;
+                    for (int64_t i = b * BLK; i < hi; i++) {
+                        c += (double)row[k][i];
+                        if (c > u) { pick = i; break; }
+                    }
+                }
+                out[r0 + k] = pick;
+            }
+        }
+        delete[] ends;
+    }
+}
