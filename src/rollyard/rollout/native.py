@@ -22,6 +22,17 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
+def _copy_slots(dst: torch.Tensor, src: torch.Tensor, pairs: list[tuple[int, int]], width: int) -> None:
+    """``dst[:, :, d, :, :width] = src[:, :, s, :, :width]`` for each ``(d, s)`` in order, one strided copy per slot.
+    Not one advanced-indexing assignment: that gathers every source slot into a new tensor first and scatters it
+    back, ~10x the time of these copies (SmolLM2's 28 forked slots of a 45-token prompt: 35 ms against 3.3 ms,
+    one thread)."""
+    if width:
+        for d, s in pairs:
+            if d != s or dst is not src:
+                dst[:, :, d, :, :width].copy_(src[:, :, s, :, :width])
+
+
 class NativeBackend:
     """Fast path: a static slot cache and the model family's fast forward."""
 
@@ -57,10 +68,8 @@ class NativeBackend:
         """New cache of R slots x W positions; active sequences move (compacted) to slots 0..a-1."""
         new = self.fwd.new_cache(R, W)
         if active:
-            old = torch.tensor([s.slot for s in active], device=new.device)
             wc = min(W, self.W, max(s.length for s in active))
-            if wc:
-                new[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
+            _copy_slots(new, self.kv, [(i, s.slot) for i, s in enumerate(active)], wc)
             for i, s in enumerate(active):
                 s.slot = i
         self.kv, self.R, self.W = new, R, W
@@ -107,12 +116,11 @@ class NativeBackend:
     def _compact(self, active: list[_Seq]) -> None:
         """Move the active sequences to slots 0..a-1 within the same cache (no new allocation).
 
-        The right-hand side gathers a copy first, so overlapping source and destination slots are
-        safe; the slots left behind keep stale (finite) entries, masked out like any garbage."""
-        old = torch.tensor([s.slot for s in active], device=self.kv.device)
-        wc = max(s.length for s in active)
-        if wc:
-            self.kv[:, :, :len(active), :, :wc] = self.kv[:, :, old, :, :wc]
+        Slot by slot in ascending order: survivor i moves from slot ``s_i >= i`` (the slots are sorted), and no
+        later survivor's source is an earlier destination (``s_j > s_i >= i`` for ``j > i``), so nothing is
+        overwritten before it is read; the slots left behind keep stale (finite) entries, masked out like any
+        garbage."""
+        _copy_slots(self.kv, self.kv, [(i, s.slot) for i, s in enumerate(active)], max(s.length for s in active))
         for i, s in enumerate(active):
             s.slot = i
         self.free = list(range(len(active), self.R))
@@ -126,9 +134,7 @@ class NativeBackend:
         return self.fwd.prefill(toks, self.kv, torch.tensor(slots, device=dev), last)
 
     def fork(self, src: list[int], dst: list[int], P: int) -> None:
-        if dst:
-            dev = self.kv.device
-            self.kv[:, :, torch.tensor(dst, device=dev), :, :P] = self.kv[:, :, torch.tensor(src, device=dev), :, :P]
+        _copy_slots(self.kv, self.kv, list(zip(dst, src)), P)
 
     def snapshot(self, slot: int, P: int):
         return self.kv[:, :, slot, :, :P].clone()
