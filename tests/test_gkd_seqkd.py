@@ -187,21 +187,28 @@ def test_seq_kd_step_equals_trls_gkd_trainer(trl_pair, beta):
 # ------------------------------------------------------------------------------------ the run
 
 
-def test_seq_kd_run_trains_on_the_teachers_completions_and_review_passes(tmp_path):
-    """algo.gkd_seq_kd with lmbda=0 end to end at temperature 0: every trained sample is the teacher's greedy
-    completion of its prompt (the teacher here runs into EOS at once, the student to the 6-token cap), the
-    teacher_logprobs edge counts the trained tokens, and review passes."""
+@pytest.fixture(scope="module")
+def eos_teacher(tmp_path_factory):
+    """An exported tiny teacher whose every greedy completion is EOS alone (one token per completion)."""
+    out = tmp_path_factory.mktemp("seq_kd_teacher") / "teacher"
     tok = char_tokenizer()
     teacher = build_preset("tiny", tok, seed=11, max_position_embeddings=48)
-    with torch.no_grad():  # a teacher whose every greedy completion is EOS alone: one large residual feature, read
-        emb = teacher.model.embed_tokens.weight  # by the tied head with EOS's row twice any other's
+    with torch.no_grad():  # one large residual feature, read by the tied head with EOS's row twice any other's
+        emb = teacher.model.embed_tokens.weight
         assert teacher.lm_head.weight is emb
         emb[:, 0] = 30.0
         emb[tok.eos_token_id, 0] = 60.0
-    export(teacher, tok, tmp_path / "teacher")
+    export(teacher, tok, out)
+    return out
+
+
+def test_seq_kd_run_trains_on_the_teachers_completions_and_review_passes(tmp_path, eos_teacher):
+    """algo.gkd_seq_kd with lmbda=0 end to end at temperature 0: every trained sample is the teacher's greedy
+    completion of its prompt (the teacher here runs into EOS at once, the student to the 6-token cap), the
+    teacher_logprobs edge counts the trained tokens, and review passes."""
     run = tmp_path / "run"
     assert main(["train", *TINY, "algo.objective=gkd", "algo.gkd_lmbda=0.0", "algo.gkd_seq_kd=true",
-                 "algo.gkd_top_k=4", "rollout.temperature=0", f"teacher.model={tmp_path / 'teacher'}", "steps=2",
+                 "algo.gkd_top_k=4", "rollout.temperature=0", f"teacher.model={eos_teacher}", "steps=2",
                  f"out_dir={run}"]) == 0
     rows = list(rundir.read_jsonl(run / rundir.METRICS))
     traffic = [t["bytes"] for t in rundir.read_jsonl(run / rundir.TRAFFIC) if t["edge"] == "teacher_logprobs"]
@@ -210,6 +217,46 @@ def test_seq_kd_run_trains_on_the_teachers_completions_and_review_passes(tmp_pat
     assert traffic == [(4 + 8 * 4) * 8] * 2
     assert all(r["train/gkd_jsd"] >= 0 and abs(r["train/logprob_diff"]) < 1e-4 for r in rows)
     assert main(["review", str(run)]) == 0
+
+
+def test_seq_kd_run_records_the_teachers_sampling_as_its_own_span(tmp_path, eos_teacher, capsys):
+    """lmbda=0.5 over 4 steps of 2 prompts: each step with a prompt drawn off-policy (``algo/gkd.on_policy`` of the
+    step's request ids, as the train span lists them) has one ``teacher_sample`` span of non-zero duration, inside the
+    step's scoring, before the ``teacher`` span, with the sequences (4 per off-policy prompt) and tokens (1 each:
+    the teacher's completion is EOS) sampled; a step with none has none. It is in trace.json, in the step's
+    metrics (time/teacher_sample) and in review's phase listing."""
+    import json
+
+    from rollyard.algo import gkd
+
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "algo.objective=gkd", "algo.gkd_lmbda=0.5", "algo.gkd_seq_kd=true",
+                 "algo.gkd_top_k=4", "rollout.temperature=0", f"teacher.model={eos_teacher}", "steps=4", "seed=1",
+                 f"out_dir={run}"]) == 0
+    spans = list(rundir.read_jsonl(run / rundir.SPANS))
+    rows = {r["step"]: r for r in rundir.read_jsonl(run / rundir.METRICS)}
+    sampled = 0
+    for step in range(4):
+        mine = [s for s in spans if s["step"] == step]
+        (train,) = [s for s in mine if s["role"] == "train"]
+        off = [q for q in train["requests"] if not gkd.on_policy(q, 1, 0.5)]
+        got = [s for s in mine if s["role"] == "teacher_sample"]
+        if not off:
+            assert not got and "time/teacher_sample" not in rows[step]
+            continue
+        sampled += 1
+        (span,) = got
+        (teacher,) = [s for s in mine if s["role"] == "teacher"]
+        (reward,) = [s for s in mine if s["role"] == "reward"]
+        assert span["end"] > span["start"] >= reward["end"] and span["end"] <= teacher["start"]
+        assert (span["sequences"], span["tokens"]) == (4 * len(off), 4 * len(off))
+        assert rows[step]["time/teacher_sample"] == pytest.approx(span["end"] - span["start"])
+    assert 0 < sampled < 4  # both kinds of step occur
+    trace = json.loads((run / rundir.TRACE).read_text())["traceEvents"]
+    assert sum(1 for e in trace if e.get("cat") == "teacher_sample" and e["dur"] > 0) == sampled
+    capsys.readouterr()
+    assert main(["review", str(run)]) == 0
+    assert "teacher_sample" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------ TRL's name and bad input

@@ -201,7 +201,8 @@ def score_rewarded(run: RunRecord, r: Roles, step: int, samples: list[Sample]) -
     if r.teacher is not None and trained:  # the distillation teacher's log-probs (placement/teacher.py)
         if cfg.algo.objective == "gkd":  # GKD's lmbda: some groups train on the dataset's reference completion
             trained = teacher_placement.with_references(r.teacher, r.trainer, trained, cfg.seed, cfg.algo.gkd_lmbda,
-                                                        cfg.rollout.max_new_tokens, r.context, run.state.version)
+                                                        cfg.rollout.max_new_tokens, r.context, run.state.version,
+                                                        telemetry=tel, step=step)  # seq_kd: span teacher_sample
         with tel.span("teacher", step, placement=cfg.teacher.placement):
             for span in r.teacher.fill(r.trainer, trained, step):
                 tel.record(span)

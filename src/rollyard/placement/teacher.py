@@ -17,6 +17,7 @@ tokenize as the student does: its log-probabilities are of the student's token i
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 from rollyard import sft
@@ -156,20 +157,29 @@ def reference_completions(cfg: RunConfig, tokenizer, prompts: list) -> dict[str,
 
 
 def with_references(teacher, trainer, samples: list[Sample], seed: int, lmbda: float, max_new_tokens: int,
-                    context: int, version: int) -> list[Sample]:
+                    context: int, version: int, telemetry=None, step: int = 0) -> list[Sample]:
     """GKD's ``lmbda``: ``samples`` with each group drawn off-policy (``algo/gkd.on_policy``) trained on the dataset's
     reference completion instead of the student's samples (every sample of the group becomes a copy with that
     completion, so a prompt weighs the same either way), or with ``algo.gkd_seq_kd`` (``teacher.sampler`` set) on
     the teacher's own samples, one per sample of the group (``teacher_sampler.py``); cut to ``max_new_tokens`` and
     the context. The copies' rollout log-probs are the trainer's own (one no-grad pass: no importance-sampling gap,
     none of their tokens was the student's sample), their version ``version``. The scored samples (their rewards, the
-    step's metrics) are left as sampled."""
+    step's metrics) are left as sampled. With ``telemetry``, the teacher's sampling (when any sample is off-policy)
+    is its span ``teacher_sample`` of ``step`` (fields: ``sequences`` sampled, ``tokens`` generated)."""
     if lmbda >= 1.0:
         return samples
     off = [s for s in samples if not gkd.on_policy(s.request_id, seed, lmbda)]
     room = {s.id: max(1, min(max_new_tokens, context - len(s.prompt_ids))) for s in off}
     sampler = getattr(teacher, "sampler", None)
-    got = sampler.complete(off, max_new_tokens, context) if sampler is not None else _references(teacher, off, room)
+    if sampler is None:
+        got = _references(teacher, off, room)
+    elif not off:
+        got = {}
+    else:  # the teacher decodes in this process, on the step's critical path: its own span
+        span = telemetry.span("teacher_sample", step, sequences=len(off)) if telemetry is not None else nullcontext({})
+        with span as fields:
+            got = sampler.complete(off, max_new_tokens, context)
+            fields["tokens"] = sum(len(ids) for ids, _, _ in got.values())
     out, fresh = [], []
     for s in samples:
         if s.id not in got:

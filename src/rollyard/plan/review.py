@@ -380,7 +380,7 @@ def _with_shape(run: Run, data: dict) -> dict:
 MEMORY_TOLERANCE = 0.5
 MEMORY_KEY = "memory_peak_gb"  # summary.json: {role: GB}; metrics.jsonl: memory/<role>_peak_gb per step
 GPU_MEMORY_KEY = "memory_gpu_peak_gb"  # on CUDA: PyTorch's device memory; memory/<role>_gpu_peak_gb per step
-TRAINER_ROLES = ("train", "trainer", "reference", "teacher", "algorithm")
+TRAINER_ROLES = ("train", "trainer", "reference", "teacher", "teacher_sample", "algorithm")
 
 
 def measured_memory(run: Run, gpu: bool = False) -> dict[str, float]:

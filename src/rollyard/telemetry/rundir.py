@@ -57,8 +57,10 @@ PLOTS = "plots"
 CHECKPOINTS = "checkpoints"
 MODEL = "model"
 
-# The roles that get a span every step (seed 002: per-role wall-clock attribution).
-ROLES = ("rollout", "reward", "reference", "teacher", "algorithm", "train", "sync")
+# The roles that get a span every step (seed 002: per-role wall-clock attribution), in the step's order; a run has
+# the ones its settings use (reference: a KL term; teacher: a distillation objective; teacher_sample: GKD's seq_kd,
+# the steps where the teacher samples completions).
+ROLES = ("rollout", "reward", "reference", "teacher_sample", "teacher", "algorithm", "train", "sync")
 
 # Every edge of the step's data path (runbook step 1): name -> (source, destination, payload,
 # trigger). The traffic ledger has one row per edge per step; the planner predicts the same names.
