@@ -259,6 +259,119 @@ def test_seq_kd_run_records_the_teachers_sampling_as_its_own_span(tmp_path, eos_
     assert "teacher_sample" in capsys.readouterr().out
 
 
+# ------------------------------------------------------------------------------------ the plan and review
+
+
+def test_plan_prices_the_teachers_sampling_by_the_decode_model(capsys):
+    """phases.teacher_sample_share = 0.5: the teacher decodes half the step's sequences inline, serial with the trainer's
+    step, by the rollout's decode model with the teacher's weights. By hand: 256 x 8 = 2048 sequences, 1024 of them
+    over 8 trainer GPUs (replicas of tp 1) = 128 per replica, every completion 1000 tokens (the cap: the longest is
+    the cap), 256 slots: max(1000, 128 x 1000 / 256) = 1000 decode steps. HBM at 3.35e12 B/s: the teacher's weights
+    1e9 x 2 B read once per step, 2e9 x 1000 = 2e12 B; KV 196608 B per token of a mean context of 1000 / 2 tokens, per
+    sequence per step: 128 x 1000 x 196608 x 500 B; FLOPs 128 x 1000 x 2 x 1e9 at 989e12 are fewer (memory-bound);
+    the native engine's work per step on a GPU is 0. The colocated step and the trainer-bound disaggregated step grow
+    by exactly that; the term is its own phase, term by term in --json."""
+    import json
+
+    from rollyard.plan.command import plan_main
+    from rollyard.plan.inputs import load_plan
+    from rollyard.plan.planner import make_plan
+
+    base = ["phases.rollout_s=10", "phases.train_s=20", "phases.use_reference=false", "phases.teacher_params=1e9",
+            "phases.teacher_s=5", "rollout.avg_tokens=1000", "tail.max_tokens=1000", "phases.teacher_sample_tokens=1000",
+            "sync.receiver=none", "sync.fixed_s=0"]
+    weights = 1e9 * 2 * 1000 / 3.35e12
+    kv = 128 * 1000 * 196608 * 500 / 3.35e12
+    assert 128 * 1000 * 2 * 1e9 / 989e12 < weights + kv
+    want = weights + kv
+    for placement in ("colocated", "disaggregated"):
+        plain = make_plan(load_plan(None, [*base, f"placement={placement}"]))
+        kd = make_plan(load_plan(None, [*base, f"placement={placement}", "phases.teacher_sample_share=0.5"]))
+        assert plain.phases.teacher_sample == 0 and kd.phases.teacher_sample == pytest.approx(want, rel=1e-9)
+        grown = kd.sims[placement].period_s - plain.sims[placement].period_s
+        assert grown == pytest.approx(want, rel=1e-6), placement  # disaggregated: 5 + 20 + 4.35 s > 10 s rollout
+        assert kd.phases.reference == plain.phases.reference and kd.phases.train == plain.phases.train
+    kd = [*base, "phases.teacher_sample_share=0.5"]
+    assert plan_main([*kd, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    terms = {k: v for k, v in doc["phases"]["terms"].items() if k.startswith("teacher_sample: ")}
+    assert terms == pytest.approx({"teacher_sample: the teacher's weight reads (one per decode step)": weights,
+                                   "teacher_sample: the teacher's KV reads": kv}, rel=1e-9)
+    assert doc["phases"]["teacher_sample"] == pytest.approx(want) and doc["step_budget"]["teacher_sample"] == pytest.approx(want)
+    assert "decodes 0.5 of the 2048 sequences" in doc["phases"]["source"]["teacher_sample"]
+    assert plan_main(kd) == 0
+    def phase_table(out: str) -> str:
+        return out.split("Phase times per step")[1].split("Steps per hour")[0]
+
+    table = phase_table(capsys.readouterr().out)
+    assert "teacher_sample" in table and "the teacher's KV reads" in table
+    assert plan_main(base) == 0
+    assert "teacher_sample" not in phase_table(capsys.readouterr().out)  # no seq_kd: no row
+
+
+@pytest.fixture(scope="module")
+def sampling_run(tmp_path_factory):
+    """A 4-step seq_kd run at lmbda=0.5 whose teacher (the tiny preset) samples to the 6-token cap."""
+    run = tmp_path_factory.mktemp("seq_kd_review") / "run"
+    assert main(["train", *TINY, "algo.objective=gkd", "algo.gkd_lmbda=0.5", "algo.gkd_seq_kd=true",
+                 "rollout.temperature=0", "teacher.model=tiny", "steps=4", "seed=1", f"out_dir={run}"]) == 0
+    return run
+
+
+def test_review_holds_the_teachers_sampling_to_its_budget(sampling_run, tmp_path, capsys):
+    """The run-implied plan reads seq_kd from the config (share 1 - lmbda = 0.5) and the measured teacher_sample
+    seconds; a plan calibrated from the run budgets the phase at its measured mean and review passes; a plan that
+    budgets twenty times it flags teacher_sample under budget and fails, as any phase (two-sided); the estimate (no measured
+    seconds) budgets the decode model's terms, listed with the phase."""
+    import json
+
+    import yaml
+
+    from rollyard.plan.command import plan_main, review_main
+    from rollyard.plan.review import FAIL, PASS, phase_seconds, plan_from_run, read_run, review, steady
+
+    run = read_run(sampling_run)
+    per = steady(phase_seconds(run.spans))["teacher_sample"]
+    measured = sum(per) / len(per)
+    assert measured > 0
+    implied = plan_from_run(run).phases
+    assert implied.teacher_sample_share == 0.5 and implied.teacher_sample_s == pytest.approx(measured)
+    assert implied.teacher_sample_tokens == 6  # the tiny teacher runs every completion to the cap
+
+    out = tmp_path / "cal"
+    assert plan_main(["--calibrate-from", str(sampling_run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    data = yaml.safe_load((out / "plan.yaml").read_text())
+
+    def held(phases: dict, name: str, tolerance=None):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({**data, "phases": {**data["phases"], **phases}}))
+        rv = review(sampling_run, path, tolerance)
+        row = next(p for p in rv.phases if p["role"] == "teacher_sample")
+        item = next(v for v in rv.verification if v["item"] == "Measured step breakdown matches the budget")
+        return path, row, item
+
+    path, row, item = held({}, "calibrated")
+    assert row["budget_s"] == pytest.approx(measured) and not row["flag"]
+    assert item["result"] == PASS, item
+    assert review_main([str(sampling_run), "--plan", str(path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip("│ ").startswith("teacher_sample"))
+    assert f"{measured:.4g}" in line and "-" not in line.split("│")[6], line  # a budget in its column
+
+    # twenty times the measured seconds: far under its budget at a 20% tolerance (the 1% noise floor is ~25 ms here)
+    _, row, item = held({"teacher_sample_s": 20 * measured}, "twenty", tolerance=0.2)
+    assert row["budget_s"] == pytest.approx(20 * measured)
+    assert row["flag"] and row["direction"] == "under" and item["result"] == FAIL
+    assert "teacher_sample" in item["evidence"] and not held({}, "tight", tolerance=0.2)[1]["flag"]
+
+    _, row, _ = held({"teacher_sample_s": None}, "estimated")
+    assert row["budget_s"] > 0 and row["budget_s"] == pytest.approx(sum(row["terms"].values()))
+    assert "the teacher's engine work per decode step" in row["terms"] or "the teacher's KV reads" in row["terms"]
+    assert review_main([str(sampling_run), "--plan", str(path), "--json"]) in (0, 1)
+    doc = json.loads(capsys.readouterr().out)
+    assert next(p for p in doc["phases"] if p["role"] == "teacher_sample")["budget_s"] == pytest.approx(measured)
+
+
 # ------------------------------------------------------------------------------------ TRL's name and bad input
 
 

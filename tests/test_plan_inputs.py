@@ -38,6 +38,17 @@ def run_plan(capsys, *argv):
     (["trainer.pp=2", "trainer.tp=8"], ["2 x 8 = 16 exceeds the trainer's 8 GPUs", "lower trainer.pp or trainer.tp"]),
     (["trainer.ep=16", "trainer.gpus=12"], ["1 x 16 = 16 exceeds the trainer's 12 GPUs", "trainer.ep"]),
     (["trainer.pp=8", "policy.layers=4"], ["trainer.pp = 8 exceeds policy.layers = 4", "trainer.pp <= 4"]),
+    # the teacher's sampling (GKD's seq_kd)
+    (["phases.teacher_sample_share=1.5"], ["phases.teacher_sample_share", "less than or equal to 1"]),
+    (["phases.teacher_sample_share=true"], ["phases.teacher_sample_share", "yes/no value"]),
+    (["phases.teacher_sample_share=0.5"], ["teacher_sample_share = 0.5 with phases.teacher_params = 0", "no teacher"]),
+    (["phases.teacher_sample_share=0.5", "phases.teacher_params=1e9", "phases.teacher_placement=pool"],
+     ["phases.teacher_placement = 'pool'", "set phases.teacher_placement = 'inline'"]),
+    (["phases.teacher_params=1e9", "phases.teacher_sample_s=3"], ["teacher_sample_s = 3 with phases.teacher_sample_share = 0"]),
+    (["phases.teacher_sample_s=-1"], ["phases.teacher_sample_s", "greater than or equal to 0"]),
+    (["phases.teacher_sample_tokens=0"], ["phases.teacher_sample_tokens", "greater than 0"]),
+    (["phases.teacher_sample_tokens=20000"], ["teacher_sample_tokens = 20000 exceeds tail.max_tokens = 16384",
+                                              "at least 20000"]),
 ])
 def test_bad_plan_inputs_are_one_line_with_the_fix(capsys, argv, words):
     code, out, err = run_plan(capsys, "--defaults", *argv)

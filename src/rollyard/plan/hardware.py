@@ -12,6 +12,8 @@ Phase times are functions of the GPUs a pool gets:
   for a reference forward, at peak x MFU); a measured time scales to other pool sizes by Amdahl's law
   with ``trainer.serial_fraction`` (``mechanisms.amdahl_s``; 0 = time x GPUs constant);
 - reward: CPU verifiers, independent of the GPU split (on the rollout side unless streamed);
+- the teacher's sampling (GKD's seq_kd, ``phases.teacher_sample_share``): the decode model with the teacher's
+  weights on the trainer's GPUs, serial with the trainer's step (``teacher_sample_terms``);
 - algorithm (advantages, loss bookkeeping): a given time on the trainer side, independent of the split.
 
 ``split_table`` evaluates colocated on G, and disaggregated and async at every split of G into whole
@@ -331,6 +333,58 @@ def teacher_s(p: PlanInputs, gpus: int) -> float:
     return 2 * ph.teacher_params * train_tokens(p, skipping=False) / (trainer_flops(p) * gpus)
 
 
+TEACHER_SAMPLE = "teacher_sample"
+
+
+def teacher_decode_on(p: PlanInputs, gpus: int) -> M.Decode | None:
+    """What one replica of the teacher decodes per step (GKD's seq_kd: ``phases.teacher_sample_share``), on ``gpus``
+    trainer GPUs: the rollout's decode model (``M.replica_decode``) with the teacher's weights. The share's sequences
+    (``share x prompts x samples``) over replicas of ``trainer.tp`` GPUs (the trainer's tensor-parallel group), each
+    holding the whole teacher at ``policy.bytes_per_param``; a completion of ``phases.teacher_sample_tokens``
+    (else ``rollout.avg_tokens``) mean, its longest from the tail's lognormal (``tail.sigma``, cut at
+    ``tail.max_tokens``); the policy's KV bytes per token (same tokenizer, the plan has no teacher layout); the
+    rollout's slots (``rollout.concurrency``: the sampler runs with ``rollout.max_concurrent``) and decode rates
+    (``rollout.mem_bandwidth``, ``rollout.peak_flops``); the engine's work per step: rollyard's native engine's
+    (``rollout.step_overhead_s`` when the rollout is native, else ``STEP_OVERHEAD_S["native"]`` on a GPU, 0 on a
+    CPU). None when the teacher samples nothing."""
+    ph, ro = p.phases, p.rollout
+    n = ph.teacher_sample_share * sequences(p)
+    if n <= 0 or ph.teacher_params <= 0:
+        return None
+    mean = ph.teacher_sample_tokens or ro.avg_tokens
+    longest_t = M.expected_longest(math.ceil(n), mean=mean, sigma=p.tail.sigma, cap=p.tail.max_tokens)
+    overhead = (ro.step_overhead_s if ro.backend == "native" and ro.step_overhead_s is not None else
+                STEP_OVERHEAD_S["native"] if ro.device == "gpu" else 0.0)
+    tp = min(p.trainer.tp, gpus)
+    return M.replica_decode(sequences_total=n, gpus=gpus, tp=tp, mean_len=mean, longest=longest_t,
+                            concurrency=ro.concurrency, weight_bytes=ph.teacher_params * p.policy.bytes_per_param,
+                            kv_bytes_per_token=ro.kv_bytes_per_token, prompt_tokens=ro.prompt_tokens,
+                            mem_bw=ro.mem_bandwidth, flops_per_token=2 * ph.teacher_params,
+                            peak_flops=ro.peak_flops or p.trainer.peak_flops, step_overhead_s=overhead)
+
+
+def teacher_sample_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
+    """The teacher's decoding per step on ``gpus`` trainer GPUs, term by term (``teacher_decode_on``, a synchronous
+    round: ``M.Decode.round_terms``), keys ``"teacher_sample: the teacher's ..."``; {} when it samples nothing or a
+    measured ``phases.teacher_sample_s`` replaces the estimate."""
+    d = teacher_decode_on(p, gpus)
+    if d is None or p.phases.teacher_sample_s is not None:
+        return {}
+    return {f"{TEACHER_SAMPLE}: the teacher's {k}": v for k, v in d.round_terms(M.round_steps(d)).items()}
+
+
+def teacher_sample_s(p: PlanInputs, gpus: int) -> float:
+    """The teacher's sampling per step on ``gpus`` trainer GPUs (inline: serial with the step, before its scoring):
+    a given ``phases.teacher_sample_s`` (Amdahl's law from ``phases.gpus``), else the sum of
+    ``teacher_sample_terms``; 0 when the teacher samples nothing."""
+    ph = p.phases
+    if ph.teacher_sample_share <= 0:
+        return 0.0
+    if ph.teacher_sample_s is not None:
+        return M.amdahl_s(ph.teacher_sample_s, ph.gpus or trainer_gpus(p), gpus, p.trainer.serial_fraction)
+    return sum(teacher_sample_terms(p, gpus).values())
+
+
 def model_shard_params(p: PlanInputs, gpus: int) -> float:
     """Parameters one trainer GPU holds: Megatron's layout when trainer.tp, pp or ep is set (each stage's dense
     weights over tp, its experts over ep (dense FFNs over tp); the FFN/expert share ``mechanisms.bulk_fraction``),
@@ -431,7 +485,7 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     reward = reward_on_rollout_side(p)
     stream = p.trainer.minibatches if p.phases.train_streamed else 0
     algo = p.phases.algorithm_s  # advantages / loss bookkeeping: on the trainer side, as in the simulator
-    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + train_s(p, G) + algo
+    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + teacher_sample_s(p, G) + train_s(p, G) + algo
     tr_colo = tr + offload_s(p, G)  # colocated: the trainer's state leaves the GPUs for generation and comes back
     ro_colo = ro + engine_sleep_s(p)  # and the engine's weights leave them for training
     colo = M.PoolSplit("colocated", G, G, ro_colo, tr_colo, reload_s, M.colocated_step_s(ro_colo, 0.0, tr_colo, reload_s))
@@ -443,11 +497,12 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
             gr, gt = replicas * tp, G - replicas * tp
             if placement == "async":
                 ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
-                tr = (0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + train_s(p, gt) + algo
+                tr = ((0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + teacher_sample_s(p, gt)
+                      + train_s(p, gt) + algo)
                 step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             else:
                 ro = rollout_s(p, gr, lengths=lengths) + reward
-                tr = reference_s(p, gt) + train_s(p, gt) + algo
+                tr = reference_s(p, gt) + teacher_sample_s(p, gt) + train_s(p, gt) + algo
                 step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             return M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step)
 

@@ -318,6 +318,9 @@ class PhasesSection(Section):
     teacher_params: float = Field(0.0, ge=0, le=1e15, description="on-policy distillation (rollyard's algo.objective=distill | rl+distill): the teacher's active parameters [count], whose forward scores every sampled token (2 x P_teacher x tokens on the trainer GPUs, or on its own pool); 0 = no teacher")
     teacher_s: float | None = Field(None, ge=0, le=1e9, description="the teacher's forward per step [s] (on phases.gpus); null = estimated as 2 x teacher_params x tokens over trainer FLOP/s")
     teacher_top_k: int = Field(0, ge=0, le=1_000_000, description="GKD (rollyard's algo.objective=gkd, algo.gkd_top_k): the teacher also sends its k most likely tokens per completion token, an int32 id and an fp32 log-prob each; 0 = the sampled tokens' log-probs only")
+    teacher_sample_share: float = Field(0.0, ge=0, le=1, description="GKD's sequence-level KD (rollyard's algo.gkd_seq_kd, TRL's seq_kd): the share of the step's sequences whose completions the teacher generates before it scores them [fraction] (1 - algo.gkd_lmbda: the off-policy prompts, one completion per sample); the teacher decodes them with rollyard's engine on the trainer's GPUs, serial with the step (hardware.teacher_sample_terms: the decode model with the teacher's weights); needs phases.teacher_params > 0 and teacher_placement = inline; 0 = the teacher only scores")
+    teacher_sample_tokens: float | None = Field(None, gt=0, le=MAX_TOKENS, description="mean tokens of a completion the teacher generates [tokens] (a run's teacher_sample spans: tokens / sequences); null = rollout.avg_tokens")
+    teacher_sample_s: float | None = Field(None, ge=0, le=1e9, description="the teacher's sampling per step [s] (on phases.gpus; a run's mean teacher_sample span per step, 0 in steps that drew no prompt off-policy); null = estimated from phases.teacher_sample_share by the decode model")
     teacher_placement: Literal["inline", "pool"] = Field("inline", description="where the teacher's forward runs (rollyard's teacher.placement): inline on the trainer's critical path, holding the teacher in the trainer's memory; pool on its own actors overlapped with rollout and training (split placements; colocated keeps it inline)")
     reference_placement: Literal["inline", "pool", "fused"] = Field("inline", description="where the reference forward runs (rollyard's reference.placement): inline and fused on the trainer's critical path, fused holding no reference copy (LoRA: the base with the adapter off); pool on its own actors overlapped with rollout and training (split placements: off the trainer's path and its memory; colocated keeps it inline)")
     async_rollout_logprobs: bool = Field(False, description="async: the trainer takes the rollout engine's logprobs as the old logprobs (verl fully-async's default), so the trainer pool runs no old-logprob/reference forward")
@@ -443,9 +446,33 @@ class PlanInputs(Section):
                              f"{max(self.phases.train_s_measured)}: expected at most 1000 entries of at most {MAX_GPUS} "
                              f"GPUs; fix: give the pool sizes you measured, e.g. {{64 = 133.4}}")
         self._trainer_parallelism_fits()
+        self._teacher_sampling_fits()
         if self.sync.mode == "lora" and not self.policy.lora:
             raise ValueError("sync.mode = 'lora' needs policy.lora = true (only adapters can sync when only adapters train)")
         return self
+
+    def _teacher_sampling_fits(self) -> None:
+        """The teacher's sampling (phases.teacher_sample_*) needs a teacher held inline, and its time a share to
+        sample; its mean completion, like the rollout's, fits under the cap."""
+        ph = self.phases
+        if ph.teacher_sample_share > 0 and ph.teacher_params <= 0:
+            raise ValueError(f"phases.teacher_sample_share = {ph.teacher_sample_share:g} with phases.teacher_params = "
+                             f"0: there is no teacher to sample; fix: give the teacher's parameters (e.g. "
+                             f"phases.teacher_params = 7e9) or set phases.teacher_sample_share = 0")
+        if ph.teacher_sample_share > 0 and ph.teacher_placement != "inline":
+            raise ValueError(f"phases.teacher_sample_share = {ph.teacher_sample_share:g} with phases.teacher_placement "
+                             f"= {ph.teacher_placement!r}: the teacher samples beside the inline teacher, in the "
+                             f"trainer's process (rollyard refuses algo.gkd_seq_kd with teacher.placement=pool); fix: "
+                             f"set phases.teacher_placement = 'inline' or phases.teacher_sample_share = 0")
+        if ph.teacher_sample_s and ph.teacher_sample_share == 0:
+            raise ValueError(f"phases.teacher_sample_s = {ph.teacher_sample_s:g} with phases.teacher_sample_share = 0: "
+                             f"a time for sampling nothing; fix: give the share the teacher samples (1 - "
+                             f"algo.gkd_lmbda, e.g. phases.teacher_sample_share = 0.5) or drop phases.teacher_sample_s")
+        tokens = ph.teacher_sample_tokens
+        if tokens is not None and tokens > self.tail.max_tokens:
+            raise ValueError(f"phases.teacher_sample_tokens = {tokens:g} exceeds tail.max_tokens = "
+                             f"{self.tail.max_tokens}: the teacher's completions are cut at the same cap; fix: lower "
+                             f"phases.teacher_sample_tokens or raise tail.max_tokens to at least {math.ceil(tokens)}")
 
     def _trainer_parallelism_fits(self) -> None:
         """trainer.pp, tp and ep partition the trainer's GPUs (a stage holds >= 1 layer): a width above them

@@ -8,6 +8,8 @@
 - train: 6 x P_active x tokens FLOPs (forward 2, backward 4) / (sustained FLOP/s x trainer GPUs); a
   given time measured on other GPUs scales by Amdahl's law (``trainer.serial_fraction``).
 - reference: forward only, 2 x P_active x tokens on the trainer GPUs (a given one scales like train).
+- teacher_sample (GKD's seq_kd): the teacher generating ``phases.teacher_sample_share`` of the sequences, the
+  rollout's decode model with the teacher's weights on the trainer GPUs (``hardware.teacher_sample_terms``).
 - sync: the chosen mode's sync time (``mechanisms.sync_time``) per step; colocated: the reload of
   the weights into the engine's buffers at HBM bandwidth.
 """
@@ -29,6 +31,7 @@ class Phases:
     rollout: float
     reward: float
     reference: float
+    teacher_sample: float  # GKD's seq_kd: the teacher generating the off-policy share's completions (inline)
     algorithm: float
     train: float
     sync: float  # per step: one sync / every_steps (colocated: the engine reload)
@@ -111,9 +114,12 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     if H.teacher_s(p, gt):
         src["reference"] += (f" + the teacher's forward ({'given' if ph.teacher_s is not None else 'estimated'}: "
                              f"2 x {ph.teacher_params:.3g} x tokens)")
+    teacher_sample = H.teacher_sample_s(p, gt)
+    src["teacher_sample"] = _teacher_sample_words(p, gt)
     terms = {k: v for k, v in H.trainer_terms(p, gt).items()
              if not (k.startswith("train:") and measured_train)
              and not (k.startswith("reference:") and ph.reference_s is not None and "teacher" not in k)}
+    terms.update(H.teacher_sample_terms(p, gt))
     if ph.rollout_s is None:
         terms.update(H.rollout_terms(p, p.rollout.gpus, lengths))
         if placement == "async":  # the schedule the async placement prices instead of the round
@@ -131,9 +137,25 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
     src["sync"] = (f"one sync over {p.network.sync_link} (fixed + gather/wire/load), per {p.sync.every_steps} "
                    f"step(s); " + (f"{_slowest_side(sync_detail)}; " if sync_detail else "")
                    + f"receive path {receiver_words(p)}")
-    return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, algorithm=ph.algorithm_s,
+    return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, teacher_sample=teacher_sample,
+                  algorithm=ph.algorithm_s,
                   train=train, sync=sync_seconds / p.sync.every_steps, source=src,
                   terms={k: v for k, v in terms.items() if v > 0})
+
+
+def _teacher_sample_words(p: PlanInputs, gt: int) -> str:
+    """Where the teacher's sampling figure came from, in words (``hardware.teacher_decode_on``)."""
+    ph = p.phases
+    if ph.teacher_sample_share <= 0:
+        return "the teacher samples nothing (phases.teacher_sample_share = 0)"
+    if ph.teacher_sample_s is not None:
+        return "given" + (f" on {ph.gpus} GPUs, to {gt} by Amdahl's law" if ph.gpus and ph.gpus != gt else "")
+    d = H.teacher_decode_on(p, gt)
+    return (f"estimated: the teacher ({ph.teacher_params:.3g} parameters) decodes {ph.teacher_sample_share:g} of the "
+            f"{H.sequences(p)} sequences inline on the {gt} trainer GPUs, serial with the step: {d.sequences:g} "
+            f"sequences per replica of tp {d.tp}, mean {d.mean_len:g} tokens, longest {d.longest:.0f} x "
+            f"{d.weight_step_s * 1e3:.3g} ms weight read per decode step + KV {d.kv_s:.3g} s, against FLOPs "
+            f"{d.compute_s:.3g} s, + engine {d.step_overhead_s * 1e3:.3g} ms per step")
 
 
 def _slowest_side(t: M.SyncTime) -> str:

@@ -283,7 +283,7 @@ def run_sim(p: PlanInputs, ph: Phases, placement: str, sync_s: float) -> SimResu
     (colocated: the engine reload, serialized in the step)."""
     s = ph.seconds()
     return steady_state(placement, s["rollout"], s["train"], sync_s, draw_steps=p.sim.steps,
-                        reward=s["reward"], reference=s["reference"] + s["algorithm"],
+                        reward=s["reward"], reference=s["reference"] + s["teacher_sample"] + s["algorithm"],
                         staleness_bound=p.sync.staleness_bound, sync_every=p.sync.every_steps)
 
 

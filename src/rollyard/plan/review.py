@@ -472,7 +472,26 @@ def _teacher_phases(run: Run, secs: dict[str, float]) -> dict:
     algo = run.config.get("algo") or {}
     return {"teacher_params": float(n), "teacher_s": secs.get("teacher", 0.0),
             "teacher_top_k": int(algo.get("gkd_top_k") or 0) if algo.get("objective") == "gkd" else 0,
-            "teacher_placement": (run.config.get("teacher") or {}).get("placement", "inline")}
+            "teacher_placement": (run.config.get("teacher") or {}).get("placement", "inline"),
+            **_teacher_sampling(run, secs)}
+
+
+def _teacher_sampling(run: Run, secs: dict[str, float]) -> dict:
+    """GKD's seq_kd (``algo.gkd_seq_kd`` under ``algo.objective=gkd``): the teacher generates the off-policy share's
+    completions, ``1 - algo.gkd_lmbda`` of the prompts (``phases.teacher_sample_share``); its measured seconds per
+    step (the ``teacher_sample`` spans, 0 in a step that drew no prompt off-policy) and, where the spans have
+    them, its mean tokens per completion (their ``tokens`` over ``sequences``). {} without seq_kd."""
+    algo = run.config.get("algo") or {}
+    if algo.get("objective") != "gkd" or algo.get("gkd_seq_kd") is not True:
+        return {}
+    share = 1.0 - float(algo.get("gkd_lmbda", 1.0))
+    if not 0.0 < share <= 1.0:
+        return {}
+    spans = [s for s in run.spans if s["role"] == "teacher_sample"]
+    seqs = sum(s["sequences"] for s in spans if isinstance(s.get("sequences"), int))
+    toks = sum(s["tokens"] for s in spans if isinstance(s.get("tokens"), int))
+    return {"teacher_sample_share": share, "teacher_sample_s": secs.get("teacher_sample", 0.0),
+            **({"teacher_sample_tokens": toks / seqs} if seqs > 0 and toks > 0 else {})}
 
 
 def _teacher_tokens(run: Run, gen: int) -> tuple[float, str]:
