@@ -108,17 +108,40 @@ class Snapshot:
 
 def snapshot(state: TrainState, model, optimizer, extra_rng: dict[str, torch.Tensor] | None = None,
              copy: bool = False) -> Snapshot:
-    """Checkpoint ``state.step`` in memory: the model's tensors on CPU, each cloned (tied embeddings share storage),
+    """Checkpoint ``state.step`` in memory: the model's tensors on CPU, each cloned once (:func:`model_tensors`),
     the optimizer state, the RNG states now and state.json's text. ``copy``: the optimizer state's tensors copied
     to CPU too (a background write: the model and optimizer state held twice in memory while it runs);
     without it they are the optimizer's own, written before the next step."""
     optim = optimizer.state_dict()  # once: with trainer.dp > 1 it is gathered from the ranks
     if copy:
         optim = _cpu_copy(optim)
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items()}
+    tensors = model_tensors(model)
     rng = {**_rng_state(), "extra": _cpu_copy(extra_rng or {}) if copy else (extra_rng or {})}
     need = _tensor_bytes(tensors) + _tensor_bytes(optim) + _tensor_bytes(rng["extra"]) + (1 << 20)
     return Snapshot(state.step, json.dumps(asdict(state), indent=1), tensors, optim, rng, need)
+
+
+def tied_aliases(model) -> set[str]:
+    """Names in ``model.state_dict()`` that are the very tensor of an earlier name and that :func:`load` restores
+    by tying (an LM head tied to the input embedding: the model's ``_tied_weights_keys``, or ``lm_head.*``)."""
+    tied = getattr(model, "_tied_weights_keys", None) or ()
+    seen, out = {}, set()
+    for k, v in model.state_dict(keep_vars=True).items():
+        key = (v.data_ptr(), v.dtype, tuple(v.shape), v.stride()) if v.numel() else None
+        if key is not None and key in seen and (k in tied or k.startswith("lm_head.")):
+            out.add(k)
+        elif key is not None:
+            seen.setdefault(key, k)
+    return out
+
+
+def model_tensors(model) -> dict[str, torch.Tensor]:
+    """The model's state dict as CPU tensors, each cloned into its own storage (safetensors refuses shared ones),
+    a tied alias (:func:`tied_aliases`) left out: :func:`load` ties it back. Gemma 3's 262,144 x 640 head is its
+    embedding: cloned twice it was 0.67 GB more in the snapshot (1.74 instead of 1.07 GB of model tensors, held
+    beside the live state while a background write runs) and on disk."""
+    skip = tied_aliases(model)
+    return {k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.state_dict().items() if k not in skip}
 
 
 def _cpu_copy(obj: Any) -> Any:
