@@ -181,33 +181,134 @@ def test_colocated_distill_run_and_resume(tmp_path, teacher_dir, capsys):
     assert "this run was trained with teacher" in err and len(err.splitlines()) == 1, err
 
 
-def test_plan_prices_the_teacher():
-    """The teacher's forward is 2 x P_teacher x tokens on the trainer (inline) or off its path (pool), and its
-    log-probs are 4 B per completion token on the ledger."""
+def test_plan_prices_the_teacher(capsys):
+    """The teacher's forward is its own phase, teacher: 2 x P_teacher x tokens on the trainer GPUs, every sample
+    scored (the samples the trainer skips too), on the critical path inline and colocated, off it on a pool in a
+    split placement (as the reference's pool is); its log-probs are 4 B per completion token on the ledger. By hand:
+    64 x 8 = 512 sequences of 200 prompt + 1000 completion tokens = 614,400 tokens; 2 x 1e9 x 614,400 FLOPs at
+    4e14 FLOP/s on each of 8 trainer GPUs = 0.384 s. The colocated step (R + W + F + T + reload) and the trainer-bound
+    disaggregated step (20 s train + teacher > 10 s rollout) grow by exactly that."""
+    import json
+
+    from rollyard.plan.command import plan_main
     from rollyard.plan.inputs import load_plan
     from rollyard.plan.planner import make_plan
 
-    base = ["placement=disaggregated", "phases.rollout_s=30", "phases.train_s=20", "phases.use_reference=false",
-            "sync.receiver=none", "sync.fixed_s=0"]
-    plain = make_plan(load_plan(None, base))
-    small = make_plan(load_plan(None, [*base, "phases.teacher_params=1e9"]))
+    base = ["phases.rollout_s=10", "phases.train_s=20", "phases.use_reference=false", "rollout.prompts=64",
+            "rollout.samples=8", "rollout.prompt_tokens=200", "rollout.avg_tokens=1000", "trainer.dp=8",
+            "trainer.flops_per_gpu=4e14", "trainer.zero_advantage_share=0.25", "sync.receiver=none", "sync.fixed_s=0"]
+    want = 2 * 1e9 * (64 * 8 * (200 + 1000)) / (4e14 * 8)
+    assert want == pytest.approx(0.384)
+    for placement in ("colocated", "disaggregated"):
+        plain = make_plan(load_plan(None, [*base, f"placement={placement}"]))
+        kd = make_plan(load_plan(None, [*base, f"placement={placement}", "phases.teacher_params=1e9"]))
+        assert plain.phases.teacher == 0 and kd.phases.teacher == pytest.approx(want, rel=1e-9)
+        assert kd.phases.reference == plain.phases.reference == 0  # no longer inside the reference phase
+        grown = kd.sims[placement].period_s - plain.sims[placement].period_s
+        assert grown == pytest.approx(want, rel=1e-6), placement
+        pool = make_plan(load_plan(None, [*base, f"placement={placement}", "phases.teacher_params=1e9",
+                                          "phases.teacher_placement=pool"]))
+        off = pool.sims[placement].period_s - plain.sims[placement].period_s
+        # colocated keeps the teacher inline; a split placement's pool scores overlapped, off the trainer's path
+        assert off == pytest.approx(want if placement == "colocated" else 0.0, rel=1e-6, abs=1e-9), placement
+        assert kd.step_budget()["teacher"] == pool.step_budget()["teacher"] == pytest.approx(want)
     big = make_plan(load_plan(None, [*base, "phases.teacher_params=4e9"]))
-    pool = make_plan(load_plan(None, [*base, "phases.teacher_params=4e9", "phases.teacher_placement=pool"]))
-    t_small = small.phases.reference - plain.phases.reference
-    t_big = big.phases.reference - plain.phases.reference
-    assert t_small > 0 and t_big == pytest.approx(4 * t_small)  # the teacher's own size
-    # measured: a 15 s teacher inline puts the trainer's side at 15 + 20 = 35 s, over rollout's 30; on a pool it
-    # leaves the trainer's path (30 s, rollout-bound), as the reference's pool does
-    period = {w: make_plan(load_plan(None, [*base, "phases.teacher_params=4e9", "phases.teacher_s=15",
-                                            f"phases.teacher_placement={w}"])).sims["disaggregated"].period_s
+    assert big.phases.teacher == pytest.approx(4 * want)  # the teacher's own size
+    # measured: a 15 s teacher inline puts the trainer's side at 15 + 20 = 35 s, over rollout's 10; on a pool it
+    # leaves the trainer's path
+    split = ["placement=disaggregated", "phases.teacher_params=4e9", "phases.teacher_s=15"]
+    period = {w: make_plan(load_plan(None, [*base, *split, f"phases.teacher_placement={w}"])).sims["disaggregated"]
               for w in ("inline", "pool")}
-    sync = period["inline"] - 35.0
-    assert 0 <= sync < 1 and period["pool"] == pytest.approx(30.0 + sync)
-    assert pool.sims["disaggregated"].period_s == pytest.approx(plain.sims["disaggregated"].period_s)
+    sync = period["inline"].period_s - 35.0  # the weights' transfer, the same either way
+    assert 0 <= sync < 1 and period["pool"].period_s == pytest.approx(20.0 + sync)  # off the path: the 20 s train
     edges = {e.name: e for e in big.edges}
     assert edges["teacher_logprobs"].bytes_per_step == pytest.approx(4 * big.bytes.rollout_tokens)
+    plain = make_plan(load_plan(None, base))
     assert {e.name: e for e in plain.edges}["teacher_logprobs"].bytes_per_step == 0
+    pool = make_plan(load_plan(None, [*base, *split[:2], "phases.teacher_placement=pool"]))
     assert big.memory.reference_per_gpu > 0 and pool.memory.reference_per_gpu == 0
+
+    # the phase table and --json list it term by term, like every estimated phase; a plan without a teacher has no row
+    term = "teacher: forward (2 x P_teacher x tokens)"
+    capsys.readouterr()
+    assert plan_main([*base, "phases.teacher_params=1e9", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["phases"]["teacher"] == pytest.approx(want) and doc["step_budget"]["teacher"] == pytest.approx(want)
+    assert {k: v for k, v in doc["phases"]["terms"].items() if k.startswith("teacher")} == pytest.approx({term: want})
+    assert not any("teacher" in k for k in doc["phases"]["terms"] if k.startswith("reference"))
+    assert "2 x 1e+09 x 6.14e+05 tokens" in doc["phases"]["source"]["teacher"]
+
+    def phase_rows(out: str) -> list[str]:
+        table = out.split("Phase times per step")[1].split("Steps per hour")[0]
+        return [ln.strip("│ ") for ln in table.splitlines()]
+
+    assert plan_main([*base, "phases.teacher_params=1e9"]) == 0
+    rows = phase_rows(capsys.readouterr().out)
+    row = next(i for i, ln in enumerate(rows) if ln.startswith("teacher "))
+    below = " ".join(rows[row:next(i for i, ln in enumerate(rows) if ln.startswith("algorithm "))])
+    assert "0.38" in rows[row] and "0.38 │   forward (2 x P_teacher x tokens)" in below, below
+    assert plan_main(base) == 0
+    assert not any(ln.startswith("teacher") for ln in phase_rows(capsys.readouterr().out))  # no teacher: no row
+
+
+@pytest.fixture(scope="module")
+def distill_run(tmp_path_factory, teacher_dir):
+    """A 3-step colocated distillation run with no reference (algo.kl_coef 0): the teacher's forward is the
+    trainer's only scoring, spanned as teacher, and no reference span."""
+    run = tmp_path_factory.mktemp("distill_review") / "run"
+    assert main(["train", *TINY, "algo.objective=distill", f"teacher.model={teacher_dir}", "steps=3", "seed=1",
+                 f"out_dir={run}"]) == 0
+    return run
+
+
+def test_review_holds_the_teacher_to_its_budget(distill_run, tmp_path, capsys):
+    """The run-implied plan carries the measured teacher seconds (phases.teacher_s) and a plan calibrated from the
+    run budgets the teacher phase at that mean, with no reference budget: review --plan shows the budget and passes.
+    The same plan with teacher_s twenty times the measured seconds flags the teacher under budget, at a twentieth
+    over, and fails, at a tight tolerance (two-sided, as every phase)."""
+    import yaml
+
+    from rollyard.plan.command import plan_main, review_main
+    from rollyard.plan.review import FAIL, PASS, phase_seconds, plan_from_run, read_run, review, steady
+
+    run = read_run(distill_run)
+    per = steady(phase_seconds(run.spans))
+    assert "reference" not in per and per["teacher"]
+    measured = sum(per["teacher"]) / len(per["teacher"])
+    implied = plan_from_run(run).phases
+    assert implied.teacher_s == pytest.approx(measured) and implied.teacher_params > 0 and not implied.use_reference
+
+    out = tmp_path / "cal"
+    assert plan_main(["--calibrate-from", str(distill_run), "--out", str(out)]) == 0
+    capsys.readouterr()
+    data = yaml.safe_load((out / "plan.yaml").read_text())
+    assert data["phases"]["teacher_s"] == pytest.approx(measured)
+
+    def held(scale: float, tolerance=None):
+        path = tmp_path / f"x{scale}.yaml"
+        path.write_text(yaml.safe_dump({**data, "phases": {**data["phases"], "teacher_s": scale * measured}}))
+        rv = review(distill_run, path, tolerance)
+        row = next(p for p in rv.phases if p["role"] == "teacher")
+        item = next(v for v in rv.verification if v["item"] == "Measured step breakdown matches the budget")
+        return path, rv, row, item
+
+    path, rv, row, item = held(1.0)
+    assert row["budget_s"] == pytest.approx(measured) and not row["flag"], row
+    assert rv.plan.step_budget()["reference"] == 0  # the teacher's seconds are not in the reference's budget
+    assert item["result"] == PASS, item
+    assert review_main([str(distill_run), "--plan", str(path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip("│ ").startswith("teacher "))
+    assert f"{measured:.4g}" in line.split("│")[6], line  # a budget in its column, not "-"
+
+    tight = 0.2
+    floor = 0.01 * sum(rv.plan.step_budget().values())  # review's noise floor, 1% of the planned step
+    assert measured * (1 - 0.05 * (1 + tight)) > 2 * floor, (measured, floor)  # the over case is not noise
+    for scale, direction in ((20.0, "under"), (0.05, "over")):
+        _, _, row, item = held(scale, tolerance=tight)
+        assert row["budget_s"] == pytest.approx(scale * measured)
+        assert row["flag"] and row["direction"] == direction and item["result"] == FAIL, (scale, row, item)
+        assert f"teacher {measured:.3g} s vs {scale * measured:.3g} s" in item["evidence"], item
+    assert not held(1.0, tolerance=tight)[2]["flag"]
 
 
 def ray_test(fn):

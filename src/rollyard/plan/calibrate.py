@@ -12,7 +12,9 @@ a vLLM engine here, which no per-step budget prices; review holds runs to the sa
 - train: ``trainer.flops_per_gpu`` solved so that the estimated train phase (every pass the run made: its epochs,
   recompute and bubble, ``hardware.trainer_terms``) equals the measured mean; each term goes as 1 / rate, so the
   solution is exact, and the train estimate then scales with tokens;
-- reference, reward, algorithm: the measured seconds, given (the plan has no model to scale them);
+- reference, the teacher's forward and sampling (``phases.teacher_s``, ``teacher_sample_s``: the run-implied
+  plan's, ``review.plan_from_run``), reward, algorithm: the measured seconds, given (the plan has no model to
+  scale them);
 - sync: the term-by-term model of one sync (``bytes.sync_costs``: pause/resume, per tensor, per
   bucket, cast and engine copy rates, for the run's ``rollout.backend`` and device) written out
   explicitly, and ``sync.fixed_s``, what the measured sync seconds leave beyond them (terms that

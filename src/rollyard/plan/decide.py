@@ -58,7 +58,7 @@ def decide_placement(p: PlanInputs, ph: Phases, equal: dict | None = None) -> tu
     small = p.policy.params <= SMALL_MODEL_PARAMS
     reward = 0.0 if p.phases.reward_streamed else ph.reward
     rollout_side = ph.rollout + reward
-    rt = rollout_side + ph.train + ph.reference + ph.teacher_sample
+    rt = rollout_side + ph.train + ph.reference + ph.teacher + ph.teacher_sample
     share = rollout_side / rt if rt > 0 else 0.0
     steps = []
     q1 = fits and (p.cluster.prototype or small)
@@ -107,7 +107,7 @@ def decide_sync(p: PlanInputs, b: StepBytes, ph: Phases, placement: str) -> tupl
                       f"weight bytes cross the wire; were the pools split, the mode would be {mode}: {why}")
     from rollyard.plan.bytes import sync_breakdown
 
-    step = max(ph.rollout + ph.reward, ph.reference + ph.teacher_sample + ph.train) or 1.0
+    step = max(ph.rollout + ph.reward, ph.reference + ph.teacher + ph.teacher_sample + ph.train) or 1.0
     full_s = sync_breakdown(p, b, "full").total
     delta_s = sync_breakdown(p, b, "delta").total
     if p.sync.mode != "auto":
@@ -186,9 +186,9 @@ def rate_match(p: PlanInputs, ph: Phases, equal: dict | None = None) -> RateMatc
     """
     gr, gt = p.rollout.gpus, trainer_gpus(p)
     cr = ph.rollout * gr
-    ct = (ph.reference + ph.teacher_sample + ph.train) * gt
-    now = max(ph.rollout, ph.reference + ph.teacher_sample + ph.train)
-    slower = "rollout" if ph.rollout >= ph.reference + ph.teacher_sample + ph.train else "trainer"
+    ct = (ph.reference + ph.teacher + ph.teacher_sample + ph.train) * gt
+    now = max(ph.rollout, ph.reference + ph.teacher + ph.teacher_sample + ph.train)
+    slower = "rollout" if ph.rollout >= ph.reference + ph.teacher + ph.teacher_sample + ph.train else "trainer"
     best = (equal or {}).get("async", {}).get("best")
     if best is not None:
         br, bt, step = best.rollout_gpus, best.trainer_gpus, best.step_s
@@ -203,6 +203,6 @@ def rate_match(p: PlanInputs, ph: Phases, equal: dict | None = None) -> RateMatc
         step = max(cr / br, ct / bt)
         how = f"Split the same {total} GPUs {br}:{bt} (rollout:trainer) to balance at ~{step:.1f} s per step"
     text = (f"rollout pool produces a batch in {ph.rollout:.1f} s on {gr} GPUs ({cr:,.4g} GPU-s); the trainer "
-            f"consumes one in {ph.reference + ph.teacher_sample + ph.train:.1f} s on {gt} GPUs ({ct:,.4g} GPU-s): the {slower} pool "
+            f"consumes one in {ph.reference + ph.teacher + ph.teacher_sample + ph.train:.1f} s on {gt} GPUs ({ct:,.4g} GPU-s): the {slower} pool "
             f"sets the pace ({now:.1f} s). {how}")
     return RateMatch(cr, ct, (gr, gt), (br, bt), step, text)

@@ -12,6 +12,9 @@ Phase times are functions of the GPUs a pool gets:
   for a reference forward, at peak x MFU); a measured time scales to other pool sizes by Amdahl's law
   with ``trainer.serial_fraction`` (``mechanisms.amdahl_s``; 0 = time x GPUs constant);
 - reward: CPU verifiers, independent of the GPU split (on the rollout side unless streamed);
+- the distillation teacher's forward (``phases.teacher_params``): 2 x P_teacher x tokens FLOPs on the trainer's
+  GPUs, its own phase (``teacher_terms``), serial with the trainer's step (the split table prices it there for
+  either ``phases.teacher_placement``, as it does the reference);
 - the teacher's sampling (GKD's seq_kd, ``phases.teacher_sample_share``): the decode model with the teacher's
   weights on the trainer's GPUs, serial with the trainer's step (``teacher_sample_terms``);
 - algorithm (advantages, loss bookkeeping): a given time on the trainer side, independent of the split.
@@ -302,8 +305,7 @@ def trainer_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
                 "reference: previous-policy logprob forward": old,
                 "reference: expert all-to-all of the logprob forwards (dispatch + combine per MoE layer)": ref_a2a,
                 "reference: pipeline bubble": bub * (ref + old + ref_a2a),
-                "reference: weights swapped through host memory": reference_swap_s(p, gpus),
-                "reference: teacher forward (2 x P_teacher x tokens)": teacher_s(p, gpus)})
+                "reference: weights swapped through host memory": reference_swap_s(p, gpus)})
     return out
 
 
@@ -324,13 +326,29 @@ def expert_all_to_all_s(p: PlanInputs, gpus: int, tokens: float) -> float:
                                  nw.ep_nvlink_bw or EP_NVLINK_BW, nw.ep_rdma_bw or EP_RDMA_BW)
 
 
+TEACHER = "teacher"
+
+
+def teacher_terms(p: PlanInputs, gpus: int) -> dict[str, float]:
+    """The distillation teacher's forward per step on ``gpus`` trainer GPUs, term by term (its own phase,
+    ``teacher``): 2 x ``phases.teacher_params`` x tokens FLOPs over every sample (the teacher scores each sampled
+    token, skipped or not) at the trainer's sustained FLOP/s; {} without a teacher or when a measured
+    ``phases.teacher_s`` replaces the estimate."""
+    ph = p.phases
+    if ph.teacher_params <= 0 or ph.teacher_s is not None:
+        return {}
+    return {f"{TEACHER}: forward (2 x P_teacher x tokens)":
+            2 * ph.teacher_params * train_tokens(p, skipping=False) / (trainer_flops(p) * gpus)}
+
+
 def teacher_s(p: PlanInputs, gpus: int) -> float:
-    """The distillation teacher's forward over every sample on ``gpus`` trainer GPUs: a given ``phases.teacher_s``
-    (Amdahl's law from ``phases.gpus``), else 2 x ``phases.teacher_params`` x tokens FLOPs; 0 without a teacher."""
+    """The distillation teacher's forward over every sample on ``gpus`` trainer GPUs (the ``teacher`` phase; where
+    it runs, inline or on its pool, is the placement's: ``planner._placed``): a given ``phases.teacher_s``
+    (Amdahl's law from ``phases.gpus``), else the sum of ``teacher_terms``; 0 without a teacher."""
     ph = p.phases
     if ph.teacher_s is not None:
         return M.amdahl_s(ph.teacher_s, ph.gpus or trainer_gpus(p), gpus, p.trainer.serial_fraction)
-    return 2 * ph.teacher_params * train_tokens(p, skipping=False) / (trainer_flops(p) * gpus)
+    return sum(teacher_terms(p, gpus).values())
 
 
 TEACHER_SAMPLE = "teacher_sample"
@@ -468,8 +486,7 @@ def reference_s(p: PlanInputs, gpus: int) -> float:
     policy's (``old_logprob_forward``), 2 x P_active x tokens FLOPs each, their pipeline bubble and a reference
     swapped through host memory (``trainer_terms``); a given ``phases.reference_s`` is taken as measured."""
     if p.phases.reference_s is not None:
-        given = _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False) if p.phases.use_reference else 0.0
-        return given + teacher_s(p, gpus)
+        return _flop_seconds(p, 2, p.phases.reference_s, gpus, skipping=False) if p.phases.use_reference else 0.0
     return sum(v for k, v in trainer_terms(p, gpus).items() if k.startswith("reference:"))
 
 
@@ -485,7 +502,8 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
     reward = reward_on_rollout_side(p)
     stream = p.trainer.minibatches if p.phases.train_streamed else 0
     algo = p.phases.algorithm_s  # advantages / loss bookkeeping: on the trainer side, as in the simulator
-    ro, tr = rollout_s(p, G, lengths=lengths) + reward, reference_s(p, G) + teacher_sample_s(p, G) + train_s(p, G) + algo
+    ro = rollout_s(p, G, lengths=lengths) + reward
+    tr = reference_s(p, G) + teacher_s(p, G) + teacher_sample_s(p, G) + train_s(p, G) + algo
     tr_colo = tr + offload_s(p, G)  # colocated: the trainer's state leaves the GPUs for generation and comes back
     ro_colo = ro + engine_sleep_s(p)  # and the engine's weights leave them for training
     colo = M.PoolSplit("colocated", G, G, ro_colo, tr_colo, reload_s, M.colocated_step_s(ro_colo, 0.0, tr_colo, reload_s))
@@ -497,12 +515,12 @@ def split_table(p: PlanInputs, sync_per_step_s: float, reload_s: float,
             gr, gt = replicas * tp, G - replicas * tp
             if placement == "async":
                 ro = rollout_s(p, gr, continuous=True, lengths=lengths) + reward
-                tr = ((0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + teacher_sample_s(p, gt)
-                      + train_s(p, gt) + algo)
+                tr = ((0.0 if p.phases.async_rollout_logprobs else reference_s(p, gt)) + teacher_s(p, gt)
+                      + teacher_sample_s(p, gt) + train_s(p, gt) + algo)
                 step = M.async_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             else:
                 ro = rollout_s(p, gr, lengths=lengths) + reward
-                tr = reference_s(p, gt) + teacher_sample_s(p, gt) + train_s(p, gt) + algo
+                tr = reference_s(p, gt) + teacher_s(p, gt) + teacher_sample_s(p, gt) + train_s(p, gt) + algo
                 step = M.disaggregated_step_s(ro, tr, sync_per_step_s, p.sync.staleness_bound, stream)
             return M.PoolSplit(placement, gr, gt, ro, tr, sync_per_step_s, step)
 

@@ -8,6 +8,9 @@
 - train: 6 x P_active x tokens FLOPs (forward 2, backward 4) / (sustained FLOP/s x trainer GPUs); a
   given time measured on other GPUs scales by Amdahl's law (``trainer.serial_fraction``).
 - reference: forward only, 2 x P_active x tokens on the trainer GPUs (a given one scales like train).
+- teacher (on-policy distillation): the teacher's forward, 2 x P_teacher x tokens on the trainer GPUs
+  (``hardware.teacher_terms``; a given ``phases.teacher_s`` scales like train); on a teacher pool in a split
+  placement it is off the trainer's path (``planner._placed``), as the reference's pool is.
 - teacher_sample (GKD's seq_kd): the teacher generating ``phases.teacher_sample_share`` of the sequences, the
   rollout's decode model with the teacher's weights on the trainer GPUs (``hardware.teacher_sample_terms``).
 - sync: the chosen mode's sync time (``mechanisms.sync_time``) per step; colocated: the reload of
@@ -32,6 +35,7 @@ class Phases:
     reward: float
     reference: float
     teacher_sample: float  # GKD's seq_kd: the teacher generating the off-policy share's completions (inline)
+    teacher: float  # on-policy distillation: the teacher's forward scoring every sampled token
     algorithm: float
     train: float
     sync: float  # per step: one sync / every_steps (colocated: the engine reload)
@@ -111,14 +115,20 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
                         "no policy or reference logprob forward" if not forwards else
                         f"estimated: {' + '.join(forwards)} forward, 2 x P_active x tokens each, on the trainer GPUs"
                         + (" + the reference swapped through host memory" if H.reference_swap_s(p, gt) else ""))
-    if H.teacher_s(p, gt):
-        src["reference"] += (f" + the teacher's forward ({'given' if ph.teacher_s is not None else 'estimated'}: "
-                             f"2 x {ph.teacher_params:.3g} x tokens)")
+    teacher = H.teacher_s(p, gt)
+    src["teacher"] = ("no teacher (phases.teacher_params = 0)" if ph.teacher_params <= 0 else
+                      ("given" + (f" on {ph.gpus} GPUs, to {gt} by Amdahl's law" if ph.gpus and ph.gpus != gt else "")
+                       if ph.teacher_s is not None else
+                       f"estimated: 2 x {ph.teacher_params:.3g} x {train_tokens(p, skipping=False):.3g} tokens / "
+                       f"({H.trainer_flops(p):.3g} FLOP/s x {gt} GPUs)")
+                      + (", on its own pool (off the trainer's path in a split placement)"
+                         if ph.teacher_placement == "pool" else ", inline on the trainer's critical path"))
     teacher_sample = H.teacher_sample_s(p, gt)
     src["teacher_sample"] = _teacher_sample_words(p, gt)
     terms = {k: v for k, v in H.trainer_terms(p, gt).items()
              if not (k.startswith("train:") and measured_train)
-             and not (k.startswith("reference:") and ph.reference_s is not None and "teacher" not in k)}
+             and not (k.startswith("reference:") and ph.reference_s is not None)}
+    terms.update(H.teacher_terms(p, gt))
     terms.update(H.teacher_sample_terms(p, gt))
     if ph.rollout_s is None:
         terms.update(H.rollout_terms(p, p.rollout.gpus, lengths))
@@ -138,7 +148,7 @@ def estimate(p: PlanInputs, b: StepBytes, sync_seconds: float, lengths: list[int
                    f"step(s); " + (f"{_slowest_side(sync_detail)}; " if sync_detail else "")
                    + f"receive path {receiver_words(p)}")
     return Phases(rollout=rollout, reward=ph.reward_s, reference=reference, teacher_sample=teacher_sample,
-                  algorithm=ph.algorithm_s,
+                  teacher=teacher, algorithm=ph.algorithm_s,
                   train=train, sync=sync_seconds / p.sync.every_steps, source=src,
                   terms={k: v for k, v in terms.items() if v > 0})
 

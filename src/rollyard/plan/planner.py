@@ -178,12 +178,11 @@ def _as_placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | N
 
 def _placed(p: PlanInputs, ph: Phases, placement: str, lengths: list[int] | None) -> Phases:
     """The phases a placement runs: async decodes bubble-free (continuous batching with partial
-    rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer."""
-    teacher = H.teacher_s(p, H.trainer_gpus(p))  # inside ph.reference (hardware.reference_s)
+    rollout) and, with ``async_rollout_logprobs``, runs no old-logprob forward on the trainer (the teacher, a
+    separate phase, still scores every sample)."""
     if placement != "colocated":  # a pool scores on its own actors, overlapped: off the trainer's path
-        off = ((ph.reference - teacher if p.phases.reference_placement == "pool" else 0.0)
-               + (teacher if p.phases.teacher_placement == "pool" else 0.0))
-        ph = replace(ph, reference=max(ph.reference - off, 0.0))
+        ph = replace(ph, reference=0.0 if p.phases.reference_placement == "pool" else ph.reference,
+                     teacher=0.0 if p.phases.teacher_placement == "pool" else ph.teacher)
     if placement == "colocated" and p.trainer.offload:  # the trainer's state leaves the GPUs for generation
         ph = replace(ph, train=ph.train + H.offload_s(p, H.trainer_gpus(p)))
     if placement == "colocated" and p.rollout.sleep_offload:  # the engine's weights leave them for training
@@ -260,15 +259,17 @@ def make_plan(p: PlanInputs, lengths: list[int] | None = None, lengths_source: s
 def stated_phases_note(p: PlanInputs, ph: Phases, lengths: list[int] | None) -> str | None:
     """The finding that says the placement speed-ups rest on stated (modelled) phases, naming each one and
     the rule it came from; None when every GPU phase the speed-ups price is measured (phases.rollout_s,
-    phases.train_s, and phases.reference_s when a reference runs)."""
+    phases.train_s, phases.reference_s when a reference runs, phases.teacher_s when a teacher scores)."""
     ps = p.phases
     missing = [("rollout", ps.rollout_s is None and not lengths), ("train", ps.train_s is None and not ps.train_s_measured),
-               ("reference", ps.use_reference and ps.reference_s is None)]
+               ("reference", ps.use_reference and ps.reference_s is None),
+               ("teacher", ps.teacher_params > 0 and ps.teacher_s is None)]
     named = [f"{role} ({ph.source.get(role, 'estimated')})" for role, gone in missing if gone]
     if not named:
         return None
     return ("the placement speed-ups rest on stated, not measured, phases: " + "; ".join(named)
-            + "; give phases.rollout_s, phases.train_s (and phases.reference_s) measured on phases.gpus to price "
+            + "; give phases.rollout_s, phases.train_s (and phases.reference_s"
+            + (", phases.teacher_s" if ps.teacher_params > 0 else "") + ") measured on phases.gpus to price "
               "them from measurements")
 
 
@@ -283,7 +284,8 @@ def run_sim(p: PlanInputs, ph: Phases, placement: str, sync_s: float) -> SimResu
     (colocated: the engine reload, serialized in the step)."""
     s = ph.seconds()
     return steady_state(placement, s["rollout"], s["train"], sync_s, draw_steps=p.sim.steps,
-                        reward=s["reward"], reference=s["reference"] + s["teacher_sample"] + s["algorithm"],
+                        reward=s["reward"],
+                        reference=s["reference"] + s["teacher"] + s["teacher_sample"] + s["algorithm"],
                         staleness_bound=p.sync.staleness_bound, sync_every=p.sync.every_steps)
 
 

@@ -37,6 +37,7 @@ def decision_record(plan: Plan, verification: list[dict] | None = None, title_no
     L.append("")
     L.append(f"Phases per step: rollout {ph.rollout:.1f} s, reward {ph.reward:.1f} s, reference {ph.reference:.1f} s, "
              + (f"teacher sampling {ph.teacher_sample:.1f} s, " if ph.teacher_sample else "")
+             + (f"teacher forward {ph.teacher:.1f} s, " if ph.teacher else "")
              + f"train {ph.train:.1f} s, sync {plan.sync_seconds():.2f} s ({receiver(p)}). Simulated steps/hour: "
              + ", ".join(f"{k} {v.steps_per_hour:.1f} ({v.period_s:.1f} s/step)" for k, v in sims.items())
              + f". Cadence: {plan.cadence()}.")

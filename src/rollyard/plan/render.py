@@ -74,6 +74,8 @@ def print_plan(plan: Plan, c: Console) -> None:
     for role, secs in ph.seconds().items():
         if role == "teacher_sample" and not p.phases.teacher_sample_share:
             continue  # no seq_kd: the teacher only scores
+        if role == "teacher" and not p.phases.teacher_params:
+            continue  # no distillation: no teacher
         if role == "sync" and d.placement == "colocated":
             t.add_row(role, "0.00", "colocated: in-process handle (the engine reload is in the rollout's "
                                     f"turn: {B.fmt_seconds(plan.sync_seconds())}, receive path {B.receiver_words(p)})")
