@@ -308,6 +308,11 @@ def test_review_holds_the_teacher_to_its_budget(distill_run, tmp_path, capsys):
         assert row["budget_s"] == pytest.approx(scale * measured)
         assert row["flag"] and row["direction"] == direction and item["result"] == FAIL, (scale, row, item)
         assert f"teacher {measured:.3g} s vs {scale * measured:.3g} s" in item["evidence"], item
+        path = held(scale, tolerance=tight)[0]
+        capsys.readouterr()
+        review_main([str(distill_run), "--plan", str(path), "--tolerance", str(tight)])
+        line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip("│ ").startswith("teacher "))
+        assert line.split("│")[8].strip() == direction.upper(), line  # the table's flag says which way
     assert not held(1.0, tolerance=tight)[2]["flag"]
 
 
