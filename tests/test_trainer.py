@@ -693,3 +693,59 @@ def test_the_optimizer_sees_gradients_clipped_to_max_grad_norm_and_the_step_repo
             assert torch.equal(a, b)
         else:
             assert torch.allclose(b, a * factor, rtol=1e-5, atol=1e-12)
+
+
+# -- a tied embedding's lookup gradient as its rows --------------------------------------------------
+
+
+def test_rows_gradient_of_the_lookup_is_the_dense_gradient_bit_for_bit():
+    """fast.RowsGradLookup against F.embedding's dense gradient: many repeated ids and the padding id; alone (its
+    rows scattered into zeros) and added to a dense gradient, as autograd adds it to a tied head's."""
+    from rollyard.model.fast import RowsGradLookup
+
+    g = torch.Generator().manual_seed(0)
+    for V_, D, N, pad in ((300, 40, 5000, 0), (50, 8, 3, None), (1000, 64, 777, 5)):
+        ids = torch.randint(0, min(V_, 60), (N // 3 + 1, 3), generator=g)
+        if pad is not None:
+            ids[::4, 1] = pad
+        grad = torch.randn(*ids.shape, D, generator=g)
+        dense_w = torch.randn(V_, D, generator=g, requires_grad=True)
+        F.embedding(ids, dense_w, pad).backward(grad)
+        w = dense_w.detach().clone().requires_grad_(True)
+        out = RowsGradLookup.apply(ids, w, pad)
+        assert torch.equal(out, F.embedding(ids, w, pad))
+        (rows,) = torch.autograd.grad(out, w, grad)
+        assert rows.is_sparse and rows.is_coalesced()
+        assert torch.equal(rows.to_dense(), dense_w.grad)
+        head = torch.randn(V_, D, generator=g)
+        assert torch.equal(head + rows, head + dense_w.grad)
+
+
+@pytest.mark.parametrize("precision,micro_batch_tokens", [("fp32", 64), ("bf16", 4096)])
+def test_tied_embedding_trains_the_same_steps_with_its_rows_gradient(monkeypatch, precision, micro_batch_tokens):
+    """The trainer on a tied model (the tiny preset: one embedding and head tensor, padding id 0, padded rows) with
+    the lookup's gradient as rows and with the dense one: the same weights, bit for bit, after three steps; several
+    micro-batches (fp32: the head's in-place gradient path) and bf16 autocast; .grad stays dense."""
+    import rollyard.model.fast as fast
+    import rollyard.trainer.trainer as trainer_mod
+
+    used = []
+    real_apply = fast.RowsGradLookup.apply
+    monkeypatch.setattr(fast.RowsGradLookup, "apply", lambda *a: used.append(1) or real_apply(*a))
+    batches = [_samples(s, n=12) for s in range(3)]
+    weights, tied = {}, trainer_mod.tied_head
+    for mode in ("rows", "dense"):
+        monkeypatch.setattr(trainer_mod, "tied_head", tied if mode == "rows" else (lambda m: False))
+        model = _model(1)
+        tr = Trainer(model, lr=1e-2, precision=precision, micro_batch_tokens=micro_batch_tokens)
+        n = len(used)
+        for b in batches:
+            tr.step(copy.deepcopy(b))
+            assert all(p.grad is None or not p.grad.is_sparse for p in model.parameters())
+        assert (len(used) > n) == (mode == "rows"), (mode, len(used), n)
+        weights[mode] = {k: v.clone() for k, v in model.state_dict().items()}
+    assert tied(model)
+    moved = [k for k in weights["rows"] if not torch.equal(weights["rows"][k], _model(1).state_dict()[k])]
+    assert "model.embed_tokens.weight" in moved
+    for k, v in weights["rows"].items():
+        assert torch.equal(v, weights["dense"][k]), k

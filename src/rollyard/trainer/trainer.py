@@ -73,6 +73,12 @@ def _check_args(loss: LossSpec, temperature: float, precision: str, layout: str)
         raise ValueError(f"layout={layout!r}: expected one of {LAYOUTS}")
 
 
+def tied_head(model) -> bool:
+    """The input embedding and the LM head are one trainable tensor (SmolLM2, Gemma 3)."""
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embed is not None and head.weight is embed.weight and embed.weight.requires_grad
+
+
 def packs(model) -> bool:
     """Whether the trainer packs ``model``'s sequences into shared rows. Fails over at start-up, not silently an
     hour in: if its attention does not turn restarting position_ids into sequence boundaries, padded only."""
@@ -180,11 +186,16 @@ class Trainer:
         decoder = decoder_of(model)
         ids = mb.input_ids.to(self.device, non_blocking=True)
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
+        # an embedding tied to the LM head gets the head's dense gradient in this backward: the lookup's as the rows
+        # it touched, the same sums (fast.RowsGradLookup); CPU only (elsewhere the dense backward is another kernel),
+        # a plain tensor only (a sharded DTensor's gradient stays what FSDP expects)
+        rows = (self.device.type == "cpu" and torch.is_grad_enabled() and tied_head(model)
+                and type(model.get_input_embeddings().weight.data) is torch.Tensor)
         with self._autocast():
             if mb.segments is not None:  # prefix-shared rows (only planned for a model on the fast forward)
-                hidden = families.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True))
+                hidden = families.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True), rows)
             elif pos is None and self._use_fast(model):
-                hidden = families.train_hidden(model, ids)  # padded rows, a fast forward: fewer ops
+                hidden = families.train_hidden(model, ids, rows_grad=rows)  # padded rows, fast forward: fewer ops
             else:
                 # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
                 # position_ids None => plain causal, pads after every real token (padded; packing.py).
