@@ -10,9 +10,12 @@ run, the curves):
   ``<runs>/teacher-<seed>-<N>steps``; its held-out accuracy after the last step (``summary.json`` ``eval_after``) is
   the teacher's accuracy. Its seed must not be one of ``--seeds``: no RL cell shares the teacher's seed, so none
   replays the teacher's own trajectory;
-- ``distill``: ``algo.objective=distill teacher.model=<teacher>/model trainer.lr=<--distill-lr>
-  trainer.lr_schedule=<--distill-schedule>``, ``--steps`` (8), into
-  ``<runs>/distill-<seed>[-<N>steps][-<schedule>]-teacher-<seed>-<N>steps`` (named by its teacher);
+- ``distill``: ``algo.objective=<--distill-objective> teacher.model=<teacher>/model trainer.lr=<--distill-lr>
+  trainer.lr_schedule=<--distill-schedule>`` and the ``--distill-set`` overrides (e.g. ``algo.gkd_beta=0.5
+  rollout.prompts_per_step=8 rollout.samples_per_prompt=2``: any setting a user could pick; the held-out eval is the
+  example's, the same as RL's), ``--steps`` (8), into
+  ``<runs>/distill-<seed>[-<N>steps][-<objective>][-<schedule>][-lr<lr>][-<key><value>...]-teacher-<seed>-<N>steps``
+  (named by what differs from the defaults and by its teacher: other settings, another cell);
 - ``rl``: the example as it is, ``--rl-steps`` (default ``--steps``), into ``<runs>/rl-<seed>[-<N>steps]`` (the
   steps suffix unless N is the example's 20).
 
@@ -31,6 +34,9 @@ only at equal machine load: each cell records the 1-minute load average at its s
     .venv/bin/python bench/distill.py --run --seeds 0 1 2 --teacher-seed 100 --teacher-steps 40 --rl-steps 40 \\
         --distill-schedule cosine --plot docs/img/distill.png --json docs/img/distill.json   # run what is missing
     .venv/bin/python bench/distill.py --rl-steps 40 --distill-schedule cosine   # report only, what exists
+    .venv/bin/python bench/distill.py --run --seeds 0 1 2 --steps 6 --rl-steps 40 --distill-objective gkd \
+        --distill-lr 3e-5 --distill-schedule cosine \
+        --distill-set algo.gkd_beta=0.5 rollout.prompts_per_step=8 rollout.samples_per_prompt=2   # GKD students
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples/real_model/smollm2.toml"
 DEFAULT_STEPS = 20  # the example's steps
 OBJECTIVES = ("distill", "rl")
+DISTILL_LR = 2e-5  # the distilled cells' default rate (a run dir names another)
 
 
 def run_dir(runs: Path, objective: str, seed: int, steps: int, tag: str = "") -> Path:
@@ -104,6 +111,7 @@ def cell(out: Path) -> dict | None:
     elapsed = [sum(train_s[:k]) for k in range(len(rows) + 1)]  # seconds to the end of k steps
     curve = [(k, elapsed[k], evals[k]) for k in sorted(evals)]
     kl = [r["train/distill_kl"] for r in rows if "train/distill_kl" in r]
+    jsd = [r["train/gkd_jsd"] for r in rows if "train/gkd_jsd" in r]  # objective=gkd
     teacher = [r.get("time/teacher", 0.0) for r in rows]
     return {"before": summary["eval_before"], "after": summary["eval_after"], "steps": len(rows),
             "train_s": elapsed[-1], "wall_s": bench["wall_s"], "load_start": bench["load_start"],
@@ -111,6 +119,8 @@ def cell(out: Path) -> dict | None:
             "step_s": statistics.median(train_s), "teacher_share": sum(teacher) / max(elapsed[-1], 1e-9),
             "distill_kl_first5": statistics.mean(kl[:5]) if kl else None,
             "distill_kl_last5": statistics.mean(kl[-5:]) if kl else None,
+            "gkd_jsd_first5": statistics.mean(jsd[:5]) if jsd else None,
+            "gkd_jsd_last5": statistics.mean(jsd[-5:]) if jsd else None,
             "curve": curve}
 
 
@@ -212,14 +222,20 @@ def main(argv: list[str] | None = None) -> int:
                     "unless --rl-steps (run dirs <objective>-<seed>-<N>steps unless N is the example's 20)")
     ap.add_argument("--rl-steps", type=int, default=None, help="steps of every RL cell (default: --steps): enough "
                     "for RL to reach the target gives a ratio instead of a bound")
+    ap.add_argument("--distill-objective", default="distill", choices=("distill", "gkd"), help="algo.objective of "
+                    "the distilled cells: distill (the sampled token's reverse-KL advantage) or gkd (TRL's generalized "
+                    "JSD over the teacher's top-k; algo.gkd_* by --distill-set) (in their run dir's name unless distill)")
+    ap.add_argument("--distill-set", nargs="*", default=[], metavar="KEY=VALUE", help="more overrides of the "
+                    "distilled cells only (e.g. algo.gkd_beta=0.5 rollout.prompts_per_step=8 "
+                    "rollout.samples_per_prompt=2), each in their run dir's name; RL keeps the example's settings")
     ap.add_argument("--distill-schedule", default="constant", help="trainer.lr_schedule of the distilled cells "
                     "(in their run dir's name unless constant)")
     ap.add_argument("--eval-every", type=int, default=2, help="held-out evals during every run (the curves)")
     ap.add_argument("--teacher-seed", type=int, default=100, help="seed of the teacher's RL run; not one of --seeds "
                     "(run dir teacher-<seed>-<N>steps)")
     ap.add_argument("--teacher-steps", type=int, default=40, help="RL steps of the teacher's run (the example's: 20)")
-    ap.add_argument("--distill-lr", type=float, default=2e-5, help="trainer.lr of the distilled cells (RL: the "
-                    "example's 5e-6)")
+    ap.add_argument("--distill-lr", type=float, default=DISTILL_LR, help="trainer.lr of the distilled cells (RL: "
+                    "the example's 5e-6) (in their run dir's name unless 2e-5)")
     ap.add_argument("--share", type=float, default=0.9, help="the target: this share of the teacher's accuracy")
     ap.add_argument("--runs", type=Path, default=ROOT / "runs/distill")
     ap.add_argument("--run", action="store_true", help="run the cells that have not finished (one at a time)")
@@ -228,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
     ap.add_argument("--json", type=Path, default=None, help="also write the cells and the report rows here")
     a = ap.parse_args(argv)
+    bad = [s for s in a.distill_set if "=" not in s or s.split("=", 1)[0] in ("seed", "steps", "eval_every", "out_dir")
+           or s.split("=", 1)[0].startswith(("teacher.", "data.eval"))]
+    if bad:
+        print(f"--distill-set takes KEY=VALUE overrides of the distilled cells' training settings; not {bad} (seed, "
+              f"steps, eval_every, out_dir, teacher.* and the eval data are the bench's own: --seeds, --steps, "
+              f"--eval-every, --runs, --teacher-*)", file=sys.stderr)
+        return 2
     if a.teacher_seed in a.seeds:
         print(f"--teacher-seed {a.teacher_seed} is one of --seeds: its RL cell would replay the teacher's own run; "
               f"give the teacher a seed of its own", file=sys.stderr)
@@ -241,11 +264,15 @@ def main(argv: list[str] | None = None) -> int:
             steps = rl_steps if objective == "rl" else a.steps
             # a distilled cell is named by its schedule and its teacher (another teacher: another cell)
             tag = "" if objective == "rl" else "-".join(
-                ([] if a.distill_schedule == "constant" else [a.distill_schedule]) + [teacher_out.name])
+                ([] if a.distill_objective == "distill" else [a.distill_objective])
+                + ([] if a.distill_schedule == "constant" else [a.distill_schedule])
+                + ([] if a.distill_lr == DISTILL_LR else [f"lr{a.distill_lr:g}"])
+                + [s.split("=", 1)[0].rsplit(".", 1)[-1] + s.split("=", 1)[1] for s in a.distill_set]
+                + [teacher_out.name])
             out = dirs[objective, seed] = run_dir(a.runs, objective, seed, steps, tag)
             extra = ([] if objective == "rl" else
-                     ["algo.objective=distill", f"teacher.model={teacher_out}/model", f"trainer.lr={a.distill_lr:g}",
-                      f"trainer.lr_schedule={a.distill_schedule}"])
+                     [f"algo.objective={a.distill_objective}", f"teacher.model={teacher_out}/model",
+                      f"trainer.lr={a.distill_lr:g}", f"trainer.lr_schedule={a.distill_schedule}", *a.distill_set])
             jobs.append((out, command(out, seed, steps, a.eval_every, extra)))
     if a.dry_run:
         for out, cmd in jobs:
@@ -288,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({"teacher": teacher, "teacher_seed": a.teacher_seed, "share": a.share,
-                                      "distill_lr": a.distill_lr,
+                                      "distill_lr": a.distill_lr, "distill_objective": a.distill_objective,
+                                      "distill_set": a.distill_set,
                                       "distill_schedule": a.distill_schedule,
                                       "cells": {f"{o}-{s}": c for (o, s), c in cells.items() if c is not None},
                                       "report": rows}, indent=1))
