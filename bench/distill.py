@@ -34,9 +34,10 @@ only at equal machine load: each cell records the 1-minute load average at its s
     .venv/bin/python bench/distill.py --run --seeds 0 1 2 --teacher-seed 100 --teacher-steps 40 --rl-steps 40 \\
         --distill-schedule cosine --plot docs/img/distill.png --json docs/img/distill.json   # run what is missing
     .venv/bin/python bench/distill.py --rl-steps 40 --distill-schedule cosine   # report only, what exists
-    .venv/bin/python bench/distill.py --run --seeds 0 1 2 --steps 6 --rl-steps 40 --distill-objective gkd \
-        --distill-lr 3e-5 --distill-schedule cosine \
-        --distill-set algo.gkd_beta=0.5 rollout.prompts_per_step=8 rollout.samples_per_prompt=2   # GKD students
+    .venv/bin/python bench/distill.py --run --seeds 0 1 2 --teacher-seed 100 --teacher-steps 40 --rl-steps 40 \
+        --steps 4 --distill-objective gkd --distill-lr 2e-5 --distill-schedule cosine \
+        --distill-set algo.gkd_beta=0.5 rollout.prompts_per_step=8 rollout.samples_per_prompt=2 \
+        --plot docs/img/distill.png --json docs/img/distill.json   # GKD students: docs/distillation.md's run
 """
 
 from __future__ import annotations
