@@ -863,7 +863,7 @@ def print_review(rv: Review, c) -> None:
     for p in rv.phases:
         t.add_row(p["role"], f"{p['measured_s']:.4g}", f"{p['max_s']:.4g}", f"{p['first_s']:.4g}", f"{p['share']:.1%}",
                   "-" if p["budget_s"] is None else f"{p['budget_s']:.4g}",
-                  "-" if p["over_by"] is None else f"{p['over_by']:+.0%}", p.get("direction", "").upper() if p["flag"] else "")
+                  "-" if p["over_by"] is None else f"{p['over_by']:+.0%}", p["direction"].upper() if p["flag"] else "")
     t.add_row("step (wall)", f"{rv.step_mean_s:.4g}", "", "", "", "", "", "")
     c.print(t)
     if not rv.has_budget:
