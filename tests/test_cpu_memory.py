@@ -61,8 +61,11 @@ keep_freed_memory()
 ts = [torch.empty(1 << 18).fill_(1.0) for _ in range(400)]
 del ts[::2]
 before = rss()
-done = release_freed_memory()
-print(json.dumps({"done": done, "released": before - rss(), "kept": len(ts)}))
+kept_under_bound = not release_freed_memory(above=1 << 30)  # 200 MiB free: under the bound, the pages stay
+stayed = before - rss()
+done = release_freed_memory(above=100 << 20)  # over this one: trimmed
+print(json.dumps({"done": done, "released": before - rss(), "kept": len(ts), "kept_under_bound": kept_under_bound,
+                  "stayed": stayed}))
 """
 
 
@@ -74,6 +77,7 @@ def test_release_hands_the_kept_heaps_free_pages_back():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["done"] and got["kept"] == 200
     assert got["released"] > 150 << 20, got  # most of the 200 MiB of holes
+    assert got["kept_under_bound"] and got["stayed"] < 20 << 20, got  # a switch under the bound trims nothing
 
 
 @pytest.mark.parametrize("name, value, rule, reader", [

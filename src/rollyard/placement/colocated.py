@@ -88,18 +88,20 @@ class LocalRollout(RolloutSide):
         """The engine's memory is the trainer's while the trainer steps: the native engine frees its KV cache and
         fused weight copies (SmolLM2-135M: 0.79 + 0.54 GB off the step's peak), vLLM on a GPU sleeps.
 
-        With activation checkpointing the pages the step freed go back to the kernel before the engine wakes
-        (``malloc_trim``): what the trainer leaves is small and fragmented, and without the trim the kept heap
-        crept ~0.035 GB per step on SmolLM2's example (2.85 -> 3.55 GB over 20 steps; flat with it, at the same
-        train time). Without checkpointing they are the next step's activations: trimming them cost ~2 s of
-        re-faulting per step (train 8.1 vs 6.2 s, 2026-11-26) for the same run peak (4.78 vs 4.83 GB: the
-        trainer phase is the peak either way), so they stay."""
+        With activation checkpointing the pages the step freed stay in the process for the engine and the next step
+        to reuse, unless they pass ``memory.SWITCH_FREE_BYTES`` (then ``malloc_trim`` hands them back): trimming at
+        every switch cost ~0.2 s a step on SmolLM2's example (the engine's copies and the next step's activations
+        faulted in again; median step 1.69 -> 1.50 s without it, 2026-11-29) for a trainer-phase peak 0.1 GB lower,
+        and the checkpoint's snapshot, the run's peak, trims first (``RunRecord.save_checkpoint``). Without
+        checkpointing they are the next step's activations: trimming them cost ~2 s of re-faulting per step (train
+        8.1 vs 6.2 s, 2026-11-26) for the same run peak (4.78 vs 4.83 GB: the trainer phase is the peak either way),
+        so they stay."""
         self.engine.sleep()
         try:
             yield
         finally:
-            if self.run.cfg.trainer.activation_checkpointing:
-                cpu_memory.release_freed_memory()  # the step's freed pages, before the engine wakes
+            if self.run.cfg.trainer.activation_checkpointing:  # the step's freed pages, past a bound, before the engine wakes
+                cpu_memory.release_freed_memory(above=cpu_memory.SWITCH_FREE_BYTES)
             self.engine.wake_up()
 
     def publish(self, step: int, version: int) -> int:

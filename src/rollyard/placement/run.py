@@ -218,6 +218,7 @@ class RunRecord:
                             keep=self.cfg.keep_checkpoints, extra_rng=extra_rng)
             return
         self.finish_checkpoint()
+        cpu_memory.release_freed_memory()  # the snapshot's tensors are mmap-ed: the heap's free pages cannot hold them
         snap = checkpoint.snapshot(self.state, r.model, r.trainer.optimizer, extra_rng, copy=True)
         self.writer.submit(self.run_dir, snap, self.cfg.keep_checkpoints)
 
