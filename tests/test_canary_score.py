@@ -72,11 +72,37 @@ def test_the_trainer_side_equals_a_full_forward_at_the_completion_positions():
     assert model.training  # the mode it was in is restored
 
 
-def test_the_engine_side_runs_a_prefill_and_a_decode_step_and_reads_the_kernels_rounding():
+def test_the_engine_side_runs_one_prefill_and_one_decode_step_and_reads_the_kernels_rounding():
     model = _model()
     probe = canary.probe(model.config.vocab_size, 64)
     fwd = CountingForward(families.fast_forward(model, torch.float32))
     got = canary.score_fast(fwd, probe)
-    assert fwd.calls[0] == "prefill" and fwd.calls.count("decode") >= 1  # the decode kernels are in the probe
-    assert fwd.calls.count("decode") == len(probe.completion_ids) - 1
+    assert fwd.calls == ["prefill", "decode"]  # two passes over the weights; the decode kernels are in the probe
     assert max(abs(a - b) for a, b in zip(got, canary.score(model, probe))) < KERNELS
+    # the same as scoring token by token (a prefill of the prompt, one decode step per token after the first)
+    P, C = len(probe.prompt_ids), probe.completion_ids
+    kv = fwd.new_cache(1, P + len(C))
+    with torch.no_grad():
+        steps = [fwd.prefill(torch.tensor([probe.prompt_ids]), kv, torch.tensor([0]), torch.tensor([P - 1]))[0]]
+        steps += [fwd.decode(torch.tensor([t]), torch.tensor([P + i]), kv, P + i + 1)[0] for i, t in enumerate(C[:-1])]
+    one_by_one = torch.log_softmax(torch.stack(steps), -1).gather(1, torch.tensor(C)[:, None])[:, 0].tolist()
+    assert len(got) == len(C) and max(abs(a - b) for a, b in zip(got, one_by_one)) < KERNELS
+
+
+def test_the_trainer_side_runs_the_trainers_fast_forward_where_it_matches_and_the_module_elsewhere(monkeypatch):
+    model = _model()
+    probe = canary.probe(model.config.vocab_size, 64)
+    want = _full_forward_logprobs(model, probe)
+    calls = []
+    real = families.train_hidden
+    monkeypatch.setattr(families, "train_hidden", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = canary.score(model, probe, forward=families.completion_logits)
+    assert calls and max(abs(a - b) for a, b in zip(got, want)) < KERNELS
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # a caller's autocast: the score stays the weights' fp32
+        assert canary.score(model, probe, forward=families.completion_logits) == got
+    for m in (PlainForward(model), _model()):  # no family; a hook the training forward would bypass
+        if not isinstance(m, PlainForward):
+            m.model.layers[0].mlp.register_forward_hook(lambda *a: None)
+        calls.clear()
+        got = canary.score(m, probe, forward=families.completion_logits)
+        assert not calls and max(abs(a - b) for a, b in zip(got, want)) < KERNELS

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from rollyard.algo.advantages import assign_advantages, overlong_penalty
 from rollyard.algo.support import Support
+from rollyard.model import families
 from rollyard.placement import teacher as teacher_placement
 from rollyard.placement.run import Roles, RunRecord, finish
 from rollyard.reward.dispatcher import UNSCORED, split_unscored
@@ -159,7 +160,7 @@ def logprob_canary(side, version: int) -> dict[str, float]:
     r, kw = side.r, trainer_kwargs(side.run.cfg)
     probe = canary.probe(r.model.config.vocab_size, r.context)
     under = Support.of(kw["temperature"], kw["top_p"], kw["top_k"])
-    return side.canary(version, probe, canary.score(r.model, probe, under))
+    return side.canary(version, probe, canary.score(r.model, probe, under, families.completion_logits))
 
 
 def settle(run: RunRecord, step: int, samples: list[Sample]) -> tuple[list[Sample], list[Sample]]:
