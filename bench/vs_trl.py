@@ -11,6 +11,8 @@ What is compared (both sides, one after the other, never concurrently):
     temperature 1.0, top-p 1, no KL / reference model (beta = kl_coef = 0), one optimizer step per
     batch (TRL: per_device_train_batch_size=32, gradient_accumulation_steps=1,
     num_generations=8, num_iterations=1; CPU, no vLLM, logging/eval/saving off).
+  * optimizer: AdamW at lr 2e-3, betas (0.9, 0.999), constant schedule, grad-norm clip 1.0, on both sides
+    (``LR``, ``ADAM_BETA2``: passed to both, not left to each side's defaults).
   * precision: bf16 (TRL's GRPOConfig default, bf16=True) and fp32, one after the other
     (``--precisions``).
   * length: every completion is exactly 64 tokens on both sides. The exported tokenizer's EOS is a
@@ -55,6 +57,10 @@ REWARD_HOOK = f"{TRL_SIDE}:digits"
 DEFAULT_VENV = BENCH / ".venv-trl"
 TORCH_SPEC = "torch==2.13.0"
 TRL_SPECS = ["trl>=1.16,<2", "transformers>=5,<6", "datasets"]
+# The optimizer both sides run, passed to both: rollyard's defaults are lr 1e-6 and beta2 0.99 (for real models), TRL's
+# AdamW beta2 0.999; a rollyard side left at its defaults trained 2000x slower than TRL's and read as "rollyard LOWER"
+# in the learning check (2026-11-29).
+LR, ADAM_BETA2 = 2e-3, 0.999
 
 
 def log(msg: str) -> None:
@@ -154,7 +160,7 @@ def run_trl(py: Path, model_dir: Path, prompts: Path, work: Path, a) -> dict:
     out = work / "trl.json"
     cmd = [str(py), str(TRL_SIDE), "--model", str(model_dir), "--prompts", str(prompts),
            "--steps", str(a.warmup + a.steps), "--warmup", str(a.warmup), "--threads", str(a.threads),
-           "--seed", str(a.seed), "--out", str(out), *(["--bf16"] if a.precision == "bf16" else [])]
+           "--seed", str(a.seed), "--lr", str(LR), "--out", str(out), *(["--bf16"] if a.precision == "bf16" else [])]
     log(f"[trl] running {a.warmup} + {a.steps} steps with {py}")
     rc = subprocess.run(cmd, env=thread_env(a.threads), cwd=work).returncode
     if rc != 0:
@@ -186,7 +192,7 @@ def run_rollyard(model_dir: Path, prompts: Path, work: Path, a) -> dict:
         f"reward.hook={REWARD_HOOK}",
         "rollout.prompts_per_step=4", "rollout.samples_per_prompt=8", "rollout.max_new_tokens=64",
         "rollout.temperature=1.0", "rollout.top_p=1.0",
-        "algo.kl_coef=0.0", "trainer.device=cpu",
+        "algo.kl_coef=0.0", "trainer.device=cpu", f"trainer.lr={LR}", f"trainer.adam_beta2={ADAM_BETA2}",
         # bf16: the trainer's matmuls under autocast (fp32 weights and Adam state, as TRL's bf16=True)
         # and a bf16 rollout copy of the weights (TRL generates under the same autocast).
         *(["trainer.precision=bf16", "rollout.dtype=bf16"] if a.precision == "bf16" else ["trainer.precision=fp32"]),
