@@ -14,6 +14,12 @@ equal it to float rounding (``tests/test_trainer_head.py``).
 
 Used for a plain ``nn.Linear`` head without bias, soft cap or a truncated support (top-p / top-k), outside autocast;
 every other head keeps the checkpointed path.
+
+Under bf16 autocast on a CPU (:class:`HeadLogprobsBf16`) the checkpointed path's backward held, at once, a bf16
+copy of the head (the recomputed cast), the head's bf16 gradient and its fp32 conversion: at Gemma 3's 262k x 640
+head 0.34 + 0.34 + 0.67 GB, the trainer's peak. :class:`HeadLogprobsBf16` runs the very operations autograd runs
+there, kernel for kernel and in the same order (so the weights are the same bit for bit,
+``tests/test_trainer_head_bf16.py``), but frees the bf16 copy before the weight's gradient is made.
 """
 
 from __future__ import annotations
@@ -83,7 +89,28 @@ class HeadLogprobs(torch.autograd.Function):
             if grad_w is not None:
                 grad_w.addmm_(dz.t(), h)
         CLOCK.seconds += time.perf_counter() - t0
-        return grad_h, (None if into is not None else grad_w), None, None, None, None
+        return grad_h, (None if into is not None else _give(ctx.leaf, grad_w)), None, None, None, None
+
+
+def _give(weight: torch.Tensor | None, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """What a backward returns for ``weight``: None once ``grad`` is set as ``weight.grad`` itself, where the
+    parameter holds no gradient yet (the first micro-batch of a step), else ``grad`` for autograd to accumulate.
+
+    Returned, the gradient of a tied head meets the embedding lookup's rows in autograd's input buffer, which adds
+    them out of place (``head + rows``: one more weight-sized buffer, 0.67 GB for Gemma 3's 262k x 640 table, the
+    trainer's peak on Gemma-3-270M, measured 4.84 GB against 4.17 GB after the backward in a trainer-only step).
+    Set as ``.grad``, the rows are added into it in place by the weight's ``AccumulateGrad`` (``.grad += rows``):
+    the same single addition per element, so the same bits. Only where autograd would have taken ``grad`` as the
+    ``.grad`` as it is (a leaf parameter without gradient or hooks, outside a double backward, a contiguous
+    gradient of its shape and dtype); a held gradient keeps autograd's order, ``.grad + (head + rows)``."""
+    if grad is None or weight is None or weight.grad is not None or torch.is_grad_enabled():
+        return grad
+    if weight._backward_hooks or getattr(weight, "_post_accumulate_grad_hooks", None):
+        return grad  # a hook on the weight's gradient sees what autograd accumulates: leave it to autograd
+    if grad.shape != weight.shape or grad.dtype != weight.dtype or not (grad.is_contiguous() and weight.is_contiguous()):
+        return grad
+    weight.grad = grad
+    return None
 
 
 def _held_grad(weight: torch.Tensor | None) -> torch.Tensor | None:
@@ -102,6 +129,84 @@ def _held_grad(weight: torch.Tensor | None) -> torch.Tensor | None:
     return g
 
 
+class HeadLogprobsBf16(torch.autograd.Function):
+    """:class:`HeadLogprobs` under CPU bf16 autocast: the checkpointed path's arithmetic, op for op.
+
+    Autograd's backward of one chunk of ``chunked_token_logprobs`` (``z = (h16 @ w16.T).float() / T``, ``lp =
+    z[y] - logsumexp(z)``), written out: ``dz_T = (-g) * exp(z - logz) + scatter(g at y)`` (the logsumexp and the
+    gather backward, summed), ``dz = dz_T / T`` cast to bf16, ``dh = (dz16 @ w16)`` cast to ``h``'s dtype, ``dw16 =
+    dz16.T @ h16``; the chunks' ``dw16`` summed in bf16, last chunk first (the weight's autocast cast is one node
+    that all chunks feed), then cast to fp32. The bf16 weight ``w16`` lives only while the logits are recomputed and
+    ``dh`` taken: the weight's gradient is made after it is freed (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, with_entropy: bool):
+        t0 = time.perf_counter()
+        # under the caller's autocast, as the checkpointed path (its entropy's bmm runs in bf16)
+        w16 = weight.detach().to(torch.bfloat16)  # autocast's cast of the weight (round to nearest even)
+        lps, logzs, ents = [], [], []
+        for s in range(0, hidden.shape[0], chunk):
+            logits = _logits16(hidden[s:s + chunk], w16, temperature)
+            logz = torch.logsumexp(logits, dim=-1)
+            lps.append(logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - logz)
+            logzs.append(logz)
+            if with_entropy:  # as logprobs._entropy without a gradient
+                p = (logits - logz[:, None]).exp_()
+                ents.append(logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1))
+        del w16
+        ctx.save_for_backward(hidden, weight, targets, torch.cat(logzs))
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.leaf = weight if weight.is_leaf and weight.requires_grad else None  # the parameter, for its .grad
+        ent = torch.cat(ents) if with_entropy else hidden.new_zeros(0, dtype=torch.float32)
+        ctx.mark_non_differentiable(ent)
+        out = torch.cat(lps), ent
+        CLOCK.seconds += time.perf_counter() - t0
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_lp, _grad_ent):
+        t0 = time.perf_counter()
+        hidden, weight, targets, logz = ctx.saved_tensors
+        T, chunk = ctx.temperature, ctx.chunk
+        starts = list(range(0, hidden.shape[0], chunk))
+        grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        dzs = []
+        with torch.autocast("cpu", enabled=False):
+            w16 = weight.to(torch.bfloat16)
+            for s in reversed(starts):  # autograd's order: the last chunk's branch first
+                h16 = hidden[s:s + chunk].to(torch.bfloat16)
+                g = grad_lp[s:s + chunk]
+                dz = _logits16(h16, w16, T).sub_(logz[s:s + chunk, None]).exp_().mul_(g.neg()[:, None])
+                # + g at the target; + 0.0: the gather's gradient is a zero-filled buffer (-0.0 + 0.0 is +0.0)
+                dz = dz.scatter_add_(1, targets[s:s + chunk, None], g[:, None]).add_(0.0)
+                if T != 1.0:
+                    dz = dz.div_(T)
+                dz = dz.to(torch.bfloat16)
+                if grad_h is not None:
+                    grad_h[s:s + chunk] = torch.mm(dz, w16)  # cast to h's dtype on the copy
+                dzs.append((s, dz) if ctx.needs_input_grad[1] else None)
+            del w16  # freed before the weight-sized gradient is made
+            if grad_h is not None and len(starts) > 1:
+                grad_h.add_(0.0)  # the chunks' gradients meet in zero-filled buffers (-0.0 + 0.0 is +0.0)
+            grad_w = None
+            if ctx.needs_input_grad[1]:
+                for s, dz in dzs:
+                    part = torch.mm(dz.t(), hidden[s:s + chunk].to(torch.bfloat16))  # autograd's mm_mat2_backward
+                    grad_w = part if grad_w is None else grad_w.add_(part)
+                    del part
+                dzs.clear()
+                grad_w = grad_w.float()
+        CLOCK.seconds += time.perf_counter() - t0
+        return grad_h, _give(ctx.leaf, grad_w), None, None, None, None
+
+
+def _logits16(h: torch.Tensor, w16: torch.Tensor, temperature: float) -> torch.Tensor:
+    """One chunk's logits as the autocast path computes them: ``F.linear`` in bf16, then fp32, then ``/ T``."""
+    with torch.no_grad():
+        z = torch.nn.functional.linear(h.to(torch.bfloat16), w16).float()
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
 def _logits(h: torch.Tensor, weight: torch.Tensor, temperature: float) -> torch.Tensor:
     with torch.no_grad():
         z = cpu_gemm.linear(h, weight).float()
@@ -113,3 +218,14 @@ def applies(lm_head: torch.nn.Module, hidden: torch.Tensor, softcap: float | Non
     return (type(lm_head) is torch.nn.Linear and lm_head.bias is None and not softcap and not truncated
             and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
             and not torch.is_autocast_enabled(hidden.device.type) and hidden.dtype == lm_head.weight.dtype)
+
+
+def applies_bf16(lm_head: torch.nn.Module, hidden: torch.Tensor, softcap: float | None, truncated: bool,
+                 fp32_head: bool) -> bool:
+    """Whether :class:`HeadLogprobsBf16` computes this head: as :func:`applies`, but under CPU bf16 autocast with an
+    fp32 weight (the trainer's ``precision=bf16``) and no fp32 head."""
+    return (type(lm_head) is torch.nn.Linear and lm_head.bias is None and not softcap and not truncated
+            and not fp32_head and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
+            and hidden.device.type == "cpu" and torch.is_autocast_enabled("cpu")
+            and torch.get_autocast_dtype("cpu") == torch.bfloat16 and lm_head.weight.dtype == torch.float32
+            and hidden.dtype in (torch.float32, torch.bfloat16))

@@ -38,6 +38,12 @@ def chunked_token_logprobs(
         lp, ent = head_grad.HeadLogprobs.apply(hidden, lm_head.weight, targets, float(temperature), int(chunk),
                                                with_entropy)
         return lp, (ent if with_entropy else None)
+    if need_grad and not entropy_grad and hidden.shape[0] and head_grad.applies_bf16(
+            lm_head, hidden, softcap, support.active(top_p, top_k), fp32_head):
+        # the same arithmetic without a bf16 copy of the head beside its gradient (trainer/head.py)
+        lp, ent = head_grad.HeadLogprobsBf16.apply(hidden, lm_head.weight, targets, float(temperature), int(chunk),
+                                                   with_entropy)
+        return lp, (ent if with_entropy else None)
     plain = type(lm_head) is torch.nn.Linear and not (lm_head._forward_hooks or lm_head._forward_pre_hooks)
 
     def one_chunk(h: torch.Tensor, y: torch.Tensor):
