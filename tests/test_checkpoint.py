@@ -2,10 +2,12 @@
 
 import os
 
+import pytest
 import torch
 
 from rollyard import checkpoint
 from rollyard.model.loading import build_preset, char_tokenizer
+from rollyard.telemetry import rundir
 
 
 def _model_and_opt():
@@ -41,22 +43,30 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_a_tied_head_is_held_and_written_once_and_tied_back_on_load(tmp_path):
-    """The tiny preset ties its LM head to the embedding (as SmolLM2 and Gemma 3 do): the snapshot clones that
-    tensor once and the file holds it once (Gemma 3: 0.67 GB less in memory and on disk); load ties it back."""
+    """The tiny preset ties its LM head to the embedding (as SmolLM2 and Gemma 3 do): the snapshot holds that
+    tensor once and the file holds it once (Gemma 3: 0.67 GB less in memory and on disk); load ties it back.
+    A copy=True snapshot holds the live model tensors (no copy: stage_model writes them before the next step)."""
     model, opt = _model_and_opt()
     assert checkpoint.tied_aliases(model) == {"lm_head.weight"}
     snap = checkpoint.snapshot(checkpoint.TrainState(step=1), model, opt, copy=True)
     assert "lm_head.weight" not in snap.model and "model.embed_tokens.weight" in snap.model
     ptrs = [t.untyped_storage().data_ptr() for t in snap.model.values()]
-    assert len(set(ptrs)) == len(ptrs)  # each its own storage, none the live model's
-    assert not set(ptrs) & {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(set(ptrs)) == len(ptrs)  # each its own storage: the live model's, not a copy
+    assert set(ptrs) <= {p.untyped_storage().data_ptr() for p in model.state_dict().values()}
+    assert "model.embed_tokens.weight" in checkpoint.model_tensors(model)
+    assert not set(ptrs) & {t.untyped_storage().data_ptr() for t in checkpoint.model_tensors(model).values()}
+    with pytest.raises(RuntimeError, match="stage_model"):  # the live model is staged before it is written
+        checkpoint.write(tmp_path / "unstaged", snap)
+    checkpoint.stage_model(tmp_path, snap)
+    assert snap.model == {} and (snap.staged / checkpoint.MODEL).is_file()
+    snap.model = {k: v.clone() for k, v in checkpoint.model_tensors(model).items()}  # for the checks below
     untied = build_preset("tiny", char_tokenizer(), max_position_embeddings=32)
     untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
     assert checkpoint.tied_aliases(untied) == set()  # an untied head is its own tensor: written as before
     assert "lm_head.weight" in checkpoint.model_tensors(untied)
     path = checkpoint.write(tmp_path, snap)
     written = checkpoint.load_file(str(path / checkpoint.MODEL))
-    assert written.keys() == snap.model.keys()
+    assert written.keys() == snap.model.keys() and all(torch.equal(written[k], snap.model[k]) for k in written)
     model2, opt2 = _model_and_opt()
     with torch.no_grad():
         model2.model.embed_tokens.weight.add_(1.0)
@@ -92,3 +102,31 @@ def test_keeps_newest(tmp_path):
     for step in range(1, 5):
         checkpoint.save(tmp_path, checkpoint.TrainState(step=step), model, opt, keep=2)
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000003", "step_000004"]
+
+
+def test_a_staged_model_holds_the_snapshots_step_and_a_failed_stage_is_the_writes_error(tmp_path, monkeypatch):
+    """copy=True: the model file is written from the live tensors by stage_model (Writer.submit, on the caller's
+    thread); an optimizer step after it does not reach the checkpoint. A stage that fails is raised by the write
+    (one CheckpointWriteError, step_N.tmp removed), as a failure of the write itself is."""
+    model, opt = _model_and_opt()
+    want = {k: v.clone() for k, v in checkpoint.model_tensors(model).items()}
+    snap = checkpoint.snapshot(checkpoint.TrainState(step=1), model, opt, copy=True)
+    checkpoint.stage_model(tmp_path, snap)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    path = checkpoint.write(tmp_path, snap)
+    written = checkpoint.load_file(str(path / checkpoint.MODEL))
+    assert written.keys() == want.keys() and all(torch.equal(written[k], want[k]) for k in want)
+    assert checkpoint.verify(path) is None
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    snap = checkpoint.snapshot(checkpoint.TrainState(step=2), model, opt, copy=True)
+    monkeypatch.setattr(checkpoint, "save_file", boom)
+    checkpoint.stage_model(tmp_path, snap)  # never raises: kept for the write
+    monkeypatch.undo()
+    with pytest.raises(checkpoint.CheckpointWriteError, match="disk is full"):
+        checkpoint.write(tmp_path, snap)
+    assert sorted(p.name for p in (tmp_path / rundir.CHECKPOINTS).iterdir()) == ["step_000001"]
