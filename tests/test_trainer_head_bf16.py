@@ -103,3 +103,18 @@ def test_weights_after_three_steps_are_the_old_paths_bit_for_bit(precision, micr
     assert m_new["micro_batches"] == m_old["micro_batches"] and (micro_batch_tokens > 100 or m_new["micro_batches"] > 1)
     assert new.keys() == old.keys()
     assert all(torch.equal(new[k], old[k]) for k in new), [k for k in new if not torch.equal(new[k], old[k])]
+
+
+def test_the_weight_gradient_cast_in_its_own_buffer_is_the_separate_buffers_bit_for_bit():
+    """_weight_grad sums the chunks' bf16 products and casts them to fp32 inside the fp32 result (several blocks
+    of rows here: V x D = 5000 x 1024, 16 MiB blocks): the same bits as a bf16 sum beside its fp32 cast."""
+    g = torch.Generator().manual_seed(5)
+    V, D, N, chunk = 5000, 1024, 23, 8
+    hidden = torch.randn(N, D, generator=g)
+    dzs = [(s, torch.randn(min(chunk, N - s), V, generator=g).to(torch.bfloat16)) for s in (16, 8, 0)]
+    want = None
+    for s, dz in dzs:
+        part = torch.mm(dz.t(), hidden[s:s + chunk].to(torch.bfloat16))
+        want = part if want is None else want + part
+    got = head_grad._weight_grad(dzs, hidden, chunk, (V, D))
+    assert got.dtype == torch.float32 and torch.equal(got, want.float())

@@ -188,16 +188,34 @@ class HeadLogprobsBf16(torch.autograd.Function):
             del w16  # freed before the weight-sized gradient is made
             if grad_h is not None and len(starts) > 1:
                 grad_h.add_(0.0)  # the chunks' gradients meet in zero-filled buffers (-0.0 + 0.0 is +0.0)
-            grad_w = None
-            if ctx.needs_input_grad[1]:
-                for s, dz in dzs:
-                    part = torch.mm(dz.t(), hidden[s:s + chunk].to(torch.bfloat16))  # autograd's mm_mat2_backward
-                    grad_w = part if grad_w is None else grad_w.add_(part)
-                    del part
-                dzs.clear()
-                grad_w = grad_w.float()
+            grad_w = _weight_grad(dzs, hidden, chunk, weight.shape) if ctx.needs_input_grad[1] else None
+            dzs.clear()
         CLOCK.seconds += time.perf_counter() - t0
         return grad_h, _give(ctx.leaf, grad_w), None, None, None, None
+
+
+def _weight_grad(dzs, hidden: torch.Tensor, chunk: int, shape) -> torch.Tensor:
+    """The head weight's fp32 gradient ``[V, D]``: the chunks' ``dz16.T @ h16`` (autograd's ``mm_mat2_backward``)
+    summed in bf16 in ``dzs``' order, then cast to fp32, all inside the fp32 result's own buffer. The bf16 sum
+    lives in the buffer's upper half and each further chunk's product in its lower half; the cast then runs front
+    to back, a block of rows at a time, each block read before it is written: fp32 rows ``[a, b)`` take bytes
+    ``[4aD, 4bD)``, below the bf16 rows not yet read (from ``2VD + 2bD`` on) since ``b <= V``. So no bf16 [V, D]
+    buffer beside the fp32 one (0.34 GB for Gemma 3's head), and the same bits as the separate buffers."""
+    V, D = shape
+    out = torch.empty(V, D, dtype=torch.float32, device=hidden.device)
+    halves = out.view(-1).view(torch.bfloat16)  # 2 V D bf16 slots
+    acc, part = halves[V * D:].view(V, D), halves[:V * D].view(V, D)
+    for i, (s, dz) in enumerate(dzs):
+        h16 = hidden[s:s + chunk].to(torch.bfloat16)
+        if i == 0:
+            torch.mm(dz.t(), h16, out=acc)
+        else:
+            torch.mm(dz.t(), h16, out=part)
+            acc.add_(part)
+    rows = max(1, (16 << 20) // (4 * D))  # 16 MiB of fp32 rows a block
+    for a in range(0, V, rows):
+        out[a:a + rows] = acc[a:a + rows].clone()
+    return out
 
 
 def _logits16(h: torch.Tensor, w16: torch.Tensor, temperature: float) -> torch.Tensor:
