@@ -304,6 +304,7 @@ def _write(root: Path, tmp: Path, snap: Snapshot, keep: int) -> Path:
         _fresh_tmp(root, tmp)
         save_file(snap.model, str(tmp / MODEL))
     torch.save(snap.optim, tmp / OPTIM)
+    snap.optim = {}  # a background write's copy let go now, not after the hashing and fsync: the next step runs
     torch.save(snap.rng, tmp / RNG)
     (tmp / STATE).write_text(snap.state_json)
     (tmp / MANIFEST).write_text(json.dumps({f.name: _fingerprint(f) for f in sorted(tmp.iterdir())}, indent=1))
