@@ -2,12 +2,10 @@
 
 import os
 
-import pytest
 import torch
 
 from rollyard import checkpoint
 from rollyard.model.loading import build_preset, char_tokenizer
-from rollyard.telemetry import rundir
 
 
 def _model_and_opt():
@@ -43,30 +41,24 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_a_tied_head_is_held_and_written_once_and_tied_back_on_load(tmp_path):
-    """The tiny preset ties its LM head to the embedding (as SmolLM2 and Gemma 3 do): the snapshot holds that
-    tensor once and the file holds it once (Gemma 3: 0.67 GB less in memory and on disk); load ties it back.
-    A copy=True snapshot holds the live model tensors (no copy: stage_model writes them before the next step)."""
+    """The tiny preset ties its LM head to the embedding (as SmolLM2 and Gemma 3 do): the snapshot clones that
+    tensor once and the file holds it once (Gemma 3: 0.67 GB less in memory and on disk); load ties it back."""
     model, opt = _model_and_opt()
     assert checkpoint.tied_aliases(model) == {"lm_head.weight"}
     snap = checkpoint.snapshot(checkpoint.TrainState(step=1), model, opt, copy=True)
     assert "lm_head.weight" not in snap.model and "model.embed_tokens.weight" in snap.model
     ptrs = [t.untyped_storage().data_ptr() for t in snap.model.values()]
-    assert len(set(ptrs)) == len(ptrs)  # each its own storage: the live model's, not a copy
-    assert set(ptrs) <= {p.untyped_storage().data_ptr() for p in model.state_dict().values()}
-    assert "model.embed_tokens.weight" in checkpoint.model_tensors(model)
-    assert not set(ptrs) & {t.untyped_storage().data_ptr() for t in checkpoint.model_tensors(model).values()}
-    with pytest.raises(RuntimeError, match="stage_model"):  # the live model is staged before it is written
-        checkpoint.write(tmp_path / "unstaged", snap)
-    checkpoint.stage_model(tmp_path, snap)
-    assert snap.model == {} and (snap.staged / checkpoint.MODEL).is_file()
-    snap.model = {k: v.clone() for k, v in checkpoint.model_tensors(model).items()}  # for the checks below
+    assert len(set(ptrs)) == len(ptrs)  # each its own storage, none the live model's
+    assert not set(ptrs) & {p.untyped_storage().data_ptr() for p in model.parameters()}
     untied = build_preset("tiny", char_tokenizer(), max_position_embeddings=32)
     untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())
     assert checkpoint.tied_aliases(untied) == set()  # an untied head is its own tensor: written as before
     assert "lm_head.weight" in checkpoint.model_tensors(untied)
+    names = set(snap.model)
     path = checkpoint.write(tmp_path, snap)
+    assert snap.model == {} and snap.optim == {}  # a background write's copies let go of once written
     written = checkpoint.load_file(str(path / checkpoint.MODEL))
-    assert written.keys() == snap.model.keys() and all(torch.equal(written[k], snap.model[k]) for k in written)
+    assert written.keys() == names
     model2, opt2 = _model_and_opt()
     with torch.no_grad():
         model2.model.embed_tokens.weight.add_(1.0)
@@ -104,29 +96,20 @@ def test_keeps_newest(tmp_path):
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["step_000003", "step_000004"]
 
 
-def test_a_staged_model_holds_the_snapshots_step_and_a_failed_stage_is_the_writes_error(tmp_path, monkeypatch):
-    """copy=True: the model file is written from the live tensors by stage_model (Writer.submit, on the caller's
-    thread); an optimizer step after it does not reach the checkpoint. A stage that fails is raised by the write
-    (one CheckpointWriteError, step_N.tmp removed), as a failure of the write itself is."""
-    model, opt = _model_and_opt()
-    want = {k: v.clone() for k, v in checkpoint.model_tensors(model).items()}
-    snap = checkpoint.snapshot(checkpoint.TrainState(step=1), model, opt, copy=True)
-    checkpoint.stage_model(tmp_path, snap)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    path = checkpoint.write(tmp_path, snap)
-    written = checkpoint.load_file(str(path / checkpoint.MODEL))
-    assert written.keys() == want.keys() and all(torch.equal(written[k], want[k]) for k in want)
-    assert checkpoint.verify(path) is None
-
-    def boom(*a, **k):
-        raise OSError(28, "No space left on device")
-
-    snap = checkpoint.snapshot(checkpoint.TrainState(step=2), model, opt, copy=True)
-    monkeypatch.setattr(checkpoint, "save_file", boom)
-    checkpoint.stage_model(tmp_path, snap)  # never raises: kept for the write
-    monkeypatch.undo()
-    with pytest.raises(checkpoint.CheckpointWriteError, match="disk is full"):
-        checkpoint.write(tmp_path, snap)
-    assert sorted(p.name for p in (tmp_path / rundir.CHECKPOINTS).iterdir()) == ["step_000001"]
+def test_a_write_that_ends_before_the_model_changes_reads_the_live_tensors():
+    """``model_tensors(copy=False)`` (the synchronous save, and the run's last checkpoint) hands over each parameter
+    alone on its storage as the live tensor, no copy; a view into a larger storage is copied (safetensors writes
+    whole storages); the tied alias is left out either way."""
+    model, _ = _model_and_opt()
+    live = dict(model.named_parameters())
+    got = checkpoint.model_tensors(model, copy=False)
+    assert "lm_head.weight" not in got
+    assert all(got[n].data_ptr() == live[n].data_ptr() for n in got if n in live)
+    copied = checkpoint.model_tensors(model)
+    assert all(copied[n].data_ptr() != live[n].data_ptr() and torch.equal(copied[n], live[n]) for n in copied if n in live)
+    w = model.model.layers[0].mlp.down_proj.weight
+    big = torch.nn.Parameter(torch.cat([w.detach().flatten(), torch.zeros(7)]))
+    model.model.layers[0].mlp.down_proj.weight = torch.nn.Parameter(big.detach()[:w.numel()].view_as(w))
+    got = checkpoint.model_tensors(model, copy=False)
+    view = got["model.layers.0.mlp.down_proj.weight"]
+    assert view.untyped_storage().nbytes() == view.numel() * view.element_size() and torch.equal(view, w)

@@ -4,9 +4,7 @@ A checkpoint is written into ``step_NNNNNN.tmp`` and renamed to ``step_NNNNNN`` 
 file is on disk, so a crash mid-write leaves the previous checkpoint as the latest valid one (a
 ``.tmp`` directory is never read and is cleaned up by the next save). Saving is two parts:
 :func:`snapshot` (the state in memory, on the caller's thread) and :func:`write` (the files, their
-fsync, the rename, the pruning); ``checkpoint_writer.Writer`` runs the second in the background, after
-:func:`stage_model` has written the model's file from the live tensors on the caller's thread (a background
-snapshot copies the optimizer state only: see :class:`Snapshot`).
+fsync, the rename, the pruning); ``checkpoint_writer.Writer`` runs the second in the background.
 
 Every checkpoint carries ``manifest.json`` (size and SHA-256 of each file), written last. On
 resume :func:`latest` checks the newest checkpoint against it; a corrupt or incomplete one (a
@@ -97,43 +95,30 @@ class CheckpointWriteError(OSError):
 
 @dataclass
 class Snapshot:
-    """One checkpoint held in memory, ready for :func:`write`. Taken with ``copy=True`` (a background write) its
-    optimizer state, RNG states and state.json share no storage with the live ones, and its model tensors are
-    the live ones until :func:`stage_model` has written them into ``step_N.tmp`` (``Writer.submit`` does, on the
-    caller's thread, before the next step can change them): an optimizer step taken while the rest is written
-    cannot reach the files.
-
-    Why the model is written, not copied: the copy held the model and the optimizer state twice while the write
-    ran, the run's peak on Gemma-3-270M (5.80 GB, the snapshot at the run's end: 2.14 GB of copies on ~3.7 GB);
-    written from the live tensors the snapshot holds the optimizer state's copy only (1.07 GB). The step pays for
-    the model file's write instead of its copy (Gemma-3-270M, 1.07 GB on this machine's disk: ~2.4 s against
-    ~0.4 s, once per ``checkpoint_every`` steps)."""
+    """One checkpoint held in memory, ready for :func:`write`. Taken with ``copy=True`` it shares no storage with
+    the live model and optimizer: an optimizer step taken while it is written cannot reach the files."""
 
     step: int
     state_json: str                # state.json's text, as the state was when the snapshot was taken
-    model: dict[str, torch.Tensor]  # CPU tensors, no two sharing storage (safetensors refuses shared ones)
+    model: dict[str, torch.Tensor]  # CPU tensors, each with its own storage (safetensors refuses shared ones)
     optim: dict                    # optimizer.state_dict() (its tensors copied to CPU with copy=True)
     rng: dict                      # _rng_state() and the driver's "extra" generators
     need: int                      # bytes it takes on disk: its tensors plus 1 MB (an estimate)
-    live_model: bool = False       # ``model`` holds the live tensors: stage_model() before the next step
-    staged: Path | None = None     # the step_N.tmp that stage_model() wrote model.safetensors into
-    stage_error: BaseException | None = None  # stage_model()'s failure, raised (classified) by write()
 
 
 def snapshot(state: TrainState, model, optimizer, extra_rng: dict[str, torch.Tensor] | None = None,
              copy: bool = False) -> Snapshot:
-    """Checkpoint ``state.step`` in memory: the model's tensors on CPU (:func:`model_tensors`, the live ones where
-    they are CPU tensors of their own), the optimizer state, the RNG states now and state.json's text. ``copy``:
-    the optimizer state's tensors copied to CPU too (a background write; the model's are written by
-    :func:`stage_model` before the next step, see :class:`Snapshot`); without it they are the optimizer's own,
-    written before the next step."""
-    tensors = model_tensors(model, copy=False)
+    """Checkpoint ``state.step`` in memory: the model's tensors on CPU, each cloned once (:func:`model_tensors`),
+    the optimizer state, the RNG states now and state.json's text. ``copy``: the optimizer state's tensors copied
+    to CPU too (a background write: the model and optimizer state held twice in memory while it runs);
+    without it they are the optimizer's own, written before the next step."""
     optim = optimizer.state_dict()  # once: with trainer.dp > 1 it is gathered from the ranks
     if copy:
         optim = _cpu_copy(optim)
+    tensors = model_tensors(model, copy=copy)
     rng = {**_rng_state(), "extra": _cpu_copy(extra_rng or {}) if copy else (extra_rng or {})}
     need = _tensor_bytes(tensors) + _tensor_bytes(optim) + _tensor_bytes(rng["extra"]) + (1 << 20)
-    return Snapshot(state.step, json.dumps(asdict(state), indent=1), tensors, optim, rng, need, live_model=copy)
+    return Snapshot(state.step, json.dumps(asdict(state), indent=1), tensors, optim, rng, need)
 
 
 def tied_aliases(model) -> set[str]:
@@ -151,12 +136,12 @@ def tied_aliases(model) -> set[str]:
 
 
 def model_tensors(model, copy: bool = True) -> dict[str, torch.Tensor]:
-    """The model's state dict as CPU tensors, no two sharing storage (safetensors refuses shared ones), a tied
-    alias (:func:`tied_aliases`) left out: :func:`load` ties it back. Gemma 3's 262,144 x 640 head is its
-    embedding: cloned twice it was 0.67 GB more in the snapshot (1.74 instead of 1.07 GB of model tensors, held
-    beside the live state while a background write runs) and on disk. ``copy``: each cloned into its own storage;
-    without it a contiguous CPU tensor that is the only one on its storage is the live tensor itself (written
-    before the model changes: :func:`save`, :func:`stage_model`), any other copied."""
+    """The model's state dict as CPU tensors, no two sharing storage (safetensors refuses shared ones), a tied alias
+    (:func:`tied_aliases`) left out: :func:`load` ties it back. Gemma 3's 262,144 x 640 head is its embedding: cloned
+    twice it was 0.67 GB more in the snapshot (1.74 instead of 1.07 GB of model tensors, held beside the live state
+    while a background write runs) and on disk. ``copy``: each cloned into its own storage (a background write);
+    without it a contiguous CPU tensor alone on its storage is the live tensor itself (a write that ends before the
+    model changes: :func:`save`), any other copied."""
     skip, out, seen = tied_aliases(model), {}, set()
     for k, v in model.state_dict().items():
         if k in skip:
@@ -185,31 +170,6 @@ def save(run_dir: str | Path, state: TrainState, model, optimizer, keep: int = 2
          extra_rng: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint ``state.step`` atomically, now (:func:`snapshot` then :func:`write`); return its path."""
     return write(run_dir, snapshot(state, model, optimizer, extra_rng), keep)
-
-
-def stage_model(run_dir: str | Path, snap: Snapshot) -> None:
-    """Write ``snap``'s model file into ``step_N.tmp`` now, from the tensors it holds (the live ones of a
-    ``copy=True`` snapshot), then let go of them; :func:`write` writes the rest into the same directory. Never
-    raises: a failure is kept and raised by :func:`write` as its own (removing ``step_N.tmp``)."""
-    if snap.staged is not None or snap.stage_error is not None:
-        return
-    root = Path(run_dir) / rundir.CHECKPOINTS
-    tmp = root / f"step_{snap.step:06d}.tmp"
-    try:
-        _fresh_tmp(root, tmp)
-        save_file(snap.model, str(tmp / MODEL))
-        snap.staged = tmp
-    except Exception as e:  # noqa: BLE001 - classified by write(), on the writer's side
-        snap.stage_error = e
-    snap.model = {}  # the live tensors are not read again: the step may change them
-
-
-def _fresh_tmp(root: Path, tmp: Path) -> None:
-    """``tmp`` created empty under ``root``, every ``step_*.tmp`` a killed process left removed first."""
-    root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob("step_*.tmp"):  # left by a process killed mid-write
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir()
 
 
 def write(run_dir: str | Path, snap: Snapshot, keep: int = 2) -> Path:
@@ -294,17 +254,15 @@ def _tensor_bytes(obj: Any) -> int:
 
 
 def _write(root: Path, tmp: Path, snap: Snapshot, keep: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
     final = root / tmp.name.removesuffix(".tmp")
-    if snap.stage_error is not None:
-        raise snap.stage_error
-    if snap.live_model and snap.staged is None:
-        raise RuntimeError("a copy=True snapshot's model is the live one: stage_model() it before the next step, "
-                           "then write() it (checkpoint_writer.Writer.submit does)")
-    if snap.staged != tmp:  # stage_model() wrote the model file into tmp already
-        _fresh_tmp(root, tmp)
-        save_file(snap.model, str(tmp / MODEL))
+    for stale in root.glob("step_*.tmp"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp.mkdir()
+    save_file(snap.model, str(tmp / MODEL))
+    snap.model = {}  # a background write's copies let go of as each file is written, not after the hashing and fsync
     torch.save(snap.optim, tmp / OPTIM)
-    snap.optim = {}  # a background write's copy let go now, not after the hashing and fsync: the next step runs
+    snap.optim = {}
     torch.save(snap.rng, tmp / RNG)
     (tmp / STATE).write_text(snap.state_json)
     (tmp / MANIFEST).write_text(json.dumps({f.name: _fingerprint(f) for f in sorted(tmp.iterdir())}, indent=1))

@@ -1,10 +1,8 @@
 """A checkpoint written in the background, off the step's critical path (``checkpoint_async``, the default).
 
-The step pays for :func:`checkpoint.snapshot` with ``copy=True`` (the optimizer state copied to CPU memory, the
-RNG states, the prompt cursor and ledger in state.json's text) and for :func:`checkpoint.stage_model`, which
-:meth:`Writer.submit` runs on the caller's thread: the model's file written into ``step_N.tmp`` from the live
-tensors (not a second copy of them held while the write runs: ``checkpoint.Snapshot``). :class:`Writer` then runs
-:func:`checkpoint.write` on the rest in one thread of its own, as torch.distributed.checkpoint's ``async_save`` does:
+The step pays for :func:`checkpoint.snapshot` with ``copy=True`` only: the model and optimizer state copied to
+CPU memory, the RNG states, the prompt cursor and ledger in state.json's text. :class:`Writer` then runs
+:func:`checkpoint.write` on it in one thread of its own, as torch.distributed.checkpoint's ``async_save`` does:
 the files, the manifest, their fsync, the atomic rename that publishes the checkpoint, then the pruning to
 ``keep_checkpoints``. The protocol is the synchronous one, so a crash during the write leaves ``step_N.tmp``
 (never read) and the previous checkpoint the latest valid one.
@@ -71,8 +69,6 @@ class Writer:
         """Start writing ``snap`` under ``run_dir``; the previous write must have been collected."""
         if self._thread is not None:
             raise RuntimeError("a checkpoint write is still in flight: wait() for it before submitting the next")
-        # the model's file, from the live tensors, before the caller's next step can change them (checkpoint.Snapshot)
-        checkpoint.stage_model(run_dir, snap)
         self._run_dir, self._done = Path(run_dir), Done(snap.step, 0.0)
         self._thread = threading.Thread(target=self._run, args=(self._done, self._run_dir, snap, keep),
                                         name=f"rollyard-checkpoint-{snap.step}", daemon=True)
