@@ -46,6 +46,30 @@ class Clock:
 CLOCK = Clock()
 
 
+def _chunk_stats(logits, targets, with_entropy: bool, lps: list, logzs: list, ents: list) -> None:
+    """One chunk's forward: its targets' log-probs, its log-partition and (``with_entropy``) its entropy, ``H = logz -
+    sum_v p_v * z_v`` (as ``logprobs._entropy`` without a gradient), appended to the lists."""
+    logz = torch.logsumexp(logits, dim=-1)
+    lps.append(logits.gather(-1, targets[:, None]).squeeze(-1) - logz)
+    logzs.append(logz)
+    if with_entropy:
+        p = (logits - logz[:, None]).exp_()
+        ents.append(logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1))
+
+
+def _saved(ctx, hidden, weight, targets, temperature: float, chunk: int, lps: list, logzs: list, ents: list,
+           with_entropy: bool, t0: float):
+    """The forward's end, shared by both heads: what the backward reads saved, the outputs ``(logp, entropy)``."""
+    ctx.save_for_backward(hidden, weight, targets, torch.cat(logzs))
+    ctx.temperature, ctx.chunk = temperature, chunk
+    ctx.leaf = weight if weight.is_leaf and weight.requires_grad else None  # the parameter, for its .grad
+    ent = torch.cat(ents) if with_entropy else hidden.new_zeros(0, dtype=torch.float32)
+    ctx.mark_non_differentiable(ent)
+    out = torch.cat(lps), ent
+    CLOCK.seconds += time.perf_counter() - t0
+    return out
+
+
 class HeadLogprobs(torch.autograd.Function):
     """``(logp [N], entropy [N] or empty)`` of ``hidden [N, D]`` under ``log_softmax(hidden @ weight.T / T)`` at
     ``targets``, ``chunk`` rows at a time; entropy carries no gradient."""
@@ -55,21 +79,9 @@ class HeadLogprobs(torch.autograd.Function):
         t0 = time.perf_counter()
         lps, logzs, ents = [], [], []
         for s in range(0, hidden.shape[0], chunk):
-            logits = _logits(hidden[s:s + chunk], weight, temperature)
-            logz = torch.logsumexp(logits, dim=-1)
-            lps.append(logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - logz)
-            logzs.append(logz)
-            if with_entropy:  # H = logz - sum_v p_v * z_v (as trainer.chunked_token_logprobs)
-                p = logits.sub(logz[:, None]).exp_()
-                ents.append(logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1))
-        ctx.save_for_backward(hidden, weight, targets, torch.cat(logzs))
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.leaf = weight if weight.is_leaf and weight.requires_grad else None  # the parameter, for its .grad
-        ent = torch.cat(ents) if with_entropy else hidden.new_zeros(0, dtype=torch.float32)
-        ctx.mark_non_differentiable(ent)
-        out = torch.cat(lps), ent
-        CLOCK.seconds += time.perf_counter() - t0
-        return out
+            _chunk_stats(_logits(hidden[s:s + chunk], weight, temperature), targets[s:s + chunk], with_entropy,
+                         lps, logzs, ents)
+        return _saved(ctx, hidden, weight, targets, temperature, chunk, lps, logzs, ents, with_entropy, t0)
 
     @staticmethod
     def backward(ctx, grad_lp, _grad_ent):
@@ -146,22 +158,10 @@ class HeadLogprobsBf16(torch.autograd.Function):
         w16 = weight.detach().to(torch.bfloat16)  # autocast's cast of the weight (round to nearest even)
         lps, logzs, ents = [], [], []
         for s in range(0, hidden.shape[0], chunk):
-            logits = _logits16(hidden[s:s + chunk], w16, temperature)
-            logz = torch.logsumexp(logits, dim=-1)
-            lps.append(logits.gather(-1, targets[s:s + chunk, None]).squeeze(-1) - logz)
-            logzs.append(logz)
-            if with_entropy:  # as logprobs._entropy without a gradient
-                p = (logits - logz[:, None]).exp_()
-                ents.append(logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1))
+            _chunk_stats(_logits16(hidden[s:s + chunk], w16, temperature), targets[s:s + chunk], with_entropy,
+                         lps, logzs, ents)
         del w16
-        ctx.save_for_backward(hidden, weight, targets, torch.cat(logzs))
-        ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.leaf = weight if weight.is_leaf and weight.requires_grad else None  # the parameter, for its .grad
-        ent = torch.cat(ents) if with_entropy else hidden.new_zeros(0, dtype=torch.float32)
-        ctx.mark_non_differentiable(ent)
-        out = torch.cat(lps), ent
-        CLOCK.seconds += time.perf_counter() - t0
-        return out
+        return _saved(ctx, hidden, weight, targets, temperature, chunk, lps, logzs, ents, with_entropy, t0)
 
     @staticmethod
     def backward(ctx, grad_lp, _grad_ent):
