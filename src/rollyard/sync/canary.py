@@ -9,7 +9,9 @@ versions the copy is behind when it answers). It is not the checksum: it runs af
 forward of ``PROBE_TOKENS`` tokens) and says how far the copy's outputs are off, not only that its
 bytes differ.
 
-The trainer scores with :func:`score` (its model's plain forward). The rollout side answers with
+The trainer scores with :func:`score` in its weights' precision (the placement passes
+``model.families.completion_logits``: the trainer's own fast forward where it computes what the module does, else
+the module's forward). The rollout side answers with
 :func:`answer`, through the weights and kernels it *samples with*, which are not always its module.
 Each engine answers through its own ``score`` (the engine contract, ``rollout/engine.py``); the sync layer
 never reaches into an engine's internals:
