@@ -13,7 +13,8 @@ FLOPs. Once per weight version the weights that are always used together are fus
 
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it from
 ``load_weights``). On a CPU where oneDNN is the faster GEMM (``rollyard.model.gemm``), the projections large enough
-to repay its per-call cost are stored prepacked in oneDNN's layout.
+to repay its per-call cost are stored prepacked in oneDNN's layout; bf16 matmuls on a CPU with AVX512-BF16 take
+``rollyard.model.kernels``' bf16 matmul instead (its layout P, written from the module's weights in one pass).
 
 KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``; a slot's entries at
 positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. With bf16 weights on a
@@ -229,6 +230,9 @@ class FastForward:
         ms, 2 threads). Stacks in the module's own dtype keep fresh memory, which the allocator recycles from one
         weight to the next: a scratch there measured no faster (fp32 after a release, 69-73 vs 84-95 ms)."""
         first, scale = parts[0]
+        if self.mm_dtype == torch.bfloat16 and self.mixed and first.dim() == 2 and cpu_kernels.bf16_packs(
+                sum(t.shape[0] for t, _ in parts), first.shape[1]):
+            return cpu_kernels.pack_bf16(list(parts))  # cast, scale and layout in one pass (kernels.cc)
         if len(parts) == 1 and scale == 1.0 and first.dtype == self.mm_dtype:
             return pack(first)
         shape = (sum(t.shape[0] for t, _ in parts), *first.shape[1:])
@@ -279,6 +283,8 @@ class FastForward:
         activations' (the add then in the activations' dtype too)."""
         if not self.mixed:
             return packed_linear(x, w, b, add=add)
+        if cpu_kernels.is_packed_bf16(w):
+            return cpu_kernels.gemm_bf16(x, w, b, add)
         y = packed_linear(x.to(self.mm_dtype), w, b).to(self.dtype)
         return y if add is None else y.add_(add)
 

@@ -539,3 +539,214 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
         delete[] ends;
     }
 }
+
+// ---- bf16 GEMM for the decode engine: y = round_bf16(bf16(x) @ W^T + bias) (+ add), fp32 in and out ----------------
+//
+// The rollout's matmuls at bf16 precision (model/fast.py, `mixed`): fp32 activations, bf16 weights, output rounded to
+// bf16 as a bf16 matmul's is, then used in fp32. torch runs that as a cast of x, oneDNN's bf16 matmul and a cast back
+// (three calls, two fresh tensors). Here it is one call, and the weights sit in a layout written in one pass from
+// the trainer's fp32 tensors (cast, scale and layout together: no separate reorder at a weight refresh).
+//
+// Layout `P`: W [N, K] (N % 64 == 0, K % 32 == 0) as [N/64][K/32][16][64][2] bf16: block (nb, kb) holds columns
+// nb*64.. and inputs kb*32..; within it, pair p's 64 columns' (k = 2p, 2p+1) values side by side, so one 64-byte
+// load is 16 columns' pairs: the operand of vdpbf16ps. (oneDNN's AB16b64a2b for these shapes.)
+//
+// Kernel: per 64-column block, row groups of up to 6 rows x 4 vectors of 16 columns = 24 accumulators; each row's
+// bf16 pair broadcast from memory; K in order, one accumulator per output (no K split), so the sum is a chain of
+// vdpbf16ps in input order. The next block's weights are prefetched into L2 while the first row group runs, which
+// overlaps the weights' stream from memory with the arithmetic at decode's 1-32 rows.
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define ROLLYARD_GEMM_BF16 1
+#endif
+
+namespace {
+
+inline uint16_t bf16_rne(float f) {  // torch's float -> bfloat16 (round to nearest even; NaN -> quiet NaN)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : r);
+}
+
+// dst[p * ld_dst + i] = src[i * ld_src + p] for a 16 x 16 block of uint32
+inline void transpose16(const uint32_t* src, int64_t ld_src, uint32_t* dst, int64_t ld_dst) {
+#ifdef ROLLYARD_GEMM_BF16
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + i * ld_src);
+    for (int i = 0; i < 8; i++) {  // per 128-bit lane: pairs of rows interleaved
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) {  // u[4g + j], lane L: rows 4g..4g+3, element 4L + j
+        r[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+        r[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+        r[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        r[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int j = 0; j < 4; j++) {  // row 4L + j of the result: lane L of r[j], r[4 + j], r[8 + j], r[12 + j]
+        const __m512i v0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), v1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
+        const __m512i v2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
+        _mm512_storeu_si512(dst + (0 + j) * ld_dst, _mm512_shuffle_i32x4(v0, v2, 0x88));
+        _mm512_storeu_si512(dst + (4 + j) * ld_dst, _mm512_shuffle_i32x4(v0, v2, 0xDD));
+        _mm512_storeu_si512(dst + (8 + j) * ld_dst, _mm512_shuffle_i32x4(v1, v3, 0x88));
+        _mm512_storeu_si512(dst + (12 + j) * ld_dst, _mm512_shuffle_i32x4(v1, v3, 0xDD));
+    }
+#else
+    for (int p = 0; p < 16; p++)
+        for (int i = 0; i < 16; i++) dst[p * ld_dst + i] = src[i * ld_src + p];
+#endif
+}
+
+#ifdef ROLLYARD_GEMM_BF16
+template <int MR>
+inline void gemm_tile(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
+                      int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
+                      int64_t ldy) {
+    __m512 acc[MR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+    // pf: this tile's share of the next column block (pf_lines cache lines), one line per pair step, into L2
+    int64_t line = 0;
+    for (int64_t kb = 0; kb < kblocks; kb++) {
+        const uint16_t* blk = wb + kb * 2048;
+        for (int p = 0; p < 16; p++) {
+            if (line < pf_lines) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+            const uint16_t* wp = blk + p * 128;
+            __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp);
+            __m512bh w1 = (__m512bh)_mm512_loadu_si512(wp + 32);
+            __m512bh w2 = (__m512bh)_mm512_loadu_si512(wp + 64);
+            __m512bh w3 = (__m512bh)_mm512_loadu_si512(wp + 96);
+            const uint32_t* xp = xs + kb * 16 + p;
+            for (int r = 0; r < MR; r++) {
+                __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[r * kp]);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, w1);
+                acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
+                acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, w3);
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) {
+            __m512 v = acc[r][q];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
+            // round to bf16 (vcvtneps2bf16, a bf16 matmul's output conversion) and back to fp32
+            __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+            if (add) h = _mm512_add_ps(h, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
+            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, h);
+        }
+}
+
+template <int MR>
+inline void gemm_rows(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
+                      int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
+                      int64_t ldy, int rows) {
+    if (rows == MR) gemm_tile<MR>(xs, kp, wb, kblocks, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
+    else if constexpr (MR > 1)
+        gemm_rows<MR - 1>(xs, kp, wb, kblocks, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
+}
+#endif
+
+}  // namespace
+
+extern "C" int rollyard_gemm_bf16_available() {
+#ifdef ROLLYARD_GEMM_BF16
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// Write the fused weight [sum(rows), K] of `nparts` row blocks (part i: `rows[i]` rows of fp32 (`bf16` 0) or bf16
+// (1) values at `srcs[i]`, row-major, times `scales[i]` when that is not 1) into layout P at `out`, rounded to bf16 as
+// torch's cast rounds (a product in fp32 first). Columns N = sum(rows) % 64 == 0, K % 32 == 0 (the caller checks).
+extern "C" void rollyard_pack_bf16(const void* const* srcs, const int64_t* rows, const float* scales, const int* bf16,
+                                   int nparts, int64_t K, uint16_t* out, int threads) {
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += rows[i];
+    const int64_t nblocks = N / 64, kblocks = K / 32, kp = K / 2;
+#pragma omp parallel num_threads(threads)
+    {
+        // a block's 64 rows as bf16 pairs, row-major (read in order), then written out pair-major (layout P)
+        uint32_t* buf = new uint32_t[64 * kp];
+#pragma omp for schedule(static)
+        for (int64_t nb = 0; nb < nblocks; nb++) {
+            for (int c = 0; c < 64; c++) {
+                int64_t n = nb * 64 + c, part = 0;
+                while (n >= rows[part]) n -= rows[part++];
+                const float s = scales[part];
+                uint32_t* dst = buf + c * kp;
+                if (bf16[part]) {
+                    const uint32_t* src = (const uint32_t*)((const uint16_t*)srcs[part] + n * K);
+                    if (s == 1.0f) {
+                        std::memcpy(dst, src, kp * 4);
+                    } else {
+                        for (int64_t j = 0; j < kp; j++)
+                            dst[j] = bf16_rne(bf16_to_f32((uint16_t)src[j]) * s)
+                                     | (uint32_t)bf16_rne(bf16_to_f32((uint16_t)(src[j] >> 16)) * s) << 16;
+                    }
+                } else {
+                    const float* src = (const float*)srcs[part] + n * K;
+                    uint16_t* d16 = (uint16_t*)dst;  // a pair (k even, k odd) is one uint32, low half first
+                    if (s == 1.0f) {
+                        for (int64_t k = 0; k < K; k++) d16[k] = bf16_rne_nb(src[k]);
+                    } else {
+                        for (int64_t k = 0; k < K; k++) d16[k] = bf16_rne_nb(src[k] * s);
+                    }
+                }
+            }
+            uint32_t* o = (uint32_t*)(out + nb * kblocks * 2048);
+            for (int64_t kb = 0; kb < kblocks; kb++, o += 1024)
+                for (int cg = 0; cg < 4; cg++) transpose16(buf + cg * 16 * kp + kb * 16, kp, o + cg * 16, 64);
+        }
+        delete[] buf;
+    }
+}
+
+// y [M, N] (row stride ldy) = round_bf16(bf16(x) @ W^T + bias) + add: x [M, K] fp32 (row stride ldx), W in layout P
+// (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null; `xs`: scratch of M * K bf16. Returns 0,
+// or 1 where this build has no AVX512-BF16 (nothing done).
+extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, int64_t N,
+                                  const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                                  uint16_t* xs, int threads) {
+#ifdef ROLLYARD_GEMM_BF16
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) xs[m * K + k] = bf16_rne(x[m * ldx + k]);
+    const int64_t nblocks = N / 64, kblocks = K / 32, kp = K / 2;
+    const uint32_t* x32 = (const uint32_t*)xs;
+    constexpr int MR = 6;
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+    {
+        // work: (column block, row group) units in block order, split evenly: a block's groups may go to two threads
+        const int T = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t groups = (M + MR - 1) / MR, units = nblocks * groups;
+        const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
+        const int64_t last = u1 > u0 ? (u1 - 1) / groups : -1;  // this thread's last block
+        // the next block's lines (kblocks * 64 of them), shared out over this block's row groups
+        const int64_t lines = kblocks * 64, share = (lines + groups - 1) / groups;
+        for (int64_t u = u0; u < u1; u++) {
+            const int64_t nb = u / groups, g = u % groups, m0 = g * MR;
+            const uint16_t* wb = w + nb * kblocks * 2048;
+            const int rows = (int)(M - m0 < MR ? M - m0 : MR);
+            const int64_t first = g * share < lines ? g * share : lines;
+            const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
+            gemm_rows<MR>(x32 + m0 * kp, kp, wb, kblocks, (const char*)(wb + kblocks * 2048) + 64 * first, n, bias,
+                          nb * 64, add ? add + m0 * ldadd : nullptr, ldadd, y + m0 * ldy, ldy, rows);
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
+    (void)xs; (void)threads;
+    return 1;
+#endif
+}

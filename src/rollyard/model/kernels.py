@@ -1,6 +1,6 @@
-"""CPU kernels in fp32, compiled from ``model/kernels.cc``: the decode step's attention, RMSNorm,
-SwiGLU and RoPE + K/V cache write, the rollout's draw, and the training forward's RMSNorm, SwiGLU and q|k|v split +
-RoPE (with their backwards).
+"""CPU kernels, compiled from ``model/kernels.cc``: the decode step's attention, RMSNorm, SwiGLU and RoPE + K/V
+cache write (fp32), the rollout's bf16 matmuls, the rollout's draw, and the training forward's RMSNorm, SwiGLU and
+q|k|v split + RoPE (with their backwards).
 
 **Attention.** A decode step's attention reads each row's cached K / V once: per (row, K/V head) a
 ``[G, hd] x [hd, n]`` score matmul, a softmax over ``n`` and a ``[G, n] x [n, hd]`` matmul.
@@ -24,6 +24,17 @@ of the weights exceeds ``u * total``; torch's way is an fp64 copy of the ``[32, 
 ``searchsorted`` (~5.7 ms a decode step at SmolLM2's 49152-token vocabulary, 2 threads, a sixth of the step). The
 kernel adds the same floats in the same order, eight rows' chains at a time, and re-adds one 64-wide block to find
 the index: the same index bit for bit, ~0.4 ms on one thread.
+
+**The rollout's bf16 matmuls** (:func:`pack_bf16`, :func:`gemm_bf16`): with ``rollout.precision=bf16`` on a CPU with
+AVX512-BF16, each of the decode engine's fused weights is written once per weight version, cast, scaled and laid out
+in one pass (layout P, ``kernels.cc``), and each matmul is one call taking fp32 activations and giving fp32 outputs
+rounded as a bf16 matmul's: in place of a cast, oneDNN's bf16 matmul and a cast back. The kernel streams the next
+column block's weights into L2 while it computes the current one, which oneDNN does not: at SmolLM2-135M's decode
+shapes (32 rows, weights from DRAM, 2 threads) the MLP's up/gate matmul ran 193 -> 150 us, and a decode step 24.5 ->
+20.3 ms at batch 32, 9.7-12.5 -> 6.9 ms at batch 1. The weight refresh (a sync) went from oneDNN's cast + reorder,
+~0.07-0.12 s, to one pass of ~0.04 s. Sums run over the input in order in one fp32 chain per output (vdpbf16ps), so
+the result does not depend on the thread count; it differs from oneDNN's bf16 matmul in the last bf16 place at some
+outputs (oneDNN orders its sums differently). Checked against torch on a fixed case once per process.
 
 **Training** (:func:`train_rms_norm`, :func:`train_swiglu`, :func:`train_qkv_rope`: autograd
 Functions). torch runs each of these as several elementwise kernels forward and more backward
@@ -306,7 +317,8 @@ def _first_line(e: BaseException) -> str:
 _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollyard_rms_norm_f32",
             "rollyard_rms_norm_bwd_f32", "rollyard_swiglu_fwd_f32", "rollyard_swiglu_bwd_f32", "rollyard_qkv_rope_fwd_f32",
             "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state",
-            "rollyard_adamw_f32_zero_grad", "rollyard_inverse_cdf_f32")  # _load's
+            "rollyard_adamw_f32_zero_grad", "rollyard_inverse_cdf_f32", "rollyard_gemm_bf16_available",
+            "rollyard_pack_bf16", "rollyard_gemm_bf16")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -337,6 +349,12 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_adamw_f32_zero_grad.restype = None
     lib.rollyard_inverse_cdf_f32.argtypes = [P, L, L, P, P, P, I]
     lib.rollyard_inverse_cdf_f32.restype = None
+    lib.rollyard_gemm_bf16_available.argtypes = []
+    lib.rollyard_gemm_bf16_available.restype = I
+    lib.rollyard_pack_bf16.argtypes = [P, P, P, P, I, L, P, I]
+    lib.rollyard_pack_bf16.restype = None
+    lib.rollyard_gemm_bf16.argtypes = [P, L, L, L, P, L, P, P, L, P, L, P, I]
+    lib.rollyard_gemm_bf16.restype = I
     return lib
 
 
@@ -506,6 +524,101 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
     lib.rollyard_inverse_cdf_f32(weights.data_ptr(), weights.shape[0], weights.shape[1], r.data_ptr(), out.data_ptr(),
                                  None if totals is None else totals.data_ptr(), torch.get_num_threads())
     return out
+
+
+# ---- the rollout's bf16 matmuls (kernels.cc: layout P, one call per matmul) -------------------------------------
+
+
+def bf16_packs(n: int, k: int) -> bool:
+    """Whether a weight ``[n, k]`` can be packed for :func:`gemm_bf16` here: the library is loaded, built with
+    AVX512-BF16 (``ROLLYARD_CPU_ISA`` narrowing the build leaves it out), agreed with torch's bf16 matmul on a fixed
+    case once per process (:func:`_gemm_trial`), and ``n % 64 == 0``, ``k % 32 == 0``. Deterministic: by the CPU's
+    features, the settings and the shape, never by timing."""
+    lib = kernel()
+    if lib is None or n % 64 or k % 32 or n <= 0 or k <= 0 or not lib.rollyard_gemm_bf16_available():
+        return False
+    if "gemm_bf16" not in _STATE:
+        why = _gemm_trial()
+        if why and env_flag("ROLLYARD_CPU_KERNELS") == "1":
+            raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU bf16 matmul kernel is wrong here: {why}; "
+                                  f"unset it (or set 0) and report this machine")
+        if why:
+            print(f"[rollyard] CPU bf16 matmul kernel not used ({why}); oneDNN's instead", file=sys.stderr)
+        _STATE["gemm_bf16"] = why is None
+    return bool(_STATE["gemm_bf16"])
+
+
+def pack_bf16(parts: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+    """The rows of ``parts`` (fp32 or bf16 ``[rows_i, k]`` CPU tensors, each times its scale) stacked and cast to
+    bf16 as ``torch.mul(t, scale).to(torch.bfloat16)`` rounds, written in one pass into layout P (``kernels.cc``):
+    a ``[n / 64, k / 32, 16, 64, 2]`` bf16 tensor for :func:`gemm_bf16`. The caller checks :func:`bf16_packs`."""
+    k = parts[0][0].shape[1]
+    n = sum(t.shape[0] for t, _ in parts)
+    ts = [t.detach().contiguous() for t, _ in parts]
+    assert all(t.dtype in (torch.float32, torch.bfloat16) and t.dim() == 2 and t.shape[1] == k for t in ts)
+    out = torch.empty(n // 64, k // 32, 16, 64, 2, dtype=torch.bfloat16)
+    srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
+    rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
+    scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
+    kinds = (ctypes.c_int * len(ts))(*(int(t.dtype == torch.bfloat16) for t in ts))
+    _STATE["lib"].rollyard_pack_bf16(srcs, rows, scales, kinds, len(ts), k, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def is_packed_bf16(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a weight in layout P (:func:`pack_bf16`)."""
+    return p.dim() == 5 and p.dtype == torch.bfloat16 and p.shape[2:] == (16, 64, 2)
+
+
+def unpack_bf16(p: torch.Tensor) -> torch.Tensor:
+    """The weight ``[n, k]`` (bf16) that :func:`pack_bf16` wrote into layout P."""
+    return p.permute(0, 3, 1, 2, 4).reshape(p.shape[0] * 64, p.shape[1] * 32)
+
+
+def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
+              add: torch.Tensor | None = None) -> torch.Tensor:
+    """``add + F.linear(x.bfloat16(), w, b).float()`` for ``p = pack_bf16(w)``: fp32 ``x [..., k]`` (rows may be
+    strided in 2-D), fp32 bias and ``add`` (shaped like the output), fp32 result; the product's bf16 rounding is
+    the bf16 matmul's, so the numbers are those of the cast, oneDNN's bf16 matmul and the cast back, in one call."""
+    n, k = p.shape[0] * 64, p.shape[1] * 32
+    lead = x.shape[:-1]
+    x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
+    if x2.dtype != torch.float32 or x2.stride(1) != 1:
+        x2 = x2.float().contiguous()
+    M = x2.shape[0]
+    y = torch.empty(*lead, n)
+    if add is not None:
+        add = add.reshape(M, n)
+        if add.dtype != torch.float32 or add.stride(1) != 1:
+            add = add.float().contiguous()
+    bias = None if b is None else b.float().contiguous()
+    xs = torch.empty(M * k, dtype=torch.bfloat16)
+    rc = _STATE["lib"].rollyard_gemm_bf16(
+        x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
+        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n, xs.data_ptr(),
+        torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError("the CPU bf16 matmul kernel was called in a build without AVX512-BF16")
+    return y
+
+
+def _gemm_trial() -> str | None:
+    """Why :func:`gemm_bf16` must not run here (its result differs from torch's cast, bf16 matmul and cast back on a
+    fixed random case: rows 1, 7 and 32, two parts, a scale, a bias, an add), else ``None``."""
+    gen = torch.Generator().manual_seed(0)
+    a, c = torch.randn(128, 96, generator=gen) / 8, torch.randn(64, 96, generator=gen).bfloat16()
+    bias, scale = torch.randn(192, generator=gen), 0.125
+    w = torch.cat((torch.mul(a, scale).bfloat16(), c))
+    p = pack_bf16([(a, scale), (c, 1.0)])
+    for M in (1, 7, 32):
+        x = torch.randn(M, 96, generator=gen)
+        add = torch.randn(M, 192, generator=gen)
+        want = F.linear(x.bfloat16(), w, bias.bfloat16()).float() + add
+        got = gemm_bf16(x, p, bias.bfloat16(), add)
+        err = float((got - want).abs().max() / want.abs().max())
+        if not err < 1e-2:
+            return f"at {M} rows its result differs from torch's by {err:.2e} (relative)"
+    return None
 
 
 def kernel() -> ctypes.CDLL | None:

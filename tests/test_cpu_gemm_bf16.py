@@ -1,0 +1,114 @@
+"""The rollout's bf16 matmul kernel (``model/kernels.cc``, layout P): the packed weight is the parts stacked, scaled
+and cast as torch casts them, bit for bit; the product is the bf16 matmul's (fp64 reference, rounded to bf16), at
+every row count and thread count, with bias, residual add and strided rows; the decode engine's forward gives the
+same logits through it as through oneDNN, within bf16's rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rollyard.model import families
+from rollyard.model import kernels as cpu_kernels
+from rollyard.model.loading import build_preset, char_tokenizer
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.bf16_packs(64, 32),
+                                reason="no AVX512-BF16 in this build of the CPU kernels (oneDNN's bf16 matmul runs)")
+
+N, K = 192, 96  # 3 column blocks, 3 input blocks
+
+
+def _parts(g: torch.Generator):
+    a = torch.randn(64, K, generator=g) / 4  # fp32, scaled
+    b = (torch.randn(64, K, generator=g) / 4).bfloat16()  # bf16 as it is
+    c = torch.randn(64, K, generator=g) / 4  # fp32 as it is
+    return [(a, 0.125), (b, 1.0), (c, 1.0)]
+
+
+def _stacked(parts) -> torch.Tensor:
+    return torch.cat([torch.mul(t, s).bfloat16() if s != 1.0 else t.bfloat16() for t, s in parts])
+
+
+def test_the_packed_weight_is_the_parts_stacked_scaled_and_cast_bit_for_bit():
+    g = torch.Generator().manual_seed(0)
+    parts = _parts(g)
+    p = cpu_kernels.pack_bf16(parts)
+    assert cpu_kernels.is_packed_bf16(p) and p.shape == (N // 64, K // 32, 16, 64, 2)
+    w = cpu_kernels.unpack_bf16(p)
+    assert torch.equal(w.view(torch.int16), _stacked(parts).view(torch.int16))
+    # a scaled bf16 part: product in fp32, then rounded (torch's mul of a bf16 tensor by a float)
+    b = parts[1][0]
+    got = cpu_kernels.unpack_bf16(cpu_kernels.pack_bf16([(b, 0.3)]))
+    assert torch.equal(got.view(torch.int16), (b.float() * 0.3).bfloat16().view(torch.int16))
+
+
+def _reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """fp64 product of the bf16-rounded operands (plus bias), rounded to bf16 as a bf16 matmul's output."""
+    y = x.bfloat16().double() @ w.double().T
+    if bias is not None:
+        y = y + bias.double()
+    return y.bfloat16().float()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 32, 70])
+def test_the_product_is_the_bf16_matmuls_at_any_row_count_and_thread_count(rows):
+    g = torch.Generator().manual_seed(rows)
+    parts = _parts(g)
+    p, w = cpu_kernels.pack_bf16(parts), _stacked(parts)
+    x = torch.randn(rows, K, generator=g)
+    bias = torch.randn(N, generator=g).bfloat16()
+    want = _reference(x, w, bias)
+    n = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            outs.append(cpu_kernels.gemm_bf16(x, p, bias))
+    finally:
+        torch.set_num_threads(n)
+    assert torch.equal(outs[0], outs[1])  # each output is one thread's chain over K, in order: threads change nothing
+    got = outs[0]
+    assert torch.equal(got, got.bfloat16().float())  # rounded to bf16
+    # fp32 accumulation against fp64 may land one bf16 step apart; nothing further
+    ulp = want.abs().clamp_min(1e-6) * 2.0 ** -7
+    assert bool(((got - want).abs() <= ulp).all()), float((got - want).abs().max())
+    assert float((got - want).abs().max()) < float(want.abs().max()) * 2.0 ** -7
+    # torch's bf16 matmul agrees as closely
+    torch_y = F.linear(x.bfloat16(), w, bias).float()
+    assert bool(((got - torch_y).abs() <= want.abs().clamp_min(1e-6) * 2.0 ** -6).all())
+
+
+def test_add_bias_and_strided_or_batched_rows():
+    g = torch.Generator().manual_seed(1)
+    parts = _parts(g)
+    p = cpu_kernels.pack_bf16(parts)
+    base = torch.randn(9, 2 * K, generator=g)
+    x = base[:, K:]  # rows strided (a view into wider rows)
+    assert x.stride(0) == 2 * K
+    add = torch.randn(9, N, generator=g)
+    plain = cpu_kernels.gemm_bf16(x.contiguous(), p)
+    assert torch.equal(cpu_kernels.gemm_bf16(x, p), plain)
+    assert torch.equal(cpu_kernels.gemm_bf16(x, p, None, add), plain + add)  # the add after the rounding, in fp32
+    x3 = x.contiguous().view(3, 3, K)
+    assert torch.equal(cpu_kernels.gemm_bf16(x3, p), plain.view(3, 3, N))
+
+
+def test_the_fast_forward_through_the_kernel_gives_onednns_logits_within_bf16_rounding(monkeypatch):
+    model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
+    ids = torch.tensor([[5, 9, 14, 3, 22, 7], [8, 8, 2, 40, 1, 0]])
+    logits = []
+    for use in (True, False):
+        if not use:
+            monkeypatch.setattr(cpu_kernels, "bf16_packs", lambda n, k: False)
+        fwd = families.fast_forward(model, torch.bfloat16)
+        assert cpu_kernels.is_packed_bf16(fwd.layers[0]["wgu"]) == use
+        kv = fwd.new_cache(2, 16)
+        first = fwd.prefill(ids, kv, torch.tensor([0, 1]), torch.tensor([5, 4]))
+        nxt = fwd.decode(torch.tensor([3, 4]), torch.tensor([6, 5]), kv, 7)
+        logits.append(torch.cat([first, nxt]))
+    with torch.no_grad():
+        ref = model(ids).logits[:, -1].float()  # scale of the logits
+    diff = float((logits[0] - logits[1]).abs().max())
+    assert diff < 0.05 * float(ref.abs().max()), diff  # two bf16 matmuls, summed in different orders
+    assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
