@@ -263,12 +263,12 @@ def test_sampling_logprobs_match_full_forward(temperature, top_p):
 
 
 @pytest.mark.parametrize("hidden", [96, 256])
-def test_bf16_weights_on_cpu_decode_with_an_fp32_cache_and_match_the_forward(hidden):
-    """bf16 weights on CPU: the KV cache and the decode attention are fp32 (bf16 batched matmuls
-    over the cache's strided views are ~2x slower there). A model of hidden >= 256 keeps its weight
-    matmuls in bf16 (logprobs agree with the bf16 HF forward to bf16 rounding); a narrower one
-    computes in fp32 over its bf16 weights (logprobs equal an fp32 forward of those same weights).
-    Both the uniform-position and the masked (mixed prompt lengths) decode."""
+def test_bf16_weights_on_cpu_decode_and_match_the_forward(hidden):
+    """bf16 weights on CPU: the decode attention computes in fp32 (bf16 batched matmuls over the cache's strided views
+    are ~2x slower there). A model of hidden >= 256 keeps its weight matmuls in bf16 and, with the compiled attention
+    kernel, its KV cache in bf16 (logprobs agree with the bf16 HF forward to bf16 rounding); a narrower one computes
+    in fp32 over its bf16 weights with an fp32 cache (logprobs equal an fp32 forward of those same weights). Both the
+    uniform-position and the masked (mixed prompt lengths) decode."""
     import copy
 
     from rollyard.model.llama import CPU_BF16_MIN_HIDDEN
@@ -279,12 +279,13 @@ def test_bf16_weights_on_cpu_decode_with_an_fp32_cache_and_match_the_forward(hid
     wide = hidden >= CPU_BF16_MIN_HIDDEN
     eng = _engine(model, temperature=1.0, max_concurrent=6, seed=4)
     fwd = eng.backend.fwd
-    assert eng.backend.name == "fast" and fwd.weight_dtype == torch.bfloat16 and fwd.kv_dtype == torch.float32
+    kv_dtype = torch.bfloat16 if wide and fwd.attn_kernel else torch.float32
+    assert eng.backend.name == "fast" and fwd.weight_dtype == torch.bfloat16 and fwd.kv_dtype == kv_dtype
     assert fwd.layers[0]["wqkv"].dtype == (torch.bfloat16 if wide else torch.float32)
     ref = model if wide else copy.deepcopy(model).float()  # the same (bf16) values, fp32 arithmetic
     for lengths in ((6, 6, 6), (5, 9, 3, 12)):
         samples, _ = eng.generate(_requests(lengths, n=2, max_new=12))
-        assert eng.backend.kv.dtype == torch.float32
+        assert eng.backend.kv.dtype == kv_dtype
         errs = torch.cat([(torch.tensor(s.logprobs) - _recompute_logprobs(ref, s, 1.0)).abs() for s in samples])
         if wide:
             assert errs.max() < 0.1 and errs.mean() < 0.02, (lengths, errs.max(), errs.mean())
@@ -293,7 +294,8 @@ def test_bf16_weights_on_cpu_decode_with_an_fp32_cache_and_match_the_forward(hid
 
 def test_bf16_compute_over_an_fp32_module_samples_from_bf16_copies_and_follows_weight_loads():
     """rollout.precision=bf16 over the trainer's fp32 module (sync.mode=inprocess): the fused copies are the
-    module's weights cast to bf16 at every refresh, the module itself stays fp32, the cache fp32. The sampled
+    module's weights cast to bf16 at every refresh, the module itself stays fp32, the cache bf16 with the compiled
+    attention kernel (else fp32). The sampled
     logprobs are a bf16 forward's (close to the bf16-cast module's HF forward, measurably off the fp32 one), and
     after the module changes in place and a load_weights, they follow the new weights."""
     model = build_preset("small", TOK, seed=0, max_position_embeddings=CTX).eval()
@@ -306,7 +308,7 @@ def test_bf16_compute_over_an_fp32_module_samples_from_bf16_copies_and_follows_w
         return torch.cat([(torch.tensor(s.logprobs) - _recompute_logprobs(ref, s, 1.0)).abs() for s in samples])
 
     samples, _ = eng.generate(_requests((5, 9, 3, 12), n=2, max_new=12))
-    assert eng.backend.kv.dtype == torch.float32
+    assert eng.backend.kv.dtype == (torch.bfloat16 if fwd.attn_kernel else torch.float32)
     bf16, fp32 = errors(copy.deepcopy(model).to(torch.bfloat16), samples), errors(model, samples)
     assert bf16.max() < 0.1 and bf16.mean() < 0.02, (bf16.max(), bf16.mean())
     assert fp32.mean() > 1e-4, fp32.mean()  # an fp32 forward would be ~1e-6 off: the copies really are bf16

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,10 @@ def gguf_cache(tmp_path_factory, monkeypatch):
 
 def _one_line_exit_2(capsys, args: list[str]) -> str:
     capsys.readouterr()
-    assert main(args) == 2
+    with tempfile.TemporaryDirectory() as out:  # not the default runs/demo: another run there holds its lock
+        if args[0] == "train" and not any(a.startswith("out_dir=") for a in args):
+            args = [*args, f"out_dir={out}/run"]
+        assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"rollyard {args[0]}: error:") and "Traceback" not in err[0], err
     return err[0]

@@ -17,9 +17,11 @@ to repay its per-call cost are stored prepacked in oneDNN's layout; bf16 matmuls
 ``rollyard.model.kernels``' bf16 matmul instead (its layout P, written from the module's weights in one pass).
 
 KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``; a slot's entries at
-positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. With bf16 weights on a
-CPU the cache and the decode attention are fp32 (``kv_dtype``): CPU bf16 batched matmuls copy their strided cache
-views and run ~2x slower than fp32 at these shapes. ``mm_dtype`` is the matmuls' dtype, that of the fused copies
+positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. On a CPU the decode
+attention computes in fp32 (CPU bf16 batched matmuls copy their strided cache views and run ~2x slower than fp32 at
+these shapes); the cache (``kv_dtype``) is fp32, or bf16 where the matmuls are bf16 and the compiled attention
+kernel reads bf16 (half the bytes a decode step reads: SmolLM2-135M at batch 32, ~110 positions, attention 5.0 -> 2.6
+ms a step). ``mm_dtype`` is the matmuls' dtype, that of the fused copies
 (``compute_dtype``, rollout.precision; else the module's, and a family may upcast narrow bf16 models:
 ``CPU_BF16_MIN_HIDDEN``); ``dtype`` the activations' (fp32 on CPU: a matmul's input is cast to ``mm_dtype`` and
 its output back), ``weight_dtype`` the module's. On CPU the decode step's attention, RMSNorms and
@@ -147,11 +149,16 @@ class FastForward:
         self.dtype = torch.float32 if on_cpu else self.mm_dtype
         self.mixed = self.mm_dtype != self.dtype
         self.kv_dtype = torch.float32 if on_cpu else self.dtype
-        # rollyard.model.kernels: decode attention (fp32 cache on CPU) and RMSNorm (fp32 compute on CPU).
+        # rollyard.model.kernels: decode attention (fp32 arithmetic over an fp32 or bf16 cache on CPU) and RMSNorm (fp32 compute on CPU).
         self.attn_kernel = on_cpu and cpu_kernels.attention_supported(self.H, self.KVH, self.hd)
         self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
         # RoPE + the cache write of a decode step in one call (all fp32; not with q/k norms).
         self.rope_kernel = self.attn_kernel and self.norm_kernel and not self.qk_norm
+        if on_cpu and self.mm_dtype == torch.bfloat16 and self.attn_kernel:
+            # bf16 matmuls: the cache holds k and v rounded to bf16, half the bytes each decode step's attention reads
+            # (its arithmetic stays fp32). v is a bf16 matmul's output already; k is rounded after RoPE, as the
+            # trainer's bf16 attention rounds it.
+            self.kv_dtype = torch.bfloat16
         self._scratch: torch.Tensor | None = None  # refresh's staging buffer for what pack copies (_packed)
         self.refresh()
 
@@ -422,8 +429,10 @@ class FastForward:
         sees all ``W``), ``(lengths [B], additive [B, 1, 1, W] or None)`` where each row sees a prefix, or an
         additive mask alone (:meth:`_decode_masks`). Returns ``[B, H * hd]``."""
         if self.attn_kernel and (mask is None or isinstance(mask, tuple)):
-            return cpu_kernels.attend(q.to(K.dtype), K, V, None if mask is None else mask[0])
+            return cpu_kernels.attend(q.to(self.dtype), K, V, None if mask is None else mask[0])
         B, KVH, _, hd = K.shape
+        if K.dtype != self.dtype and K.device.type == "cpu":  # a bf16 cache: attention in fp32, as the kernel's
+            K, V = K.to(self.dtype), V.to(self.dtype)
         s = torch.matmul(q.reshape(B, KVH, self.H // KVH, hd).to(K.dtype), K.transpose(-1, -2))
         if mask is not None:
             s = s + (mask[1] if isinstance(mask, tuple) else mask)

@@ -31,6 +31,17 @@ template <> struct IntOf<f16v> { typedef i16v type; };
 template <> struct IntOf<f8v> { typedef i8v type; };
 
 template <typename T> inline T ld(const float* p) { T v; std::memcpy(&v, p, sizeof v); return v; }
+// the same lanes from a bf16 cache (uint16 bit patterns): widened exactly to fp32
+template <typename T> inline T ld(const uint16_t* p) {
+    typedef typename IntOf<T>::type I;
+    typedef uint16_t H __attribute__((vector_size(sizeof(T) / 2)));
+    H h;
+    std::memcpy(&h, p, sizeof h);
+    I i = __builtin_convertvector(h, I) << 16;
+    T v;
+    std::memcpy(&v, &i, sizeof v);
+    return v;
+}
 template <typename T> inline void st(float* p, T v) { std::memcpy(p, &v, sizeof v); }
 
 inline float hsum(f8v a) {
@@ -67,17 +78,17 @@ inline T vexp(T x) {
 
 // One (row, K/V head): q [G, NV * VW] (already scaled), k / v rows ``sw`` floats apart, n positions.
 // ``s``: scratch of G * round_up(n, 16) floats. T: the vector type (VW floats); NV * VW = head_dim.
-template <typename T, int G, int NV>
-void item(const float* q, const float* k, const float* v, int64_t sw, int n, float* out, float* s) {
+template <typename T, int G, int NV, typename E>
+void item(const float* q, const E* k, const E* v, int64_t sw, int n, float* out, float* s) {
     constexpr int VW = Lanes<T>::n;
     T qv[G][NV];
     for (int g = 0; g < G; g++)
         for (int j = 0; j < NV; j++) qv[g][j] = ld<T>(q + (g * NV + j) * VW);
     const int nc = (n + VW - 1) / VW, ld_s = nc * VW;
     for (int w = 0; w < n; w++) {
-        const float* kr = k + w * sw;
-        const float* pf = w + PD < n ? kr + PD * sw : v + (w + PD - n) * sw;  // then V's first rows
-        for (int j = 0; j < NV; j += 16 / VW) __builtin_prefetch(pf + j * VW);
+        const E* kr = k + w * sw;
+        const E* pf = w + PD < n ? kr + PD * sw : v + (w + PD - n) * sw;  // then V's first rows
+        for (int j = 0; j < NV; j += 64 / (int)sizeof(E) / VW) __builtin_prefetch(pf + j * VW);
         T kv[NV];
         for (int j = 0; j < NV; j++) kv[j] = ld<T>(kr + j * VW);
         for (int g = 0; g < G; g++) {
@@ -102,9 +113,9 @@ void item(const float* q, const float* k, const float* v, int64_t sw, int n, flo
     for (int g = 0; g < G; g++)
         for (int j = 0; j < NV; j++) acc[g][j] = T{};
     for (int w = 0; w < n; w++) {
-        const float* vr = v + w * sw;
+        const E* vr = v + w * sw;
         if (w + PD < n)
-            for (int j = 0; j < NV; j += 16 / VW) __builtin_prefetch(vr + PD * sw + j * VW);
+            for (int j = 0; j < NV; j += 64 / (int)sizeof(E) / VW) __builtin_prefetch(vr + PD * sw + j * VW);
         for (int j = 0; j < NV; j++) {
             T x = ld<T>(vr + j * VW);
             for (int g = 0; g < G; g++) acc[g][j] += s[g * ld_s + w] * x;
@@ -114,53 +125,44 @@ void item(const float* q, const float* k, const float* v, int64_t sw, int n, flo
         for (int j = 0; j < NV; j++) st(out + (g * NV + j) * VW, acc[g][j]);
 }
 
-typedef void (*item_fn)(const float*, const float*, const float*, int64_t, int, float*, float*);
+template <typename E>
+using item_fn = void (*)(const float*, const E*, const E*, int64_t, int, float*, float*);
 
 // head_dim 16, 32, 64, 128 in 16-float vectors; 8, 24, 40 in 8-float ones (the tiny presets).
-template <int G>
-item_fn pick_hd(int hd) {
+template <int G, typename E>
+item_fn<E> pick_hd(int hd) {
     switch (hd) {
-        case 16: return item<f16v, G, 1>;
-        case 32: return item<f16v, G, 2>;
-        case 64: return item<f16v, G, 4>;
-        case 128: return item<f16v, G, 8>;
-        case 8: return item<f8v, G, 1>;
-        case 24: return item<f8v, G, 3>;
-        case 40: return item<f8v, G, 5>;
+        case 16: return item<f16v, G, 1, E>;
+        case 32: return item<f16v, G, 2, E>;
+        case 64: return item<f16v, G, 4, E>;
+        case 128: return item<f16v, G, 8, E>;
+        case 8: return item<f8v, G, 1, E>;
+        case 24: return item<f8v, G, 3, E>;
+        case 40: return item<f8v, G, 5, E>;
         default: return nullptr;
     }
 }
 
-item_fn pick(int g, int hd) {
+template <typename E>
+item_fn<E> pick(int g, int hd) {
     switch (g) {
-        case 1: return pick_hd<1>(hd);
-        case 2: return pick_hd<2>(hd);
-        case 3: return pick_hd<3>(hd);
-        case 4: return pick_hd<4>(hd);
-        case 5: return pick_hd<5>(hd);
-        case 6: return pick_hd<6>(hd);
-        case 7: return pick_hd<7>(hd);
-        case 8: return pick_hd<8>(hd);
+        case 1: return pick_hd<1, E>(hd);
+        case 2: return pick_hd<2, E>(hd);
+        case 3: return pick_hd<3, E>(hd);
+        case 4: return pick_hd<4, E>(hd);
+        case 5: return pick_hd<5, E>(hd);
+        case 6: return pick_hd<6, E>(hd);
+        case 7: return pick_hd<7, E>(hd);
+        case 8: return pick_hd<8, E>(hd);
         default: return nullptr;
     }
 }
 
-}  // namespace
-
-extern "C" {
-
-// Whether (G, hd) has a kernel: G query heads per K/V head in 1..8, hd in {8, 16, 24, 32, 40, 64, 128}.
-int rollyard_decode_attn_supports(int G, int hd) { return pick(G, hd) != nullptr; }
-
-// q: [B, KVH, G, hd] with row stride ``sq`` (floats), heads contiguous inside a row, already
-// scaled. K, V: strides ``sb`` (row), ``sh`` (head), ``sw`` (position) in floats, last dim
-// contiguous. lens: positions each row attends (0..lens[b]-1), or NULL for ``width`` everywhere.
-// out: [B, KVH * G * hd] contiguous. scratch: threads * G * (width + 16) floats. Returns 0, or -1
-// for an unsupported (G, hd).
-int rollyard_decode_attn_f32(const float* q, int64_t sq, const float* K, const float* V, int64_t sb,
-                             int64_t sh, int64_t sw, const int64_t* lens, int B, int KVH, int G, int hd,
-                             int width, float* out, float* scratch, int threads) {
-    item_fn fn = pick(G, hd);
+template <typename E>
+int decode_attn(const float* q, int64_t sq, const E* K, const E* V, int64_t sb, int64_t sh, int64_t sw,
+                const int64_t* lens, int B, int KVH, int G, int hd, int width, float* out, float* scratch,
+                int threads) {
+    item_fn<E> fn = pick<E>(G, hd);
     if (!fn) return -1;
     const int64_t per_thread = (int64_t)G * (width + 16);
     const int items = B * KVH;
@@ -176,6 +178,31 @@ int rollyard_decode_attn_f32(const float* q, int64_t sq, const float* K, const f
            out + (int64_t)it * G * hd, scratch + omp_get_thread_num() * per_thread);
     }
     return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Whether (G, hd) has a kernel: G query heads per K/V head in 1..8, hd in {8, 16, 24, 32, 40, 64, 128}.
+int rollyard_decode_attn_supports(int G, int hd) { return pick<float>(G, hd) != nullptr; }
+
+// q: [B, KVH, G, hd] with row stride ``sq`` (floats), heads contiguous inside a row, already
+// scaled. K, V: strides ``sb`` (row), ``sh`` (head), ``sw`` (position) in elements, last dim
+// contiguous. lens: positions each row attends (0..lens[b]-1), or NULL for ``width`` everywhere.
+// out: [B, KVH * G * hd] contiguous. scratch: threads * G * (width + 16) floats. Returns 0, or -1
+// for an unsupported (G, hd).
+int rollyard_decode_attn_f32(const float* q, int64_t sq, const float* K, const float* V, int64_t sb,
+                             int64_t sh, int64_t sw, const int64_t* lens, int B, int KVH, int G, int hd,
+                             int width, float* out, float* scratch, int threads) {
+    return decode_attn<float>(q, sq, K, V, sb, sh, sw, lens, B, KVH, G, hd, width, out, scratch, threads);
+}
+
+// The same over a bf16 cache (K, V: bf16 bit patterns, widened exactly; the arithmetic is fp32's).
+int rollyard_decode_attn_bf16kv(const float* q, int64_t sq, const uint16_t* K, const uint16_t* V, int64_t sb,
+                                int64_t sh, int64_t sw, const int64_t* lens, int B, int KVH, int G, int hd,
+                                int width, float* out, float* scratch, int threads) {
+    return decode_attn<uint16_t>(q, sq, K, V, sb, sh, sw, lens, B, KVH, G, hd, width, out, scratch, threads);
 }
 
 }  // extern "C"
@@ -386,6 +413,13 @@ void rollyard_qkv_rope_bwd_f32(const float* dq, const float* dk, const float* dv
 
 // ---- decode: RoPE on q and k, and the new K / V into the cache ----------------------------------
 
+static inline uint16_t bf16_rne(float f) {  // torch's float -> bfloat16 (round to nearest even; NaN -> quiet NaN)
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 extern "C" {
 
 // y: [B, (H + 2 KVH) hd] rows ``sy`` floats apart, one position per row: at ``pos[b]`` (or
@@ -406,6 +440,31 @@ void rollyard_decode_rope_write_f32(const float* y, int64_t sy, int B, int H, in
             std::memcpy(V + at, row + (int64_t)(H + KVH + kv) * hd, sizeof(float) * hd);
         }
     }
+}
+
+// The same into a bf16 cache (K / V: bf16 bit patterns, strides in elements): k and v rounded to bf16 as torch's
+// cast rounds; q stays fp32.
+void rollyard_decode_rope_write_bf16kv(const float* y, int64_t sy, int B, int H, int KVH, int hd, const float* cos,
+                                       const float* ss, const int64_t* pos, int64_t same_pos, float* qout,
+                                       uint16_t* K, uint16_t* V, int64_t sb, int64_t sh, int64_t sw) {
+    float* k = new float[hd];
+    for (int b = 0; b < B; b++) {
+        const int64_t p = pos ? pos[b] : same_pos;
+        const float* row = y + (int64_t)b * sy;
+        const float* c = cos + p * hd;
+        const float* s = ss + p * hd;
+        for (int h = 0; h < H; h++) rope_row(row + (int64_t)h * hd, c, s, hd, qout + ((int64_t)b * H + h) * hd);
+        for (int kv = 0; kv < KVH; kv++) {
+            const int64_t at = b * sb + kv * sh + p * sw;
+            rope_row(row + (int64_t)(H + kv) * hd, c, s, hd, k);
+            const float* v = row + (int64_t)(H + KVH + kv) * hd;
+            for (int i = 0; i < hd; i++) {
+                K[at + i] = bf16_rne(k[i]);
+                V[at + i] = bf16_rne(v[i]);
+            }
+        }
+    }
+    delete[] k;
 }
 
 }  // extern "C"
@@ -561,13 +620,6 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
 #endif
 
 namespace {
-
-inline uint16_t bf16_rne(float f) {  // torch's float -> bfloat16 (round to nearest even; NaN -> quiet NaN)
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
 
 inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes)
     uint32_t u;

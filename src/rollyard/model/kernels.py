@@ -318,7 +318,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_rms_norm_bwd_f32", "rollyard_swiglu_fwd_f32", "rollyard_swiglu_bwd_f32", "rollyard_qkv_rope_fwd_f32",
             "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state",
             "rollyard_adamw_f32_zero_grad", "rollyard_inverse_cdf_f32", "rollyard_gemm_bf16_available",
-            "rollyard_pack_bf16", "rollyard_gemm_bf16")  # _load's
+            "rollyard_pack_bf16", "rollyard_gemm_bf16", "rollyard_decode_attn_bf16kv",
+            "rollyard_decode_rope_write_bf16kv")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -326,6 +327,10 @@ def _load(path: Path) -> ctypes.CDLL:
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.rollyard_decode_attn_f32.argtypes = [P, L, P, P, L, L, L, P, I, I, I, I, I, P, P, I]
     lib.rollyard_decode_attn_f32.restype = I
+    lib.rollyard_decode_attn_bf16kv.argtypes = [P, L, P, P, L, L, L, P, I, I, I, I, I, P, P, I]
+    lib.rollyard_decode_attn_bf16kv.restype = I
+    lib.rollyard_decode_rope_write_bf16kv.argtypes = [P, L, I, I, I, I, P, P, P, L, P, P, P, L, L, L]
+    lib.rollyard_decode_rope_write_bf16kv.restype = None
     lib.rollyard_decode_attn_supports.argtypes = [I, I]
     lib.rollyard_decode_attn_supports.restype = I
     lib.rollyard_rms_norm_f32.argtypes = [P, L, P, L, L, ctypes.c_float, P, P, I]
@@ -375,7 +380,8 @@ def _call(lib, q, K, V, lens) -> torch.Tensor:
     threads = torch.get_num_threads()
     out = torch.empty(B, H * hd)
     scratch = torch.empty(threads * (H // KVH) * (W + 16))
-    rc = lib.rollyard_decode_attn_f32(
+    fn = lib.rollyard_decode_attn_f32 if K.dtype == torch.float32 else lib.rollyard_decode_attn_bf16kv
+    rc = fn(
         q.data_ptr(), q.stride(0), K.data_ptr(), V.data_ptr(), K.stride(0), K.stride(1), K.stride(2),
         None if lens is None else lens.data_ptr(), B, KVH, H // KVH, hd, W, out.data_ptr(), scratch.data_ptr(),
         threads)
@@ -385,19 +391,21 @@ def _call(lib, q, K, V, lens) -> torch.Tensor:
 
 
 def _trial(lib, G: int, hd: int) -> str | None:
-    """Why the kernel must not run attention of this shape here (its result differs from torch's), else
-    ``None``. A fixed random case: the answer depends on the shape and this CPU, never on timing."""
+    """Why the kernel must not run attention of this shape here (its result differs from torch's, over an fp32
+    cache and a bf16 one), else ``None``. A fixed random case: the answer depends on the shape and this CPU, never
+    on timing."""
     gen = torch.Generator().manual_seed(0)
     B, KVH, W = 32, 4, 68
-    cache = torch.randn(2, B, KVH, W + 28, hd, generator=gen)
-    K, V = cache[0, :, :, :W], cache[1, :, :, :W]
-    q = torch.randn(B, KVH * G, hd, generator=gen) * hd ** -0.5
-    lens = torch.randint(1, W + 1, (B,), generator=gen)
-    for n in (None, lens):
-        want, got = reference(q, K, V, n), _call(lib, q, K, V, n)
-        err = float((got - want).abs().max())
-        if not err < 1e-4:
-            return f"at G={G}, head_dim={hd} its result differs from torch's by {err:.2e}"
+    for dtype in (torch.float32, torch.bfloat16):
+        cache = torch.randn(2, B, KVH, W + 28, hd, generator=gen).to(dtype)
+        K, V = cache[0, :, :, :W], cache[1, :, :, :W]
+        q = torch.randn(B, KVH * G, hd, generator=gen) * hd ** -0.5
+        lens = torch.randint(1, W + 1, (B,), generator=gen)
+        for n in (None, lens):
+            want, got = reference(q, K.float(), V.float(), n), _call(lib, q, K, V, n)
+            err = float((got - want).abs().max())
+            if not err < 1e-4:
+                return f"at G={G}, head_dim={hd} ({dtype} cache) its result differs from torch's by {err:.2e}"
     return None
 
 
@@ -462,11 +470,14 @@ def decode_rope_write(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos
     k at each row's position (``pos [B]`` int64, or ``same_pos`` for all when ``pos`` is None; ``cos,
     sin``: the full ``[context, hd]`` tables, sin sign-folded), k and v written into ``kv_layer [2,
     slots, KVH, width, hd]`` (contiguous) at row b's slot b and that position; returns q ``[B, H *
-    hd]``. The caller has loaded the kernels (:func:`kernel`) and checked dtypes (all fp32, CPU)."""
+    hd]``. The caller has loaded the kernels (:func:`kernel`) and checked dtypes (fp32, CPU; the cache fp32 or
+    bf16: k and v rounded to bf16 as torch's cast rounds)."""
     B, hd = y.shape[0], cos.shape[-1]
     q = torch.empty(B, H * hd)
     K, V = kv_layer[0], kv_layer[1]
-    _STATE["lib"].rollyard_decode_rope_write_f32(
+    lib = _STATE["lib"]
+    fn = lib.rollyard_decode_rope_write_f32 if K.dtype == torch.float32 else lib.rollyard_decode_rope_write_bf16kv
+    fn(
         y.data_ptr(), y.stride(0), B, H, KVH, hd, cos.data_ptr(), sin.data_ptr(),
         None if pos is None else pos.data_ptr(), same_pos, q.data_ptr(), K.data_ptr(), V.data_ptr(),
         K.stride(0), K.stride(1), K.stride(2))
@@ -692,9 +703,10 @@ def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:
 def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
     """Attention of one query position per row: ``q [B, H, hd]`` (heads contiguous, any row
     stride, fp32, already scaled) over ``K, V [B, KVH, W, hd]`` (strided views, last dim
-    contiguous, fp32), each row over its first ``lens[b]`` positions (int64 ``[B]``; ``None``: all
+    contiguous, fp32 or bf16: widened exactly, the arithmetic fp32), each row over its first ``lens[b]`` positions (int64 ``[B]``; ``None``: all
     ``W``). Returns ``[B, H * hd]``. The caller checks :func:`attention_supported` first."""
-    assert q.dtype == K.dtype == V.dtype == torch.float32 and q.device.type == "cpu", (q.dtype, K.dtype)
+    assert q.dtype == torch.float32 and K.dtype == V.dtype in (torch.float32, torch.bfloat16), (q.dtype, K.dtype)
+    assert q.device.type == "cpu"
     assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and K.stride(3) == 1 and K.stride() == V.stride()
     assert lens is None or (lens.dtype == torch.int64 and lens.is_contiguous())
     return _call(kernel(), q, K, V, lens)

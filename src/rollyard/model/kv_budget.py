@@ -52,7 +52,9 @@ def kv_bytes_per_token(model_config, element_bytes: int = 4) -> int:
 
 
 def kv_element_bytes(cfg: RunConfig, device: str) -> int:
-    """The cache's element size: fp32 on CPU (the native engine keeps an fp32 cache there), else the rollout dtype."""
+    """The cache's element size: fp32 on CPU, else the rollout dtype. A CPU engine computing in bf16 with the compiled
+    attention kernel keeps a bf16 cache (``model/fast.py``): counted here at fp32's 4 bytes all the same, the larger,
+    so a budget in memory is never exceeded (such an engine holds the tokens in half of it)."""
     if device.startswith("cpu"):
         return 4
     return 4 if cfg.rollout.dtype == "fp32" else 2
