@@ -24,7 +24,7 @@ trainer computed (the useful-work floor: zero-advantage samples skipped, each gr
 The rollout phase (native sides) is held against its roofline per step: the larger of its matmul FLOPs (each
 group's prompt prefilled once, every decoded token, attention included) at the matmul rate measured here in the
 precision the rollout ran (run.json's rollout_precision) and the bytes it must read (the weights once per
-forward, each decode step's K/V) at the memory bandwidth measured here (a 512 MB copy).
+forward, each decode step's K/V in the cache's dtype) at the memory bandwidth measured here (a 512 MB copy).
 
 train: the trainer's step alone on the example's batch shape (4 prompts of the example's chat template x 8
 completions of 5-24 tokens, --zero-groups of the 4 with all-equal rewards), trainer.useful_work on and off in
@@ -106,7 +106,15 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
     lengths = {r["step"]: r for r in map(json.loads, (run / "lengths.jsonl").read_text().splitlines())}
     return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run),
             "real_positions": real_positions(run / "lengths.jsonl"), "lengths": lengths,
-            "precision": json.loads((run / "run.json").read_text()).get("rollout_precision")}
+            "precision": (info := json.loads((run / "run.json").read_text())).get("rollout_precision"),
+            "kv_bytes": kv_element_bytes(info)}
+
+
+def kv_element_bytes(info: dict) -> int:
+    """The native engine's K/V cache element size in a run (run.json): bf16 where the rollout ran bf16 and the
+    compiled decode attention was on (model/fast.py keeps a bf16 cache then), else fp32."""
+    attention = (info.get("kernels") or {}).get("decode_attention") or {}
+    return 2 if info.get("rollout_precision") == "bf16" and any(attention.values()) else 4
 
 
 def real_positions(path: Path) -> dict[int, int]:
@@ -227,7 +235,8 @@ def memory_bandwidth(threads: int, mb: int = 512, seconds: float = 0.5) -> float
     return 2 * src.numel() * 4 * reps / (time.perf_counter() - t0)
 
 
-def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidth: float, weight_bytes: float) -> dict:
+def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidth: float, weight_bytes: float,
+                     kv_bytes: int = 4) -> dict:
     """The rollout phase's physical limit for one step's lengths (lengths.jsonl's row): the larger of its matmul
     FLOPs at ``rate`` and the bytes it must read at ``bandwidth``.
 
@@ -235,7 +244,8 @@ def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidt
     sampled token after the first (that one comes from the prefill's logits) decoded: 2 x matmul params plus
     attention over its position. Bytes: the weights (``weight_bytes``: matmul params in the precision the rollout
     ran) once per forward (the prefill and each decode step, the longest sample's count), and each decode step's
-    reads of its sequences' fp32 K/V cache."""
+    reads of its sequences' K/V cache (``kv_bytes`` an element: 4 for fp32, 2 for the bf16 cache a bf16 rollout
+    keeps)."""
     L, H, KVH = c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads
     hd = getattr(c, "head_dim", None) or c.hidden_size // H
     prompts, responses = lengths["prompt_lengths"], [n for n in lengths["response_lengths"] if n]
@@ -247,9 +257,9 @@ def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidt
         for t in range(1, n):
             flops += 2 * matmul_params + 4 * L * H * hd * (P + t)
             kv_positions += P + t
-    kv_bytes = kv_positions * L * 2 * KVH * hd * 4
+    kv_read = kv_positions * L * 2 * KVH * hd * kv_bytes
     passes = 1 + max(responses, default=1) - 1
-    read = passes * weight_bytes + kv_bytes
+    read = passes * weight_bytes + kv_read
     return {"seconds": max(flops / rate, read / bandwidth), "compute_s": flops / rate, "memory_s": read / bandwidth}
 
 
@@ -310,7 +320,7 @@ def speed(a) -> int:
                     rows = run["rows"][a.warmup:]
                     rp = run["precision"] or "fp32"
                     roof = [rollout_roofline(run["lengths"][x["step"]], c, matmul_params, rate_of(rp), bandwidth,
-                                             matmul_params * (2 if rp == "bf16" else 4)) for x in rows]
+                                             matmul_params * (2 if rp == "bf16" else 4), run["kv_bytes"]) for x in rows]
                     res[side].append({"roofline": roof, "rollout_precision": rp, "step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
                                       "rollout": [x["time/rollout"] for x in rows],
                                       "positions": [run["real_positions"][x["step"]] for x in rows],

@@ -829,8 +829,9 @@ def train_qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int
 
 def choices() -> dict:
     """The numerics-relevant kernel choices this process has made (for ``run.json``): whether the
-    compiled kernels are in use (or why not), each decode-attention shape's verdict, and whether
-    fp32 linear layers run on oneDNN. Deterministic by shape, CPU features and settings."""
+    compiled kernels are in use (or why not), each decode-attention shape's verdict, whether the rollout's bf16
+    matmuls ran on the kernel, and whether fp32 linear layers run on oneDNN. Deterministic by shape, CPU features
+    and settings."""
     from rollyard.model import gemm
 
     lib = _STATE.get("lib", "not loaded")
@@ -839,6 +840,8 @@ def choices() -> dict:
            ("on" if lib is not None else f"off: {_STATE.get('why')}"),
            "cpu_kernels_setting": env_flag("ROLLYARD_CPU_KERNELS"),
            "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
+           "bf16_matmul": ("oneDNN (no bf16 rollout here, or no AVX512-BF16 in this build)" if "gemm_bf16" not in _STATE else
+                           "kernel" if _STATE["gemm_bf16"] else "oneDNN: the kernel disagreed with torch here"),
            "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),
            "cpu_avx512": gemm.cpu_has_avx512(), "cpu_class": cpu.cpu_class(),
            "cpu_features": sorted(cpu.features()), "cpu_isa_setting": cpu.level(), "kernels_march": cpu.march()}
