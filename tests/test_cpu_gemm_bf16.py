@@ -112,3 +112,34 @@ def test_the_fast_forward_through_the_kernel_gives_onednns_logits_within_bf16_ro
     diff = float((logits[0] - logits[1]).abs().max())
     assert diff < 0.05 * float(ref.abs().max()), diff  # two bf16 matmuls, summed in different orders
     assert torch.equal(logits[0].argmax(-1), logits[1].argmax(-1))
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_fused_decode_layer_is_the_per_op_path_bit_for_bit(same, monkeypatch):
+    """``kernels.decode_layer_bf16`` (one call a layer) against the per-op path over the same copies: logits and the
+    K / V it writes are equal, at one shared position and at per-row positions (the masked path)."""
+    calls = []
+    fused_layer = cpu_kernels.decode_layer_bf16
+    monkeypatch.setattr(cpu_kernels, "decode_layer_bf16", lambda *a: calls.append(1) or fused_layer(*a))
+    model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
+    fwd = families.fast_forward(model, torch.bfloat16)
+    assert fwd.fused_layers and fwd.kv_dtype == torch.bfloat16
+    ids = torch.tensor([[5, 9, 14, 3, 22, 7], [8, 8, 2, 40, 1, 0], [3, 1, 4, 1, 5, 9]])
+    last = torch.tensor([5, 5, 5]) if same else torch.tensor([5, 3, 4])
+    outs = []
+    for fused in (True, False):
+        fwd.fused_layers = fused
+        kv = fwd.new_cache(3, 16)
+        fwd.prefill(ids, kv, torch.tensor([0, 1, 2]), last)
+        steps = []
+        for t in range(3):
+            tok = torch.tensor([3 + t, 4, 5])
+            if same:
+                steps.append(fwd.decode(tok, None, kv, 7 + t, same_pos=6 + t))
+            else:
+                pos = last + 1 + t
+                steps.append(fwd.decode(tok, pos, kv, int(pos.max()) + 1))
+        outs.append((torch.stack(steps), kv))
+    assert len(calls) == 3 * model.config.num_hidden_layers  # the fused run took the one call a layer, the other none
+    assert torch.equal(outs[0][0], outs[1][0])
+    assert torch.equal(outs[0][1].view(torch.int16), outs[1][1].view(torch.int16))

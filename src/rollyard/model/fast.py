@@ -119,6 +119,9 @@ class FastForward:
     PACK_HEAD = True
     # RoPE tables: computed for the whole context at refresh, or grown by doubling as positions are reached.
     GROW_TABLES = False
+    # Whether ``rollyard.model.kernels.decode_layer_bf16`` computes this family's layer (the Llama block) in one call
+    # where its kernels all run (:meth:`refresh` sets ``fused_layers``).
+    FUSED_LAYER = False
 
     @staticmethod
     def unsupported_reason(model) -> str | None:
@@ -207,6 +210,11 @@ class FastForward:
             if not self.GROW_TABLES:
                 self.tables(self.context)
         self.n_qk = (self.H + self.KVH) * self.hd
+        # a decode step's layers in one call each: every piece on its kernel (bf16 matmuls in layout P, RoPE + cache
+        # write, attention over a bf16 cache, RMSNorm, SwiGLU), the per-op path's numbers bit for bit
+        self.fused_layers = (self.FUSED_LAYER and self.rope_kernel and self.kv_dtype == torch.bfloat16
+                             and all(cpu_kernels.is_packed_bf16(w[k]) for w in self.layers
+                                     for k in ("wqkv", "wo", "wgu", "wd")))
 
     def _norm(self, n) -> tuple[torch.Tensor, float]:
         return self._c(self._norm_scale(n.weight)), eps_of(n)
@@ -377,9 +385,6 @@ class FastForward:
         B = tokens.shape[0]
         x = self._embed(tokens)
         tables = self.tables(width)
-        # The cache's views for this step, cut once for all layers (per-layer tensor indexing is a measurable
-        # share of a small model's decode step): what each layer reads ([B, KVH, W, hd], strided, no copy).
-        reads = kv[:, :, :B, :, :width].unbind(0)
         start = 0
         if same_pos is not None:
             assert width == same_pos + 1, (width, same_pos)
@@ -389,9 +394,8 @@ class FastForward:
         else:
             pos = pos.to(torch.int64).contiguous()
             rope_at, masks = (pos, 0), self._decode_masks(pos, width)
-        # Where the new K / V go: ``writes``, per layer a ``[2, B, KVH, hd]`` view at the one shared position, or
-        # else the index ``at = (rows, :, pos)`` into a layer's ``[slots, KVH, W, hd]``; with ``rope_kernel``, the
-        # kernel writes them at ``rope_at = (pos or None, same_pos)``.
+        # Where the new K / V go: ``writes``, per layer a ``[2, B, KVH, hd]`` view at the one shared position, else
+        # ``at = (rows, :, pos)`` into a layer's cache; the rope kernel writes them at ``rope_at = (pos, same_pos)``.
         if self.rope_kernel:
             at_pos = writes = at = None
         elif same_pos is not None:
@@ -402,6 +406,11 @@ class FastForward:
             writes, at = None, (torch.arange(B, device=tokens.device), slice(None), pos)
         H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
         first = self.NORMS[0]
+        if self.fused_layers and kv.dtype == torch.bfloat16 and (masks is None or all(
+                isinstance(m, tuple) for m in masks.values())):
+            return self._head(self._fused_decode(x.contiguous(), tables, rope_at, masks, kv, width))
+        # what each layer reads ([B, KVH, W, hd] views), cut once for all layers (per-layer indexing costs a share)
+        reads = kv[:, :, :B, :, :width].unbind(0)
         for l, w in enumerate(self.layers):
             kind = self.kinds[l]
             h = self._rms(x, *w[first])
@@ -423,6 +432,16 @@ class FastForward:
                 K, V = K[:, :, start:], V[:, :, start:]
             x = self.block(x, self._attend(q, K, V, None if masks is None else masks[kind]).to(x.dtype), w)
         return self._head(x)
+
+    def _fused_decode(self, x: torch.Tensor, tables: dict, rope_at: tuple, masks: dict | None, kv: torch.Tensor,
+                      width: int) -> torch.Tensor:
+        """:meth:`decode`'s layers, one ``kernels.decode_layer_bf16`` call each (``fused_layers``): ``x`` in place."""
+        assert kv.is_contiguous()
+        for l, w in enumerate(self.layers):
+            kind = self.kinds[l]
+            cpu_kernels.decode_layer_bf16(x, w, *tables[kind], *rope_at, kv, l, self.H, self.KVH,
+                                          None if masks is None else masks[kind][0], width)
+        return x
 
     def _attend(self, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask) -> torch.Tensor:
         """``q [B, H, hd]`` (scaled) over ``K, V [B, KVH, W, hd]``, in the cache's dtype; ``mask``: None (every row

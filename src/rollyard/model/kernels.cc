@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #include <omp.h>
 
 namespace {
@@ -765,12 +766,18 @@ extern "C" void rollyard_pack_bf16(const void* const* srcs, const int64_t* rows,
 }
 
 // y [M, N] (row stride ldy) = round_bf16(bf16(x) @ W^T + bias) + add: x [M, K] fp32 (row stride ldx), W in layout P
-// (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null; `xs`: scratch of M * K bf16. Returns 0,
+// (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null (it may be y itself); `xs`: scratch of
+// M * K bf16, or null for a buffer of the calling thread's own. Returns 0,
 // or 1 where this build has no AVX512-BF16 (nothing done).
 extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, int64_t N,
                                   const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
                                   uint16_t* xs, int threads) {
 #ifdef ROLLYARD_GEMM_BF16
+    static thread_local std::vector<uint16_t> own;  // xs == NULL: this thread's buffer, kept for the next call
+    if (!xs) {
+        if ((int64_t)own.size() < M * K) own.resize(M * K);
+        xs = own.data();
+    }
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k++) xs[m * K + k] = bf16_rne(x[m * ldx + k]);
     const int64_t nblocks = N / 64, kblocks = K / 32, kp = K / 2;
@@ -801,4 +808,46 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
     (void)xs; (void)threads;
     return 1;
 #endif
+}
+
+// ---- one Llama-family decoder layer of a decode step, bf16 matmuls (model/llama.py: the same calls, in one) -----------
+//
+// x [B, D] (contiguous, updated in place) through: RMSNorm (w_in), the fused q|k|v matmul (+ bqkv), RoPE with the
+// k / v write into the bf16 cache layer (K / V, strides in elements), attention over `lens` (or `width` for every
+// row), o_proj (+ bo) added to x, RMSNorm (w_post), the [gate | up] matmul, SwiGLU, down_proj added to x. Each step
+// is the function the per-op path calls (rms_norm, gemm_bf16, decode_rope_write_bf16kv, decode_attn_bf16kv,
+// swiglu_fwd), in the same order on the same values: the result is that path's, bit for bit, without its ~10
+// calls from Python and their tensors. Returns 0, or nonzero (nothing done past that point) where a piece cannot
+// run: no AVX512-BF16 in this build (1), or an attention shape without a kernel (-1).
+extern "C" int rollyard_decode_layer_bf16(float* x, int64_t B, int64_t D, const float* w_in, float eps_in,
+                                          const float* w_post, float eps_post, const uint16_t* wqkv, const float* bqkv,
+                                          const uint16_t* wo, const float* bo, const uint16_t* wgu, int64_t I,
+                                          const uint16_t* wd, const float* cos, const float* sin, const int64_t* pos,
+                                          int64_t same_pos, int H, int KVH, int hd, uint16_t* Kc, uint16_t* Vc,
+                                          int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, int width,
+                                          int threads) {
+    const int64_t nqkv = (int64_t)(H + 2 * KVH) * hd, nq = (int64_t)H * hd, G = H / KVH;
+    static thread_local std::vector<float> buf;
+    const int64_t need = B * D + B * nqkv + 2 * B * nq + B * 2 * I + B * I + (int64_t)threads * G * (width + 16);
+    if ((int64_t)buf.size() < need) buf.resize(need);
+    float* h = buf.data();
+    float* y = h + B * D;
+    float* q = y + B * nqkv;
+    float* o = q + B * nq;
+    float* gu = o + B * nq;
+    float* a = gu + B * 2 * I;
+    float* scratch = a + B * I;
+    rollyard_rms_norm_f32(x, D, w_in, B, D, eps_in, h, nullptr, threads);
+    int rc = rollyard_gemm_bf16(h, D, B, D, wqkv, nqkv, bqkv, nullptr, 0, y, nqkv, nullptr, threads);
+    if (rc) return rc;
+    rollyard_decode_rope_write_bf16kv(y, nqkv, (int)B, H, KVH, hd, cos, sin, pos, same_pos, q, Kc, Vc, sb, sh, sw);
+    rc = rollyard_decode_attn_bf16kv(q, nq, Kc, Vc, sb, sh, sw, lens, (int)B, KVH, (int)G, hd, width, o, scratch,
+                                     threads);
+    if (rc) return rc;
+    rollyard_gemm_bf16(o, nq, B, nq, wo, D, bo, x, D, x, D, nullptr, threads);
+    rollyard_rms_norm_f32(x, D, w_post, B, D, eps_post, h, nullptr, threads);
+    rollyard_gemm_bf16(h, D, B, D, wgu, 2 * I, nullptr, nullptr, 0, gu, 2 * I, nullptr, threads);
+    rollyard_swiglu_fwd_f32(gu, B, I, a, threads);
+    rollyard_gemm_bf16(a, I, B, I, wd, D, nullptr, x, D, x, D, nullptr, threads);
+    return 0;
 }

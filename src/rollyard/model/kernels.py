@@ -319,7 +319,7 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state",
             "rollyard_adamw_f32_zero_grad", "rollyard_inverse_cdf_f32", "rollyard_gemm_bf16_available",
             "rollyard_pack_bf16", "rollyard_gemm_bf16", "rollyard_decode_attn_bf16kv",
-            "rollyard_decode_rope_write_bf16kv")  # _load's
+            "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -360,6 +360,9 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_pack_bf16.restype = None
     lib.rollyard_gemm_bf16.argtypes = [P, L, L, L, P, L, P, P, L, P, L, P, I]
     lib.rollyard_gemm_bf16.restype = I
+    lib.rollyard_decode_layer_bf16.argtypes = [P, L, L, P, F32, P, F32, P, P, P, P, P, L, P, P, P, P, L, I, I, I, P, P,
+                                               L, L, L, P, I, I]
+    lib.rollyard_decode_layer_bf16.restype = I
     return lib
 
 
@@ -603,14 +606,42 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
         if add.dtype != torch.float32 or add.stride(1) != 1:
             add = add.float().contiguous()
     bias = None if b is None else b.float().contiguous()
-    xs = torch.empty(M * k, dtype=torch.bfloat16)
     rc = _STATE["lib"].rollyard_gemm_bf16(
         x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
-        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n, xs.data_ptr(),
+        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n, None,
         torch.get_num_threads())
     if rc != 0:
         raise RuntimeError("the CPU bf16 matmul kernel was called in a build without AVX512-BF16")
     return y
+
+
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float().contiguous()
+
+
+def decode_layer_bf16(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
+                      same_pos: int, kv: torch.Tensor, layer: int, H: int, KVH: int, lens: torch.Tensor | None,
+                      width: int) -> None:
+    """One Llama-family layer of a decode step over ``x [B, D]`` (contiguous fp32, updated in place) in one call
+    (``kernels.cc`` ``rollyard_decode_layer_bf16``): the per-op path's kernels in its order, so its numbers bit for
+    bit. ``w``: the layer's fused weights (``model/fast.py``; matmuls in layout P), ``cos, sin``: the full RoPE
+    tables, ``pos`` / ``same_pos``: as :func:`decode_rope_write`, ``kv [L, 2, slots, KVH, W, hd]`` bf16 (contiguous)
+    and the ``layer`` whose K / V this is, ``lens``: each row's visible positions (None: ``width`` for every row). The
+    caller checks the shapes (``LlamaFast``)."""
+    B, D = x.shape
+    st = kv.stride()  # the layer's K and V addressed from the cache's own strides: no tensor indexing per layer
+    k_ptr = kv.data_ptr() + layer * st[0] * 2
+    (w_in, eps_in), (w_post, eps_post) = w["input_layernorm"], w["post_attention_layernorm"]
+    bqkv, bo = _f32(w["bqkv"]), _f32(w["bo"])
+    hd = cos.shape[-1]
+    rc = _STATE["lib"].rollyard_decode_layer_bf16(
+        x.data_ptr(), B, D, w_in.data_ptr(), eps_in, w_post.data_ptr(), eps_post, w["wqkv"].data_ptr(),
+        None if bqkv is None else bqkv.data_ptr(), w["wo"].data_ptr(), None if bo is None else bo.data_ptr(),
+        w["wgu"].data_ptr(), w["wgu"].shape[0] * 32, w["wd"].data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        None if pos is None else pos.data_ptr(), same_pos, H, KVH, hd, k_ptr, k_ptr + st[1] * 2, st[2], st[3], st[4],
+        None if lens is None else lens.data_ptr(), width, torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"the fused decode layer refused its shapes (code {rc}): H={H}, KVH={KVH}, head_dim={hd}")
 
 
 def _gemm_trial() -> str | None:
