@@ -421,6 +421,34 @@ static inline uint16_t bf16_rne(float f) {  // torch's float -> bfloat16 (round 
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
+namespace {
+
+inline void put_row(float* dst, const float* src, int hd) { std::memcpy(dst, src, sizeof(float) * hd); }
+inline void put_row(uint16_t* dst, const float* src, int hd) {  // rounded to bf16 as torch's cast rounds
+    for (int i = 0; i < hd; i++) dst[i] = bf16_rne(src[i]);
+}
+
+template <typename E>
+void rope_write(const float* y, int64_t sy, int B, int H, int KVH, int hd, const float* cos, const float* ss,
+                const int64_t* pos, int64_t same_pos, float* qout, E* K, E* V, int64_t sb, int64_t sh, int64_t sw) {
+    std::vector<float> k(hd);
+    for (int b = 0; b < B; b++) {
+        const int64_t p = pos ? pos[b] : same_pos;
+        const float* row = y + (int64_t)b * sy;
+        const float* c = cos + p * hd;
+        const float* s = ss + p * hd;
+        for (int h = 0; h < H; h++) rope_row(row + (int64_t)h * hd, c, s, hd, qout + ((int64_t)b * H + h) * hd);
+        for (int kv = 0; kv < KVH; kv++) {
+            const int64_t at = b * sb + kv * sh + p * sw;
+            rope_row(row + (int64_t)(H + kv) * hd, c, s, hd, k.data());
+            put_row(K + at, k.data(), hd);
+            put_row(V + at, row + (int64_t)(H + KVH + kv) * hd, hd);
+        }
+    }
+}
+
+}  // namespace
+
 extern "C" {
 
 // y: [B, (H + 2 KVH) hd] rows ``sy`` floats apart, one position per row: at ``pos[b]`` (or
@@ -429,18 +457,7 @@ extern "C" {
 void rollyard_decode_rope_write_f32(const float* y, int64_t sy, int B, int H, int KVH, int hd, const float* cos,
                                     const float* ss, const int64_t* pos, int64_t same_pos, float* qout, float* K,
                                     float* V, int64_t sb, int64_t sh, int64_t sw) {
-    for (int b = 0; b < B; b++) {
-        const int64_t p = pos ? pos[b] : same_pos;
-        const float* row = y + (int64_t)b * sy;
-        const float* c = cos + p * hd;
-        const float* s = ss + p * hd;
-        for (int h = 0; h < H; h++) rope_row(row + (int64_t)h * hd, c, s, hd, qout + ((int64_t)b * H + h) * hd);
-        for (int kv = 0; kv < KVH; kv++) {
-            const int64_t at = b * sb + kv * sh + p * sw;
-            rope_row(row + (int64_t)(H + kv) * hd, c, s, hd, K + at);
-            std::memcpy(V + at, row + (int64_t)(H + KVH + kv) * hd, sizeof(float) * hd);
-        }
-    }
+    rope_write<float>(y, sy, B, H, KVH, hd, cos, ss, pos, same_pos, qout, K, V, sb, sh, sw);
 }
 
 // The same into a bf16 cache (K / V: bf16 bit patterns, strides in elements): k and v rounded to bf16 as torch's
@@ -448,24 +465,7 @@ void rollyard_decode_rope_write_f32(const float* y, int64_t sy, int B, int H, in
 void rollyard_decode_rope_write_bf16kv(const float* y, int64_t sy, int B, int H, int KVH, int hd, const float* cos,
                                        const float* ss, const int64_t* pos, int64_t same_pos, float* qout,
                                        uint16_t* K, uint16_t* V, int64_t sb, int64_t sh, int64_t sw) {
-    float* k = new float[hd];
-    for (int b = 0; b < B; b++) {
-        const int64_t p = pos ? pos[b] : same_pos;
-        const float* row = y + (int64_t)b * sy;
-        const float* c = cos + p * hd;
-        const float* s = ss + p * hd;
-        for (int h = 0; h < H; h++) rope_row(row + (int64_t)h * hd, c, s, hd, qout + ((int64_t)b * H + h) * hd);
-        for (int kv = 0; kv < KVH; kv++) {
-            const int64_t at = b * sb + kv * sh + p * sw;
-            rope_row(row + (int64_t)(H + kv) * hd, c, s, hd, k);
-            const float* v = row + (int64_t)(H + KVH + kv) * hd;
-            for (int i = 0; i < hd; i++) {
-                K[at + i] = bf16_rne(k[i]);
-                V[at + i] = bf16_rne(v[i]);
-            }
-        }
-    }
-    delete[] k;
+    rope_write<uint16_t>(y, sy, B, H, KVH, hd, cos, ss, pos, same_pos, qout, K, V, sb, sh, sw);
 }
 
 }  // extern "C"
