@@ -143,3 +143,34 @@ def test_a_fused_decode_layer_is_the_per_op_path_bit_for_bit(same, monkeypatch):
     assert len(calls) == 3 * model.config.num_hidden_layers  # the fused run took the one call a layer, the other none
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1].view(torch.int16), outs[1][1].view(torch.int16))
+
+
+def test_gemma3_decodes_over_a_bf16_cache_as_over_an_fp32_one_within_bf16_rounding():
+    """Gemma 3 (q/k norms, sliding layers: the per-op path) with bf16 matmuls keeps its cache in bf16 where the
+    attention kernel takes its head_dim: a generation past the sliding window, at per-row positions (the sliding
+    layers' additive masks take torch's attention over the upcast cache) and at a shared one, gives the logits an fp32
+    cache gives, within bf16's rounding, and the HF forward's within the bf16 matmuls'."""
+    from gemma3_files import WINDOW, gemma_tokenizer, tiny_gemma3
+
+    model = tiny_gemma3(gemma_tokenizer(), head_dim=16)
+    g = torch.Generator().manual_seed(3)
+    P = WINDOW + 4
+    V = model.config.vocab_size
+    ids = torch.randint(V // 2, V, (3, P), generator=g)
+    last = torch.tensor([P - 1, P - 3, P - 2])
+    runs = []
+    for kv_dtype in (torch.bfloat16, torch.float32):
+        fwd = families.fast_forward(model, torch.bfloat16)
+        assert fwd.kv_dtype == torch.bfloat16  # the attention kernel takes head_dim 16
+        fwd.kv_dtype = kv_dtype
+        kv = fwd.new_cache(3, P + 8)
+        out = [fwd.prefill(ids, kv, torch.tensor([0, 1, 2]), last)]
+        for t in range(4):
+            out.append(fwd.decode(torch.tensor([V // 2 + t, V // 2 + 9, V // 2 + 20]), last + 1 + t, kv, P + 1 + t))
+        runs.append(torch.stack(out))
+    scale = float(runs[1].abs().max())
+    assert float((runs[0] - runs[1]).abs().max()) < 0.02 * scale
+    with torch.no_grad():  # row 0 (its prompt fills the prefill) against the fp32 module, token by token
+        seq = torch.cat([ids[0], torch.tensor([V // 2, V // 2 + 1, V // 2 + 2])])
+        ref = model(seq[None]).logits[0, P - 1:P + 3]
+    assert float((runs[0][:4, 0] - ref).abs().max()) < 0.05 * float(ref.abs().max())

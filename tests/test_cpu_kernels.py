@@ -43,7 +43,7 @@ def _case(G, hd, B=7, KVH=3, W=37, seed=0):
 
 
 @needs_cxx
-@pytest.mark.parametrize("G,hd", [(1, 16), (2, 24), (2, 32), (3, 40), (4, 8), (7, 64), (8, 128), (5, 32)])
+@pytest.mark.parametrize("G,hd", [(1, 16), (2, 24), (2, 32), (3, 40), (4, 8), (7, 64), (8, 128), (5, 32), (4, 256)])
 def test_kernel_matches_fp64_attention(G, hd):
     assert cpu_kernels.attention_supported(3 * G, 3, hd), cpu_kernels._STATE
     q, K, V, lens = _case(G, hd)
@@ -52,6 +52,21 @@ def test_kernel_matches_fp64_attention(G, hd):
         want = _attention_fp64(q, K, V, n)
         err = float((got.double() - want).abs().max())
         assert err < 2e-6, f"G={G} hd={hd} lens={'all' if n is None else 'varied'}: max error {err:.2e}"
+
+
+@needs_cxx
+@pytest.mark.parametrize("G,hd", [(3, 64), (2, 24), (4, 256)])
+def test_kernel_over_a_bf16_cache_is_fp64_attention_of_the_caches_values(G, hd):
+    """A bf16 cache (the engine's with bf16 matmuls): K and V widened exactly, the arithmetic fp32."""
+    assert cpu_kernels.attention_supported(3 * G, 3, hd), cpu_kernels._STATE
+    q, K, V, lens = _case(G, hd)
+    K16, V16 = K.to(torch.bfloat16), V.to(torch.bfloat16)
+    for n in (None, lens):
+        got = cpu_kernels.attend(q, K16, V16, n)
+        want = _attention_fp64(q, K16.float(), V16.float(), n)
+        err = float((got.double() - want).abs().max())
+        assert err < 2e-6, f"G={G} hd={hd} lens={'all' if n is None else 'varied'}: max error {err:.2e}"
+        assert float((got - cpu_kernels.attend(q, K, V, n)).abs().max()) > 0  # the cache's rounding is seen
 
 
 @needs_cxx

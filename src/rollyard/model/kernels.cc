@@ -129,7 +129,7 @@ void item(const float* q, const E* k, const E* v, int64_t sw, int n, float* out,
 template <typename E>
 using item_fn = void (*)(const float*, const E*, const E*, int64_t, int, float*, float*);
 
-// head_dim 16, 32, 64, 128 in 16-float vectors; 8, 24, 40 in 8-float ones (the tiny presets).
+// head_dim 16, 32, 64, 128, 256 (Gemma 3) in 16-float vectors; 8, 24, 40 in 8-float ones (the tiny presets).
 template <int G, typename E>
 item_fn<E> pick_hd(int hd) {
     switch (hd) {
@@ -137,6 +137,7 @@ item_fn<E> pick_hd(int hd) {
         case 32: return item<f16v, G, 2, E>;
         case 64: return item<f16v, G, 4, E>;
         case 128: return item<f16v, G, 8, E>;
+        case 256: return item<f16v, G, 16, E>;
         case 8: return item<f8v, G, 1, E>;
         case 24: return item<f8v, G, 3, E>;
         case 40: return item<f8v, G, 5, E>;
@@ -185,7 +186,7 @@ int decode_attn(const float* q, int64_t sq, const E* K, const E* V, int64_t sb, 
 
 extern "C" {
 
-// Whether (G, hd) has a kernel: G query heads per K/V head in 1..8, hd in {8, 16, 24, 32, 40, 64, 128}.
+// Whether (G, hd) has a kernel: G query heads per K/V head in 1..8, hd in {8, 16, 24, 32, 40, 64, 128, 256}.
 int rollyard_decode_attn_supports(int G, int hd) { return pick<float>(G, hd) != nullptr; }
 
 // q: [B, KVH, G, hd] with row stride ``sq`` (floats), heads contiguous inside a row, already

@@ -713,7 +713,7 @@ def _build_and_load() -> tuple[ctypes.CDLL | None, str | None]:
 
 def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:
     """Whether the kernel is on and runs this attention shape: ``G = q_heads / kv_heads`` in 1..8,
-    ``head_dim`` in 8, 16, 24, 32, 40, 64, 128, checked once per shape against torch. Deterministic: it
+    ``head_dim`` in 8, 16, 24, 32, 40, 64, 128, 256, checked once per shape against torch. Deterministic: it
     depends on the shape and the CPU, not on timing (timed comparisons live in ``bench/engine.py``)."""
     lib = kernel()
     if lib is None or q_heads % kv_heads or not lib.rollyard_decode_attn_supports(q_heads // kv_heads, head_dim):
