@@ -20,7 +20,7 @@ KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position,
 positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. On a CPU the decode
 attention computes in fp32 (CPU bf16 batched matmuls copy their strided cache views and run ~2x slower than fp32 at
 these shapes); the cache (``kv_dtype``) is fp32, or bf16 where the matmuls are bf16 and the compiled attention
-kernel reads bf16 (half the bytes a decode step reads: SmolLM2-135M at batch 32, ~110 positions, attention 5.0 -> 2.6
+kernel reads bf16 (half the bytes a decode step reads: SmolLM2-135M at batch 32, ~110 positions, attention 5.0 -> 3.7
 ms a step). ``mm_dtype`` is the matmuls' dtype, that of the fused copies
 (``compute_dtype``, rollout.precision; else the module's, and a family may upcast narrow bf16 models:
 ``CPU_BF16_MIN_HIDDEN``); ``dtype`` the activations' (fp32 on CPU: a matmul's input is cast to ``mm_dtype`` and
@@ -152,7 +152,8 @@ class FastForward:
         self.dtype = torch.float32 if on_cpu else self.mm_dtype
         self.mixed = self.mm_dtype != self.dtype
         self.kv_dtype = torch.float32 if on_cpu else self.dtype
-        # rollyard.model.kernels: decode attention (fp32 arithmetic over an fp32 or bf16 cache on CPU) and RMSNorm (fp32 compute on CPU).
+        # rollyard.model.kernels: decode attention (fp32 arithmetic over an fp32 or bf16 cache on CPU) and RMSNorm
+        # (fp32 compute on CPU).
         self.attn_kernel = on_cpu and cpu_kernels.attention_supported(self.H, self.KVH, self.hd)
         self.norm_kernel = on_cpu and self.dtype == torch.float32 and cpu_kernels.kernel() is not None
         # RoPE + the cache write of a decode step in one call (all fp32; not with q/k norms).
@@ -203,7 +204,7 @@ class FastForward:
         self.norm_w, self.norm_eps = self._norm(inner.norm)
         head = self.model.lm_head.weight
         # without PACK_HEAD the head is read as it is, unless it is cast anyway: then into the bf16 kernel's layout
-        # (the same bytes as the cast; Gemma 3's 262k-row head: 35 -> 13 ms a decode step at batch 32)
+        # (the same bytes as the cast; Gemma 3's 262k-row head: 35 -> 22 ms a decode step at batch 32)
         kernel_head = head.dtype != self.mm_dtype and self._bf16_kernel(head.shape[0], head.shape[1])
         self.lm_head = self._packed((head, 1.0)) if self.PACK_HEAD or kernel_head else self._w(head)
         self.lm_bias = self._w(getattr(self.model.lm_head, "bias", None))
