@@ -584,6 +584,10 @@ def is_packed_bf16(p: torch.Tensor) -> bool:
     return p.dim() == 5 and p.dtype == torch.bfloat16 and p.shape[2:] == (16, 64, 2)
 
 
+def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.float().contiguous()
+
+
 def unpack_bf16(p: torch.Tensor) -> torch.Tensor:
     """The weight ``[n, k]`` (bf16) that :func:`pack_bf16` wrote into layout P."""
     return p.permute(0, 3, 1, 2, 4).reshape(p.shape[0] * 64, p.shape[1] * 32)
@@ -605,7 +609,7 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
         add = add.reshape(M, n)
         if add.dtype != torch.float32 or add.stride(1) != 1:
             add = add.float().contiguous()
-    bias = None if b is None else b.float().contiguous()
+    bias = _f32(b)
     rc = _STATE["lib"].rollyard_gemm_bf16(
         x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
         None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n, None,
@@ -613,10 +617,6 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     if rc != 0:
         raise RuntimeError("the CPU bf16 matmul kernel was called in a build without AVX512-BF16")
     return y
-
-
-def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float().contiguous()
 
 
 def decode_layer_bf16(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
