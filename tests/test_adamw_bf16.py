@@ -95,3 +95,19 @@ def test_fsdp_with_bf16_moments_is_one_line_exit_2(tmp_path, capsys):
                  f"out_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "trainer.optimizer_state=bf16" in err and "set trainer.optimizer_state=fp32" in err
+
+
+def test_an_update_bumps_the_version_counters_of_what_it_wrote(path):
+    """Both paths mark the weight and the moments modified, as an in-place torch op does: autograd then refuses a
+    backward through a graph that saved the old weight instead of using the new one silently."""
+    p = torch.randn(64, requires_grad=True)
+    with torch.no_grad():
+        m, v = torch.zeros(64, dtype=torch.bfloat16), torch.zeros(64, dtype=torch.bfloat16)
+        before = [t._version for t in (p, m, v)]
+        _update(p, torch.randn(64), m, v, 1, lr=1e-2)
+    assert all(t._version > b for t, b in zip((p, m, v), before)), [t._version for t in (p, m, v)]
+    y = (p * p).sum()  # saves p for its backward
+    with torch.no_grad():
+        _update(p, torch.randn(64), m, v, 2, lr=1e-2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()

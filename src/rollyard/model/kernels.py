@@ -500,6 +500,7 @@ def adamw_bf16_state(p: torch.Tensor, g: torch.Tensor | None, m: torch.Tensor, v
         return False
     lib.rollyard_adamw_bf16_state(p.data_ptr(), None if g is None else g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), lr, beta1,
                                   beta2, eps, weight_decay, bc1, bc2, seed & (2 ** 64 - 1), torch.get_num_threads())
+    _written(p, m, v)
     return True
 
 
@@ -520,7 +521,14 @@ def adamw_zero_grad(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, *, step_s
         return False
     lib.rollyard_adamw_f32_zero_grad(p.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), step_size, decay,
                                      1.0 - beta1, beta2, sqrt_bc2, eps, torch.get_num_threads())
+    _written(p, m, v)
     return True
+
+
+def _written(*tensors: torch.Tensor) -> None:
+    """Bump the version counters of tensors a kernel wrote through their pointers, as an in-place torch op would
+    (autograd's saved-tensor checks and the trainer's bf16 copies, ``model/bf16_weights.py``, read them)."""
+    torch.autograd.graph.increment_version(tensors)
 
 
 def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | None = None) -> torch.Tensor | None:
