@@ -341,6 +341,31 @@ def test_shared_prefill_equals_separate_prefills():
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
 
 
+@torch.no_grad()
+def test_groups_whose_prompts_share_a_prefix_prefill_it_once_and_sample_as_without(monkeypatch):
+    """Three groups' prompts behind one 12-token prefix (a chat template's system prompt): the prefix is prefilled
+    once and copied to the other groups' slots; the samples equal those of one prefill per prompt."""
+    from rollyard.rollout import native
+
+    model = _model()
+    prefix = _prompt(7, 12)
+    reqs = [Request(f"g{i}", prefix + _prompt(i, n), n=3, max_new_tokens=8) for i, n in enumerate((2, 5, 1))]
+    runs = {}
+    for name, least in {"shared": native.SHARED_PREFIX, "separate": 10 ** 9}.items():
+        monkeypatch.setattr(native, "SHARED_PREFIX", least)
+        eng = _engine(model, temperature=1.0, seed=5)
+        rows = []
+        orig = eng.backend.fwd.prefill
+        eng.backend.fwd.prefill = lambda toks, *a, orig=orig, rows=rows, **k: (rows.append(toks.numel()), orig(toks, *a, **k))[1]
+        samples, _ = eng.generate(copy.deepcopy(reqs))
+        runs[name] = (sorted(samples, key=lambda s: s.id), rows)
+    (shared, rows_shared), (separate, rows_sep) = runs["shared"], runs["separate"]
+    assert rows_sep == [3 * 17] and rows_shared == [12, 3 * 5], (rows_shared, rows_sep)
+    for a, b in zip(shared, separate, strict=True):
+        assert a.id == b.id and a.completion_ids == b.completion_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-5
+
+
 def test_seed_reproducible():
     model = _model()
 

@@ -99,6 +99,33 @@ def test_prefill_and_decode_logits_equal_transformers_across_the_window(tiny):
     assert native.fast_path_matches(m, native.NativeBackend(m, 8, 512)) < TOL
 
 
+def test_a_shared_prefix_prefilled_once_gives_each_rows_logits_and_cache_across_the_window(tiny):
+    """The native backend's shared prefix (``rollout/native.py``): the prefix run once in one slot, copied, and each
+    row's rest prefilled after it (``FastForward.prefill(start=)``), past the sliding window: the logits and every
+    cached K/V equal one prefill per row."""
+    _, _, _, m = tiny
+    V = m.config.vocab_size
+    prefix = _ids(1, 9, V, seed=3)[0].tolist()
+    assert len(prefix) > 2 * WINDOW and len(prefix) >= native.SHARED_PREFIX
+    prompts = [prefix + t.tolist()[:n] for t, n in zip(_ids(3, 6, V, seed=4), (1, 6, 3))]
+    with torch.no_grad():
+        refs = [m(input_ids=torch.tensor([p])).logits[0, -1] for p in prompts]
+        b = native.NativeBackend(m, 8, 512)
+        b.reserve([], [24] * 3)
+        calls = []
+        orig = b.fwd.prefill
+        b.fwd.prefill = lambda toks, *a, **k: (calls.append((tuple(toks.shape), k.get("start", 0))), orig(toks, *a, **k))[1]
+        got = b.prefill(prompts, [2, 0, 1])
+        assert calls == [((1, 9), 0), ((3, 6), 9)], calls
+        assert max(_rel(got[i], refs[i]) for i in range(3)) < TOL
+        alone = native.NativeBackend(m, 8, 512)
+        alone.reserve([], [24] * 3)
+        for p, slot in zip(prompts, [2, 0, 1]):
+            alone.prefill([p], [slot])
+        for p, slot in zip(prompts, [2, 0, 1]):
+            assert torch.allclose(b.kv[:, :, slot, :, :len(p)], alone.kv[:, :, slot, :, :len(p)], atol=1e-5, rtol=1e-5)
+
+
 @torch.no_grad()
 def _greedy(model, prompt: list[int], n: int) -> list[int]:
     ids = list(prompt)

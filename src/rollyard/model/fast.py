@@ -348,36 +348,51 @@ class FastForward:
         return softcap(self._mm(x, self.lm_head, self.lm_bias), self.softcap)
 
     @torch.no_grad()
-    def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    def prefill(self, tokens: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor, last: torch.Tensor,
+                start: int = 0) -> torch.Tensor:
         """Run prompts ``tokens`` [G, P] (right-padded) and write their K/V into ``kv`` at ``slots`` [G].
 
-        Returns logits [G, V] at positions ``last`` [G] (each prompt's last real token) only. Padded positions come
-        after the real ones, so causal attention keeps them out of the real ones.
+        Returns logits [G, V] at positions ``last`` [G] (each prompt's last real token, counted from ``start``)
+        only. Padded positions come after the real ones, so causal attention keeps them out of the real ones.
+        ``start``: the tokens sit at positions ``start ..``, after a prefix whose K/V each slot holds already
+        (a prompt prefix the rows share, prefilled once: ``rollout/native.py``); they attend to it as read back
+        from the cache.
         """
         G, P = tokens.shape
         H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
         x = self._embed(tokens)
-        tables = self.tables(P)
-        sliding = None
-        if self.window is not None and P > self.window:
-            ar = torch.arange(P, device=x.device)
-            sliding = (ar[None, :] <= ar[:, None]) & (ar[None, :] > ar[:, None] - self.window)  # [query, key]
+        tables = self.tables(start + P)
+        masks = self._prefill_masks(start, P, x.device)
         first = self.NORMS[0]
         for l, w in enumerate(self.layers):
             kind = self.kinds[l]
-            cos, sin = (t[:P, None] for t in tables[kind])  # [P, 1, hd]
+            cos, sin = (t[start:start + P, None] for t in tables[kind])  # [P, 1, hd]
             h = self._rms(x, *w[first])
             y = self._mm(h, w["wqkv"], w["bqkv"])
             qk = rope(self._qk(y, (G, P), w), cos, sin)
             v = y[..., n:].view(G, P, KVH, hd).transpose(1, 2)
             q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
-            kv[l, 0, slots, :, :P] = k.to(kv.dtype)
-            kv[l, 1, slots, :, :P] = v.to(kv.dtype)
-            mask = sliding if kind == SLIDING else None
+            kv[l, 0, slots, :, start:start + P] = k.to(kv.dtype)
+            kv[l, 1, slots, :, start:start + P] = v.to(kv.dtype)
+            if start:  # the prefix's K/V from the cache, in the activations' dtype
+                k = torch.cat((kv[l, 0, slots, :, :start].to(k.dtype), k), dim=2)
+                v = torch.cat((kv[l, 1, slots, :, :start].to(v.dtype), v), dim=2)
+            mask = masks[kind]
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=1.0,
                                                enable_gqa=KVH != H)
             x = self.block(x, o.transpose(1, 2).reshape(G, P, H * hd), w)
         return self._head(x[torch.arange(G, device=x.device), last])
+
+    def _prefill_masks(self, start: int, P: int, device) -> dict:
+        """Per layer kind, the boolean ``[query, key]`` mask of a prefill of ``P`` positions after ``start`` cached
+        ones (None: plain causal, ``is_causal``)."""
+        q = torch.arange(start, start + P, device=device)[:, None]
+        keys = torch.arange(start + P, device=device)[None, :]
+        full = None if not start else keys <= q
+        sliding = full
+        if self.window is not None and start + P > self.window:
+            sliding = (keys <= q) & (keys > q - self.window)
+        return {kind: (sliding if kind == SLIDING else full) for kind in set(self.kinds)}
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor | None, kv: torch.Tensor, width: int,
