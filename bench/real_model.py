@@ -20,7 +20,8 @@ step for TRL) and of its train phase, the ratios between sides, and the train ph
 6 x matmul parameters x positions at the matmul rate measured here at that precision (bench/engine.py's
 matmul_flops, 1024^3, same threads), over every sample's positions (the old floor) and over the positions the
 trainer computed (the useful-work floor: zero-advantage samples skipped, each group's prompt once;
-`train/computed_positions`). `native-all` is the native side with trainer.useful_work=false (every position).
+`train/computed_positions`), and where the run checkpoints activations, that floor plus the recompute (2 x the
+decoder's matmul parameters x positions). `native-all` is the native side with trainer.useful_work=false (every position).
 The rollout phase (native sides) is held against its roofline per step: the larger of its matmul FLOPs (each
 group's prompt prefilled once, every decoded token, attention included) at the matmul rate measured here in the
 precision the rollout ran (run.json's rollout_precision) and the bytes it must read (the weights once per
@@ -107,7 +108,8 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
     return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run),
             "real_positions": real_positions(run / "lengths.jsonl"), "lengths": lengths,
             "precision": (info := json.loads((run / "run.json").read_text())).get("rollout_precision"),
-            "kv_bytes": kv_element_bytes(info)}
+            "kv_bytes": kv_element_bytes(info),
+            "recompute": "activation_checkpointing: true" in (run / "config.yaml").read_text()}
 
 
 def kv_element_bytes(info: dict) -> int:
@@ -240,7 +242,8 @@ def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidt
     """The rollout phase's physical limit for one step's lengths (lengths.jsonl's row): the larger of its matmul
     FLOPs at ``rate`` and the bytes it must read at ``bandwidth``.
 
-    FLOPs: each group's prompt prefilled once (2 x matmul params per token, plus causal attention), and every
+    FLOPs: each group's prompt prefilled once (2 x the decoder's matmul params per token, plus causal attention, and
+    the LM head at its last token only: the prefill's logits are those of the last position), and every
     sampled token after the first (that one comes from the prefill's logits) decoded: 2 x matmul params plus
     attention over its position. Bytes: the weights (``weight_bytes``: matmul params in the precision the rollout
     ran) once per forward (the prefill and each decode step, the longest sample's count), and each decode step's
@@ -250,7 +253,8 @@ def rollout_roofline(lengths: dict, c, matmul_params: int, rate: float, bandwidt
     hd = getattr(c, "head_dim", None) or c.hidden_size // H
     prompts, responses = lengths["prompt_lengths"], [n for n in lengths["response_lengths"] if n]
     k = max(1, len(lengths["response_lengths"]) // max(1, len(prompts)))
-    flops = sum(2 * matmul_params * P + 2 * L * H * hd * P * P for P in prompts)
+    head = c.vocab_size * c.hidden_size
+    flops = sum(2 * (matmul_params - head) * P + 2 * head + 2 * L * H * hd * P * P for P in prompts)
     kv_positions = 0
     for i, n in enumerate(lengths["response_lengths"]):
         P = prompts[i // k]
@@ -289,7 +293,8 @@ def speed(a) -> int:
     # matmul parameters: every projection, the (tied) LM head once; the input embedding is a lookup
     per_layer = (c.hidden_size * c.head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
                  + 3 * c.hidden_size * c.intermediate_size)
-    matmul_params = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size
+    decoder_params = c.num_hidden_layers * per_layer  # what activation checkpointing recomputes
+    matmul_params = decoder_params + c.vocab_size * c.hidden_size
     steps = a.warmup + a.steps
     rates: dict[str, float] = {}
 
@@ -328,7 +333,8 @@ def speed(a) -> int:
                                       "useful": [x.get("train/computed_positions", run["real_positions"][x["step"]])
                                                  for x in rows],
                                       "skipped": [x.get("train/skipped_frac", 0.0) for x in rows],
-                                      "memory": run["summary"].get("memory_peak_gb", {})})
+                                      "memory": run["summary"].get("memory_peak_gb", {}),
+                                      "recompute": run["recompute"]})
                 load.append(os.getloadavg()[0])
         log(f"\n== speed, {precision}: {a.warmup} warm-up + {a.steps} timed steps per side and round, {a.rounds} "
             f"round(s), {a.threads} threads; 1-min load average {' -> '.join(f'{x:.1f}' for x in load)}"
@@ -345,12 +351,16 @@ def speed(a) -> int:
                 useful = statistics.median(x for rd in rounds for x in rd["useful"])
                 skipped = statistics.mean(x for rd in rounds for x in rd["skipped"])
                 floor, useful_floor = 6 * matmul_params * pos / rate, 6 * matmul_params * useful / rate
+                redo = 2 * decoder_params * useful / rate if rounds[-1]["recompute"] else 0.0
                 line += (f"\n        train floor 6 x {matmul_params / 1e6:.0f}M matmul params x {pos:.0f} positions "
                          f"at {rate / 1e9:.0f} GFLOP/s = {floor:.2f} s: train is {med[side]['train'] / floor:.2f}x it"
                          f"\n        useful-work floor: x {useful:.0f} positions computed ({skipped:.0%} of samples "
                          f"skipped; the micro-batches held {computed:.0f} with their padding) = {useful_floor:.2f} s: "
-                         f"train is {med[side]['train'] / max(useful_floor, 1e-9):.2f}x it; "
-                         f"peak RSS GB {rounds[-1]['memory']}")
+                         f"train is {med[side]['train'] / max(useful_floor, 1e-9):.2f}x it"
+                         + (f"; with activation checkpointing's recompute (+ 2 x {decoder_params / 1e6:.0f}M decoder "
+                            f"params x positions) {useful_floor + redo:.2f} s: train is "
+                            f"{med[side]['train'] / max(useful_floor + redo, 1e-9):.2f}x it" if redo else "")
+                         + f"; peak RSS GB {rounds[-1]['memory']}")
             if side != "trl" and side != "vllm":
                 roof = [r for rd in rounds for r in rd["roofline"]]
                 rp = rounds[-1]["rollout_precision"]
