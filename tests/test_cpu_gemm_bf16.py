@@ -116,11 +116,11 @@ def test_the_fast_forward_through_the_kernel_gives_onednns_logits_within_bf16_ro
 
 @pytest.mark.parametrize("same", [True, False])
 def test_a_fused_decode_layer_is_the_per_op_path_bit_for_bit(same, monkeypatch):
-    """``kernels.decode_layer_bf16`` (one call a layer) against the per-op path over the same copies: logits and the
+    """``kernels.decode_layer`` (one call a layer) against the per-op path over the same copies: logits and the
     K / V it writes are equal, at one shared position and at per-row positions (the masked path)."""
     calls = []
-    fused_layer = cpu_kernels.decode_layer_bf16
-    monkeypatch.setattr(cpu_kernels, "decode_layer_bf16", lambda *a: calls.append(1) or fused_layer(*a))
+    fused_layer = cpu_kernels.decode_layer
+    monkeypatch.setattr(cpu_kernels, "decode_layer", lambda *a: calls.append(1) or fused_layer(*a))
     model = build_preset("small", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
     fwd = families.fast_forward(model, torch.bfloat16)
     assert fwd.fused_layers and fwd.kv_dtype == torch.bfloat16

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
 
 from rollyard.model import gemm as cpu_gemm
+from rollyard.model import kernels as cpu_kernels
 from rollyard.model.llama import LlamaFast
 from rollyard.model.loading import build_preset, char_tokenizer
 from rollyard.rollout.engine import RolloutEngine
@@ -85,12 +86,16 @@ def _qwen3(seed=0):
     return model
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-packed", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-packed", "llama-kernel", "qwen2", "qwen3"])
 def test_fast_forward_equals_hf_forward(arch, monkeypatch):
     if arch == "llama":
         model = _model()
-    elif arch == "llama-packed":  # wide enough that the projections are packed for oneDNN (cpu_gemm)
-        monkeypatch.setenv("ROLLYARD_ONEDNN", "1")
+    elif arch in ("llama-packed", "llama-kernel"):  # wide enough that the projections are packed: for oneDNN
+        monkeypatch.setenv("ROLLYARD_ONEDNN", "1")  # (cpu_gemm), or in the fp32 kernel's layout Q where it is built
+        if arch == "llama-packed":
+            monkeypatch.setattr(cpu_kernels, "f32_packs", lambda n, k: False)
+        elif not cpu_kernels.f32_packs(64, 16):
+            pytest.skip("no AVX-512 in this build of the CPU kernels")
         model = build_preset("small", TOK, seed=0, max_position_embeddings=CTX).eval()
     elif arch == "qwen3":
         model = _qwen3()
@@ -105,6 +110,8 @@ def test_fast_forward_equals_hf_forward(arch, monkeypatch):
                     p.normal_(0, 0.5)
     fwd = LlamaFast(model)
     assert fwd.layers[0]["wgu"].is_mkldnn == (arch == "llama-packed" and cpu_gemm._op_available())
+    if arch in ("llama-packed", "llama-kernel"):
+        assert cpu_kernels.is_packed_f32(fwd.layers[0]["wgu"]) == (arch == "llama-kernel")
     ids = torch.randint(0, V, (3, 14), generator=torch.Generator().manual_seed(0))
     kv = fwd.new_cache(5, 32)
     slots = torch.tensor([4, 0, 2])

@@ -22,12 +22,14 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 def _dense(t: torch.Tensor) -> torch.Tensor:
     if cpu_kernels.is_packed_bf16(t):
         return cpu_kernels.unpack_bf16(t)
+    if cpu_kernels.is_packed_f32(t):
+        return cpu_kernels.unpack_f32(t)
     return t.to_dense() if t.is_mkldnn else t
 
 
 def _packed(t: torch.Tensor) -> bool:
-    """Packed for oneDNN or in the bf16 kernel's layout P, not a plain copy."""
-    return t.is_mkldnn or cpu_kernels.is_packed_bf16(t)
+    """Packed for oneDNN or in the kernels' layout P (bf16) or Q (fp32), not a plain copy."""
+    return t.is_mkldnn or cpu_kernels.is_packed_bf16(t) or cpu_kernels.is_packed_f32(t)
 
 
 def _expected(model, dtype: torch.dtype, scale: float) -> list[dict[str, torch.Tensor]]:
@@ -56,6 +58,7 @@ def _assert_copies(fwd, model, dtype: torch.dtype) -> None:
             assert torch.equal(_dense(got[k]), _dense(new[k])), k
             assert got[k].is_mkldnn == new[k].is_mkldnn
             assert cpu_kernels.is_packed_bf16(got[k]) == cpu_kernels.is_packed_bf16(new[k])
+            assert cpu_kernels.is_packed_f32(got[k]) == cpu_kernels.is_packed_f32(new[k])
     assert torch.equal(_dense(fwd.lm_head), model.lm_head.weight.to(dtype))
     ids = torch.tensor([[5, 9, 14, 3, 22, 7]])
     logits = []
@@ -78,12 +81,15 @@ def test_refresh_after_a_weight_change_equals_the_weights_and_a_fresh_build(oned
     monkeypatch.setenv("ROLLYARD_ONEDNN", onednn)
     model = build_preset("small", TOK, seed=0, max_position_embeddings=64).eval()
     fwd = families.fast_forward(model, dtype)
-    # the case under test: copies packed (for oneDNN, or bf16 in the kernel's layout whatever ROLLYARD_ONEDNN says),
+    # the case under test: copies packed (for oneDNN, or in the kernels' layouts whatever ROLLYARD_ONEDNN says),
     # or plain
-    kernel = dtype == torch.bfloat16 and cpu_kernels.bf16_packs(*fwd.model.model.layers[0].mlp.up_proj.weight.shape)
-    packs = (onednn == "1" and dtype in _dtypes()) or kernel
+    shape = fwd.model.model.layers[0].mlp.up_proj.weight.shape
+    kernel = dtype == torch.bfloat16 and cpu_kernels.bf16_packs(*shape)
+    kernel_f32 = dtype == torch.float32 and cpu_kernels.f32_packs(*shape)
+    packs = (onednn == "1" and dtype in _dtypes()) or kernel or kernel_f32
     assert _packed(fwd.layers[0]["wgu"]) == packs
     assert cpu_kernels.is_packed_bf16(fwd.layers[0]["wgu"]) == kernel
+    assert cpu_kernels.is_packed_f32(fwd.layers[0]["wgu"]) == kernel_f32
     for seed in (1, 2):  # twice: the second refresh reuses what the first left behind
         _change(model, seed)
         if asleep:  # the colocated trainer's turn: copies dropped, rebuilt by the sync

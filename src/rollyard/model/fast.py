@@ -119,7 +119,7 @@ class FastForward:
     PACK_HEAD = True
     # RoPE tables: computed for the whole context at refresh, or grown by doubling as positions are reached.
     GROW_TABLES = False
-    # Whether ``rollyard.model.kernels.decode_layer_bf16`` computes this family's layer (the Llama block) in one call
+    # Whether ``rollyard.model.kernels.decode_layer`` computes this family's layer (the Llama block) in one call
     # where its kernels all run (:meth:`refresh` sets ``fused_layers``).
     FUSED_LAYER = False
 
@@ -216,9 +216,9 @@ class FastForward:
         self.n_qk = (self.H + self.KVH) * self.hd
         # a decode step's layers in one call each: every piece on its kernel (bf16 matmuls in layout P, RoPE + cache
         # write, attention over a bf16 cache, RMSNorm, SwiGLU), the per-op path's numbers bit for bit
-        self.fused_layers = (self.FUSED_LAYER and self.rope_kernel and self.kv_dtype == torch.bfloat16
-                             and all(cpu_kernels.is_packed_bf16(w[k]) for w in self.layers
-                                     for k in ("wqkv", "wo", "wgu", "wd")))
+        packed = cpu_kernels.is_packed_bf16 if self.kv_dtype == torch.bfloat16 else cpu_kernels.is_packed_f32
+        self.fused_layers = (self.FUSED_LAYER and self.rope_kernel and self.kv_dtype in (torch.bfloat16, torch.float32)
+                             and all(packed(w[k]) for w in self.layers for k in ("wqkv", "wo", "wgu", "wd")))
 
     def _norm(self, n) -> tuple[torch.Tensor, float]:
         return self._c(self._norm_scale(n.weight)), eps_of(n)
@@ -251,6 +251,9 @@ class FastForward:
         first, scale = parts[0]
         if first.dim() == 2 and self._bf16_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1]):
             return cpu_kernels.pack_bf16(list(parts))  # cast, scale and layout in one pass (kernels.cc)
+        if (first.dim() == 2 and all(t.dtype == torch.float32 for t, _ in parts)
+                and self._f32_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1])):
+            return cpu_kernels.pack_f32(list(parts))  # scale and layout in one pass (kernels.cc)
         if len(parts) == 1 and scale == 1.0 and first.dtype == self.mm_dtype:
             return pack(first)
         shape = (sum(t.shape[0] for t, _ in parts), *first.shape[1:])
@@ -265,6 +268,12 @@ class FastForward:
         """Whether an ``[n, k]`` matmul weight goes into ``rollyard.model.kernels``' bf16 layout (bf16 matmuls over
         fp32 activations, the kernel built and agreeing with torch here, the shape's blocks whole)."""
         return self.mm_dtype == torch.bfloat16 and self.mixed and cpu_kernels.bf16_packs(n, k)
+
+    def _f32_kernel(self, n: int, k: int) -> bool:
+        """Whether an ``[n, k]`` matmul weight goes into ``rollyard.model.kernels``' fp32 layout (fp32 matmuls on a
+        CPU, the kernel built (AVX-512) and agreeing with torch here, the shape's blocks whole)."""
+        return (self.mm_dtype == torch.float32 and not self.mixed and self.device.type == "cpu"
+                and cpu_kernels.f32_packs(n, k))
 
     def _fuse(self, *parts: tuple[torch.Tensor, float], out: torch.Tensor | None = None) -> torch.Tensor:
         """The rows of ``parts`` (a weight or bias and its scale) stacked in the matmuls' dtype, in ``out`` (else
@@ -304,6 +313,8 @@ class FastForward:
             add: torch.Tensor | None = None) -> torch.Tensor:
         """``add + x @ w.T + b`` for a fused weight ``w`` (``pack``ed): in the matmuls' dtype, returned in the
         activations' (the add then in the activations' dtype too)."""
+        if cpu_kernels.is_packed_f32(w):
+            return cpu_kernels.gemm_f32(x, w, b, add)
         if not self.mixed:
             return packed_linear(x, w, b, add=add)
         if cpu_kernels.is_packed_bf16(w):
@@ -429,7 +440,7 @@ class FastForward:
             writes, at = None, (torch.arange(B, device=tokens.device), slice(None), pos)
         H, KVH, hd, n = self.H, self.KVH, self.hd, self.n_qk
         first = self.NORMS[0]
-        if self.fused_layers and kv.dtype == torch.bfloat16 and (masks is None or all(
+        if self.fused_layers and kv.dtype == self.kv_dtype and (masks is None or all(
                 isinstance(m, tuple) for m in masks.values())):
             return self._head(self._fused_decode(x.contiguous(), tables, rope_at, masks, kv, width))
         # what each layer reads ([B, KVH, W, hd] views), cut once for all layers (per-layer indexing costs a share)
@@ -458,11 +469,11 @@ class FastForward:
 
     def _fused_decode(self, x: torch.Tensor, tables: dict, rope_at: tuple, masks: dict | None, kv: torch.Tensor,
                       width: int) -> torch.Tensor:
-        """:meth:`decode`'s layers, one ``kernels.decode_layer_bf16`` call each (``fused_layers``): ``x`` in place."""
+        """:meth:`decode`'s layers, one ``kernels.decode_layer`` call each (``fused_layers``): ``x`` in place."""
         assert kv.is_contiguous()
         for l, w in enumerate(self.layers):
             kind = self.kinds[l]
-            cpu_kernels.decode_layer_bf16(x, w, *tables[kind], *rope_at, kv, l, self.H, self.KVH,
+            cpu_kernels.decode_layer(x, w, *tables[kind], *rope_at, kv, l, self.H, self.KVH,
                                           None if masks is None else masks[kind][0], width)
         return x
 

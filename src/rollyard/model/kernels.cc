@@ -616,8 +616,10 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
 // bf16 pair broadcast from memory; K in order, one accumulator per output (no K split), so the sum is a chain of
 // vdpbf16ps in input order. The next block's weights are prefetched into L2 while the first row group runs, which
 // overlaps the weights' stream from memory with the arithmetic at decode's 1-32 rows.
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define ROLLYARD_GEMM_BF16 1
 #endif
 
@@ -632,7 +634,7 @@ inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes
 
 // dst[p * ld_dst + i] = src[i * ld_src + p] for a 16 x 16 block of uint32
 inline void transpose16(const uint32_t* src, int64_t ld_src, uint32_t* dst, int64_t ld_dst) {
-#ifdef ROLLYARD_GEMM_BF16
+#ifdef __AVX512F__
     __m512i r[16], t[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + i * ld_src);
     for (int i = 0; i < 8; i++) {  // per 128-bit lane: pairs of rows interleaved
@@ -811,22 +813,158 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
 #endif
 }
 
-// ---- one Llama-family decoder layer of a decode step, bf16 matmuls (model/llama.py: the same calls, in one) -----------
+// ---- fp32 GEMM for the decode engine: y = x @ W^T + bias (+ add), fp32 throughout ------------------------------------
+//
+// The rollout's matmuls at fp32 precision (an AVX-512 CPU without native bf16, or rollout.precision=fp32). Layout `Q`:
+// W [N, K] (N % 64 == 0, K % 16 == 0) as [N/64][K][64] fp32: block nb holds columns nb*64.., input k's 64 values side
+// by side (four 16-float vectors). Kernel as the bf16 one's: per block, row groups of up to 6 rows x 4 vectors = 24
+// accumulators, one FMA chain per output in input order (the thread count changes nothing), the next block
+// prefetched into L2 while this one is computed; then + bias, then + add.
+#if defined(__AVX512F__)
+#define ROLLYARD_GEMM_F32 1
+#endif
+
+namespace {
+
+#ifdef ROLLYARD_GEMM_F32
+template <int MR>
+inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf, int64_t pf_lines,
+                          const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y, int64_t ldy) {
+    __m512 acc[MR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+    const int64_t per_k = (pf_lines + K - 1) / (K > 0 ? K : 1);  // prefetches per input step
+    int64_t line = 0;
+    for (int64_t k = 0; k < K; k++) {
+        for (int64_t i = 0; i < per_k && line < pf_lines; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+        const float* wk = wb + k * 64;
+        const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+        const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
+        for (int r = 0; r < MR; r++) {
+            const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
+            acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
+            acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
+            acc[r][3] = _mm512_fmadd_ps(a, w3, acc[r][3]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) {
+            __m512 v = acc[r][q];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
+            if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
+            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, v);
+        }
+}
+
+template <int MR>
+inline void gemm_rows_f32(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf, int64_t pf_lines,
+                          const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                          int rows) {
+    if (rows == MR) gemm_tile_f32<MR>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
+    else if constexpr (MR > 1) gemm_rows_f32<MR - 1>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
+}
+#endif
+
+}  // namespace
+
+extern "C" int rollyard_gemm_f32_available() {
+#ifdef ROLLYARD_GEMM_F32
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// Write the fused weight [sum(rows), K] of `nparts` fp32 row blocks (part i: `rows[i]` rows at `srcs[i]`, row-major,
+// times `scales[i]` when that is not 1) into layout Q at `out`. N = sum(rows) % 64 == 0, K % 16 == 0 (the caller checks).
+extern "C" void rollyard_pack_f32(const float* const* srcs, const int64_t* rows, const float* scales, int nparts,
+                                  int64_t K, float* out, int threads) {
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += rows[i];
+    const int64_t nblocks = N / 64;
+#pragma omp parallel num_threads(threads)
+    {
+        float* buf = new float[64 * K];  // a block's 64 rows, scaled, row-major; then transposed out
+#pragma omp for schedule(static)
+        for (int64_t nb = 0; nb < nblocks; nb++) {
+            for (int c = 0; c < 64; c++) {
+                int64_t n = nb * 64 + c, part = 0;
+                while (n >= rows[part]) n -= rows[part++];
+                const float s = scales[part], *src = srcs[part] + n * K;
+                if (s == 1.0f) std::memcpy(buf + c * K, src, sizeof(float) * K);
+                else for (int64_t k = 0; k < K; k++) buf[c * K + k] = src[k] * s;
+            }
+            float* o = out + nb * K * 64;
+            for (int64_t kb = 0; kb < K / 16; kb++)
+                for (int cg = 0; cg < 4; cg++)
+                    transpose16((const uint32_t*)(buf + cg * 16 * K + kb * 16), K, (uint32_t*)(o + kb * 16 * 64 + cg * 16),
+                                64);
+        }
+        delete[] buf;
+    }
+}
+
+// y [M, N] (row stride ldy) = x @ W^T + bias + add: x [M, K] fp32 (row stride ldx), W in layout Q (`w`), bias [N] or
+// null, add [M, N] (row stride ldadd) or null (it may be y itself). Returns 0, or 1 where this build has no AVX-512.
+extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, int64_t N,
+                                 const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                                 int threads) {
+#ifdef ROLLYARD_GEMM_F32
+    const int64_t nblocks = N / 64;
+    constexpr int MR = 6;
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+    {
+        const int T = omp_get_num_threads(), t = omp_get_thread_num();
+        const int64_t groups = (M + MR - 1) / MR, units = nblocks * groups;
+        const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
+        const int64_t last = u1 > u0 ? (u1 - 1) / groups : -1;
+        const int64_t lines = K * 4, share = (lines + groups - 1) / groups;  // a block: K x 256 bytes
+        for (int64_t u = u0; u < u1; u++) {
+            const int64_t nb = u / groups, g = u % groups, m0 = g * MR;
+            const float* wb = w + nb * K * 64;
+            const int rows = (int)(M - m0 < MR ? M - m0 : MR);
+            const int64_t first = g * share < lines ? g * share : lines;
+            const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
+            gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, (const char*)(wb + K * 64) + 64 * first, n, bias, nb * 64,
+                              add ? add + m0 * ldadd : nullptr, ldadd, y + m0 * ldy, ldy, rows);
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
+    (void)threads;
+    return 1;
+#endif
+}
+
+// ---- one Llama-family decoder layer of a decode step (model/llama.py: the same calls, in one) -------------------------
 //
 // x [B, D] (contiguous, updated in place) through: RMSNorm (w_in), the fused q|k|v matmul (+ bqkv), RoPE with the
-// k / v write into the bf16 cache layer (K / V, strides in elements), attention over `lens` (or `width` for every
-// row), o_proj (+ bo) added to x, RMSNorm (w_post), the [gate | up] matmul, SwiGLU, down_proj added to x. Each step
-// is the function the per-op path calls (rms_norm, gemm_bf16, decode_rope_write_bf16kv, decode_attn_bf16kv,
-// swiglu_fwd), in the same order on the same values: the result is that path's, bit for bit, without its ~10
-// calls from Python and their tensors. Returns 0, or nonzero (nothing done past that point) where a piece cannot
-// run: no AVX512-BF16 in this build (1), or an attention shape without a kernel (-1).
-extern "C" int rollyard_decode_layer_bf16(float* x, int64_t B, int64_t D, const float* w_in, float eps_in,
-                                          const float* w_post, float eps_post, const uint16_t* wqkv, const float* bqkv,
-                                          const uint16_t* wo, const float* bo, const uint16_t* wgu, int64_t I,
-                                          const uint16_t* wd, const float* cos, const float* sin, const int64_t* pos,
-                                          int64_t same_pos, int H, int KVH, int hd, uint16_t* Kc, uint16_t* Vc,
-                                          int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, int width,
-                                          int threads) {
+// k / v write into the cache layer (K / V, strides in elements), attention over `lens` (or `width` for every row),
+// o_proj (+ bo) added to x, RMSNorm (w_post), the [gate | up] matmul, SwiGLU, down_proj added to x. Each step is the
+// function the per-op path calls (rms_norm, gemm_bf16 / gemm_f32, decode_rope_write, decode_attn, swiglu_fwd), in the
+// same order on the same values: the result is that path's, bit for bit, without its ~10 calls from Python and their
+// tensors. Returns 0, or nonzero (nothing done past that point) where a piece cannot run: no such matmul kernel in
+// this build (1), or an attention shape without a kernel (-1). W: the weights' element (bf16 bits in layout P, or fp32
+// in layout Q), E: the cache's.
+namespace {
+
+inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, int64_t N, const float* b,
+                const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
+    return rollyard_gemm_bf16(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, nullptr, threads);
+}
+
+inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, int64_t N, const float* b,
+                const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
+    return rollyard_gemm_f32(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, threads);
+}
+
+template <typename W, typename E>
+int decode_layer(float* x, int64_t B, int64_t D, const float* w_in, float eps_in, const float* w_post, float eps_post,
+                 const W* wqkv, const float* bqkv, const W* wo, const float* bo, const W* wgu, int64_t I, const W* wd,
+                 const float* cos, const float* sin, const int64_t* pos, int64_t same_pos, int H, int KVH, int hd,
+                 E* Kc, E* Vc, int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, int width, int threads) {
     const int64_t nqkv = (int64_t)(H + 2 * KVH) * hd, nq = (int64_t)H * hd, G = H / KVH;
     static thread_local std::vector<float> buf;
     const int64_t need = B * D + B * nqkv + 2 * B * nq + B * 2 * I + B * I + (int64_t)threads * G * (width + 16);
@@ -839,16 +977,40 @@ extern "C" int rollyard_decode_layer_bf16(float* x, int64_t B, int64_t D, const 
     float* a = gu + B * 2 * I;
     float* scratch = a + B * I;
     rollyard_rms_norm_f32(x, D, w_in, B, D, eps_in, h, nullptr, threads);
-    int rc = rollyard_gemm_bf16(h, D, B, D, wqkv, nqkv, bqkv, nullptr, 0, y, nqkv, nullptr, threads);
+    int rc = gemm(h, D, B, D, wqkv, nqkv, bqkv, nullptr, 0, y, nqkv, threads);
     if (rc) return rc;
-    rollyard_decode_rope_write_bf16kv(y, nqkv, (int)B, H, KVH, hd, cos, sin, pos, same_pos, q, Kc, Vc, sb, sh, sw);
-    rc = rollyard_decode_attn_bf16kv(q, nq, Kc, Vc, sb, sh, sw, lens, (int)B, KVH, (int)G, hd, width, o, scratch,
-                                     threads);
+    rope_write<E>(y, nqkv, (int)B, H, KVH, hd, cos, sin, pos, same_pos, q, Kc, Vc, sb, sh, sw);
+    rc = decode_attn<E>(q, nq, Kc, Vc, sb, sh, sw, lens, (int)B, KVH, (int)G, hd, width, o, scratch, threads);
     if (rc) return rc;
-    rollyard_gemm_bf16(o, nq, B, nq, wo, D, bo, x, D, x, D, nullptr, threads);
+    gemm(o, nq, B, nq, wo, D, bo, x, D, x, D, threads);
     rollyard_rms_norm_f32(x, D, w_post, B, D, eps_post, h, nullptr, threads);
-    rollyard_gemm_bf16(h, D, B, D, wgu, 2 * I, nullptr, nullptr, 0, gu, 2 * I, nullptr, threads);
+    gemm(h, D, B, D, wgu, 2 * I, nullptr, nullptr, 0, gu, 2 * I, threads);
     rollyard_swiglu_fwd_f32(gu, B, I, a, threads);
-    rollyard_gemm_bf16(a, I, B, I, wd, D, nullptr, x, D, x, D, nullptr, threads);
+    gemm(a, I, B, I, wd, D, nullptr, x, D, x, D, threads);
     return 0;
+}
+
+}  // namespace
+
+extern "C" int rollyard_decode_layer_bf16(float* x, int64_t B, int64_t D, const float* w_in, float eps_in,
+                                          const float* w_post, float eps_post, const uint16_t* wqkv, const float* bqkv,
+                                          const uint16_t* wo, const float* bo, const uint16_t* wgu, int64_t I,
+                                          const uint16_t* wd, const float* cos, const float* sin, const int64_t* pos,
+                                          int64_t same_pos, int H, int KVH, int hd, uint16_t* Kc, uint16_t* Vc,
+                                          int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, int width,
+                                          int threads) {
+    return decode_layer<uint16_t, uint16_t>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd,
+                                            cos, sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, width,
+                                            threads);
+}
+
+// The same with fp32 weights in layout Q over an fp32 cache.
+extern "C" int rollyard_decode_layer_f32(float* x, int64_t B, int64_t D, const float* w_in, float eps_in,
+                                         const float* w_post, float eps_post, const float* wqkv, const float* bqkv,
+                                         const float* wo, const float* bo, const float* wgu, int64_t I,
+                                         const float* wd, const float* cos, const float* sin, const int64_t* pos,
+                                         int64_t same_pos, int H, int KVH, int hd, float* Kc, float* Vc, int64_t sb,
+                                         int64_t sh, int64_t sw, const int64_t* lens, int width, int threads) {
+    return decode_layer<float, float>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd, cos,
+                                      sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, width, threads);
 }

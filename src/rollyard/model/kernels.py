@@ -319,7 +319,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_qkv_rope_bwd_f32", "rollyard_decode_rope_write_f32", "rollyard_adamw_bf16_state",
             "rollyard_adamw_f32_zero_grad", "rollyard_inverse_cdf_f32", "rollyard_gemm_bf16_available",
             "rollyard_pack_bf16", "rollyard_gemm_bf16", "rollyard_decode_attn_bf16kv",
-            "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16")  # _load's
+            "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16", "rollyard_gemm_f32_available",
+            "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -363,6 +364,14 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_decode_layer_bf16.argtypes = [P, L, L, P, F32, P, F32, P, P, P, P, P, L, P, P, P, P, L, I, I, I, P, P,
                                                L, L, L, P, I, I]
     lib.rollyard_decode_layer_bf16.restype = I
+    lib.rollyard_gemm_f32_available.argtypes = []
+    lib.rollyard_gemm_f32_available.restype = I
+    lib.rollyard_pack_f32.argtypes = [P, P, P, I, L, P, I]
+    lib.rollyard_pack_f32.restype = None
+    lib.rollyard_gemm_f32.argtypes = [P, L, L, L, P, L, P, P, L, P, L, I]
+    lib.rollyard_gemm_f32.restype = I
+    lib.rollyard_decode_layer_f32.argtypes = lib.rollyard_decode_layer_bf16.argtypes
+    lib.rollyard_decode_layer_f32.restype = I
     return lib
 
 
@@ -627,27 +636,121 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     return y
 
 
-def decode_layer_bf16(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
-                      same_pos: int, kv: torch.Tensor, layer: int, H: int, KVH: int, lens: torch.Tensor | None,
-                      width: int) -> None:
+def f32_packs(n: int, k: int) -> bool:
+    """Whether a weight ``[n, k]`` can be packed for :func:`gemm_f32` here: the library is loaded, built with AVX-512
+    (``ROLLYARD_CPU_ISA=avx2`` leaves it out: oneDNN's fp32 matmul runs there), agreed with torch's fp32 matmul on a
+    fixed case once per process (:func:`_gemm_f32_trial`), and ``n % 64 == 0``, ``k % 16 == 0``. Deterministic: by
+    the CPU's features, the settings and the shape, never by timing."""
+    lib = kernel()
+    if lib is None or n % 64 or k % 16 or n <= 0 or k <= 0 or not lib.rollyard_gemm_f32_available():
+        return False
+    if "gemm_f32" not in _STATE:
+        why = _gemm_f32_trial()
+        if why and env_flag("ROLLYARD_CPU_KERNELS") == "1":
+            raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU fp32 matmul kernel is wrong here: {why}; "
+                                  f"unset it (or set 0) and report this machine")
+        if why:
+            print(f"[rollyard] CPU fp32 matmul kernel not used ({why}); oneDNN's instead", file=sys.stderr)
+        _STATE["gemm_f32"] = why is None
+    return bool(_STATE["gemm_f32"])
+
+
+def pack_f32(parts: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+    """The rows of ``parts`` (fp32 ``[rows_i, k]`` CPU tensors, each times its scale, as ``torch.mul(t, scale)``)
+    stacked and written in one pass into layout Q (``kernels.cc``): a ``[n / 64, k, 64]`` fp32 tensor for
+    :func:`gemm_f32`. The caller checks :func:`f32_packs`."""
+    k = parts[0][0].shape[1]
+    n = sum(t.shape[0] for t, _ in parts)
+    ts = [t.detach().contiguous() for t, _ in parts]
+    assert all(t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == k for t in ts)
+    out = torch.empty(n // 64, k, 64)
+    srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
+    rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
+    scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
+    _STATE["lib"].rollyard_pack_f32(srcs, rows, scales, len(ts), k, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def is_packed_f32(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a weight in layout Q (:func:`pack_f32`)."""
+    return p.dim() == 3 and p.dtype == torch.float32 and p.shape[2] == 64
+
+
+def unpack_f32(p: torch.Tensor) -> torch.Tensor:
+    """The weight ``[n, k]`` that :func:`pack_f32` wrote into layout Q."""
+    return p.permute(0, 2, 1).reshape(p.shape[0] * 64, p.shape[1])
+
+
+def gemm_f32(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
+             add: torch.Tensor | None = None) -> torch.Tensor:
+    """``add + F.linear(x, w, b)`` for ``p = pack_f32(w)``, fp32 throughout (``x [..., k]``, rows may be strided in
+    2-D; ``add`` shaped like the output): each output one fused multiply-add chain over the input in order, then the
+    bias, then ``add``, whatever the thread count."""
+    n, k = p.shape[0] * 64, p.shape[1]
+    lead = x.shape[:-1]
+    x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
+    if x2.dtype != torch.float32 or x2.stride(1) != 1:
+        x2 = x2.float().contiguous()
+    M = x2.shape[0]
+    y = torch.empty(*lead, n)
+    if add is not None:
+        add = add.reshape(M, n)
+        if add.dtype != torch.float32 or add.stride(1) != 1:
+            add = add.float().contiguous()
+    bias = _f32(b)
+    rc = _STATE["lib"].rollyard_gemm_f32(
+        x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
+        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
+        torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError("the CPU fp32 matmul kernel was called in a build without AVX-512")
+    return y
+
+
+def _gemm_f32_trial() -> str | None:
+    """Why :func:`gemm_f32` must not run here (its result differs from torch's fp32 matmul beyond fp32 rounding on a
+    fixed random case: rows 1, 7 and 32, two parts, a scale, a bias, an add), else ``None``."""
+    gen = torch.Generator().manual_seed(0)
+    a, c = torch.randn(128, 96, generator=gen) / 8, torch.randn(64, 96, generator=gen)
+    bias, scale = torch.randn(192, generator=gen), 0.3
+    w = torch.cat((torch.mul(a, scale), c)).double()
+    p = pack_f32([(a, scale), (c, 1.0)])
+    for M in (1, 7, 32):
+        x = torch.randn(M, 96, generator=gen)
+        add = torch.randn(M, 192, generator=gen)
+        want = F.linear(x.double(), w, bias.double()) + add.double()
+        got = gemm_f32(x, p, bias, add)
+        err = float((got.double() - want).abs().max() / want.abs().max())
+        if not err < 1e-5:
+            return f"at {M} rows its result differs from an fp64 reference by {err:.2e} (relative)"
+    return None
+
+
+def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
+                 same_pos: int, kv: torch.Tensor, layer: int, H: int, KVH: int, lens: torch.Tensor | None,
+                 width: int) -> None:
     """One Llama-family layer of a decode step over ``x [B, D]`` (contiguous fp32, updated in place) in one call
-    (``kernels.cc`` ``rollyard_decode_layer_bf16``): the per-op path's kernels in its order, so its numbers bit for
-    bit. ``w``: the layer's fused weights (``model/fast.py``; matmuls in layout P), ``cos, sin``: the full RoPE
-    tables, ``pos`` / ``same_pos``: as :func:`decode_rope_write`, ``kv [L, 2, slots, KVH, W, hd]`` bf16 (contiguous)
-    and the ``layer`` whose K / V this is, ``lens``: each row's visible positions (None: ``width`` for every row). The
-    caller checks the shapes (``LlamaFast``)."""
+    (``kernels.cc`` ``rollyard_decode_layer_bf16`` / ``_f32``): the per-op path's kernels in its order, so its numbers
+    bit for bit. ``w``: the layer's fused weights (``model/fast.py``; matmuls in layout P over a bf16 cache, or in
+    layout Q over an fp32 cache), ``cos, sin``: the full RoPE tables, ``pos`` / ``same_pos``: as
+    :func:`decode_rope_write`, ``kv [L, 2, slots, KVH, W, hd]`` (contiguous) and the ``layer`` whose K / V this is,
+    ``lens``: each row's visible positions (None: ``width`` for every row). The caller checks the shapes
+    (``LlamaFast``)."""
     B, D = x.shape
     st = kv.stride()  # the layer's K and V addressed from the cache's own strides: no tensor indexing per layer
-    k_ptr = kv.data_ptr() + layer * st[0] * 2
+    size = kv.element_size()
+    k_ptr = kv.data_ptr() + layer * st[0] * size
     (w_in, eps_in), (w_post, eps_post) = w["input_layernorm"], w["post_attention_layernorm"]
     bqkv, bo = _f32(w["bqkv"]), _f32(w["bo"])
     hd = cos.shape[-1]
-    rc = _STATE["lib"].rollyard_decode_layer_bf16(
-        x.data_ptr(), B, D, w_in.data_ptr(), eps_in, w_post.data_ptr(), eps_post, w["wqkv"].data_ptr(),
-        None if bqkv is None else bqkv.data_ptr(), w["wo"].data_ptr(), None if bo is None else bo.data_ptr(),
-        w["wgu"].data_ptr(), w["wgu"].shape[0] * 32, w["wd"].data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        None if pos is None else pos.data_ptr(), same_pos, H, KVH, hd, k_ptr, k_ptr + st[1] * 2, st[2], st[3], st[4],
-        None if lens is None else lens.data_ptr(), width, torch.get_num_threads())
+    bf16 = kv.dtype == torch.bfloat16
+    I = w["wgu"].shape[0] * 32  # either layout: [2 I / 64, ...] (64 columns a block)
+    fn = _STATE["lib"].rollyard_decode_layer_bf16 if bf16 else _STATE["lib"].rollyard_decode_layer_f32
+    rc = fn(x.data_ptr(), B, D, w_in.data_ptr(), eps_in, w_post.data_ptr(), eps_post, w["wqkv"].data_ptr(),
+            None if bqkv is None else bqkv.data_ptr(), w["wo"].data_ptr(), None if bo is None else bo.data_ptr(),
+            w["wgu"].data_ptr(), I, w["wd"].data_ptr(), cos.data_ptr(), sin.data_ptr(),
+            None if pos is None else pos.data_ptr(), same_pos, H, KVH, hd, k_ptr, k_ptr + st[1] * size, st[2], st[3],
+            st[4], None if lens is None else lens.data_ptr(), width, torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"the fused decode layer refused its shapes (code {rc}): H={H}, KVH={KVH}, head_dim={hd}")
 
@@ -881,6 +984,8 @@ def choices() -> dict:
            "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
            "bf16_matmul": ("oneDNN (no bf16 rollout here, or no AVX512-BF16 in this build)" if "gemm_bf16" not in _STATE else
                            "kernel" if _STATE["gemm_bf16"] else "oneDNN: the kernel disagreed with torch here"),
+           "f32_matmul": ("oneDNN (no fp32 rollout here, or no AVX-512 in this build)" if "gemm_f32" not in _STATE else
+                          "kernel" if _STATE["gemm_f32"] else "oneDNN: the kernel disagreed with torch here"),
            "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),
            "cpu_avx512": gemm.cpu_has_avx512(), "cpu_class": cpu.cpu_class(),
            "cpu_features": sorted(cpu.features()), "cpu_isa_setting": cpu.level(), "kernels_march": cpu.march()}

@@ -58,7 +58,7 @@ class LlamaFast(FastForward):
 
     MODEL_TYPES = SUPPORTED
     CPU_BF16_MIN_HIDDEN = CPU_BF16_MIN_HIDDEN
-    FUSED_LAYER = True  # kernels.cc rollyard_decode_layer_bf16 is this family's block (without q/k norms)
+    FUSED_LAYER = True  # kernels.cc rollyard_decode_layer_bf16 / _f32 is this family's block (without q/k norms)
     unsupported_reason = staticmethod(unsupported_reason)
 
     def _act(self, gu: torch.Tensor) -> torch.Tensor:
