@@ -95,7 +95,7 @@ def test_fast_forward_equals_hf_forward(arch, monkeypatch):
         if arch == "llama-packed":
             monkeypatch.setattr(cpu_kernels, "f32_packs", lambda n, k: False)
         elif not cpu_kernels.f32_packs(64, 16):
-            pytest.skip("no AVX-512 in this build of the CPU kernels")
+            pytest.skip("no AVX2 + FMA in this build of the CPU kernels")
         model = build_preset("small", TOK, seed=0, max_position_embeddings=CTX).eval()
     elif arch == "qwen3":
         model = _qwen3()

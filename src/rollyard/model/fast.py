@@ -14,7 +14,8 @@ FLOPs. Once per weight version the weights that are always used together are fus
 The fused tensors are copies: ``refresh()`` must run after any weight change (the engine calls it from
 ``load_weights``). On a CPU where oneDNN is the faster GEMM (``rollyard.model.gemm``), the projections large enough
 to repay its per-call cost are stored prepacked in oneDNN's layout; bf16 matmuls on a CPU with AVX512-BF16 take
-``rollyard.model.kernels``' bf16 matmul instead (its layout P, written from the module's weights in one pass).
+``rollyard.model.kernels``' bf16 matmul instead (its layout P, written from the module's weights in one pass), and fp32
+matmuls its fp32 matmul (layout Q; AVX-512 or AVX2 builds).
 
 KV cache layout (owned by the engine): ``kv[layer, 0|1, slot, kv_head, position, head_dim]``; a slot's entries at
 positions >= its length are garbage (finite: the buffer is zero-initialised) and masked out. On a CPU the decode
@@ -271,7 +272,8 @@ class FastForward:
 
     def _f32_kernel(self, n: int, k: int) -> bool:
         """Whether an ``[n, k]`` matmul weight goes into ``rollyard.model.kernels``' fp32 layout (fp32 matmuls on a
-        CPU, the kernel built (AVX-512) and agreeing with torch here, the shape's blocks whole)."""
+        CPU, the kernel built (AVX-512, or AVX2 + FMA) and agreeing with an fp64 reference here, the shape's blocks
+        whole)."""
         return (self.mm_dtype == torch.float32 and not self.mixed and self.device.type == "cpu"
                 and cpu_kernels.f32_packs(n, k))
 

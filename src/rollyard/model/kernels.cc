@@ -616,7 +616,7 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
 // bf16 pair broadcast from memory; K in order, one accumulator per output (no K split), so the sum is a chain of
 // vdpbf16ps in input order. The next block's weights are prefetched into L2 while the first row group runs, which
 // overlaps the weights' stream from memory with the arithmetic at decode's 1-32 rows.
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -815,18 +815,19 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
 
 // ---- fp32 GEMM for the decode engine: y = x @ W^T + bias (+ add), fp32 throughout ------------------------------------
 //
-// The rollout's matmuls at fp32 precision (an AVX-512 CPU without native bf16, or rollout.precision=fp32). Layout `Q`:
+// The rollout's matmuls at fp32 precision (a CPU without native bf16, or rollout.precision=fp32). Layout `Q`:
 // W [N, K] (N % 64 == 0, K % 16 == 0) as [N/64][K][64] fp32: block nb holds columns nb*64.., input k's 64 values side
 // by side (four 16-float vectors). Kernel as the bf16 one's: per block, row groups of up to 6 rows x 4 vectors = 24
-// accumulators, one FMA chain per output in input order (the thread count changes nothing), the next block
-// prefetched into L2 while this one is computed; then + bias, then + add.
-#if defined(__AVX512F__)
+// accumulators (AVX2: 4 rows x 16 columns, the block's four column tiles in turn), one FMA chain per output in input
+// order (the thread count and the ISA change nothing), the next block prefetched into L2 while this one is computed;
+// then + bias, then + add.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define ROLLYARD_GEMM_F32 1
 #endif
 
 namespace {
 
-#ifdef ROLLYARD_GEMM_F32
+#if defined(ROLLYARD_GEMM_F32) && defined(__AVX512F__)
 template <int MR>
 inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf, int64_t pf_lines,
                           const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y, int64_t ldy) {
@@ -863,6 +864,45 @@ inline void gemm_rows_f32(const float* x, int64_t ldx, const float* wb, int64_t 
                           int rows) {
     if (rows == MR) gemm_tile_f32<MR>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
     else if constexpr (MR > 1) gemm_rows_f32<MR - 1>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
+}
+#endif
+
+#if defined(ROLLYARD_GEMM_F32) && !defined(__AVX512F__)
+// AVX2: MR rows x 16 columns (two 8-float vectors) of a block at `wb` (offset to the tile's columns), the same FMA chain
+// per output as the AVX-512 tile's (so the same numbers); a block's four 16-column tiles run one after another.
+template <int MR>
+inline void gemm_tile_f32_avx2(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf,
+                               int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd,
+                               float* y, int64_t ldy) {
+    __m256 acc[MR][2];
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const int64_t per = (pf_lines + K - 1) / (K > 0 ? K : 1);
+    int64_t line = 0;
+    for (int64_t k = 0; k < K; k++) {
+        for (int64_t i = 0; i < per && line < pf_lines; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+        const __m256 w0 = _mm256_loadu_ps(wb + k * 64), w1 = _mm256_loadu_ps(wb + k * 64 + 8);
+        for (int r = 0; r < MR; r++) {
+            const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+            acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 2; q++) {
+            __m256 v = acc[r][q];
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
+            if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + r * ldadd + col0 + q * 8));
+            _mm256_storeu_ps(y + r * ldy + col0 + q * 8, v);
+        }
+}
+
+template <int MR>
+inline void gemm_rows_f32_avx2(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf,
+                               int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd,
+                               float* y, int64_t ldy, int rows) {
+    if (rows == MR) gemm_tile_f32_avx2<MR>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
+    else if constexpr (MR > 1)
+        gemm_rows_f32_avx2<MR - 1>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
 }
 #endif
 
@@ -906,13 +946,18 @@ extern "C" void rollyard_pack_f32(const float* const* srcs, const int64_t* rows,
 }
 
 // y [M, N] (row stride ldy) = x @ W^T + bias + add: x [M, K] fp32 (row stride ldx), W in layout Q (`w`), bias [N] or
-// null, add [M, N] (row stride ldadd) or null (it may be y itself). Returns 0, or 1 where this build has no AVX-512.
+// null, add [M, N] (row stride ldadd) or null (it may be y itself). Returns 0, or 1 where this build has neither AVX-512
+// nor AVX2 with FMA.
 extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, int64_t N,
                                  const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
                                  int threads) {
 #ifdef ROLLYARD_GEMM_F32
     const int64_t nblocks = N / 64;
+#ifdef __AVX512F__
     constexpr int MR = 6;
+#else
+    constexpr int MR = 4;  // AVX2's 16 registers: 4 rows x 2 vectors of accumulators
+#endif
 #pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
     {
         const int T = omp_get_num_threads(), t = omp_get_thread_num();
@@ -926,8 +971,15 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
             const int rows = (int)(M - m0 < MR ? M - m0 : MR);
             const int64_t first = g * share < lines ? g * share : lines;
             const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
-            gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, (const char*)(wb + K * 64) + 64 * first, n, bias, nb * 64,
-                              add ? add + m0 * ldadd : nullptr, ldadd, y + m0 * ldy, ldy, rows);
+            const char* pf = (const char*)(wb + K * 64) + 64 * first;
+            const float* ad = add ? add + m0 * ldadd : nullptr;
+#ifdef __AVX512F__
+            gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
+#else
+            for (int q = 0; q < 4; q++)  // the block's 16-column tiles; the first prefetches the next block
+                gemm_rows_f32_avx2<MR>(x + m0 * ldx, ldx, wb + 16 * q, K, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad,
+                                       ldadd, y + m0 * ldy, ldy, rows);
+#endif
         }
     }
     return 0;

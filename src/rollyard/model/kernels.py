@@ -1,6 +1,6 @@
 """CPU kernels, compiled from ``model/kernels.cc``: the decode step's attention, RMSNorm, SwiGLU and RoPE + K/V
-cache write (fp32), the rollout's bf16 matmuls, the rollout's draw, and the training forward's RMSNorm, SwiGLU and
-q|k|v split + RoPE (with their backwards).
+cache write (fp32), the rollout's bf16 and fp32 matmuls, a decode layer in one call, the rollout's draw, and the training
+forward's RMSNorm, SwiGLU and q|k|v split + RoPE (with their backwards).
 
 **Attention.** A decode step's attention reads each row's cached K / V once: per (row, K/V head) a
 ``[G, hd] x [hd, n]`` score matmul, a softmax over ``n`` and a ``[G, n] x [n, hd]`` matmul.
@@ -35,6 +35,17 @@ shapes (32 rows, weights from DRAM, 2 threads) the MLP's up/gate matmul ran 193 
 ~0.07-0.12 s, to one pass of ~0.04 s. Sums run over the input in order in one fp32 chain per output (vdpbf16ps), so
 the result does not depend on the thread count; it differs from oneDNN's bf16 matmul in the last bf16 place at some
 outputs (oneDNN orders its sums differently). Checked against torch on a fixed case once per process.
+
+**The rollout's fp32 matmuls** (:func:`pack_f32`, :func:`gemm_f32`): the same scheme in fp32 where the rollout runs fp32
+(a CPU without native bf16, or ``rollout.precision=fp32``) on an AVX-512 or AVX2 build (layout Q: ``[N/64][K][64]`` fp32,
+one fused multiply-add chain per output in input order, so neither the thread count nor the ISA changes a number; an
+AVX2 build runs 4-row x 16-column tiles). SmolLM2-135M, 2 threads, against oneDNN's fp32 matmul: decode step 15.9 ->
+13.6 ms at batch 1, 35.3 -> 26.3 ms at batch 32; the weight refresh 0.10 -> 0.06 s. Checked against an fp64 reference
+on a fixed case once per process.
+
+**A decode layer in one call** (:func:`decode_layer`): a Llama-family layer of a decode step (norms, the four matmuls in
+layout P over a bf16 cache or layout Q over an fp32 one, RoPE with the cache write, attention, SwiGLU) in the per-op
+path's order on the same values, so its numbers bit for bit, without ~10 calls from Python a layer.
 
 **Training** (:func:`train_rms_norm`, :func:`train_swiglu`, :func:`train_qkv_rope`: autograd
 Functions). torch runs each of these as several elementwise kernels forward and more backward
@@ -637,10 +648,10 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
 
 
 def f32_packs(n: int, k: int) -> bool:
-    """Whether a weight ``[n, k]`` can be packed for :func:`gemm_f32` here: the library is loaded, built with AVX-512
-    (``ROLLYARD_CPU_ISA=avx2`` leaves it out: oneDNN's fp32 matmul runs there), agreed with torch's fp32 matmul on a
-    fixed case once per process (:func:`_gemm_f32_trial`), and ``n % 64 == 0``, ``k % 16 == 0``. Deterministic: by
-    the CPU's features, the settings and the shape, never by timing."""
+    """Whether a weight ``[n, k]`` can be packed for :func:`gemm_f32` here: the library is loaded, built with AVX-512 or
+    AVX2 + FMA, agreed with an fp64 reference on a fixed case once per process (:func:`_gemm_f32_trial`), and
+    ``n % 64 == 0``, ``k % 16 == 0``. Deterministic: by the CPU's features, the settings and the shape, never by
+    timing."""
     lib = kernel()
     if lib is None or n % 64 or k % 16 or n <= 0 or k <= 0 or not lib.rollyard_gemm_f32_available():
         return False
@@ -685,7 +696,7 @@ def gemm_f32(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
              add: torch.Tensor | None = None) -> torch.Tensor:
     """``add + F.linear(x, w, b)`` for ``p = pack_f32(w)``, fp32 throughout (``x [..., k]``, rows may be strided in
     2-D; ``add`` shaped like the output): each output one fused multiply-add chain over the input in order, then the
-    bias, then ``add``, whatever the thread count."""
+    bias, then ``add``, whatever the thread count or the ISA (AVX-512 and AVX2 compute the same numbers)."""
     n, k = p.shape[0] * 64, p.shape[1]
     lead = x.shape[:-1]
     x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
@@ -703,7 +714,7 @@ def gemm_f32(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
         None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
         torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError("the CPU fp32 matmul kernel was called in a build without AVX-512")
+        raise RuntimeError("the CPU fp32 matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
     return y
 
 
@@ -984,7 +995,7 @@ def choices() -> dict:
            "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
            "bf16_matmul": ("oneDNN (no bf16 rollout here, or no AVX512-BF16 in this build)" if "gemm_bf16" not in _STATE else
                            "kernel" if _STATE["gemm_bf16"] else "oneDNN: the kernel disagreed with torch here"),
-           "f32_matmul": ("oneDNN (no fp32 rollout here, or no AVX-512 in this build)" if "gemm_f32" not in _STATE else
+           "f32_matmul": ("oneDNN or MKL (no fp32 rollout here, or no AVX2 + FMA in this build)" if "gemm_f32" not in _STATE else
                           "kernel" if _STATE["gemm_f32"] else "oneDNN: the kernel disagreed with torch here"),
            "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),
            "cpu_avx512": gemm.cpu_has_avx512(), "cpu_class": cpu.cpu_class(),
