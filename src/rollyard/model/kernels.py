@@ -579,15 +579,21 @@ def bf16_packs(n: int, k: int) -> bool:
     lib = kernel()
     if lib is None or n % 64 or k % 32 or n <= 0 or k <= 0 or not lib.rollyard_gemm_bf16_available():
         return False
-    if "gemm_bf16" not in _STATE:
-        why = _gemm_trial()
+    return _trusted("gemm_bf16", "bf16", _gemm_trial)
+
+
+def _trusted(key: str, what: str, trial) -> bool:
+    """Whether the ``what`` matmul kernel passed its ``trial`` here (run once per process, the verdict kept in
+    ``_STATE[key]``); a failed trial says so once on stderr, or raises under ``ROLLYARD_CPU_KERNELS=1``."""
+    if key not in _STATE:
+        why = trial()
         if why and env_flag("ROLLYARD_CPU_KERNELS") == "1":
-            raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU bf16 matmul kernel is wrong here: {why}; "
+            raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU {what} matmul kernel is wrong here: {why}; "
                                   f"unset it (or set 0) and report this machine")
         if why:
-            print(f"[rollyard] CPU bf16 matmul kernel not used ({why}); oneDNN's instead", file=sys.stderr)
-        _STATE["gemm_bf16"] = why is None
-    return bool(_STATE["gemm_bf16"])
+            print(f"[rollyard] CPU {what} matmul kernel not used ({why}); torch's instead", file=sys.stderr)
+        _STATE[key] = why is None
+    return bool(_STATE[key])
 
 
 def pack_bf16(parts: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
@@ -616,6 +622,20 @@ def _f32(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.float().contiguous()
 
 
+def _gemm_operands(x: torch.Tensor, n: int, k: int, b: torch.Tensor | None, add: torch.Tensor | None):
+    """A matmul kernel's operands: ``x`` as 2-D fp32 rows with unit column stride (strided rows kept), the output
+    ``[..., n]``, ``add`` as ``[rows, n]`` fp32 rows and the bias in fp32."""
+    x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
+    if x2.dtype != torch.float32 or x2.stride(1) != 1:
+        x2 = x2.float().contiguous()
+    y = torch.empty(*x.shape[:-1], n)
+    if add is not None:
+        add = add.reshape(x2.shape[0], n)
+        if add.dtype != torch.float32 or add.stride(1) != 1:
+            add = add.float().contiguous()
+    return x2, y, add, _f32(b)
+
+
 def unpack_bf16(p: torch.Tensor) -> torch.Tensor:
     """The weight ``[n, k]`` (bf16) that :func:`pack_bf16` wrote into layout P."""
     return p.permute(0, 3, 1, 2, 4).reshape(p.shape[0] * 64, p.shape[1] * 32)
@@ -627,17 +647,8 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     strided in 2-D), fp32 bias and ``add`` (shaped like the output), fp32 result; the product's bf16 rounding is
     the bf16 matmul's, so the numbers are those of the cast, oneDNN's bf16 matmul and the cast back, in one call."""
     n, k = p.shape[0] * 64, p.shape[1] * 32
-    lead = x.shape[:-1]
-    x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
-    if x2.dtype != torch.float32 or x2.stride(1) != 1:
-        x2 = x2.float().contiguous()
+    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
     M = x2.shape[0]
-    y = torch.empty(*lead, n)
-    if add is not None:
-        add = add.reshape(M, n)
-        if add.dtype != torch.float32 or add.stride(1) != 1:
-            add = add.float().contiguous()
-    bias = _f32(b)
     rc = _STATE["lib"].rollyard_gemm_bf16(
         x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
         None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n, None,
@@ -655,15 +666,7 @@ def f32_packs(n: int, k: int) -> bool:
     lib = kernel()
     if lib is None or n % 64 or k % 16 or n <= 0 or k <= 0 or not lib.rollyard_gemm_f32_available():
         return False
-    if "gemm_f32" not in _STATE:
-        why = _gemm_f32_trial()
-        if why and env_flag("ROLLYARD_CPU_KERNELS") == "1":
-            raise KernelsRequired(f"ROLLYARD_CPU_KERNELS=1 but the CPU fp32 matmul kernel is wrong here: {why}; "
-                                  f"unset it (or set 0) and report this machine")
-        if why:
-            print(f"[rollyard] CPU fp32 matmul kernel not used ({why}); oneDNN's instead", file=sys.stderr)
-        _STATE["gemm_f32"] = why is None
-    return bool(_STATE["gemm_f32"])
+    return _trusted("gemm_f32", "fp32", _gemm_f32_trial)
 
 
 def pack_f32(parts: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
@@ -698,17 +701,8 @@ def gemm_f32(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     2-D; ``add`` shaped like the output): each output one fused multiply-add chain over the input in order, then the
     bias, then ``add``, whatever the thread count or the ISA (AVX-512 and AVX2 compute the same numbers)."""
     n, k = p.shape[0] * 64, p.shape[1]
-    lead = x.shape[:-1]
-    x2 = x if x.dim() == 2 and x.stride(1) == 1 else x.reshape(-1, k)
-    if x2.dtype != torch.float32 or x2.stride(1) != 1:
-        x2 = x2.float().contiguous()
+    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
     M = x2.shape[0]
-    y = torch.empty(*lead, n)
-    if add is not None:
-        add = add.reshape(M, n)
-        if add.dtype != torch.float32 or add.stride(1) != 1:
-            add = add.float().contiguous()
-    bias = _f32(b)
     rc = _STATE["lib"].rollyard_gemm_f32(
         x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
         None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
