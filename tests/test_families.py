@@ -9,7 +9,6 @@ from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Mistra
 
 from rollyard.model import families, gemma3, llama
 from rollyard.model.fast import FastForward, train_attention, train_mlp
-from rollyard.model.gemm import packed_linear
 
 DIMS = dict(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=64)
@@ -52,10 +51,10 @@ class PlainLlama(FastForward):
     def _act(self, gu):
         return F.silu(gu[..., :self.I]) * gu[..., self.I:]
 
-    def block(self, x, o, w):
-        x = x + packed_linear(o, w["wo"], w["bo"])
+    def block(self, x, o, w):  # the fused weights through the base's matmul (whatever layout refresh chose)
+        x = x + self._mm(o, w["wo"], w["bo"])
         h = self._rms(x, *w["post_attention_layernorm"])
-        return x + packed_linear(self._act(packed_linear(h, w["wgu"])), w["wd"])
+        return x + self._mm(self._act(self._mm(h, w["wgu"])), w["wd"])
 
     @classmethod
     def train_layer(cls, x, layer, cos, sin, mask=None):
