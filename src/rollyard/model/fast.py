@@ -34,8 +34,9 @@ variants; Gemma 3: ``config.layer_types``). A ``"sliding_attention"`` layer sees
 other layer sees every earlier key. Each kind has its own RoPE table (``rotary_emb(..., layer_type=kind)``).
 
 A family subclass sets ``MODEL_TYPES``, ``unsupported_reason`` (a static method), the norms of a layer in order
-(``NORMS``), its activation (``_act``), the residual wiring after attention (``block``) and, for training,
-``train_layer``; the rest are class attributes with the Llama family's values as defaults.
+(``NORMS``), its activation (``_act``), the residual wiring after attention (``block``: its matmuls through
+``self._mm``, which reads every layout ``refresh`` may write) and, for training, ``train_layer``; the rest are class
+attributes with the Llama family's values as defaults.
 """
 
 from __future__ import annotations
