@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_cases import at_threads, decode_run
 
 from rollyard.model import families
 from rollyard.model import kernels as cpu_kernels
@@ -59,14 +60,7 @@ def test_the_product_is_the_bf16_matmuls_at_any_row_count_and_thread_count(rows)
     x = torch.randn(rows, K, generator=g)
     bias = torch.randn(N, generator=g).bfloat16()
     want = _reference(x, w, bias)
-    n = torch.get_num_threads()
-    try:
-        outs = []
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            outs.append(cpu_kernels.gemm_bf16(x, p, bias))
-    finally:
-        torch.set_num_threads(n)
+    outs = at_threads(lambda: cpu_kernels.gemm_bf16(x, p, bias))
     assert torch.equal(outs[0], outs[1])  # each output is one thread's chain over K, in order: threads change nothing
     got = outs[0]
     assert torch.equal(got, got.bfloat16().float())  # rounded to bf16
@@ -129,17 +123,8 @@ def test_a_fused_decode_layer_is_the_per_op_path_bit_for_bit(same, monkeypatch):
     outs = []
     for fused in (True, False):
         fwd.fused_layers = fused
-        kv = fwd.new_cache(3, 16)
-        fwd.prefill(ids, kv, torch.tensor([0, 1, 2]), last)
-        steps = []
-        for t in range(3):
-            tok = torch.tensor([3 + t, 4, 5])
-            if same:
-                steps.append(fwd.decode(tok, None, kv, 7 + t, same_pos=6 + t))
-            else:
-                pos = last + 1 + t
-                steps.append(fwd.decode(tok, pos, kv, int(pos.max()) + 1))
-        outs.append((torch.stack(steps), kv))
+        logits, kv = decode_run(fwd, ids, last, same)
+        outs.append((logits[1:], kv))  # the decode steps' logits
     assert len(calls) == 3 * model.config.num_hidden_layers  # the fused run took the one call a layer, the other none
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1].view(torch.int16), outs[1][1].view(torch.int16))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_cases import at_threads, decode_run
 
 from rollyard.model import families
 from rollyard.model import kernels as cpu_kernels
@@ -42,14 +43,7 @@ def test_the_product_is_an_fp32_matmuls_at_any_row_count_and_thread_count(rows):
     x = torch.randn(rows, K, generator=g)
     bias = torch.randn(N, generator=g)
     want = x.double() @ w.double().T + bias.double()
-    n = torch.get_num_threads()
-    try:
-        outs = []
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            outs.append(cpu_kernels.gemm_f32(x, p, bias))
-    finally:
-        torch.set_num_threads(n)
+    outs = at_threads(lambda: cpu_kernels.gemm_f32(x, p, bias))
     assert torch.equal(outs[0], outs[1])  # each output is one thread's chain over K, in order: threads change nothing
     got = outs[0].double()
     # K fused multiply-adds in fp32 and one add: within a few fp32 roundings of the fp64 value at this scale
@@ -75,19 +69,6 @@ def test_add_bias_and_strided_or_batched_rows():
     assert torch.equal(cpu_kernels.gemm_f32(x3, p), plain.view(3, 3, N))
 
 
-def _decode_run(fwd, ids: torch.Tensor, last: torch.Tensor, same: bool):
-    kv = fwd.new_cache(3, 16)
-    steps = [fwd.prefill(ids, kv, torch.tensor([0, 1, 2]), last)]
-    for t in range(3):
-        tok = torch.tensor([3 + t, 4, 5])
-        if same:
-            steps.append(fwd.decode(tok, None, kv, 7 + t, same_pos=6 + t))
-        else:
-            pos = last + 1 + t
-            steps.append(fwd.decode(tok, pos, kv, int(pos.max()) + 1))
-    return torch.stack(steps), kv
-
-
 @pytest.mark.parametrize("same", [True, False])
 def test_the_fp32_engine_runs_on_the_kernel_gives_the_modules_logits_and_its_fused_layer_the_per_op_path(
         same, monkeypatch):
@@ -107,7 +88,7 @@ def test_the_fp32_engine_runs_on_the_kernel_gives_the_modules_logits_and_its_fus
     outs = []
     for fused in (True, False):
         fwd.fused_layers = fused
-        outs.append(_decode_run(fwd, ids, last, same))
+        outs.append(decode_run(fwd, ids, last, same))
     assert len(calls) == 3 * model.config.num_hidden_layers  # the fused run took the one call a layer, the other none
     assert torch.equal(outs[0][0], outs[1][0])
     assert torch.equal(outs[0][1], outs[1][1])
