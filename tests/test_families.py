@@ -81,3 +81,47 @@ def test_a_family_is_its_hooks_over_the_shared_base():
     assert (torch.stack(got, 1) - ref[:, 4:]).abs().max() < 1e-4
     hidden = PlainLlama.train_hidden(model, ids)
     assert (hidden - model.model(input_ids=ids).last_hidden_state).abs().max() < 1e-4
+
+
+def test_rope_tables_are_the_fp64_cos_and_sin_of_hfs_angles_and_an_unknown_rotary_keeps_hfs_own():
+    """The fast path's RoPE tables: cos / sin of HF's fp32 angles taken in fp64 (one rounding each), over a long
+    table, with rotate_half's sign folded into sin; Gemma 3's two layer kinds each from its own frequencies. A rotary
+    module that is not cos / sin(position x inv_freq) x scaling keeps HF's output as it is."""
+    from transformers import Gemma3TextConfig
+
+    from rollyard.model.fast import rope_tables
+
+    like = torch.zeros(1)
+    T = 4096
+    cases = [(_model(LlamaConfig(**{**DIMS, "max_position_embeddings": T})), None)]
+    g3 = _model(Gemma3TextConfig(head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                                 **{**DIMS, "max_position_embeddings": T}))
+    cases += [(g3, "full_attention"), (g3, "sliding_attention")]
+    for model, kind in cases:
+        rot = model.model.rotary_emb
+        prefix = "" if kind is None else f"{kind}_"
+        inv, scale = getattr(rot, f"{prefix}inv_freq"), getattr(rot, f"{prefix}attention_scaling")
+        cos, sin = rope_tables(model.model, T, like, kind)
+        half = inv.numel()
+        angles = (torch.arange(T, dtype=torch.float32)[:, None] * inv.float()[None]).double()  # HF's fp32 angles
+        want_c, want_s = angles.cos() * scale, angles.sin() * scale
+        assert cos.shape == sin.shape == (T, 2 * half) and cos.dtype == torch.float32
+        for got, want in ((cos[:, :half], want_c), (cos[:, half:], want_c), (sin[:, :half], -want_s),
+                          (sin[:, half:], want_s)):
+            assert torch.equal(got, want.float())  # one rounding from fp64: no entry off by more than that
+    # the two kinds' frequencies differ (Gemma 3: 10k local, 1M global)
+    assert not torch.equal(rope_tables(g3.model, 64, like, "full_attention")[0],
+                           rope_tables(g3.model, 64, like, "sliding_attention")[0])
+    # a rotary module of another form: its own output, not the recomputed tables
+    model = _model(LlamaConfig(**DIMS))
+    rot = model.model.rotary_emb
+    plain = rot.forward
+
+    def shifted(x, position_ids):
+        c, s = plain(x, position_ids)
+        return c * 0.5, s * 0.5
+
+    rot.forward = shifted
+    cos, sin = rope_tables(model.model, 32, like)
+    want_c, want_s = shifted(like, torch.arange(32)[None])
+    assert torch.equal(cos, want_c[0]) and torch.equal(sin[:, cos.shape[1] // 2:], want_s[0][:, cos.shape[1] // 2:])
