@@ -21,13 +21,15 @@ def _leaf(*shape, scale=1.0, seed=0):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("out", [384, 128])  # wider and narrower than the input: both weight-gradient forms
-def test_linear_values_and_gradients_match_f_linear(onednn, bias, out):
+# (rows, out): wider and narrower than the input at 280 rows (g^T @ x), and wide at 1280 rows ((x^T @ g)^T)
+@pytest.mark.parametrize("rows,out", [(70, 384), (70, 128), (320, 1024)])
+def test_linear_values_and_gradients_match_f_linear(onednn, bias, rows, out):
     # 3-D input as the trainer passes it; big enough to clear MIN_MACS.
-    x, w = _leaf(4, 70, 256, seed=1), _leaf(out, 256, scale=0.05, seed=2)
+    x, w = _leaf(4, rows, 256, seed=1), _leaf(out, 256, scale=0.05, seed=2)
     b = _leaf(out, seed=3) if bias else None
-    g = torch.randn(4, 70, out, generator=torch.Generator().manual_seed(4))
+    g = torch.randn(4, rows, out, generator=torch.Generator().manual_seed(4))
     assert x.numel() * w.shape[0] >= cpu_gemm.MIN_MACS
+    assert cpu_gemm.transposed_weight_grad(4 * rows, out, 256) == (rows == 320)
 
     y = cpu_gemm.linear(x, w, b)
     assert y.grad_fn is not None and "_Linear" in type(y.grad_fn).__name__  # the oneDNN Function ran
@@ -43,6 +45,19 @@ def test_linear_values_and_gradients_match_f_linear(onednn, bias, out):
     for name, a, r in zip(["y", "dx", "dw", "db"], got, ref):
         err = ((a.double() - r).abs().max() / r.abs().max()).item()
         assert err < 1e-5, (name, err)
+    assert w.grad.is_contiguous()  # stored in the parameter's layout, whichever form computed it
+
+
+def test_the_weight_gradients_form_copies_fewer_elements():
+    """``g^T @ x`` copies g (rows x out); ``(x^T @ g)^T`` copies x (rows x in) and then the transposed gradient
+    (out x in). Counted by hand for the trainer's shapes."""
+    # SmolLM2's gate|up at a 310-row micro-batch: 952,320 against 178,560 + 1,769,472
+    assert not cpu_gemm.transposed_weight_grad(310, 3072, 576)
+    # the same weight at 4096 rows: 12,582,912 against 2,359,296 + 1,769,472
+    assert cpu_gemm.transposed_weight_grad(4096, 3072, 576)
+    # a narrower output never transposes: 2144 x 256 <= 2144 x 1280 + ...
+    assert not cpu_gemm.transposed_weight_grad(2144, 256, 1280)
+    assert cpu_gemm.transposed_weight_grad(2144, 1280, 256)  # 2,744,320 against 548,864 + 327,680
 
 
 def test_linear_falls_back_outside_fp32(onednn):
