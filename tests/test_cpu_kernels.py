@@ -313,6 +313,30 @@ def test_inverse_cdf_draws_the_running_sums_index_bit_for_bit(B, V):
 
 
 @needs_cxx
+@pytest.mark.parametrize("rows,cols", [(314, 3072), (37, 45), (16, 16), (1, 40), (40, 1), (33, 17)])
+def test_transposed_is_the_transpose_at_every_shape_and_row_stride(rows, cols):
+    """The weight gradient's input (``model/gemm.py``): the transposed copy, element for element, with the 16 x 16
+    blocks' leftover rows and columns, rows a stride apart, and on any thread count."""
+    assert cpu_kernels.kernel() is not None
+    gen = torch.Generator().manual_seed(rows * 100 + cols)
+    wide = torch.randn(rows, cols + 9, generator=gen)
+    for t in (wide[:, :cols].contiguous(), wide[:, 5:5 + cols]):
+        for threads in (1, 2):
+            old = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                got = cpu_kernels.transposed(t)
+            finally:
+                torch.set_num_threads(old)
+            assert got.shape == (cols, rows) and got.is_contiguous()
+            assert all(got[j, i] == t[i, j] for i, j in ((0, 0), (rows - 1, cols - 1), (rows // 2, cols // 3)))
+            assert torch.equal(got, t.t().contiguous())
+    # what the kernel does not take is copied by torch, never misread
+    assert torch.equal(cpu_kernels.transposed(wide.double()), wide.double().t().contiguous())
+    assert torch.equal(cpu_kernels.transposed(wide.t()), wide)
+
+
+@needs_cxx
 def test_inverse_cdf_refuses_what_it_does_not_take():
     """Other dtypes or layouts fall back (None), they are never read wrongly."""
     assert cpu_kernels.kernel() is not None

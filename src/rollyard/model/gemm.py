@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from rollyard.config import env_flag
 from rollyard.model import cpu
+from rollyard.model import kernels as cpu_kernels
 
 # oneDNN's fixed cost per call is ~15 us against MKL's ~5-8 us (2 threads): below about this many
 # multiply-adds (rows x in x out) MKL wins. 32 decode rows x 96 x 512 measured about even.
@@ -104,7 +105,11 @@ class _Linear(torch.autograd.Function):
         g2 = g.reshape(-1, g.shape[-1])
         if ctx.needs_input_grad[1]:
             x2 = x.reshape(-1, x.shape[-1])
-            gw = _lp(x2.t(), g2.t()).t() if transposed_weight_grad(*g2.shape, x2.shape[1]) else _lp(g2.t(), x2.t())
+            # the input transposed by rollyard's kernel (oneDNN's own copy of a transposed input is ~4x slower)
+            if transposed_weight_grad(*g2.shape, x2.shape[1]):
+                gw = _lp(cpu_kernels.transposed(x2), g2.t()).t()
+            else:
+                gw = _lp(cpu_kernels.transposed(g2), x2.t())
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = g2.sum(0)
         return gx, gw, gb

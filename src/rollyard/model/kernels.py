@@ -331,7 +331,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_adamw_f32_zero_grad", "rollyard_inverse_cdf_f32", "rollyard_gemm_bf16_available",
             "rollyard_pack_bf16", "rollyard_gemm_bf16", "rollyard_decode_attn_bf16kv",
             "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16", "rollyard_gemm_f32_available",
-            "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32")  # _load's
+            "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32",
+            "rollyard_transpose_32")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -383,6 +384,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_gemm_f32.restype = I
     lib.rollyard_decode_layer_f32.argtypes = lib.rollyard_decode_layer_bf16.argtypes
     lib.rollyard_decode_layer_f32.restype = I
+    lib.rollyard_transpose_32.argtypes = [P, L, L, L, P, I]
+    lib.rollyard_transpose_32.restype = None
     return lib
 
 
@@ -565,6 +568,19 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
     out = torch.empty(weights.shape[0], dtype=torch.int64)
     lib.rollyard_inverse_cdf_f32(weights.data_ptr(), weights.shape[0], weights.shape[1], r.data_ptr(), out.data_ptr(),
                                  None if totals is None else totals.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """``t.t().contiguous()`` for a 2-D fp32 CPU tensor whose rows are contiguous (``kernels.cc``
+    ``rollyard_transpose_32``: 16 x 16 blocks through registers, 3-5x torch's copy of a transposed matrix on the
+    trainer's shapes); torch's copy where the kernel is not loaded. The same values either way (a copy)."""
+    lib = kernel()
+    if lib is None or t.dim() != 2 or t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(1) != 1:
+        return t.t().contiguous()
+    rows, cols = t.shape
+    out = torch.empty(cols, rows)
+    lib.rollyard_transpose_32(t.data_ptr(), rows, cols, t.stride(0), out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -975,12 +991,10 @@ def train_qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int
 
 
 def choices() -> dict:
-    """The numerics-relevant kernel choices this process has made (for ``run.json``): whether the
-    compiled kernels are in use (or why not), each decode-attention shape's verdict, whether the rollout's bf16
-    matmuls ran on the kernel, and whether fp32 linear layers run on oneDNN. Deterministic by shape, CPU features
-    and settings."""
-    from rollyard.model import gemm
-
+    """The numerics-relevant choices of the compiled kernels this process has made: whether they are in use (or why
+    not), each decode-attention shape's verdict, whether the rollout's bf16 / fp32 matmuls ran on the kernel, and the
+    CPU's features. Deterministic by shape, CPU features and settings. ``run.json`` records these with oneDNN's
+    (:func:`rollyard.model.choices.choices`)."""
     lib = _STATE.get("lib", "not loaded")
     off = env_flag("ROLLYARD_CPU_KERNELS") == "0"
     out = {"cpu_kernels": "off: ROLLYARD_CPU_KERNELS=0" if off else "not loaded" if lib == "not loaded" else
@@ -991,7 +1005,6 @@ def choices() -> dict:
                            "kernel" if _STATE["gemm_bf16"] else "oneDNN: the kernel disagreed with torch here"),
            "f32_matmul": ("oneDNN or MKL (no fp32 rollout here, or no AVX2 + FMA in this build)" if "gemm_f32" not in _STATE else
                           "kernel" if _STATE["gemm_f32"] else "oneDNN: the kernel disagreed with torch here"),
-           "onednn_linear": gemm.enabled(), "onednn_setting": env_flag("ROLLYARD_ONEDNN"),
-           "cpu_avx512": gemm.cpu_has_avx512(), "cpu_class": cpu.cpu_class(),
+           "cpu_avx512": cpu.avx512(), "cpu_class": cpu.cpu_class(),
            "cpu_features": sorted(cpu.features()), "cpu_isa_setting": cpu.level(), "kernels_march": cpu.march()}
     return out

@@ -449,16 +449,16 @@ def held_checksums(workers: dict, version: int, wait, bound_s: float = CHECKSUM_
 def runtime(engine) -> dict:
     """What sets the engine's speed in the calling thread: torch's intra- and inter-op threads,
     the CPUs it may run on, the thread settings in the environment, the compiled-kernel and oneDNN
-    choices (``model/kernels.py``) and the weights' dtype. A Ray actor and the driver compare
+    choices (``model/choices.py``) and the weights' dtype. A Ray actor and the driver compare
     equal on these when the actor runs the engine as the driver would (``bench/placements.py
     --actor-speed`` prints both)."""
-    from rollyard.model import kernels
+    from rollyard.model.choices import choices
 
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     env = {k: v for k, v in sorted(os.environ.items())
            if k.startswith(("OMP_", "MKL_", "KMP_", "GOMP_", "ROLLYARD_")) or k in ("LD_PRELOAD", "MALLOC_CONF")}
     return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-            "affinity": affinity, "env": env, "kernels": kernels.choices(),
+            "affinity": affinity, "env": env, "kernels": choices(),
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch.")}
 
 

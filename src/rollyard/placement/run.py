@@ -33,6 +33,7 @@ from rollyard.evaluate import (
 )
 from rollyard.model import cpu, kernels
 from rollyard.model import memory as cpu_memory
+from rollyard.model.choices import choices as model_choices
 from rollyard.model.loading import PRESETS, export, num_params, source_dtype
 from rollyard.placement import reference as reference_placement
 from rollyard.placement import teacher as teacher_placement
@@ -450,7 +451,7 @@ def kernels_said(device: str) -> str:
     if not str(device).startswith("cpu"):
         return ""
     kernels.kernel()  # loaded (or refused, said once) now: this line and run.json state the same thing
-    c = kernels.choices()
+    c = model_choices()
     return f"; CPU kernels {c['cpu_kernels']}, oneDNN linear {'on' if c['onednn_linear'] else 'off'}"
 
 
@@ -471,7 +472,7 @@ def run_info(cfg: RunConfig, model, settings: roles.Settings) -> dict:
                           (cfg.sync.transport if cfg.sync.transport != "auto" else ("inprocess" if colocated else "ray")),
         "rollout_workers": 0 if colocated else cfg.rollout.workers,
         "inflight": cfg.rollout.inflight if cfg.placement == "async" else "finish",
-        "kernels": kernels.choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
+        "kernels": model_choices(),  # numerics-relevant choices made so far; finish() writes the whole run's
         "device": "gpu" if gpu else "cpu",
         "backend": cfg.rollout.backend, "accuracy_signal": accuracy_signal(cfg),  # what scores the held-out eval (None: no held-out accuracy)
         **roles.rollout_facts(cfg),  # the engine side's (roles.py)
@@ -504,7 +505,7 @@ def finish(run: RunRecord, r: Roles) -> dict:
     summary.update(sessions.whole_run(run.run_dir))  # totals over every session of the run, not just this one
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     info = json.loads((run.run_dir / rundir.RUN_INFO).read_text())  # the kernel choices the whole run made
-    (run.run_dir / rundir.RUN_INFO).write_text(json.dumps({**info, "kernels": kernels.choices()}, indent=1))
+    (run.run_dir / rundir.RUN_INFO).write_text(json.dumps({**info, "kernels": model_choices()}, indent=1))
     print_summary(run.telemetry.step_seconds, run.state.eval_before, after)
     console.print(f"run directory: {run.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     rundir.unlock(run.run_dir)
