@@ -65,6 +65,37 @@ def test_a_limit_too_low_for_torch_is_one_line_exit_2(tmp_path, limit_kb):
         f"(ulimit -v {limit_kb})"), proc.stderr
 
 
+def test_an_import_that_fails_without_an_exception_under_a_limit_is_the_out_of_memory_line(monkeypatch, capsys):
+    """CPython's import system, failing an allocation under ulimit -v, can raise SystemError "returned NULL without
+    setting an exception" (importing torch under 600 MB on one machine): the out-of-memory line where an
+    address-space limit is set; with no limit, or another SystemError, the error propagates."""
+    import resource
+
+    from rollyard import cli
+
+    def null(cmd, rest):
+        raise SystemError("<function _find_and_load at 0x7f91f948fce0> returned NULL without setting an exception")
+
+    monkeypatch.setattr(cli, "_main", null)
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")  # what _memory_limit sets under a limit, restored after
+    monkeypatch.setattr(cli.resource, "getrlimit", lambda what: (600_000 << 10, resource.RLIM_INFINITY))
+    assert cli.main(["train"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rollyard train: error: out of memory under this process's "
+                                               "address-space limit of 585 MB (ulimit -v 600000)"), err
+
+    def other(cmd, rest):
+        raise SystemError("error return without exception set")
+
+    monkeypatch.setattr(cli, "_main", other)
+    with pytest.raises(SystemError):
+        cli.main(["train"])
+    monkeypatch.setattr(cli, "_main", null)
+    monkeypatch.setattr(cli.resource, "getrlimit", lambda what: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    with pytest.raises(SystemError):
+        cli.main(["train"])
+
+
 def test_an_import_that_cannot_allocate_is_the_out_of_memory_line_and_other_os_errors_propagate(monkeypatch, capsys):
     """Under a tight ulimit -v, importing torch can fail inside the import system itself (listing a package
     directory: OSError ENOMEM, not MemoryError), depending on where the limit lands: the same one line."""

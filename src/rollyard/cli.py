@@ -133,13 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     oom = f"rollyard {argv[0]}: error: out of memory {_memory_limit()}"  # built now: no memory later
+    limited = resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
     try:
         return _main(argv[0], argv[1:])
-    except (MemoryError, ImportError, OSError) as e:  # anywhere, imports included: under a tight ulimit -v torch cannot load
+    except (MemoryError, ImportError, OSError, SystemError) as e:  # anywhere, imports included: under a tight ulimit -v torch cannot load
         if isinstance(e, ImportError) and "failed to map segment" not in str(e):
             raise
         if isinstance(e, OSError) and e.errno != errno.ENOMEM:
             raise  # ENOMEM: the import system itself could not allocate (listing a package directory)
+        # an allocation that failed inside the import system can surface as CPython's "returned NULL without setting
+        # an exception" (seen importing torch under ulimit -v 600000): out of memory only where a limit is set
+        if isinstance(e, SystemError) and not (limited and "without setting an exception" in str(e)):
+            raise
         print(oom, file=sys.stderr)
         dynamo = sys.modules.get("torch._dynamo.utils")  # its exit hook imports more: a second traceback
         if dynamo is not None and hasattr(dynamo, "dump_compile_times"):
