@@ -878,23 +878,15 @@ inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t 
             _mm512_storeu_ps(y + r * ldy + col0 + q * 16, v);
         }
 }
-
-template <int MR>
-inline void gemm_rows_f32(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf, int64_t pf_lines,
-                          const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y, int64_t ldy,
-                          int rows) {
-    if (rows == MR) gemm_tile_f32<MR>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
-    else if constexpr (MR > 1) gemm_rows_f32<MR - 1>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
-}
 #endif
 
 #if defined(ROLLYARD_GEMM_F32) && !defined(__AVX512F__)
 // AVX2: MR rows x 16 columns (two 8-float vectors) of a block at `wb` (offset to the tile's columns), the same FMA chain
 // per output as the AVX-512 tile's (so the same numbers); a block's four 16-column tiles run one after another.
 template <int MR>
-inline void gemm_tile_f32_avx2(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf,
-                               int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd,
-                               float* y, int64_t ldy) {
+inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf,
+                          int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd,
+                          float* y, int64_t ldy) {
     __m256 acc[MR][2];
     for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     const int64_t per = (pf_lines + K - 1) / (K > 0 ? K : 1);
@@ -916,14 +908,16 @@ inline void gemm_tile_f32_avx2(const float* x, int64_t ldx, const float* wb, int
             _mm256_storeu_ps(y + r * ldy + col0 + q * 8, v);
         }
 }
+#endif
 
+#ifdef ROLLYARD_GEMM_F32
+// `rows` (1..MR) rows through this build's tile (AVX-512: 64 columns; AVX2: 16).
 template <int MR>
-inline void gemm_rows_f32_avx2(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf,
-                               int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd,
-                               float* y, int64_t ldy, int rows) {
-    if (rows == MR) gemm_tile_f32_avx2<MR>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
-    else if constexpr (MR > 1)
-        gemm_rows_f32_avx2<MR - 1>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
+inline void gemm_rows_f32(const float* x, int64_t ldx, const float* wb, int64_t K, const char* pf, int64_t pf_lines,
+                          const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                          int rows) {
+    if (rows == MR) gemm_tile_f32<MR>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
+    else if constexpr (MR > 1) gemm_rows_f32<MR - 1>(x, ldx, wb, K, pf, pf_lines, bias, col0, add, ldadd, y, ldy, rows);
 }
 #endif
 
@@ -998,7 +992,7 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
             gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
 #else
             for (int q = 0; q < 4; q++)  // the block's 16-column tiles; the first prefetches the next block
-                gemm_rows_f32_avx2<MR>(x + m0 * ldx, ldx, wb + 16 * q, K, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad,
+                gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb + 16 * q, K, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad,
                                        ldadd, y + m0 * ldy, ldy, rows);
 #endif
         }
