@@ -157,9 +157,6 @@ def test_several_optimizer_steps_per_generation_batch_follow_trls_schedule(oracl
     """TRL counts max_steps in optimizer steps: with num_iterations=2 and steps_per_generation=2 (x gradient
     accumulation 1) a generation batch makes 4 of them, and rollyard's 3 steps x 2 epochs x 2 mini-batches run the
     same 12 rates."""
-    from rollyard.config import TrainerConfig
-    if "mini_batches" not in TrainerConfig.model_fields:
-        pytest.skip("trainer.epochs / trainer.mini_batches are not in this tree yet")
     kw = {"lr_scheduler_type": "cosine", "warmup_steps": 0.25, "num_iterations": 2, "steps_per_generation": 2}
     _, trl_lrs = _trl_optimizer_and_lrs(oracle, kw, 12)
     cfg = from_dict(with_trl_defaults(dict(GRPOConfig(learning_rate=1e-5, max_steps=12, **kw))))
@@ -324,10 +321,7 @@ def test_a_skipped_step_and_a_step_with_nothing_to_learn_advance_the_schedule():
 @pytest.mark.slow
 def test_the_schedule_counts_every_optimizer_step_of_several_per_batch(tmp_path):
     from rollyard.cli import main
-    from rollyard.config import TrainerConfig
 
-    if "mini_batches" not in TrainerConfig.model_fields:
-        pytest.skip("trainer.epochs / trainer.mini_batches are not in this tree yet")
     run = tmp_path / "run"
     assert main(["train", *TINY, "steps=3", "trainer.lr_schedule=linear", "trainer.epochs=2", "trainer.mini_batches=2",
                  f"out_dir={run}"]) == 0
