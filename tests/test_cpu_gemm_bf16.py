@@ -1,7 +1,9 @@
 """The rollout's bf16 matmul kernel (``model/kernels.cc``, layout P): the packed weight is the parts stacked, scaled
 and cast as torch casts them, bit for bit; the product is the bf16 matmul's (fp64 reference, rounded to bf16), at
 every row count and thread count, with bias, residual add and strided rows; the decode engine's forward gives the
-same logits through it as through oneDNN, within bf16's rounding."""
+same logits through it as through oneDNN, within bf16's rounding. On a CPU without AVX512-BF16 the same tests run the
+widening kernel (bf16 weights made fp32 in registers or a 64-input chunk at a time, fp32 FMAs), with
+``ROLLYARD_CPU_ISA=avx2`` its AVX2 build."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from rollyard.model import kernels as cpu_kernels
 from rollyard.model.loading import build_preset, char_tokenizer
 
 pytestmark = pytest.mark.skipif(not cpu_kernels.bf16_packs(64, 32),
-                                reason="no AVX512-BF16 in this build of the CPU kernels (oneDNN's bf16 matmul runs)")
+                                reason="neither AVX512-BF16 nor AVX-512F nor AVX2 + FMA in this build of the CPU kernels "
+                                       "(oneDNN's bf16 matmul runs)")
 
 N, K = 192, 96  # 3 column blocks, 3 input blocks
 
@@ -71,6 +74,26 @@ def test_the_product_is_the_bf16_matmuls_at_any_row_count_and_thread_count(rows)
     # torch's bf16 matmul agrees as closely
     torch_y = F.linear(x.bfloat16(), w, bias).float()
     assert bool(((got - torch_y).abs() <= want.abs().clamp_min(1e-6) * 2.0 ** -6).all())
+
+
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
+    """A row's outputs are the same bits whether it is multiplied alone, in a group of 5 or in a batch of 32 or 70
+    (where a CPU without AVX512-BF16 takes the chunked path past 5 rows, and the one-group tile up to 5): a sequence's
+    logits do not depend on what else the engine decodes with it. Over 3 chunks of inputs (K = 160: 64, 64, 32)."""
+    g = torch.Generator().manual_seed(7)
+    k = 160
+    w = torch.randn(128, k, generator=g) / 4
+    p = cpu_kernels.pack_bf16([(w, 1.0)])
+    bias = torch.randn(128, generator=g)
+    x = torch.randn(70, k, generator=g)
+    full = cpu_kernels.gemm_bf16(x, p, bias)
+    for rows in (1, 2, 5, 6, 7, 32):
+        part = cpu_kernels.gemm_bf16(x[:rows], p, bias)
+        assert torch.equal(part, full[:rows]), rows
+    alone = torch.cat([cpu_kernels.gemm_bf16(x[i:i + 1], p, bias) for i in range(70)])
+    assert torch.equal(alone, full)
+    ref = (x.bfloat16().double() @ w.bfloat16().double().T + bias.double()).bfloat16().float()
+    assert bool(((full - ref).abs() <= ref.abs().clamp_min(1e-6) * 2.0 ** -7).all())  # and it is the product
 
 
 def test_add_bias_and_strided_or_batched_rows():

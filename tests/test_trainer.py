@@ -670,7 +670,17 @@ def test_auto_precision_is_bf16_on_a_native_bf16_cpu_only_for_a_real_size_decode
     assert "rollout copy's dtype" in rollout_precision("auto", _model(0), cpu)[1]
     assert rollout_precision("auto", smol, torch.device("cuda"))[0] is None
     chosen, why = rollout_precision("bf16", _model(0), cpu)
-    assert chosen == "bf16" and "rollout.precision=bf16" in why and ("emulated" in why) != native_bf16
+    assert chosen == "bf16" and "rollout.precision=bf16" in why
+    from rollyard.model import kernels as cpu_kernels
+    widened = "widen the bf16 weights to fp32 in registers"
+    if native_bf16:
+        assert "emulated" not in why and widened not in why
+    else:  # the compiled kernels' widening matmul where it is built here, else torch's emulation (and its warning)
+        kernel = cpu_kernels.bf16_packs(64, 32)
+        assert (widened in why) == kernel and ("emulated" in why) != kernel
+        monkeypatch.setattr(cpu_kernels, "bf16_packs", lambda n, k: False)
+        why = rollout_precision("bf16", _model(0), cpu)[1]
+        assert "emulated and slower than fp32" in why and widened not in why
 
 
 @pytest.mark.parametrize("max_norm", [1e-4, 1e6])

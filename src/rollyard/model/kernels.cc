@@ -616,14 +616,44 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
 // bf16 pair broadcast from memory; K in order, one accumulator per output (no K split), so the sum is a chain of
 // vdpbf16ps in input order. The next block's weights are prefetched into L2 while the first row group runs, which
 // overlaps the weights' stream from memory with the arithmetic at decode's 1-32 rows.
+//
+// Without AVX512-BF16 (AVX-512F, or AVX2 + FMA: most laptops) the same layout runs on fp32 FMAs: a pair's two bf16
+// weights become fp32 in registers (a shift, a mask: bf16 is fp32's upper half), the input is rounded to bf16 once
+// into an fp32 scratch, and each pair is two FMAs in vdpbf16ps' order (odd input, then even). A product of two bf16
+// values is exact in fp32, so each FMA rounds as vdpbf16ps' step does: the numbers are the native kernel's (but for
+// subnormals, which vdpbf16ps flushes). What it buys over fp32 weights: half the bytes a decode step streams.
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #define ROLLYARD_GEMM_BF16 1
+#define ROLLYARD_BF16_NATIVE 1
+#elif defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define ROLLYARD_GEMM_BF16 1
 #endif
 
 namespace {
+
+// fp32 -> bf16 (nearest even; NaN -> quiet NaN) -> fp32, as torch's cast: a bf16 matmul's output rounding
+#if defined(__AVX512F__)
+inline __m512 round_bf16(__m512 v) {
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    r = _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u));
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_castsi512_ps(_mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc00000)));
+}
+#elif defined(__AVX2__)
+inline __m256 round_bf16(__m256 v) {
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    r = _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u));
+    const __m256 nan = _mm256_cmp_ps(v, v, _CMP_UNORD_Q);
+    return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
+}
+#endif
 
 inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes)
     uint32_t u;
@@ -683,7 +713,10 @@ extern "C" void rollyard_transpose_32(const uint32_t* src, int64_t rows, int64_t
 
 namespace {
 
-#ifdef ROLLYARD_GEMM_BF16
+#ifdef ROLLYARD_BF16_NATIVE
+// the input: bf16 pairs (k even low, k odd high) per row, `kp` pairs a row
+using XS = uint32_t;
+constexpr int64_t XS_PER_PAIR = 1;
 template <int MR>
 inline void gemm_tile(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
                       int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
@@ -723,8 +756,205 @@ inline void gemm_tile(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_
         }
 }
 
+#elif defined(ROLLYARD_GEMM_BF16) && defined(__AVX512F__)
+// Up to MR rows (one row group: decode at small batch, bound by the weights' bytes) the pairs are widened in
+// registers. The input: rounded to bf16, held as fp32, each pair's two swapped (odd input first: `kp` pairs = 2 * kp
+// floats a row).
+using XS = float;
+constexpr int64_t XS_PER_PAIR = 2;
+
 template <int MR>
-inline void gemm_rows(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
+inline void gemm_tile(const float* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
+                      int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
+                      int64_t ldy) {
+    __m512 acc[MR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    int64_t line = 0;
+    for (int64_t kb = 0; kb < kblocks; kb++) {
+        const uint16_t* blk = wb + kb * 2048;
+        for (int p = 0; p < 16; p++) {
+            if (line < pf_lines) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+            const uint16_t* wp = blk + p * 128;
+            const float* xp = xs + 2 * (kb * 16 + p);
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {  // columns 0-31, then 32-63: 4 widened vectors live, not 8
+                const __m512i r0 = _mm512_loadu_si512(wp + 64 * h), r1 = _mm512_loadu_si512(wp + 64 * h + 32);
+                const __m512 e0 = _mm512_castsi512_ps(_mm512_slli_epi32(r0, 16));
+                const __m512 o0 = _mm512_castsi512_ps(_mm512_and_si512(r0, hi));
+                const __m512 e1 = _mm512_castsi512_ps(_mm512_slli_epi32(r1, 16));
+                const __m512 o1 = _mm512_castsi512_ps(_mm512_and_si512(r1, hi));
+                for (int r = 0; r < MR; r++) {
+                    const __m512 xo = _mm512_set1_ps(xp[r * 2 * kp]), xe = _mm512_set1_ps(xp[r * 2 * kp + 1]);
+                    acc[r][2 * h] = _mm512_fmadd_ps(xe, e0, _mm512_fmadd_ps(xo, o0, acc[r][2 * h]));
+                    acc[r][2 * h + 1] = _mm512_fmadd_ps(xe, e1, _mm512_fmadd_ps(xo, o1, acc[r][2 * h + 1]));
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) {
+            __m512 v = acc[r][q];
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
+            __m512 h = round_bf16(v);
+            if (add) h = _mm512_add_ps(h, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
+            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, h);
+        }
+}
+#elif defined(ROLLYARD_GEMM_BF16)
+// AVX2: MR rows x 16 columns (two 8-float vectors) of a block at `wb` (offset to the tile's columns' pairs); the
+// block's four 16-column tiles run one after another (as the fp32 AVX2 tile). The same FMA order: the same numbers.
+// The input as the AVX-512 build's.
+using XS = float;
+constexpr int64_t XS_PER_PAIR = 2;
+
+template <int MR>
+inline void gemm_tile(const float* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
+                      int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
+                      int64_t ldy) {
+    __m256 acc[MR][2];
+    for (int r = 0; r < MR; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    int64_t line = 0;
+    for (int64_t kb = 0; kb < kblocks; kb++) {
+        const uint16_t* blk = wb + kb * 2048;
+        for (int p = 0; p < 16; p++) {
+            if (line < pf_lines) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+            const uint16_t* wp = blk + p * 128;
+            const float* xp = xs + 2 * (kb * 16 + p);
+            const __m256i r0 = _mm256_loadu_si256((const __m256i*)wp), r1 = _mm256_loadu_si256((const __m256i*)(wp + 16));
+            const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(r0, 16));
+            const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(r0, hi));
+            const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(r1, 16));
+            const __m256 o1 = _mm256_castsi256_ps(_mm256_and_si256(r1, hi));
+            for (int r = 0; r < MR; r++) {
+                const __m256 xo = _mm256_broadcast_ss(xp + r * 2 * kp), xe = _mm256_broadcast_ss(xp + r * 2 * kp + 1);
+                acc[r][0] = _mm256_fmadd_ps(xe, e0, _mm256_fmadd_ps(xo, o0, acc[r][0]));
+                acc[r][1] = _mm256_fmadd_ps(xe, e1, _mm256_fmadd_ps(xo, o1, acc[r][1]));
+            }
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 2; q++) {
+            __m256 v = acc[r][q];
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
+            __m256 h = round_bf16(v);
+            if (add) h = _mm256_add_ps(h, _mm256_loadu_ps(add + r * ldadd + col0 + q * 8));
+            _mm256_storeu_ps(y + r * ldy + col0 + q * 8, h);
+        }
+}
+#endif
+
+#if defined(ROLLYARD_GEMM_BF16) && !defined(ROLLYARD_BF16_NATIVE)
+// Past one row group the weights are widened once per chunk of KC inputs (by the first row group's tile, as it goes)
+// and every row group of the block runs over the chunk from L1, its accumulators kept in a buffer between chunks:
+// widening in registers for every row group (a shift and a mask per 16 weights, on the ports the FMAs use) cost ~35%
+// over fp32 at 32 rows; a whole block widened at once (147-393 KB) was bound by writing it out to L2 (~23 GB/s
+// here), and a chunk widened in a pass of its own (16 KB) still cost ~25% (the stores do not overlap the FMAs).
+constexpr int64_t KC = 64;  // inputs a chunk: 64 x 64 fp32 = 16 KB
+
+// acc [rows][64] (+)= x [rows, kc] (row stride ldx) @ w [kc][64] (fp32, this chunk), one FMA per input in order.
+// W: first widen each pair of `raw` (layout P, the chunk's first pair) into w just before its FMAs, so the stores
+// run beside the arithmetic (the block's first row group does this; the others read w).
+template <int MR, bool W>
+inline void chunk_tile(const float* x, int64_t ldx, float* w, int64_t kc, float* acc, bool first,
+                       const uint16_t* raw) {
+#if defined(__AVX512F__)
+    __m512 a[MR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) a[r][q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * 64 + 16 * q);
+    for (int64_t k = 0; k < kc; k++) {
+        float* wk = w + k * 64;
+        if constexpr (W) {
+            if (!(k & 1)) {  // pair k / 2: rows k (odd input) and k + 1 (even)
+                const uint16_t* wp = raw + k * 64;
+                for (int q = 0; q < 4; q++) {
+                    const __m512i r = _mm512_loadu_si512(wp + 32 * q);
+                    _mm512_storeu_ps(wk + 16 * q, _mm512_castsi512_ps(
+                        _mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u))));
+                    _mm512_storeu_ps(wk + 64 + 16 * q, _mm512_castsi512_ps(_mm512_slli_epi32(r, 16)));
+                }
+            }
+        }
+        const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+        const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
+        for (int r = 0; r < MR; r++) {
+            const __m512 v = _mm512_set1_ps(x[r * ldx + k]);
+            a[r][0] = _mm512_fmadd_ps(v, w0, a[r][0]);
+            a[r][1] = _mm512_fmadd_ps(v, w1, a[r][1]);
+            a[r][2] = _mm512_fmadd_ps(v, w2, a[r][2]);
+            a[r][3] = _mm512_fmadd_ps(v, w3, a[r][3]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) _mm512_storeu_ps(acc + r * 64 + 16 * q, a[r][q]);
+#else
+    for (int q = 0; q < 4; q++) {  // 16 columns at a time: MR x 2 accumulators
+        __m256 a[MR][2];
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++)
+                a[r][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * 64 + 16 * q + 8 * h);
+        for (int64_t k = 0; k < kc; k++) {
+            float* wk = w + k * 64 + 16 * q;
+            if constexpr (W) {
+                if (!(k & 1)) {  // this strip's 16 columns of pair k / 2
+                    const uint16_t* wp = raw + k * 64 + 32 * q;
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i r = _mm256_loadu_si256((const __m256i*)(wp + 16 * h));
+                        _mm256_storeu_ps(wk + 8 * h, _mm256_castsi256_ps(
+                            _mm256_and_si256(r, _mm256_set1_epi32((int)0xffff0000u))));
+                        _mm256_storeu_ps(wk + 64 + 8 * h, _mm256_castsi256_ps(_mm256_slli_epi32(r, 16)));
+                    }
+                }
+            }
+            const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+            for (int r = 0; r < MR; r++) {
+                const __m256 v = _mm256_broadcast_ss(x + r * ldx + k);
+                a[r][0] = _mm256_fmadd_ps(v, w0, a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(v, w1, a[r][1]);
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + r * 64 + 16 * q + 8 * h, a[r][h]);
+    }
+#endif
+}
+
+template <int MR, bool W>
+inline void chunk_rows(const float* x, int64_t ldx, float* w, int64_t kc, float* acc, bool first, const uint16_t* raw,
+                       int rows) {
+    if (rows == MR) chunk_tile<MR, W>(x, ldx, w, kc, acc, first, raw);
+    else if constexpr (MR > 1) chunk_rows<MR - 1, W>(x, ldx, w, kc, acc, first, raw, rows);
+}
+
+// y rows [rows][64 at col0] = round_bf16(acc + bias) + add
+inline void chunk_out(const float* acc, int rows, const float* bias, int64_t col0, const float* add, int64_t ldadd,
+                      float* y, int64_t ldy) {
+    for (int r = 0; r < rows; r++)
+#if defined(__AVX512F__)
+        for (int q = 0; q < 4; q++) {
+            __m512 v = _mm512_loadu_ps(acc + r * 64 + 16 * q);
+            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + 16 * q));
+            v = round_bf16(v);
+            if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(add + r * ldadd + col0 + 16 * q));
+            _mm512_storeu_ps(y + r * ldy + col0 + 16 * q, v);
+        }
+#else
+        for (int q = 0; q < 8; q++) {
+            __m256 v = _mm256_loadu_ps(acc + r * 64 + 8 * q);
+            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + 8 * q));
+            v = round_bf16(v);
+            if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + r * ldadd + col0 + 8 * q));
+            _mm256_storeu_ps(y + r * ldy + col0 + 8 * q, v);
+        }
+#endif
+}
+#endif
+
+#ifdef ROLLYARD_GEMM_BF16
+template <int MR>
+inline void gemm_rows(const XS* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
                       int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
                       int64_t ldy, int rows) {
     if (rows == MR) gemm_tile<MR>(xs, kp, wb, kblocks, pf, pf_lines, bias, col0, add, ldadd, y, ldy);
@@ -787,51 +1017,6 @@ extern "C" void rollyard_pack_bf16(const void* const* srcs, const int64_t* rows,
         }
         delete[] buf;
     }
-}
-
-// y [M, N] (row stride ldy) = round_bf16(bf16(x) @ W^T + bias) + add: x [M, K] fp32 (row stride ldx), W in layout P
-// (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null (it may be y itself); `xs`: scratch of
-// M * K bf16, or null for a buffer of the calling thread's own. Returns 0,
-// or 1 where this build has no AVX512-BF16 (nothing done).
-extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, int64_t N,
-                                  const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
-                                  uint16_t* xs, int threads) {
-#ifdef ROLLYARD_GEMM_BF16
-    static thread_local std::vector<uint16_t> own;  // xs == NULL: this thread's buffer, kept for the next call
-    if (!xs) {
-        if ((int64_t)own.size() < M * K) own.resize(M * K);
-        xs = own.data();
-    }
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t k = 0; k < K; k++) xs[m * K + k] = bf16_rne(x[m * ldx + k]);
-    const int64_t nblocks = N / 64, kblocks = K / 32, kp = K / 2;
-    const uint32_t* x32 = (const uint32_t*)xs;
-    constexpr int MR = 6;
-#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
-    {
-        // work: (column block, row group) units in block order, split evenly: a block's groups may go to two threads
-        const int T = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t groups = (M + MR - 1) / MR, units = nblocks * groups;
-        const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
-        const int64_t last = u1 > u0 ? (u1 - 1) / groups : -1;  // this thread's last block
-        // the next block's lines (kblocks * 64 of them), shared out over this block's row groups
-        const int64_t lines = kblocks * 64, share = (lines + groups - 1) / groups;
-        for (int64_t u = u0; u < u1; u++) {
-            const int64_t nb = u / groups, g = u % groups, m0 = g * MR;
-            const uint16_t* wb = w + nb * kblocks * 2048;
-            const int rows = (int)(M - m0 < MR ? M - m0 : MR);
-            const int64_t first = g * share < lines ? g * share : lines;
-            const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
-            gemm_rows<MR>(x32 + m0 * kp, kp, wb, kblocks, (const char*)(wb + kblocks * 2048) + 64 * first, n, bias,
-                          nb * 64, add ? add + m0 * ldadd : nullptr, ldadd, y + m0 * ldy, ldy, rows);
-        }
-    }
-    return 0;
-#else
-    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
-    (void)xs; (void)threads;
-    return 1;
-#endif
 }
 
 // ---- fp32 GEMM for the decode engine: y = x @ W^T + bias (+ add), fp32 throughout ------------------------------------
@@ -1005,6 +1190,120 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
 #endif
 }
 
+// y [M, N] (row stride ldy) = round_bf16(bf16(x) @ W^T + bias) + add: x [M, K] fp32 (row stride ldx), W in layout P
+// (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null (it may be y itself). x rounded to bf16 goes
+// into a buffer of the calling thread's own, kept for the next call. Returns 0, or 1 where this build has neither
+// AVX512-BF16, nor AVX-512F, nor AVX2 with FMA (nothing done).
+extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, int64_t N,
+                                  const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                                  int threads) {
+#ifdef ROLLYARD_GEMM_BF16
+    static thread_local std::vector<XS> own;
+    if ((int64_t)own.size() < M * K) own.resize(M * K);
+#ifdef ROLLYARD_BF16_NATIVE
+    uint16_t* xb = (uint16_t*)own.data();  // (pairs: half of `own` is used)
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) xb[m * K + k] = bf16_rne(x[m * ldx + k]);
+#else
+    for (int64_t m = 0; m < M; m++) {  // rounded to bf16, each pair swapped: odd input first (K % 32 == 0)
+        const float* xm = x + m * ldx;
+        float* o = own.data() + m * K;
+#if defined(__AVX512F__)
+        for (int64_t k = 0; k < K; k += 16)
+            _mm512_storeu_ps(o + k, _mm512_permute_ps(round_bf16(_mm512_loadu_ps(xm + k)), 0xB1));
+#else
+        for (int64_t k = 0; k < K; k += 8)
+            _mm256_storeu_ps(o + k, _mm256_permute_ps(round_bf16(_mm256_loadu_ps(xm + k)), 0xB1));
+#endif
+    }
+#endif
+    const XS* xs = own.data();
+    const int64_t nblocks = N / 64, kblocks = K / 32, kp = K / 2;
+#if defined(ROLLYARD_BF16_NATIVE)
+    constexpr int MR = 6;
+#elif defined(__AVX512F__)
+    constexpr int MR = 5;  // 20 accumulators + 4 widened weights + 2 inputs: at 6 rows the compiler spilled to the stack
+#else
+    constexpr int MR = 4;  // AVX2's 16 registers: 4 rows x 2 vectors of accumulators
+#endif
+#ifndef ROLLYARD_BF16_NATIVE
+    constexpr int MC = 6;  // the chunk tile's rows (AVX-512: 24 accumulators; AVX2: 12, a 16-column strip at a time)
+#endif
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+    {
+        // work: (column block, row group) units in block order, split evenly: a block's groups may go to two threads
+        const int T = omp_get_num_threads(), t = omp_get_thread_num();
+#ifdef ROLLYARD_BF16_NATIVE
+        const int64_t mr = MR;
+#else
+        const int64_t mr = M > MR ? MC : MR;  // past one row group: the chunk tiles' rows
+#endif
+        const int64_t groups = (M + mr - 1) / mr, units = nblocks * groups;
+        const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
+        const int64_t last = u1 > u0 ? (u1 - 1) / groups : -1;  // this thread's last block
+        // the next block's lines (kblocks * 64 of them), shared out over this block's row groups
+        const int64_t lines = kblocks * 64, share = (lines + groups - 1) / groups;
+#ifndef ROLLYARD_BF16_NATIVE
+        if (M > MR) {  // this thread's units block by block: each chunk widened once, all its row groups over it
+            static thread_local std::vector<float> wide, accs;
+            if ((int64_t)wide.size() < KC * 64) wide.resize(KC * 64);
+            if ((int64_t)accs.size() < groups * MC * 64) accs.resize(groups * MC * 64);
+            for (int64_t nb = u1 > u0 ? u0 / groups : 0; nb <= last; nb++) {
+                const int64_t ga = nb * groups > u0 ? 0 : u0 - nb * groups;
+                const int64_t gb = (nb + 1) * groups < u1 ? groups : u1 - nb * groups;
+                const uint16_t* wb = w + nb * kblocks * 2048;
+                const char* next = nb < last ? (const char*)(wb + kblocks * 2048) : nullptr;
+                for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                    const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                    // the next block's matching chunk into L2 (kc * 2 lines), a share before each row group's tile
+                    const int64_t nl = next ? kc * 2 : 0, per = (nl + (gb - ga) - 1) / (gb - ga);
+                    for (int64_t g = ga; g < gb; g++) {
+                        for (int64_t l = (g - ga) * per; l < nl && l < (g - ga + 1) * per; l++)
+                            _mm_prefetch(next + k0 * 128 + 64 * l, _MM_HINT_T1);
+                        const int rows = (int)(M - g * MC < MC ? M - g * MC : MC);
+                        const float* xg = xs + g * MC * K + k0;
+                        float* ag = accs.data() + g * MC * 64;
+                        if (g == ga)  // widens the chunk as it goes
+                            chunk_rows<MC, true>(xg, K, wide.data(), kc, ag, k0 == 0, wb + k0 * 64, rows);
+                        else
+                            chunk_rows<MC, false>(xg, K, wide.data(), kc, ag, k0 == 0, nullptr, rows);
+                    }
+                }
+                for (int64_t g = ga; g < gb; g++) {
+                    const int64_t m0 = g * MC;
+                    const int rows = (int)(M - m0 < MC ? M - m0 : MC);
+                    chunk_out(accs.data() + g * MC * 64, rows, bias, nb * 64, add ? add + m0 * ldadd : nullptr, ldadd,
+                              y + m0 * ldy, ldy);
+                }
+            }
+        } else
+#endif
+        for (int64_t u = u0; u < u1; u++) {
+            const int64_t nb = u / groups, g = u % groups, m0 = g * mr;
+            const uint16_t* wb = w + nb * kblocks * 2048;
+            const int rows = (int)(M - m0 < mr ? M - m0 : mr);
+            const int64_t first = g * share < lines ? g * share : lines;
+            const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
+            const char* pf = (const char*)(wb + kblocks * 2048) + 64 * first;
+            const XS* xr = xs + m0 * XS_PER_PAIR * kp;
+            const float* ad = add ? add + m0 * ldadd : nullptr;
+#if defined(__AVX512F__)
+            gemm_rows<MR>(xr, kp, wb, kblocks, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
+#else
+            for (int q = 0; q < 4; q++)  // the block's 16-column tiles (32 bf16 of each pair); the first prefetches
+                gemm_rows<MR>(xr, kp, wb + 32 * q, kblocks, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad, ldadd,
+                              y + m0 * ldy, ldy, rows);
+#endif
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
+    (void)threads;
+    return 1;
+#endif
+}
+
 // ---- one Llama-family decoder layer of a decode step (model/llama.py: the same calls, in one) -------------------------
 //
 // x [B, D] (contiguous, updated in place) through: RMSNorm (w_in), the fused q|k|v matmul (+ bqkv), RoPE with the
@@ -1019,7 +1318,7 @@ namespace {
 
 inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const uint16_t* w, int64_t N, const float* b,
                 const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
-    return rollyard_gemm_bf16(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, nullptr, threads);
+    return rollyard_gemm_bf16(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, threads);
 }
 
 inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const float* w, int64_t N, const float* b,

@@ -34,7 +34,9 @@ shapes (32 rows, weights from DRAM, 2 threads) the MLP's up/gate matmul ran 193 
 20.3 ms at batch 32, 9.7-12.5 -> 6.9 ms at batch 1. The weight refresh (a sync) went from oneDNN's cast + reorder,
 ~0.07-0.12 s, to one pass of ~0.04 s. Sums run over the input in order in one fp32 chain per output (vdpbf16ps), so
 the result does not depend on the thread count; it differs from oneDNN's bf16 matmul in the last bf16 place at some
-outputs (oneDNN orders its sums differently). Checked against torch on a fixed case once per process.
+outputs (oneDNN orders its sums differently). Checked against torch on a fixed case once per process. Without
+AVX512-BF16 (AVX-512F, or AVX2 + FMA) the same layout runs on fp32 FMAs, each bf16 pair widened in registers and added
+in vdpbf16ps' order, so the numbers are the native kernel's: the arithmetic is fp32's, the bytes streamed half.
 
 **The rollout's fp32 matmuls** (:func:`pack_f32`, :func:`gemm_f32`): the same scheme in fp32 where the rollout runs fp32
 (a CPU without native bf16, or ``rollout.precision=fp32``) on an AVX-512 or AVX2 build (layout Q: ``[N/64][K][64]`` fp32,
@@ -371,7 +373,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_gemm_bf16_available.restype = I
     lib.rollyard_pack_bf16.argtypes = [P, P, P, P, I, L, P, I]
     lib.rollyard_pack_bf16.restype = None
-    lib.rollyard_gemm_bf16.argtypes = [P, L, L, L, P, L, P, P, L, P, L, P, I]
+    lib.rollyard_gemm_bf16.argtypes = [P, L, L, L, P, L, P, P, L, P, L, I]
     lib.rollyard_gemm_bf16.restype = I
     lib.rollyard_decode_layer_bf16.argtypes = [P, L, L, P, F32, P, F32, P, P, P, P, P, L, P, P, P, P, L, I, I, I, P, P,
                                                L, L, L, P, I, I]
@@ -589,7 +591,7 @@ def transposed(t: torch.Tensor) -> torch.Tensor:
 
 def bf16_packs(n: int, k: int) -> bool:
     """Whether a weight ``[n, k]`` can be packed for :func:`gemm_bf16` here: the library is loaded, built with
-    AVX512-BF16 (``ROLLYARD_CPU_ISA`` narrowing the build leaves it out), agreed with torch's bf16 matmul on a fixed
+    AVX512-BF16 (vdpbf16ps), or else AVX-512F or AVX2 + FMA (the same numbers on fp32 FMAs), agreed with torch's bf16 matmul on a fixed
     case once per process (:func:`_gemm_trial`), and ``n % 64 == 0``, ``k % 32 == 0``. Deterministic: by the CPU's
     features, the settings and the shape, never by timing."""
     lib = kernel()
@@ -667,10 +669,10 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     M = x2.shape[0]
     rc = _STATE["lib"].rollyard_gemm_bf16(
         x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
-        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n, None,
+        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
         torch.get_num_threads())
     if rc != 0:
-        raise RuntimeError("the CPU bf16 matmul kernel was called in a build without AVX512-BF16")
+        raise RuntimeError("the CPU bf16 matmul kernel was called in a build without AVX512-BF16, AVX-512F or AVX2")
     return y
 
 

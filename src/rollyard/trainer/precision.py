@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from rollyard.model import gemm as cpu_gemm
+from rollyard.model import kernels as cpu_kernels
 
 PRECISIONS = ("auto", "fp32", "bf16")
 
@@ -60,7 +61,13 @@ def precision_choice(setting: str, model, device: torch.device, key: str = "trai
 def rollout_precision(setting: str, model, device: torch.device) -> tuple[str | None, str]:
     """``(the native engine's compute precision, why)`` for ``rollout.precision=setting``; ``None``: the rollout
     copy's own dtype. ``auto`` takes :func:`auto_precision`'s bf16 on a CPU (native bf16, a large enough decoder:
-    the trainer's rule, so sampler and trainer run alike); elsewhere, and on a GPU, the copy's dtype."""
+    the trainer's rule, so sampler and trainer run alike); elsewhere, and on a GPU, the copy's dtype. An explicit
+    bf16 on a CPU without native bf16 runs on the compiled kernels' widening bf16 matmul where they are built (not
+    the emulation the trainer's words warn of), and says so."""
+    if setting == "bf16" and device.type == "cpu" and not cpu_gemm.cpu_has_native_bf16() and cpu_kernels.bf16_packs(64, 32):
+        return setting, ("set by rollout.precision=bf16; this CPU has no native bf16 (no AVX512-BF16 or AMX): the "
+                         "engine's matmuls widen the bf16 weights to fp32 in registers (fp32 arithmetic on half the "
+                         "bytes fp32 weights stream; model/kernels.cc)")
     if setting != "auto":
         return precision_choice(setting, model, device, key="rollout.precision")
     if device.type == "cpu":
