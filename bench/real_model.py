@@ -108,7 +108,7 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
     return {"rows": rows, "summary": summary, "wall_s": time.time() - t0, "run": str(run),
             "real_positions": real_positions(run / "lengths.jsonl"), "lengths": lengths,
             "precision": (info := json.loads((run / "run.json").read_text())).get("rollout_precision"),
-            "kv_bytes": kv_element_bytes(info),
+            "kv_bytes": kv_element_bytes(info), "arithmetic": rollout_arithmetic(info),
             "recompute": "activation_checkpointing: true" in (run / "config.yaml").read_text()}
 
 
@@ -117,6 +117,14 @@ def kv_element_bytes(info: dict) -> int:
     compiled decode attention was on (model/fast.py keeps a bf16 cache then), else fp32."""
     attention = (info.get("kernels") or {}).get("decode_attention") or {}
     return 2 if info.get("rollout_precision") == "bf16" and any(attention.values()) else 4
+
+
+def rollout_arithmetic(info: dict) -> str:
+    """The precision the native engine's matmuls multiply in (run.json): a bf16 rollout on a CPU without native bf16
+    runs the compiled kernels' widening matmul, bf16 weights in fp32 arithmetic, so its compute limit is fp32's."""
+    rp = info.get("rollout_precision") or "fp32"
+    widened = "fp32 arithmetic" in str((info.get("kernels") or {}).get("bf16_matmul", ""))
+    return "fp32" if rp == "bf16" and widened else rp
 
 
 def real_positions(path: Path) -> dict[int, int]:
@@ -324,9 +332,9 @@ def speed(a) -> int:
                     run = run_rollyard(f"speed-{side}-{precision}-{r}", str(a.gguf), o, a.threads)
                     rows = run["rows"][a.warmup:]
                     rp = run["precision"] or "fp32"
-                    roof = [rollout_roofline(run["lengths"][x["step"]], c, matmul_params, rate_of(rp), bandwidth,
+                    roof = [rollout_roofline(run["lengths"][x["step"]], c, matmul_params, rate_of(run["arithmetic"]), bandwidth,
                                              matmul_params * (2 if rp == "bf16" else 4), run["kv_bytes"]) for x in rows]
-                    res[side].append({"roofline": roof, "rollout_precision": rp, "step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
+                    res[side].append({"roofline": roof, "rollout_precision": rp, "arithmetic": run["arithmetic"], "step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
                                       "rollout": [x["time/rollout"] for x in rows],
                                       "positions": [run["real_positions"][x["step"]] for x in rows],
                                       "computed": [x["train/packed_tokens"] for x in rows],
@@ -363,9 +371,10 @@ def speed(a) -> int:
                          + f"; peak RSS GB {rounds[-1]['memory']}")
             if side != "trl" and side != "vllm":
                 roof = [r for rd in rounds for r in rd["roofline"]]
-                rp = rounds[-1]["rollout_precision"]
+                rp, ar = rounds[-1]["rollout_precision"], rounds[-1]["arithmetic"]
+                what = f"{rp} matmuls" if ar == rp else f"{rp} weights in {ar} arithmetic"
                 ratios = [x / r["seconds"] for rd in rounds for x, r in zip(rd["rollout"], rd["roofline"])]
-                line += (f"\n        rollout roofline ({rp} matmuls at {rate_of(rp) / 1e9:.0f} GFLOP/s, memory "
+                line += (f"\n        rollout roofline ({what} at {rate_of(ar) / 1e9:.0f} GFLOP/s, memory "
                          f"{bandwidth / 1e9:.1f} GB/s; prefill once per group, every decode step's weight and K/V "
                          f"reads): median {statistics.median(r['seconds'] for r in roof):.2f} s (compute "
                          f"{statistics.median(r['compute_s'] for r in roof):.2f}, memory "

@@ -133,3 +133,34 @@ def test_the_benches_matmul_limit_runs_on_this_cpu_class(precision, monkeypatch)
     finally:
         torch.set_num_threads(threads)
     assert rate > 0, rate  # it ran, on kernels this CPU has (oneDNN's bf16 on AVX2 raised before)
+
+
+def test_the_bench_prices_a_widened_bf16_rollout_at_the_fp32_rate(tmp_path, monkeypatch):
+    """A bf16 rollout on a CPU without native bf16 runs the compiled kernels' widening matmul (bf16 weights, fp32
+    FMAs): run.json says so, and ``bench/real_model.py`` holds that rollout's compute to the fp32 matmul rate, not to
+    torch's emulated bf16 rate (~5x lower here, which priced the roofline above the measured rollout). With native
+    bf16 (vdpbf16ps), or no kernel (torch's bf16), the arithmetic is bf16."""
+    import json
+    from pathlib import Path
+
+    from rollyard.cli import main
+    from rollyard.model import cpu
+    from rollyard.model import kernels as cpu_kernels
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import real_model
+
+    run = tmp_path / "run"
+    args = ["model.context=48", "data.train_size=16", "data.eval_size=4", "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=2", "sft.auto=false", "progress=false", "reward.num_workers=1",
+            "log.plots=false", "steps=1", "rollout.precision=bf16", f"out_dir={run}"]
+    assert main(["train", *args]) == 0
+    info = json.loads((run / "run.json").read_text())
+    said = info["kernels"]["bf16_matmul"]
+    assert info["rollout_precision"] == "bf16"
+    if cpu_kernels.bf16_packs(64, 32) and not cpu.native_bf16():
+        assert "widened to fp32" in said and real_model.rollout_arithmetic(info) == "fp32"
+    else:
+        assert "widened" not in said and real_model.rollout_arithmetic(info) == "bf16"
+    fp32_run = dict(info, rollout_precision="fp32")
+    assert real_model.rollout_arithmetic(fp32_run) == "fp32"

@@ -965,8 +965,11 @@ inline void gemm_rows(const XS* xs, int64_t kp, const uint16_t* wb, int64_t kblo
 
 }  // namespace
 
+// 2: vdpbf16ps (AVX512-BF16); 1: the widening kernel (fp32 FMAs over bf16 weights); 0: none in this build
 extern "C" int rollyard_gemm_bf16_available() {
-#ifdef ROLLYARD_GEMM_BF16
+#if defined(ROLLYARD_BF16_NATIVE)
+    return 2;
+#elif defined(ROLLYARD_GEMM_BF16)
     return 1;
 #else
     return 0;

@@ -1003,8 +1003,10 @@ def choices() -> dict:
            ("on" if lib is not None else f"off: {_STATE.get('why')}"),
            "cpu_kernels_setting": env_flag("ROLLYARD_CPU_KERNELS"),
            "decode_attention": {f"G={k[0]},head_dim={k[1]}": bool(v) for k, v in _STATE.items() if isinstance(k, tuple)},
-           "bf16_matmul": ("oneDNN (no bf16 rollout here, or no AVX512-BF16 in this build)" if "gemm_bf16" not in _STATE else
-                           "kernel" if _STATE["gemm_bf16"] else "oneDNN: the kernel disagreed with torch here"),
+           "bf16_matmul": ("oneDNN (no bf16 rollout here, or no AVX-512F / AVX2 in this build)" if "gemm_bf16" not in _STATE
+                           else "oneDNN: the kernel disagreed with torch here" if not _STATE["gemm_bf16"]
+                           else "kernel (vdpbf16ps)" if lib.rollyard_gemm_bf16_available() == 2
+                           else "kernel (bf16 weights widened to fp32 in registers: fp32 arithmetic)"),
            "f32_matmul": ("oneDNN or MKL (no fp32 rollout here, or no AVX2 + FMA in this build)" if "gemm_f32" not in _STATE else
                           "kernel" if _STATE["gemm_f32"] else "oneDNN: the kernel disagreed with torch here"),
            "cpu_avx512": cpu.avx512(), "cpu_class": cpu.cpu_class(),
