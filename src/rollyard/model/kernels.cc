@@ -635,7 +635,11 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
 namespace {
 
 // fp32 -> bf16 (nearest even; NaN -> quiet NaN) -> fp32, as torch's cast: a bf16 matmul's output rounding
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+inline __m512 round_bf16(__m512 v) {  // vcvtneps2bf16
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+#elif defined(__AVX512F__)
 inline __m512 round_bf16(__m512 v) {
     const __m512i u = _mm512_castps_si512(v);
     const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
@@ -654,6 +658,61 @@ inline __m256 round_bf16(__m256 v) {
     return _mm256_blendv_ps(_mm256_castsi256_ps(r), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), nan);
 }
 #endif
+
+// One input step of an fp32 tile: MR rows' input k (row stride ldx) times the 64 (AVX-512) or 16 (AVX2) columns'
+// weights at wk, into the accumulators: one FMA per output, so each output's sum runs over the inputs in order.
+#if defined(__AVX512F__)
+template <int MR>
+inline __attribute__((always_inline)) void fma_step(const float* x, int64_t ldx, int64_t k, const float* wk,
+                                                    __m512 (&acc)[MR][4]) {
+    const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
+    const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
+    for (int r = 0; r < MR; r++) {
+        const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
+        acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
+        acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
+        acc[r][3] = _mm512_fmadd_ps(a, w3, acc[r][3]);
+    }
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+template <int MR>
+inline __attribute__((always_inline)) void fma_step(const float* x, int64_t ldx, int64_t k, const float* wk,
+                                                    __m256 (&acc)[MR][2]) {
+    const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+    for (int r = 0; r < MR; r++) {
+        const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
+        acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
+    }
+}
+#endif
+
+// The decode matmuls' work split: (column block, row group of `mr` rows) units in block order, split evenly over the
+// team's threads (a block's groups may go to two). Inside an OpenMP parallel region.
+struct Units {
+    int64_t groups, u0, u1, last;  // this thread's units [u0, u1); its last block (-1: none)
+};
+inline Units thread_units(int64_t M, int64_t mr, int64_t nblocks) {
+    const int T = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t groups = (M + mr - 1) / mr, units = nblocks * groups;
+    const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
+    return {groups, u0, u1, u1 > u0 ? (u1 - 1) / groups : -1};
+}
+
+// fn(nb, m0, rows, first, n) for each of this thread's units: its block, first row and row count, and its share of
+// the next block's `lines` cache lines to prefetch while it runs (lines [first, first + n); none past its last block)
+template <typename F>
+inline void for_units(int64_t M, int64_t mr, int64_t nblocks, int64_t lines, F&& fn) {
+    const Units us = thread_units(M, mr, nblocks);
+    const int64_t share = (lines + us.groups - 1) / us.groups;
+    for (int64_t u = us.u0; u < us.u1; u++) {
+        const int64_t nb = u / us.groups, g = u % us.groups, m0 = g * mr;
+        const int64_t first = g * share < lines ? g * share : lines;
+        fn(nb, m0, (int)(M - m0 < mr ? M - m0 : mr), first,
+           nb < us.last ? (first + share < lines ? share : lines - first) : 0);
+    }
+}
 
 inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes)
     uint32_t u;
@@ -713,14 +772,22 @@ extern "C" void rollyard_transpose_32(const uint32_t* src, int64_t rows, int64_t
 
 namespace {
 
+#if defined(ROLLYARD_GEMM_BF16) && defined(__AVX512F__)
+// The input, rounded to bf16: with AVX512-BF16 as bf16 pairs (k even low, k odd high), `kp` pairs a row; without it
+// held as fp32, each pair's two swapped (odd input first: 2 * kp floats a row).
 #ifdef ROLLYARD_BF16_NATIVE
-// the input: bf16 pairs (k even low, k odd high) per row, `kp` pairs a row
 using XS = uint32_t;
 constexpr int64_t XS_PER_PAIR = 1;
+#else
+using XS = float;
+constexpr int64_t XS_PER_PAIR = 2;
+#endif
+
+// MR rows x the block's 64 columns. Without AVX512-BF16 this tile runs up to one row group (decode at small batch,
+// bound by the weights' bytes) and widens each pair in registers.
 template <int MR>
-inline void gemm_tile(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
-                      int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
-                      int64_t ldy) {
+inline void gemm_tile(const XS* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf, int64_t pf_lines,
+                      const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y, int64_t ldy) {
     __m512 acc[MR][4];
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
@@ -731,11 +798,12 @@ inline void gemm_tile(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_
         for (int p = 0; p < 16; p++) {
             if (line < pf_lines) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
             const uint16_t* wp = blk + p * 128;
+            const XS* xp = xs + XS_PER_PAIR * (kb * 16 + p);
+#ifdef ROLLYARD_BF16_NATIVE
             __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp);
             __m512bh w1 = (__m512bh)_mm512_loadu_si512(wp + 32);
             __m512bh w2 = (__m512bh)_mm512_loadu_si512(wp + 64);
             __m512bh w3 = (__m512bh)_mm512_loadu_si512(wp + 96);
-            const uint32_t* xp = xs + kb * 16 + p;
             for (int r = 0; r < MR; r++) {
                 __m512bh a = (__m512bh)_mm512_set1_epi32((int)xp[r * kp]);
                 acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, w0);
@@ -743,41 +811,8 @@ inline void gemm_tile(const uint32_t* xs, int64_t kp, const uint16_t* wb, int64_
                 acc[r][2] = _mm512_dpbf16_ps(acc[r][2], a, w2);
                 acc[r][3] = _mm512_dpbf16_ps(acc[r][3], a, w3);
             }
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 4; q++) {
-            __m512 v = acc[r][q];
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
-            // round to bf16 (vcvtneps2bf16, a bf16 matmul's output conversion) and back to fp32
-            __m512 h = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-            if (add) h = _mm512_add_ps(h, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
-            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, h);
-        }
-}
-
-#elif defined(ROLLYARD_GEMM_BF16) && defined(__AVX512F__)
-// Up to MR rows (one row group: decode at small batch, bound by the weights' bytes) the pairs are widened in
-// registers. The input: rounded to bf16, held as fp32, each pair's two swapped (odd input first: `kp` pairs = 2 * kp
-// floats a row).
-using XS = float;
-constexpr int64_t XS_PER_PAIR = 2;
-
-template <int MR>
-inline void gemm_tile(const float* xs, int64_t kp, const uint16_t* wb, int64_t kblocks, const char* pf,
-                      int64_t pf_lines, const float* bias, int64_t col0, const float* add, int64_t ldadd, float* y,
-                      int64_t ldy) {
-    __m512 acc[MR][4];
-    for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_ps();
-    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
-    int64_t line = 0;
-    for (int64_t kb = 0; kb < kblocks; kb++) {
-        const uint16_t* blk = wb + kb * 2048;
-        for (int p = 0; p < 16; p++) {
-            if (line < pf_lines) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
-            const uint16_t* wp = blk + p * 128;
-            const float* xp = xs + 2 * (kb * 16 + p);
+#else
+            const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {  // columns 0-31, then 32-63: 4 widened vectors live, not 8
                 const __m512i r0 = _mm512_loadu_si512(wp + 64 * h), r1 = _mm512_loadu_si512(wp + 64 * h + 32);
@@ -791,15 +826,16 @@ inline void gemm_tile(const float* xs, int64_t kp, const uint16_t* wb, int64_t k
                     acc[r][2 * h + 1] = _mm512_fmadd_ps(xe, e1, _mm512_fmadd_ps(xo, o1, acc[r][2 * h + 1]));
                 }
             }
+#endif
         }
     }
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < 4; q++) {
             __m512 v = acc[r][q];
             if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
-            __m512 h = round_bf16(v);
-            if (add) h = _mm512_add_ps(h, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
-            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, h);
+            v = round_bf16(v);  // a bf16 matmul's output rounding, back in fp32
+            if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
+            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, v);
         }
 }
 #elif defined(ROLLYARD_GEMM_BF16)
@@ -877,15 +913,7 @@ inline void chunk_tile(const float* x, int64_t ldx, float* w, int64_t kc, float*
                 }
             }
         }
-        const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
-        const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
-        for (int r = 0; r < MR; r++) {
-            const __m512 v = _mm512_set1_ps(x[r * ldx + k]);
-            a[r][0] = _mm512_fmadd_ps(v, w0, a[r][0]);
-            a[r][1] = _mm512_fmadd_ps(v, w1, a[r][1]);
-            a[r][2] = _mm512_fmadd_ps(v, w2, a[r][2]);
-            a[r][3] = _mm512_fmadd_ps(v, w3, a[r][3]);
-        }
+        fma_step<MR>(x, ldx, k, wk, a);
     }
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < 4; q++) _mm512_storeu_ps(acc + r * 64 + 16 * q, a[r][q]);
@@ -908,12 +936,7 @@ inline void chunk_tile(const float* x, int64_t ldx, float* w, int64_t kc, float*
                     }
                 }
             }
-            const __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
-            for (int r = 0; r < MR; r++) {
-                const __m256 v = _mm256_broadcast_ss(x + r * ldx + k);
-                a[r][0] = _mm256_fmadd_ps(v, w0, a[r][0]);
-                a[r][1] = _mm256_fmadd_ps(v, w1, a[r][1]);
-            }
+            fma_step<MR>(x, ldx, k, wk, a);
         }
         for (int r = 0; r < MR; r++)
             for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + r * 64 + 16 * q + 8 * h, a[r][h]);
@@ -1047,16 +1070,7 @@ inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t 
     int64_t line = 0;
     for (int64_t k = 0; k < K; k++) {
         for (int64_t i = 0; i < per_k && line < pf_lines; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
-        const float* wk = wb + k * 64;
-        const __m512 w0 = _mm512_loadu_ps(wk), w1 = _mm512_loadu_ps(wk + 16);
-        const __m512 w2 = _mm512_loadu_ps(wk + 32), w3 = _mm512_loadu_ps(wk + 48);
-        for (int r = 0; r < MR; r++) {
-            const __m512 a = _mm512_set1_ps(x[r * ldx + k]);
-            acc[r][0] = _mm512_fmadd_ps(a, w0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(a, w1, acc[r][1]);
-            acc[r][2] = _mm512_fmadd_ps(a, w2, acc[r][2]);
-            acc[r][3] = _mm512_fmadd_ps(a, w3, acc[r][3]);
-        }
+        fma_step<MR>(x, ldx, k, wb + k * 64, acc);
     }
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < 4; q++) {
@@ -1081,12 +1095,7 @@ inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t 
     int64_t line = 0;
     for (int64_t k = 0; k < K; k++) {
         for (int64_t i = 0; i < per && line < pf_lines; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
-        const __m256 w0 = _mm256_loadu_ps(wb + k * 64), w1 = _mm256_loadu_ps(wb + k * 64 + 8);
-        for (int r = 0; r < MR; r++) {
-            const __m256 a = _mm256_broadcast_ss(x + r * ldx + k);
-            acc[r][0] = _mm256_fmadd_ps(a, w0, acc[r][0]);
-            acc[r][1] = _mm256_fmadd_ps(a, w1, acc[r][1]);
-        }
+        fma_step<MR>(x, ldx, k, wb + k * 64, acc);
     }
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < 2; q++) {
@@ -1162,29 +1171,18 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
     constexpr int MR = 4;  // AVX2's 16 registers: 4 rows x 2 vectors of accumulators
 #endif
 #pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
-    {
-        const int T = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t groups = (M + MR - 1) / MR, units = nblocks * groups;
-        const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
-        const int64_t last = u1 > u0 ? (u1 - 1) / groups : -1;
-        const int64_t lines = K * 4, share = (lines + groups - 1) / groups;  // a block: K x 256 bytes
-        for (int64_t u = u0; u < u1; u++) {
-            const int64_t nb = u / groups, g = u % groups, m0 = g * MR;
-            const float* wb = w + nb * K * 64;
-            const int rows = (int)(M - m0 < MR ? M - m0 : MR);
-            const int64_t first = g * share < lines ? g * share : lines;
-            const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
-            const char* pf = (const char*)(wb + K * 64) + 64 * first;
-            const float* ad = add ? add + m0 * ldadd : nullptr;
+    for_units(M, MR, nblocks, K * 4, [&](int64_t nb, int64_t m0, int rows, int64_t first, int64_t n) {
+        const float* wb = w + nb * K * 64;  // a block: K x 256 bytes
+        const char* pf = (const char*)(wb + K * 64) + 64 * first;
+        const float* ad = add ? add + m0 * ldadd : nullptr;
 #ifdef __AVX512F__
-            gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
+        gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
 #else
-            for (int q = 0; q < 4; q++)  // the block's 16-column tiles; the first prefetches the next block
-                gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb + 16 * q, K, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad,
-                                       ldadd, y + m0 * ldy, ldy, rows);
+        for (int q = 0; q < 4; q++)  // the block's 16-column tiles; the first prefetches the next block
+            gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb + 16 * q, K, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad, ldadd,
+                              y + m0 * ldy, ldy, rows);
 #endif
-        }
-    }
+    });
     return 0;
 #else
     (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
@@ -1232,30 +1230,19 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
 #ifndef ROLLYARD_BF16_NATIVE
     constexpr int MC = 6;  // the chunk tile's rows (AVX-512: 24 accumulators; AVX2: 12, a 16-column strip at a time)
 #endif
-#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
-    {
-        // work: (column block, row group) units in block order, split evenly: a block's groups may go to two threads
-        const int T = omp_get_num_threads(), t = omp_get_thread_num();
-#ifdef ROLLYARD_BF16_NATIVE
-        const int64_t mr = MR;
-#else
-        const int64_t mr = M > MR ? MC : MR;  // past one row group: the chunk tiles' rows
-#endif
-        const int64_t groups = (M + mr - 1) / mr, units = nblocks * groups;
-        const int64_t u0 = units * t / T, u1 = units * (t + 1) / T;
-        const int64_t last = u1 > u0 ? (u1 - 1) / groups : -1;  // this thread's last block
-        // the next block's lines (kblocks * 64 of them), shared out over this block's row groups
-        const int64_t lines = kblocks * 64, share = (lines + groups - 1) / groups;
 #ifndef ROLLYARD_BF16_NATIVE
-        if (M > MR) {  // this thread's units block by block: each chunk widened once, all its row groups over it
+    if (M > MR) {  // past one row group: this thread's units block by block, each chunk widened once for them all
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+        {
+            const Units us = thread_units(M, MC, nblocks);
             static thread_local std::vector<float> wide, accs;
             if ((int64_t)wide.size() < KC * 64) wide.resize(KC * 64);
-            if ((int64_t)accs.size() < groups * MC * 64) accs.resize(groups * MC * 64);
-            for (int64_t nb = u1 > u0 ? u0 / groups : 0; nb <= last; nb++) {
-                const int64_t ga = nb * groups > u0 ? 0 : u0 - nb * groups;
-                const int64_t gb = (nb + 1) * groups < u1 ? groups : u1 - nb * groups;
+            if ((int64_t)accs.size() < us.groups * MC * 64) accs.resize(us.groups * MC * 64);
+            for (int64_t nb = us.u1 > us.u0 ? us.u0 / us.groups : 0; nb <= us.last; nb++) {
+                const int64_t ga = nb * us.groups > us.u0 ? 0 : us.u0 - nb * us.groups;
+                const int64_t gb = (nb + 1) * us.groups < us.u1 ? us.groups : us.u1 - nb * us.groups;
                 const uint16_t* wb = w + nb * kblocks * 2048;
-                const char* next = nb < last ? (const char*)(wb + kblocks * 2048) : nullptr;
+                const char* next = nb < us.last ? (const char*)(wb + kblocks * 2048) : nullptr;
                 for (int64_t k0 = 0; k0 < K; k0 += KC) {
                     const int64_t kc = K - k0 < KC ? K - k0 : KC;
                     // the next block's matching chunk into L2 (kc * 2 lines), a share before each row group's tile
@@ -1274,31 +1261,28 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
                 }
                 for (int64_t g = ga; g < gb; g++) {
                     const int64_t m0 = g * MC;
-                    const int rows = (int)(M - m0 < MC ? M - m0 : MC);
-                    chunk_out(accs.data() + g * MC * 64, rows, bias, nb * 64, add ? add + m0 * ldadd : nullptr, ldadd,
-                              y + m0 * ldy, ldy);
+                    chunk_out(accs.data() + g * MC * 64, (int)(M - m0 < MC ? M - m0 : MC), bias, nb * 64,
+                              add ? add + m0 * ldadd : nullptr, ldadd, y + m0 * ldy, ldy);
                 }
             }
-        } else
-#endif
-        for (int64_t u = u0; u < u1; u++) {
-            const int64_t nb = u / groups, g = u % groups, m0 = g * mr;
-            const uint16_t* wb = w + nb * kblocks * 2048;
-            const int rows = (int)(M - m0 < mr ? M - m0 : mr);
-            const int64_t first = g * share < lines ? g * share : lines;
-            const int64_t n = nb < last ? (first + share < lines ? share : lines - first) : 0;
-            const char* pf = (const char*)(wb + kblocks * 2048) + 64 * first;
-            const XS* xr = xs + m0 * XS_PER_PAIR * kp;
-            const float* ad = add ? add + m0 * ldadd : nullptr;
-#if defined(__AVX512F__)
-            gemm_rows<MR>(xr, kp, wb, kblocks, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
-#else
-            for (int q = 0; q < 4; q++)  // the block's 16-column tiles (32 bf16 of each pair); the first prefetches
-                gemm_rows<MR>(xr, kp, wb + 32 * q, kblocks, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad, ldadd,
-                              y + m0 * ldy, ldy, rows);
-#endif
         }
+        return 0;
     }
+#endif
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+    for_units(M, MR, nblocks, kblocks * 64, [&](int64_t nb, int64_t m0, int rows, int64_t first, int64_t n) {
+        const uint16_t* wb = w + nb * kblocks * 2048;  // the next block's lines: kblocks * 64
+        const char* pf = (const char*)(wb + kblocks * 2048) + 64 * first;
+        const XS* xr = xs + m0 * XS_PER_PAIR * kp;
+        const float* ad = add ? add + m0 * ldadd : nullptr;
+#if defined(__AVX512F__)
+        gemm_rows<MR>(xr, kp, wb, kblocks, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
+#else
+        for (int q = 0; q < 4; q++)  // the block's 16-column tiles (32 bf16 of each pair); the first prefetches
+            gemm_rows<MR>(xr, kp, wb + 32 * q, kblocks, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad, ldadd,
+                          y + m0 * ldy, ldy, rows);
+#endif
+    });
     return 0;
 #else
     (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
