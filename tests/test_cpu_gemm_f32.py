@@ -54,6 +54,23 @@ def test_the_product_is_an_fp32_matmuls_at_any_row_count_and_thread_count(rows):
     assert bool(((got - torch_y).abs() <= 2 * bound).all())
 
 
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it():
+    """A row's outputs are the same bits alone (AVX2: the one-row tile over a block's 64 columns) as in a group of 4-6
+    or a batch of 70 (the row-group tiles), with a bias and a residual add: a sequence's logits do not depend on what
+    else the engine decodes with it."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(128, 80, generator=g) / 4
+    p = cpu_kernels.pack_f32([(w, 1.0)])
+    bias, x, add = torch.randn(128, generator=g), torch.randn(70, 80, generator=g), torch.randn(70, 128, generator=g)
+    full = cpu_kernels.gemm_f32(x, p, bias, add)
+    for rows in (1, 2, 4, 5, 6, 7):
+        assert torch.equal(cpu_kernels.gemm_f32(x[:rows], p, bias, add[:rows]), full[:rows]), rows
+    alone = torch.cat([cpu_kernels.gemm_f32(x[i:i + 1], p, bias, add[i:i + 1]) for i in range(70)])
+    assert torch.equal(alone, full)
+    want = x.double() @ w.double().T + bias.double() + add.double()
+    assert float((full.double() - want).abs().max()) < 1e-4 * float(want.abs().max())  # and it is the product
+
+
 def test_add_bias_and_strided_or_batched_rows():
     g = torch.Generator().manual_seed(1)
     p = cpu_kernels.pack_f32(_parts(g))

@@ -880,6 +880,34 @@ inline void gemm_tile(const float* xs, int64_t kp, const uint16_t* wb, int64_t k
             _mm256_storeu_ps(y + r * ldy + col0 + q * 8, h);
         }
 }
+
+// One row x the block's 64 columns (decode at batch 1): the block's pairs read in order, a whole 256-byte pair at a
+// time, where the 16-column tiles would read each pair's quarter in four passes (the weights' stream from memory
+// strided); the same FMA order per output, so the same numbers.
+inline void gemm_row_bf16(const float* xs, const uint16_t* wb, int64_t kblocks, const char* pf, int64_t pf_lines,
+                          const float* bias, int64_t col0, const float* add, float* y) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    int64_t line = 0;
+    for (int64_t j = 0; j < kblocks * 16; j++) {  // pair j
+        if (line < pf_lines) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+        const uint16_t* wp = wb + j * 128;
+        const __m256 xo = _mm256_broadcast_ss(xs + 2 * j), xe = _mm256_broadcast_ss(xs + 2 * j + 1);
+        for (int q = 0; q < 8; q++) {
+            const __m256i r = _mm256_loadu_si256((const __m256i*)(wp + 16 * q));
+            const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(r, 16)), o = _mm256_castsi256_ps(_mm256_and_si256(r, hi));
+            acc[q] = _mm256_fmadd_ps(xe, e, _mm256_fmadd_ps(xo, o, acc[q]));
+        }
+    }
+    for (int q = 0; q < 8; q++) {  // acc[q]: columns 8q.. (pair layout: 16 columns x 2 per 32 bf16)
+        __m256 v = acc[q];
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
+        v = round_bf16(v);
+        if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + col0 + q * 8));
+        _mm256_storeu_ps(y + col0 + q * 8, v);
+    }
+}
 #endif
 
 #if defined(ROLLYARD_GEMM_BF16) && !defined(ROLLYARD_BF16_NATIVE)
@@ -1105,6 +1133,26 @@ inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t 
             _mm256_storeu_ps(y + r * ldy + col0 + q * 8, v);
         }
 }
+
+// One row x the block's 64 columns (decode at batch 1), each input's 256 bytes read in order (see gemm_row_bf16)
+inline void gemm_row_f32(const float* x, const float* wb, int64_t K, const char* pf, int64_t pf_lines,
+                         const float* bias, int64_t col0, const float* add, float* y) {
+    __m256 acc[8];
+    for (int q = 0; q < 8; q++) acc[q] = _mm256_setzero_ps();
+    const int64_t per = (pf_lines + K - 1) / (K > 0 ? K : 1);
+    int64_t line = 0;
+    for (int64_t k = 0; k < K; k++) {
+        for (int64_t i = 0; i < per && line < pf_lines; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+        const __m256 a = _mm256_broadcast_ss(x + k);
+        for (int q = 0; q < 8; q++) acc[q] = _mm256_fmadd_ps(a, _mm256_loadu_ps(wb + k * 64 + 8 * q), acc[q]);
+    }
+    for (int q = 0; q < 8; q++) {
+        __m256 v = acc[q];
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
+        if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + col0 + q * 8));
+        _mm256_storeu_ps(y + col0 + q * 8, v);
+    }
+}
 #endif
 
 #ifdef ROLLYARD_GEMM_F32
@@ -1178,6 +1226,10 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
 #ifdef __AVX512F__
         gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb, K, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
 #else
+        if (rows == 1) {  // the block's 64 columns at once: its bytes read in order
+            gemm_row_f32(x + m0 * ldx, wb, K, pf, n, bias, nb * 64, ad, y + m0 * ldy);
+            return;
+        }
         for (int q = 0; q < 4; q++)  // the block's 16-column tiles; the first prefetches the next block
             gemm_rows_f32<MR>(x + m0 * ldx, ldx, wb + 16 * q, K, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad, ldadd,
                               y + m0 * ldy, ldy, rows);
@@ -1278,6 +1330,10 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
 #if defined(__AVX512F__)
         gemm_rows<MR>(xr, kp, wb, kblocks, pf, n, bias, nb * 64, ad, ldadd, y + m0 * ldy, ldy, rows);
 #else
+        if (rows == 1) {  // the block's 64 columns at once: its bytes read in order
+            gemm_row_bf16(xr, wb, kblocks, pf, n, bias, nb * 64, ad, y + m0 * ldy);
+            return;
+        }
         for (int q = 0; q < 4; q++)  // the block's 16-column tiles (32 bf16 of each pair); the first prefetches
             gemm_rows<MR>(xr, kp, wb + 32 * q, kblocks, pf, q ? 0 : n, bias, nb * 64 + 16 * q, ad, ldadd,
                           y + m0 * ldy, ldy, rows);
