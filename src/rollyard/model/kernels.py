@@ -334,7 +334,7 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_pack_bf16", "rollyard_gemm_bf16", "rollyard_decode_attn_bf16kv",
             "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16", "rollyard_gemm_f32_available",
             "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32",
-            "rollyard_transpose_32")  # _load's
+            "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -369,6 +369,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_adamw_f32_zero_grad.restype = None
     lib.rollyard_inverse_cdf_f32.argtypes = [P, L, L, P, P, P, I]
     lib.rollyard_inverse_cdf_f32.restype = None
+    lib.rollyard_softmax_entropy_f32.argtypes = [P, L, L, L, P, P, I]
+    lib.rollyard_softmax_entropy_f32.restype = None
+    lib.rollyard_softmax_grad_f32.argtypes = [P, L, L, L, P, P, I]
+    lib.rollyard_softmax_grad_f32.restype = None
     lib.rollyard_gemm_bf16_available.argtypes = []
     lib.rollyard_gemm_bf16_available.restype = I
     lib.rollyard_pack_bf16.argtypes = [P, P, P, P, I, L, P, I]
@@ -571,6 +575,34 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
     lib.rollyard_inverse_cdf_f32(weights.data_ptr(), weights.shape[0], weights.shape[1], r.data_ptr(), out.data_ptr(),
                                  None if totals is None else totals.data_ptr(), torch.get_num_threads())
     return out
+
+
+def _head_rows_ok(z: torch.Tensor, logz: torch.Tensor, *more: torch.Tensor) -> bool:
+    return (_STATE.get("lib") is not None and f32_cpu(z) and z.dim() == 2 and z.stride(1) == 1
+            and all(f32_cpu(t) and t.is_contiguous() and t.shape == (z.shape[0],) for t in (logz, *more)))
+
+
+def softmax_entropy(z: torch.Tensor, logz: torch.Tensor) -> torch.Tensor | None:
+    """The entropy of ``softmax(z)`` per row of fp32 logits ``z [rows, V]`` (rows may be strided) given their
+    ``logz = logsumexp(z, -1)``: ``logz - sum(exp(z - logz) * z)`` in one read of ``z`` and no ``[rows, V]``
+    buffer (``kernels.cc``); ``None`` (nothing done) when the kernel is not loaded or the tensors do not fit."""
+    if not _head_rows_ok(z, logz):
+        return None
+    out = torch.empty(z.shape[0], dtype=torch.float32)
+    _STATE["lib"].rollyard_softmax_entropy_f32(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), logz.data_ptr(),
+                                               out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def softmax_grad_(z: torch.Tensor, logz: torch.Tensor, g: torch.Tensor) -> torch.Tensor | None:
+    """``z`` overwritten with ``-g[:, None] * exp(z - logz[:, None])`` (the softmax part of ``d (g * logp) / dz``)
+    in one pass (``kernels.cc``); ``None`` (``z`` untouched) when the kernel is not loaded or the tensors do not
+    fit."""
+    if not _head_rows_ok(z, logz, g):
+        return None
+    _STATE["lib"].rollyard_softmax_grad_f32(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), logz.data_ptr(),
+                                            g.data_ptr(), torch.get_num_threads())
+    return z
 
 
 def transposed(t: torch.Tensor) -> torch.Tensor:

@@ -9,8 +9,10 @@ were the trainer's peak (measured on Gemma-3-270M's head alone, 768 rows, chunk 
 :class:`HeadLogprobs` does the same arithmetic with the gradient written where it ends: ``d logp_i / d z_ij =
 (1[j = y_i] - p_ij) / T`` for ``z = h W^T / T``, so a chunk's logits are recomputed once, turned into their gradient
 in place (``exp``, scale, one scatter-add for the targets), and ``W``'s gradient is accumulated into one buffer with
-``addmm_`` (1.35 GB above the weights on the same case). Forward values are the checkpointed path's; gradients
-equal it to float rounding (``tests/test_trainer_head.py``).
+``addmm_`` (1.35 GB above the weights on the same case). Where the compiled kernels run (fp32 on CPU), the entropy and
+the softmax part of the gradient (``-g * exp(z - logz)``) are one pass over a chunk's logits each
+(``kernels.softmax_entropy`` / ``softmax_grad_``) instead of three. The log-probs are the checkpointed path's; the
+entropy and the gradients equal it to float rounding (``tests/test_trainer_head.py``).
 
 Used for a plain ``nn.Linear`` head without bias, soft cap or a truncated support (top-p / top-k), outside autocast;
 every other head keeps the checkpointed path.
@@ -29,6 +31,7 @@ import time
 import torch
 
 from rollyard.model import gemm as cpu_gemm
+from rollyard.model import kernels as cpu_kernels
 
 
 class Clock:
@@ -46,15 +49,21 @@ class Clock:
 CLOCK = Clock()
 
 
-def _chunk_stats(logits, targets, with_entropy: bool, lps: list, logzs: list, ents: list) -> None:
+def _chunk_stats(logits, targets, with_entropy: bool, lps: list, logzs: list, ents: list,
+                 one_pass: bool = False) -> None:
     """One chunk's forward: its targets' log-probs, its log-partition and (``with_entropy``) its entropy, ``H = logz -
-    sum_v p_v * z_v`` (as ``logprobs._entropy`` without a gradient), appended to the lists."""
+    sum_v p_v * z_v`` (as ``logprobs._entropy`` without a gradient), appended to the lists. ``one_pass``: the entropy
+    through ``kernels.softmax_entropy`` where it runs (one read of the logits; its exp rounds unlike torch's, so the
+    bf16 head, which keeps autograd's bits, does not take it)."""
     logz = torch.logsumexp(logits, dim=-1)
     lps.append(logits.gather(-1, targets[:, None]).squeeze(-1) - logz)
     logzs.append(logz)
     if with_entropy:
-        p = (logits - logz[:, None]).exp_()
-        ents.append(logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1))
+        ent = cpu_kernels.softmax_entropy(logits, logz) if one_pass else None  # one pass, no [rows, V] buffer
+        if ent is None:
+            p = (logits - logz[:, None]).exp_()
+            ent = logz - torch.bmm(p[:, None, :], logits[:, :, None]).view(-1)
+        ents.append(ent)
 
 
 def _saved(ctx, hidden, weight, targets, temperature: float, chunk: int, lps: list, logzs: list, ents: list,
@@ -80,7 +89,7 @@ class HeadLogprobs(torch.autograd.Function):
         lps, logzs, ents = [], [], []
         for s in range(0, hidden.shape[0], chunk):
             _chunk_stats(_logits(hidden[s:s + chunk], weight, temperature), targets[s:s + chunk], with_entropy,
-                         lps, logzs, ents)
+                         lps, logzs, ents, one_pass=True)
         return _saved(ctx, hidden, weight, targets, temperature, chunk, lps, logzs, ents, with_entropy, t0)
 
     @staticmethod
@@ -94,7 +103,10 @@ class HeadLogprobs(torch.autograd.Function):
         grad_w = into if into is not None else torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         for s in range(0, hidden.shape[0], chunk):
             h, g = hidden[s:s + chunk], grad_lp[s:s + chunk].float() / T
-            dz = _logits(h, weight, T).sub_(logz[s:s + chunk, None]).exp_().mul_(-g[:, None])  # -g p
+            z = _logits(h, weight, T)
+            dz = cpu_kernels.softmax_grad_(z, logz[s:s + chunk], g)  # -g p, in one pass where the kernel runs
+            if dz is None:
+                dz = z.sub_(logz[s:s + chunk, None]).exp_().mul_(-g[:, None])
             dz = dz.scatter_add_(1, targets[s:s + chunk, None], g[:, None]).to(hidden.dtype)  # + g at the target
             if grad_h is not None:
                 torch.mm(dz, weight, out=grad_h[s:s + chunk])
