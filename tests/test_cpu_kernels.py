@@ -372,3 +372,36 @@ def test_engine_samples_the_same_tokens_with_and_without_the_draw_kernel(monkeyp
         eng.close()
     assert any(used) and not all(used)
     assert outs[0] == outs[1]
+
+
+@needs_cxx
+@pytest.mark.parametrize("rows,V", [(7, 49152), (3, 45), (1, 16), (5, 1)])
+def test_the_heads_softmax_passes_are_torchs_to_float_rounding(rows, V):
+    """The LM head's entropy (``softmax_entropy``) and its gradient's softmax part (``softmax_grad_``): the fp64
+    values to float rounding, over whole 16-wide vectors and a tail, rows a stride apart, on 1 and 2 threads; and
+    what they do not take (bf16, a non-contiguous logz) falls back to the caller (``None``, the input untouched)."""
+    assert cpu_kernels.kernel() is not None
+    gen = torch.Generator().manual_seed(rows * 7 + V)
+    wide = torch.randn(rows, V + 3, generator=gen) * 4
+    z = wide[:, 2:2 + V]  # rows strided
+    logz = torch.logsumexp(z.double(), -1)
+    g = torch.randn(rows, generator=gen)
+    p = (z.double() - logz[:, None]).exp()
+    want_ent = logz - (p * z.double()).sum(-1)
+    want_grad = -g.double()[:, None] * p
+    for threads in (1, 2):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            ent = cpu_kernels.softmax_entropy(z, logz.float())
+            zz = z.clone()
+            assert cpu_kernels.softmax_grad_(zz, logz.float(), g) is zz
+        finally:
+            torch.set_num_threads(old)
+        scale = float(logz.abs().max()) + 1.0
+        assert float((ent.double() - want_ent).abs().max()) < 1e-5 * scale, (ent, want_ent)
+        assert bool(((zz.double() - want_grad).abs() <= 1e-5 * want_grad.abs() + 1e-30).all())
+    assert cpu_kernels.softmax_entropy(z.bfloat16(), logz.float()) is None
+    if rows > 1:  # g strided (one row is contiguous whatever its stride)
+        zz = z.clone()
+        assert cpu_kernels.softmax_grad_(zz, logz.float(), wide[:, 0]) is None and torch.equal(zz, z)

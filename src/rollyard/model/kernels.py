@@ -578,8 +578,10 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
 
 
 def _head_rows_ok(z: torch.Tensor, logz: torch.Tensor, *more: torch.Tensor) -> bool:
-    return (_STATE.get("lib") is not None and f32_cpu(z) and z.dim() == 2 and z.stride(1) == 1
-            and all(f32_cpu(t) and t.is_contiguous() and t.shape == (z.shape[0],) for t in (logz, *more)))
+    """fp32 CPU logits ``[rows, V]`` whose rows may be strided, and contiguous per-row fp32 vectors beside them."""
+    return (_STATE.get("lib") is not None and type(z) is torch.Tensor and z.device.type == "cpu"
+            and z.dtype == torch.float32 and z.dim() == 2 and z.stride(1) == 1 and z.stride(0) >= z.shape[1]
+            and all(f32_cpu(t) and t.shape == (z.shape[0],) for t in (logz, *more)))
 
 
 def softmax_entropy(z: torch.Tensor, logz: torch.Tensor) -> torch.Tensor | None:
