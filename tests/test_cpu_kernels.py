@@ -377,7 +377,8 @@ def test_engine_samples_the_same_tokens_with_and_without_the_draw_kernel(monkeyp
 @needs_cxx
 @pytest.mark.parametrize("rows,V", [(7, 49152), (3, 45), (1, 16), (5, 1)])
 def test_the_heads_softmax_passes_are_torchs_to_float_rounding(rows, V):
-    """The LM head's entropy (``softmax_entropy``) and its gradient's softmax part (``softmax_grad_``): the fp64
+    """The LM head's log-partition and target log-probs (``logsumexp_at``), entropy (``softmax_entropy``) and its
+    gradient's softmax part (``softmax_grad_``): the fp64
     values to float rounding, over whole 16-wide vectors and a tail, rows a stride apart, on 1 and 2 threads; and
     what they do not take (bf16, a non-contiguous logz) falls back to the caller (``None``, the input untouched)."""
     assert cpu_kernels.kernel() is not None
@@ -389,19 +390,25 @@ def test_the_heads_softmax_passes_are_torchs_to_float_rounding(rows, V):
     p = (z.double() - logz[:, None]).exp()
     want_ent = logz - (p * z.double()).sum(-1)
     want_grad = -g.double()[:, None] * p
+    targets = torch.randint(0, V, (rows,), generator=gen)
     for threads in (1, 2):
         old = torch.get_num_threads()
         torch.set_num_threads(threads)
         try:
+            got_logz, got_lp = cpu_kernels.logsumexp_at(z, targets)
             ent = cpu_kernels.softmax_entropy(z, logz.float())
             zz = z.clone()
             assert cpu_kernels.softmax_grad_(zz, logz.float(), g) is zz
         finally:
             torch.set_num_threads(old)
         scale = float(logz.abs().max()) + 1.0
+        assert float((got_logz.double() - logz).abs().max()) < 1e-6 * scale
+        want_lp = z.double().gather(1, targets[:, None])[:, 0] - logz
+        assert float((got_lp.double() - want_lp).abs().max()) < 2e-6 * scale
         assert float((ent.double() - want_ent).abs().max()) < 1e-5 * scale, (ent, want_ent)
         assert bool(((zz.double() - want_grad).abs() <= 1e-5 * want_grad.abs() + 1e-30).all())
     assert cpu_kernels.softmax_entropy(z.bfloat16(), logz.float()) is None
+    assert cpu_kernels.logsumexp_at(z, targets.int()) is None and cpu_kernels.logsumexp_at(z.t(), targets) is None
     if rows > 1:  # g strided (one row is contiguous whatever its stride)
         zz = z.clone()
         assert cpu_kernels.softmax_grad_(zz, logz.float(), wide[:, 0]) is None and torch.equal(zz, z)

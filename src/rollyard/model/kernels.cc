@@ -587,6 +587,32 @@ extern "C" void rollyard_softmax_entropy_f32(const float* z, int64_t rows, int64
     head_rows(const_cast<float*>(z), rows, V, ldz, logz, nullptr, out, threads);
 }
 
+// logz = logsumexp(z) per row (the max, then log of the sum of exp(z - max): two reads of the row, no buffer; torch's
+// logsumexp measured 29 ms on SmolLM2's 236 x 49152 chunk, 2 threads), and lp = z[target] - logz
+extern "C" void rollyard_logsumexp_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const int64_t* targets,
+                                       float* logz, float* lp, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const float* zr = z + r * ldz;
+        f16v mv = f16v{} - INFINITY;
+        int64_t v = 0;
+        for (; v + 16 <= V; v += 16) {
+            const f16v x = ld<f16v>(zr + v);
+            mv = x > mv ? x : mv;
+        }
+        float m = -INFINITY;
+        for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
+        for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+        const f16v M = f16v{} + m;
+        f16v acc = f16v{};
+        for (v = 0; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) - M);
+        float tail = 0.0f;
+        for (; v < V; v++) tail += std::exp(zr[v] - m);
+        logz[r] = m + std::log(hsum(acc) + tail);
+        if (lp) lp[r] = zr[targets[r]] - logz[r];
+    }
+}
+
 extern "C" void rollyard_softmax_grad_f32(float* z, int64_t rows, int64_t V, int64_t ldz, const float* logz,
                                           const float* g, int threads) {
     head_rows(z, rows, V, ldz, logz, g, nullptr, threads);

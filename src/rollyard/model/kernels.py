@@ -334,7 +334,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_pack_bf16", "rollyard_gemm_bf16", "rollyard_decode_attn_bf16kv",
             "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16", "rollyard_gemm_f32_available",
             "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32",
-            "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32")  # _load's
+            "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32",
+            "rollyard_logsumexp_f32")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -373,6 +374,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_softmax_entropy_f32.restype = None
     lib.rollyard_softmax_grad_f32.argtypes = [P, L, L, L, P, P, I]
     lib.rollyard_softmax_grad_f32.restype = None
+    lib.rollyard_logsumexp_f32.argtypes = [P, L, L, L, P, P, P, I]
+    lib.rollyard_logsumexp_f32.restype = None
     lib.rollyard_gemm_bf16_available.argtypes = []
     lib.rollyard_gemm_bf16_available.restype = I
     lib.rollyard_pack_bf16.argtypes = [P, P, P, P, I, L, P, I]
@@ -582,6 +585,20 @@ def _head_rows_ok(z: torch.Tensor, logz: torch.Tensor, *more: torch.Tensor) -> b
     return (_STATE.get("lib") is not None and type(z) is torch.Tensor and z.device.type == "cpu"
             and z.dtype == torch.float32 and z.dim() == 2 and z.stride(1) == 1 and z.stride(0) >= z.shape[1]
             and all(f32_cpu(t) and t.shape == (z.shape[0],) for t in (logz, *more)))
+
+
+def logsumexp_at(z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(logz, lp)`` per row of fp32 logits ``z [rows, V]`` (rows may be strided): ``logz = logsumexp(z, -1)``
+    (the row's max, then the log of its sum of ``exp(z - max)``: two reads, no ``[rows, V]`` buffer) and ``lp =
+    z[row, targets[row]] - logz``; ``None`` when the kernel is not loaded or the tensors do not fit (``targets``:
+    contiguous int64 CPU, one per row, each in ``[0, V)``, which the caller guarantees)."""
+    if (not _head_rows_ok(z, torch.empty(z.shape[0])) or targets.dtype != torch.int64 or targets.device.type != "cpu"
+            or not targets.is_contiguous() or targets.shape != (z.shape[0],)):
+        return None
+    logz, lp = torch.empty(z.shape[0]), torch.empty(z.shape[0])
+    _STATE["lib"].rollyard_logsumexp_f32(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), targets.data_ptr(),
+                                         logz.data_ptr(), lp.data_ptr(), torch.get_num_threads())
+    return logz, lp
 
 
 def softmax_entropy(z: torch.Tensor, logz: torch.Tensor) -> torch.Tensor | None:

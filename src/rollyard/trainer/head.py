@@ -11,8 +11,9 @@ were the trainer's peak (measured on Gemma-3-270M's head alone, 768 rows, chunk 
 in place (``exp``, scale, one scatter-add for the targets), and ``W``'s gradient is accumulated into one buffer with
 ``addmm_`` (1.35 GB above the weights on the same case). Where the compiled kernels run (fp32 on CPU), the entropy and
 the softmax part of the gradient (``-g * exp(z - logz)``) are one pass over a chunk's logits each
-(``kernels.softmax_entropy`` / ``softmax_grad_``) instead of three. The log-probs are the checkpointed path's; the
-entropy and the gradients equal it to float rounding (``tests/test_trainer_head.py``).
+(``kernels.softmax_entropy`` / ``softmax_grad_``) instead of three, and the log-partition two
+(``kernels.logsumexp_at``): the log-probs, the entropy and the gradients equal the checkpointed path's to float
+rounding (``tests/test_trainer_head.py``).
 
 Used for a plain ``nn.Linear`` head without bias, soft cap or a truncated support (top-p / top-k), outside autocast;
 every other head keeps the checkpointed path.
@@ -52,11 +53,16 @@ CLOCK = Clock()
 def _chunk_stats(logits, targets, with_entropy: bool, lps: list, logzs: list, ents: list,
                  one_pass: bool = False) -> None:
     """One chunk's forward: its targets' log-probs, its log-partition and (``with_entropy``) its entropy, ``H = logz -
-    sum_v p_v * z_v`` (as ``logprobs._entropy`` without a gradient), appended to the lists. ``one_pass``: the entropy
-    through ``kernels.softmax_entropy`` where it runs (one read of the logits; its exp rounds unlike torch's, so the
-    bf16 head, which keeps autograd's bits, does not take it)."""
-    logz = torch.logsumexp(logits, dim=-1)
-    lps.append(logits.gather(-1, targets[:, None]).squeeze(-1) - logz)
+    sum_v p_v * z_v`` (as ``logprobs._entropy`` without a gradient), appended to the lists. ``one_pass``: the
+    log-partition and the entropy through ``kernels.logsumexp_at`` / ``softmax_entropy`` where they run (two reads of
+    the logits and one, no ``[rows, V]`` buffer; their exp rounds unlike torch's, so the bf16 head, which keeps
+    autograd's bits, does not take them)."""
+    both = cpu_kernels.logsumexp_at(logits, targets) if one_pass else None
+    if both is None:
+        logz = torch.logsumexp(logits, dim=-1)
+        both = logz, logits.gather(-1, targets[:, None]).squeeze(-1) - logz
+    logz = both[0]
+    lps.append(both[1])
     logzs.append(logz)
     if with_entropy:
         ent = cpu_kernels.softmax_entropy(logits, logz) if one_pass else None  # one pass, no [rows, V] buffer
