@@ -784,6 +784,16 @@ inline void for_units(int64_t M, int64_t mr, int64_t nblocks, int64_t lines, F&&
     }
 }
 
+// A tile's output vector (__m512 or __m256): + bias, then (R) rounded to bf16 as a bf16 matmul's output, then + add
+// (the residual), stored; `bias` / `add` / `y` point at the vector's columns (bias, add null: none)
+template <bool R, typename V>
+inline void out_vec(V v, const float* bias, const float* add, float* y) {
+    if (bias) v += ld<V>(bias);
+    if constexpr (R) v = round_bf16(v);
+    if (add) v += ld<V>(add);
+    st(y, v);
+}
+
 inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes)
     uint32_t u;
     std::memcpy(&u, &f, 4);
@@ -900,13 +910,9 @@ inline void gemm_tile(const XS* xs, int64_t kp, const uint16_t* wb, int64_t kblo
         }
     }
     for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 4; q++) {
-            __m512 v = acc[r][q];
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
-            v = round_bf16(v);  // a bf16 matmul's output rounding, back in fp32
-            if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
-            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, v);
-        }
+        for (int q = 0; q < 4; q++)
+            out_vec<true>(acc[r][q], bias ? bias + col0 + q * 16 : nullptr,
+                          add ? add + r * ldadd + col0 + q * 16 : nullptr, y + r * ldy + col0 + q * 16);
 }
 #elif defined(ROLLYARD_GEMM_BF16)
 // AVX2: MR rows x 16 columns (two 8-float vectors) of a block at `wb` (offset to the tile's columns' pairs); the
@@ -942,13 +948,9 @@ inline void gemm_tile(const float* xs, int64_t kp, const uint16_t* wb, int64_t k
         }
     }
     for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 2; q++) {
-            __m256 v = acc[r][q];
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
-            __m256 h = round_bf16(v);
-            if (add) h = _mm256_add_ps(h, _mm256_loadu_ps(add + r * ldadd + col0 + q * 8));
-            _mm256_storeu_ps(y + r * ldy + col0 + q * 8, h);
-        }
+        for (int q = 0; q < 2; q++)
+            out_vec<true>(acc[r][q], bias ? bias + col0 + q * 8 : nullptr, add ? add + r * ldadd + col0 + q * 8 : nullptr,
+                          y + r * ldy + col0 + q * 8);
 }
 
 // One row x the block's 64 columns (decode at batch 1): the block's pairs read in order, a whole 256-byte pair at a
@@ -970,13 +972,8 @@ inline void gemm_row_bf16(const float* xs, const uint16_t* wb, int64_t kblocks, 
             acc[q] = _mm256_fmadd_ps(xe, e, _mm256_fmadd_ps(xo, o, acc[q]));
         }
     }
-    for (int q = 0; q < 8; q++) {  // acc[q]: columns 8q.. (pair layout: 16 columns x 2 per 32 bf16)
-        __m256 v = acc[q];
-        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
-        v = round_bf16(v);
-        if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + col0 + q * 8));
-        _mm256_storeu_ps(y + col0 + q * 8, v);
-    }
+    for (int q = 0; q < 8; q++)  // acc[q]: columns 8q.. (pair layout: 16 columns x 2 per 32 bf16)
+        out_vec<true>(acc[q], bias ? bias + col0 + q * 8 : nullptr, add ? add + col0 + q * 8 : nullptr, y + col0 + q * 8);
 }
 #endif
 
@@ -1052,24 +1049,21 @@ inline void chunk_rows(const float* x, int64_t ldx, float* w, int64_t kc, float*
 // y rows [rows][64 at col0] = round_bf16(acc + bias) + add
 inline void chunk_out(const float* acc, int rows, const float* bias, int64_t col0, const float* add, int64_t ldadd,
                       float* y, int64_t ldy) {
-    for (int r = 0; r < rows; r++)
 #if defined(__AVX512F__)
-        for (int q = 0; q < 4; q++) {
-            __m512 v = _mm512_loadu_ps(acc + r * 64 + 16 * q);
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + 16 * q));
-            v = round_bf16(v);
-            if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(add + r * ldadd + col0 + 16 * q));
-            _mm512_storeu_ps(y + r * ldy + col0 + 16 * q, v);
-        }
+    constexpr int W = 16;
 #else
-        for (int q = 0; q < 8; q++) {
-            __m256 v = _mm256_loadu_ps(acc + r * 64 + 8 * q);
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + 8 * q));
-            v = round_bf16(v);
-            if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + r * ldadd + col0 + 8 * q));
-            _mm256_storeu_ps(y + r * ldy + col0 + 8 * q, v);
-        }
+    constexpr int W = 8;
 #endif
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < 64; c += W) {
+#if defined(__AVX512F__)
+            const __m512 v = _mm512_loadu_ps(acc + r * 64 + c);
+#else
+            const __m256 v = _mm256_loadu_ps(acc + r * 64 + c);
+#endif
+            out_vec<true>(v, bias ? bias + col0 + c : nullptr, add ? add + r * ldadd + col0 + c : nullptr,
+                          y + r * ldy + col0 + c);
+        }
 }
 #endif
 
@@ -1171,12 +1165,9 @@ inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t 
         fma_step<MR>(x, ldx, k, wb + k * 64, acc);
     }
     for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 4; q++) {
-            __m512 v = acc[r][q];
-            if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + col0 + q * 16));
-            if (add) v = _mm512_add_ps(v, _mm512_loadu_ps(add + r * ldadd + col0 + q * 16));
-            _mm512_storeu_ps(y + r * ldy + col0 + q * 16, v);
-        }
+        for (int q = 0; q < 4; q++)
+            out_vec<false>(acc[r][q], bias ? bias + col0 + q * 16 : nullptr,
+                           add ? add + r * ldadd + col0 + q * 16 : nullptr, y + r * ldy + col0 + q * 16);
 }
 #endif
 
@@ -1196,12 +1187,9 @@ inline void gemm_tile_f32(const float* x, int64_t ldx, const float* wb, int64_t 
         fma_step<MR>(x, ldx, k, wb + k * 64, acc);
     }
     for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 2; q++) {
-            __m256 v = acc[r][q];
-            if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
-            if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + r * ldadd + col0 + q * 8));
-            _mm256_storeu_ps(y + r * ldy + col0 + q * 8, v);
-        }
+        for (int q = 0; q < 2; q++)
+            out_vec<false>(acc[r][q], bias ? bias + col0 + q * 8 : nullptr,
+                           add ? add + r * ldadd + col0 + q * 8 : nullptr, y + r * ldy + col0 + q * 8);
 }
 
 // One row x the block's 64 columns (decode at batch 1), each input's 256 bytes read in order (see gemm_row_bf16)
@@ -1216,12 +1204,8 @@ inline void gemm_row_f32(const float* x, const float* wb, int64_t K, const char*
         const __m256 a = _mm256_broadcast_ss(x + k);
         for (int q = 0; q < 8; q++) acc[q] = _mm256_fmadd_ps(a, _mm256_loadu_ps(wb + k * 64 + 8 * q), acc[q]);
     }
-    for (int q = 0; q < 8; q++) {
-        __m256 v = acc[q];
-        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + col0 + q * 8));
-        if (add) v = _mm256_add_ps(v, _mm256_loadu_ps(add + col0 + q * 8));
-        _mm256_storeu_ps(y + col0 + q * 8, v);
-    }
+    for (int q = 0; q < 8; q++)
+        out_vec<false>(acc[q], bias ? bias + col0 + q * 8 : nullptr, add ? add + col0 + q * 8 : nullptr, y + col0 + q * 8);
 }
 #endif
 
