@@ -1291,9 +1291,7 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
     });
     return 0;
 #else
-    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
-    (void)threads;
-    return 1;
+    return 1;  // no such kernel in this build (the flags leave unused parameters unwarned)
 #endif
 }
 
@@ -1305,10 +1303,10 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
                                   const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
                                   int threads) {
 #ifdef ROLLYARD_GEMM_BF16
-    static thread_local std::vector<XS> own;
-    if ((int64_t)own.size() < M * K) own.resize(M * K);
+    static thread_local std::vector<XS> own;  // the rounded input: XS_PER_PAIR elements per pair of inputs
+    if ((int64_t)own.size() < M * (K / 2) * XS_PER_PAIR) own.resize(M * (K / 2) * XS_PER_PAIR);
 #ifdef ROLLYARD_BF16_NATIVE
-    uint16_t* xb = (uint16_t*)own.data();  // (pairs: half of `own` is used)
+    uint16_t* xb = (uint16_t*)own.data();
     for (int64_t m = 0; m < M; m++)
         for (int64_t k = 0; k < K; k++) xb[m * K + k] = bf16_rne(x[m * ldx + k]);
 #else
@@ -1395,9 +1393,7 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
     });
     return 0;
 #else
-    (void)x; (void)ldx; (void)M; (void)K; (void)w; (void)N; (void)bias; (void)add; (void)ldadd; (void)y; (void)ldy;
-    (void)threads;
-    return 1;
+    return 1;  // no such kernel in this build (the flags leave unused parameters unwarned)
 #endif
 }
 

@@ -586,11 +586,11 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
     return out
 
 
-def _head_rows_ok(z: torch.Tensor, logz: torch.Tensor, *more: torch.Tensor) -> bool:
+def _head_rows_ok(z: torch.Tensor, *more: torch.Tensor) -> bool:
     """fp32 CPU logits ``[rows, V]`` whose rows may be strided, and contiguous per-row fp32 vectors beside them."""
     return (_STATE.get("lib") is not None and type(z) is torch.Tensor and z.device.type == "cpu"
             and z.dtype == torch.float32 and z.dim() == 2 and z.stride(1) == 1 and z.stride(0) >= z.shape[1]
-            and all(f32_cpu(t) and t.shape == (z.shape[0],) for t in (logz, *more)))
+            and all(f32_cpu(t) and t.shape == (z.shape[0],) for t in more))
 
 
 def logsumexp_at(z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -598,7 +598,7 @@ def logsumexp_at(z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, 
     (the row's max, then the log of its sum of ``exp(z - max)``: two reads, no ``[rows, V]`` buffer) and ``lp =
     z[row, targets[row]] - logz``; ``None`` when the kernel is not loaded or the tensors do not fit (``targets``:
     contiguous int64 CPU, one per row, each in ``[0, V)``, which the caller guarantees)."""
-    if (not _head_rows_ok(z, torch.empty(z.shape[0])) or targets.dtype != torch.int64 or targets.device.type != "cpu"
+    if (not _head_rows_ok(z) or targets.dtype != torch.int64 or targets.device.type != "cpu"
             or not targets.is_contiguous() or targets.shape != (z.shape[0],)):
         return None
     logz, lp = torch.empty(z.shape[0]), torch.empty(z.shape[0])
