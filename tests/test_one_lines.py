@@ -65,6 +65,31 @@ def test_a_limit_too_low_for_torch_is_one_line_exit_2(tmp_path, limit_kb):
         f"(ulimit -v {limit_kb})"), proc.stderr
 
 
+def test_a_torch_that_aborts_on_import_under_a_limit_is_the_out_of_memory_line(tmp_path, monkeypatch, capsys):
+    """Under ulimit -v 600000 torch's native start-up once aborted the process (pybind11, SIGABRT) instead of
+    raising: under a limit a child imports torch first, and its death by a signal is the out-of-memory line; a
+    child that lacks a module lets the run go on to meet that error itself."""
+    import resource
+
+    from rollyard import cli
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nkill -ABRT $$\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(cli.sys, "executable", str(fake))
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    monkeypatch.setattr(cli.resource, "getrlimit", lambda what: (600_000 << 10, resource.RLIM_INFINITY))
+    ran = []
+    monkeypatch.setattr(cli, "_main", lambda cmd, rest: ran.append(cmd) or 0)
+    assert cli.main(["train"]) == 2 and ran == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rollyard train: error: out of memory under this process's "
+                                               "address-space limit of 585 MB (ulimit -v 600000)"), err
+    assert cli.main(["plan"]) == 0 and ran == ["plan"]  # plan does not load torch: no probe
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n")
+    assert cli.main(["train"]) == 0 and ran == ["plan", "train"]
+
+
 def test_an_import_that_fails_without_an_exception_under_a_limit_is_the_out_of_memory_line(monkeypatch, capsys):
     """CPython's import system, failing an allocation under ulimit -v, can raise SystemError "returned NULL without
     setting an exception" (importing torch under 600 MB on one machine): the out-of-memory line where an

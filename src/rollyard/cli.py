@@ -14,6 +14,7 @@ import atexit
 import errno
 import os
 import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -134,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     oom = f"rollyard {argv[0]}: error: out of memory {_memory_limit()}"  # built now: no memory later
     limited = resource.getrlimit(resource.RLIMIT_AS)[0] != resource.RLIM_INFINITY
+    if limited and argv[0] in ("train", "sft", "config") and not _torch_loads():
+        print(oom, file=sys.stderr)
+        return 2
     try:
         return _main(argv[0], argv[1:])
     except (MemoryError, ImportError, OSError, SystemError) as e:  # anywhere, imports included: under a tight ulimit -v torch cannot load
@@ -150,6 +154,16 @@ def main(argv: list[str] | None = None) -> int:
         if dynamo is not None and hasattr(dynamo, "dump_compile_times"):
             atexit.unregister(dynamo.dump_compile_times)
         return 2
+
+
+def _torch_loads() -> bool:
+    """Whether torch and transformers import in a child process under this process's address-space limit. An
+    allocation that fails inside torch's native start-up can abort the process (pybind11's "Invalid
+    clear_patients() call", SIGABRT) instead of raising, and nothing in Python can catch that: so under a limit
+    the parent imports them only after a child did. A child that fails for a reason other than memory (a module
+    that is not installed) leaves the parent to meet the same error and report it."""
+    proc = subprocess.run([sys.executable, "-c", "import torch, transformers"], capture_output=True, text=True)
+    return proc.returncode == 0 or "No module named" in proc.stderr
 
 
 def _memory_limit() -> str:
