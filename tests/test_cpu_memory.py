@@ -84,6 +84,8 @@ def test_release_hands_the_kept_heaps_free_pages_back():
     ("ROLLYARD_ONEDNN", "yes", "ROLLYARD_ONEDNN must be one of 0, 1, auto: got 'yes'", "rollyard.model.gemm:enabled"),
     ("ROLLYARD_KEEP_FREED", "on", "ROLLYARD_KEEP_FREED must be one of 0, 1: got 'on'",
      "rollyard.model.memory:keep_freed_memory"),
+    ("ROLLYARD_HUGE_PAGES", "yes", "ROLLYARD_HUGE_PAGES must be one of 0, 1: got 'yes'",
+     "rollyard.model.hugepages:advised"),
     ("ROLLYARD_CPU_KERNELS", "fast", "ROLLYARD_CPU_KERNELS must be one of 0, 1, auto: got 'fast'",
      "rollyard.model.kernels:kernel"),
 ])

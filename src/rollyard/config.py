@@ -698,6 +698,9 @@ ENV_FLAGS: dict[str, tuple[tuple[str, ...], str, str]] = {
     "ROLLYARD_KEEP_FREED": (("0", "1"), "1",
                             "use 1 (the default: keep freed CPU memory for reuse) or 0 (leave malloc as it "
                             "is)"),  # rollyard.model.memory
+    "ROLLYARD_HUGE_PAGES": (("0", "1"), "1",
+                            "use 1 (the default: the decode step's packed weights advised onto 2 MiB pages) or 0 "
+                            "(ordinary pages)"),  # rollyard.model.hugepages
     "ROLLYARD_CPU_KERNELS": (("0", "1", "auto"), "auto",
                                "use 0 (torch's ops), 1 (the compiled kernels, an error if they cannot be "
                                "built) or auto (the default: the kernels where they build and check out)"),

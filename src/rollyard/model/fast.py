@@ -48,6 +48,7 @@ from torch.utils.checkpoint import checkpoint
 from rollyard.model import gemm as cpu_gemm
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.gemm import pack, packed_linear
+from rollyard.model.hugepages import Arena
 
 SLIDING = "sliding_attention"
 
@@ -181,6 +182,8 @@ class FastForward:
             # trainer's bf16 attention rounds it.
             self.kv_dtype = torch.bfloat16
         self._scratch: torch.Tensor | None = None  # refresh's staging buffer for what pack copies (_packed)
+        # the kernels' packed weights, on huge pages and laid out again in the same memory at each refresh
+        self._arena = Arena()
         self.refresh()
 
     # -- the family's choices (defaults: the Llama family's) ---------------------------------------------
@@ -214,6 +217,7 @@ class FastForward:
         memory, and a refresh never holds two sets."""
         inner = self.model.model
         self.layers, self.lm_head = [], None
+        self._arena.reset()  # (the old copies are gone: their memory is written again)
         self.layers = [self._layer_weights(layer) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight.detach()  # the module's own table: rows are cast as they are looked up
         scale = getattr(inner.embed_tokens, "embed_scale", None)
@@ -267,10 +271,10 @@ class FastForward:
         weight to the next: a scratch there measured no faster (fp32 after a release, 69-73 vs 84-95 ms)."""
         first, scale = parts[0]
         if first.dim() == 2 and self._bf16_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1]):
-            return cpu_kernels.pack_bf16(list(parts))  # cast, scale and layout in one pass (kernels.cc)
+            return cpu_kernels.pack_bf16(list(parts), self._arena.empty)  # cast, scale and layout in one pass
         if (first.dim() == 2 and all(t.dtype == torch.float32 for t, _ in parts)
                 and self._f32_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1])):
-            return cpu_kernels.pack_f32(list(parts))  # scale and layout in one pass (kernels.cc)
+            return cpu_kernels.pack_f32(list(parts), self._arena.empty)  # scale and layout in one pass
         if len(parts) == 1 and scale == 1.0 and first.dtype == self.mm_dtype:
             return pack(first)
         shape = (sum(t.shape[0] for t, _ in parts), *first.shape[1:])
@@ -314,6 +318,7 @@ class FastForward:
     def release(self) -> None:
         """Drop the fused weight copies (``refresh`` rebuilds them): the colocated engine's sleep."""
         self.layers, self.lm_head, self._scratch = [], None, None
+        self._arena = Arena()  # (the old one's memory goes with its tensors)
 
     @property
     def released(self) -> bool:

@@ -671,15 +671,16 @@ def _trusted(key: str, what: str, trial) -> bool:
     return bool(_STATE[key])
 
 
-def pack_bf16(parts: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+def pack_bf16(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torch.Tensor:
     """The rows of ``parts`` (fp32 or bf16 ``[rows_i, k]`` CPU tensors, each times its scale) stacked and cast to
     bf16 as ``torch.mul(t, scale).to(torch.bfloat16)`` rounds, written in one pass into layout P (``kernels.cc``):
-    a ``[n / 64, k / 32, 16, 64, 2]`` bf16 tensor for :func:`gemm_bf16`. The caller checks :func:`bf16_packs`."""
+    a ``[n / 64, k / 32, 16, 64, 2]`` bf16 tensor for :func:`gemm_bf16`, from ``empty(shape, dtype)`` (a
+    ``hugepages.Arena``'s, say). The caller checks :func:`bf16_packs`."""
     k = parts[0][0].shape[1]
     n = sum(t.shape[0] for t, _ in parts)
     ts = [t.detach().contiguous() for t, _ in parts]
     assert all(t.dtype in (torch.float32, torch.bfloat16) and t.dim() == 2 and t.shape[1] == k for t in ts)
-    out = torch.empty(n // 64, k // 32, 16, 64, 2, dtype=torch.bfloat16)
+    out = empty((n // 64, k // 32, 16, 64, 2), dtype=torch.bfloat16)
     srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
     rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
     scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
@@ -744,15 +745,15 @@ def f32_packs(n: int, k: int) -> bool:
     return _trusted("gemm_f32", "fp32", _gemm_f32_trial)
 
 
-def pack_f32(parts: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
+def pack_f32(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torch.Tensor:
     """The rows of ``parts`` (fp32 ``[rows_i, k]`` CPU tensors, each times its scale, as ``torch.mul(t, scale)``)
     stacked and written in one pass into layout Q (``kernels.cc``): a ``[n / 64, k, 64]`` fp32 tensor for
-    :func:`gemm_f32`. The caller checks :func:`f32_packs`."""
+    :func:`gemm_f32`, from ``empty(shape, dtype)``. The caller checks :func:`f32_packs`."""
     k = parts[0][0].shape[1]
     n = sum(t.shape[0] for t, _ in parts)
     ts = [t.detach().contiguous() for t, _ in parts]
     assert all(t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == k for t in ts)
-    out = torch.empty(n // 64, k, 64)
+    out = empty((n // 64, k, 64), dtype=torch.float32)
     srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
     rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
     scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
