@@ -181,9 +181,9 @@ def test_samples_at_one_position_decode_unmasked_across_holes():
     eng._length_cap = lambda sid: caps.get(sid[-2:], 14)
     seen, real = [], eng.backend.fwd.decode
 
-    def spy(tokens, pos, kv, width, same_pos=None):
+    def spy(tokens, pos, kv, width, same_pos=None, share=None):
         seen.append((same_pos, tokens.shape[0], len(eng._active)))
-        return real(tokens, pos, kv, width, same_pos=same_pos)
+        return real(tokens, pos, kv, width, same_pos=same_pos, share=share)
 
     eng.backend.fwd.decode = spy
     samples, _ = eng.generate(_requests(lengths=(6, 6), n=8, max_new=14))

@@ -430,15 +430,15 @@ class FastForward:
 
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor | None, kv: torch.Tensor, width: int,
-               same_pos: int | None = None) -> torch.Tensor:
+               same_pos: int | None = None, share: torch.Tensor | None = None) -> torch.Tensor:
         """One decode step for slots ``0..B-1``: ``tokens`` [B] at positions ``pos`` [B].
 
         Writes each slot's new K/V at its position, attends over positions ``<= pos`` (of the first ``width``
-        cache positions; ``width > max(pos)``) and returns logits [B, V]. ``same_pos``: the caller's promise that
-        every slot is at this position (uniform lengths, the common GRPO case): K/V are written with a plain slice
-        and no mask is built, since ``width == same_pos + 1`` leaves nothing to mask (the sliding layers read the
-        cache's last ``window`` positions); ``pos`` is then unused (may be None).
-        """
+        cache positions; ``width > max(pos)``) and returns logits [B, V]. ``share``: ``kernels.attend``'s (ignored
+        without the kernel: the same numbers). ``same_pos``: the caller's promise that every slot is at this position
+        (uniform lengths, the common GRPO case): K/V are written with a plain slice and no mask is built, since
+        ``width == same_pos + 1`` leaves nothing to mask (the sliding layers read the cache's last ``window``
+        positions); ``pos`` is then unused (may be None)."""
         B = tokens.shape[0]
         x = self._embed(tokens)
         tables = self.tables(width)
@@ -465,7 +465,7 @@ class FastForward:
         first = self.NORMS[0]
         if self.fused_layers and kv.dtype == self.kv_dtype and (masks is None or all(
                 isinstance(m, tuple) for m in masks.values())):
-            return self._head(self._fused_decode(x.contiguous(), tables, rope_at, masks, kv, width))
+            return self._head(self._fused_decode(x.contiguous(), tables, rope_at, masks, kv, width, share))
         # what each layer reads ([B, KVH, W, hd] views), cut once for all layers (per-layer indexing costs a share)
         reads = kv[:, :, :B, :, :width].unbind(0)
         for l, w in enumerate(self.layers):
@@ -485,27 +485,28 @@ class FastForward:
                     layer[0][at] = k.to(kv.dtype)
                     layer[1][at] = v.to(kv.dtype)
             K, V = reads[l]
-            if start and kind == SLIDING:
+            if sliced := start and kind == SLIDING:  # (share's positions count from 0: not for a slice)
                 K, V = K[:, :, start:], V[:, :, start:]
-            x = self.block(x, self._attend(q, K, V, None if masks is None else masks[kind]).to(x.dtype), w)
+            x = self.block(x, self._attend(q, K, V, masks and masks[kind], None if sliced else share).to(x.dtype), w)
         return self._head(x)
 
     def _fused_decode(self, x: torch.Tensor, tables: dict, rope_at: tuple, masks: dict | None, kv: torch.Tensor,
-                      width: int) -> torch.Tensor:
+                      width: int, share: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`decode`'s layers, one ``kernels.decode_layer`` call each (``fused_layers``): ``x`` in place."""
         assert kv.is_contiguous()
         for l, w in enumerate(self.layers):
             kind = self.kinds[l]
             cpu_kernels.decode_layer(x, w, *tables[kind], *rope_at, kv, l, self.H, self.KVH,
-                                          None if masks is None else masks[kind][0], width)
+                                          None if masks is None else masks[kind][0], width, share)
         return x
 
-    def _attend(self, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, mask,
+                share: torch.Tensor | None = None) -> torch.Tensor:
         """``q [B, H, hd]`` (scaled) over ``K, V [B, KVH, W, hd]``, in the cache's dtype; ``mask``: None (every row
         sees all ``W``), ``(lengths [B], additive [B, 1, 1, W] or None)`` where each row sees a prefix, or an
         additive mask alone (:meth:`_decode_masks`). Returns ``[B, H * hd]``."""
         if self.attn_kernel and (mask is None or isinstance(mask, tuple)):
-            return cpu_kernels.attend(q.to(self.dtype), K, V, None if mask is None else mask[0])
+            return cpu_kernels.attend(q.to(self.dtype), K, V, None if mask is None else mask[0], share)
         B, KVH, _, hd = K.shape
         if K.dtype != self.dtype and K.device.type == "cpu":  # a bf16 cache: attention in fp32, as the kernel's
             K, V = K.to(self.dtype), V.to(self.dtype)

@@ -77,18 +77,21 @@ inline T vexp(T x) {
     return p * two;
 }
 
-// One (row, K/V head): q [G, NV * VW] (already scaled), k / v rows ``sw`` floats apart, n positions.
+// One (row, K/V head): q [G, NV * VW] (already scaled), k / v rows ``sw`` floats apart, n positions, of which the
+// first P are read at kp / vp instead (another row's copy of the same prompt: see decode_attn).
 // ``s``: scratch of G * round_up(n, 16) floats. T: the vector type (VW floats); NV * VW = head_dim.
 template <typename T, int G, int NV, typename E>
-void item(const float* q, const E* k, const E* v, int64_t sw, int n, float* out, float* s) {
+void item(const float* q, const E* k, const E* v, const E* kp, const E* vp, int P, int64_t sw, int n, float* out,
+          float* s) {
     constexpr int VW = Lanes<T>::n;
     T qv[G][NV];
     for (int g = 0; g < G; g++)
         for (int j = 0; j < NV; j++) qv[g][j] = ld<T>(q + (g * NV + j) * VW);
     const int nc = (n + VW - 1) / VW, ld_s = nc * VW;
     for (int w = 0; w < n; w++) {
-        const E* kr = k + w * sw;
-        const E* pf = w + PD < n ? kr + PD * sw : v + (w + PD - n) * sw;  // then V's first rows
+        const E* kr = (w < P ? kp : k) + w * sw;
+        const int f = w + PD;  // the position prefetched: K's, then V's first rows
+        const E* pf = f < n ? (f < P ? kp : k) + f * sw : (f - n < P ? vp : v) + (f - n) * sw;
         for (int j = 0; j < NV; j += 64 / (int)sizeof(E) / VW) __builtin_prefetch(pf + j * VW);
         T kv[NV];
         for (int j = 0; j < NV; j++) kv[j] = ld<T>(kr + j * VW);
@@ -114,9 +117,10 @@ void item(const float* q, const E* k, const E* v, int64_t sw, int n, float* out,
     for (int g = 0; g < G; g++)
         for (int j = 0; j < NV; j++) acc[g][j] = T{};
     for (int w = 0; w < n; w++) {
-        const E* vr = v + w * sw;
+        const E* vr = (w < P ? vp : v) + w * sw;
         if (w + PD < n)
-            for (int j = 0; j < NV; j += 64 / (int)sizeof(E) / VW) __builtin_prefetch(vr + PD * sw + j * VW);
+            for (int j = 0; j < NV; j += 64 / (int)sizeof(E) / VW)
+                __builtin_prefetch((w + PD < P ? vp : v) + (w + PD) * sw + j * VW);
         for (int j = 0; j < NV; j++) {
             T x = ld<T>(vr + j * VW);
             for (int g = 0; g < G; g++) acc[g][j] += s[g * ld_s + w] * x;
@@ -127,7 +131,7 @@ void item(const float* q, const E* k, const E* v, int64_t sw, int n, float* out,
 }
 
 template <typename E>
-using item_fn = void (*)(const float*, const E*, const E*, int64_t, int, float*, float*);
+using item_fn = void (*)(const float*, const E*, const E*, const E*, const E*, int, int64_t, int, float*, float*);
 
 // head_dim 16, 32, 64, 128, 256 (Gemma 3) in 16-float vectors; 8, 24, 40 in 8-float ones (the tiny presets).
 template <int G, typename E>
@@ -160,10 +164,13 @@ item_fn<E> pick(int g, int hd) {
     }
 }
 
+// share: null, or per row (src, P): its first P positions are read from row src's K / V, a bitwise copy of the
+// same prompt (GRPO's samples of one prompt): the rows of a group then read one copy, which stays in cache, instead
+// of a copy each from memory. The numbers are those of reading its own copy.
 template <typename E>
 int decode_attn(const float* q, int64_t sq, const E* K, const E* V, int64_t sb, int64_t sh, int64_t sw,
-                const int64_t* lens, int B, int KVH, int G, int hd, int width, float* out, float* scratch,
-                int threads) {
+                const int64_t* lens, const int64_t* share, int B, int KVH, int G, int hd, int width, float* out,
+                float* scratch, int threads) {
     item_fn<E> fn = pick<E>(G, hd);
     if (!fn) return -1;
     const int64_t per_thread = (int64_t)G * (width + 16);
@@ -176,8 +183,10 @@ int decode_attn(const float* q, int64_t sq, const E* K, const E* V, int64_t sb, 
             std::memset(out + (int64_t)it * G * hd, 0, sizeof(float) * G * hd);
             continue;
         }
-        fn(q + b * sq + (int64_t)h * G * hd, K + b * sb + h * sh, V + b * sb + h * sh, sw, n,
-           out + (int64_t)it * G * hd, scratch + omp_get_thread_num() * per_thread);
+        const int64_t src = share ? share[2 * b] : b;
+        const int P = share ? (int)share[2 * b + 1] : 0;
+        fn(q + b * sq + (int64_t)h * G * hd, K + b * sb + h * sh, V + b * sb + h * sh, K + src * sb + h * sh,
+           V + src * sb + h * sh, P, sw, n, out + (int64_t)it * G * hd, scratch + omp_get_thread_num() * per_thread);
     }
     return 0;
 }
@@ -191,20 +200,22 @@ int rollyard_decode_attn_supports(int G, int hd) { return pick<float>(G, hd) != 
 
 // q: [B, KVH, G, hd] with row stride ``sq`` (floats), heads contiguous inside a row, already
 // scaled. K, V: strides ``sb`` (row), ``sh`` (head), ``sw`` (position) in elements, last dim
-// contiguous. lens: positions each row attends (0..lens[b]-1), or NULL for ``width`` everywhere.
+// contiguous. lens: positions each row attends (0..lens[b]-1), or NULL for ``width`` everywhere. share: NULL, or
+// [B][2] (src, P): row b's first P positions read from row src (a bitwise copy of them).
 // out: [B, KVH * G * hd] contiguous. scratch: threads * G * (width + 16) floats. Returns 0, or -1
 // for an unsupported (G, hd).
 int rollyard_decode_attn_f32(const float* q, int64_t sq, const float* K, const float* V, int64_t sb,
-                             int64_t sh, int64_t sw, const int64_t* lens, int B, int KVH, int G, int hd,
-                             int width, float* out, float* scratch, int threads) {
-    return decode_attn<float>(q, sq, K, V, sb, sh, sw, lens, B, KVH, G, hd, width, out, scratch, threads);
+                             int64_t sh, int64_t sw, const int64_t* lens, const int64_t* share, int B, int KVH,
+                             int G, int hd, int width, float* out, float* scratch, int threads) {
+    return decode_attn<float>(q, sq, K, V, sb, sh, sw, lens, share, B, KVH, G, hd, width, out, scratch, threads);
 }
 
 // The same over a bf16 cache (K, V: bf16 bit patterns, widened exactly; the arithmetic is fp32's).
 int rollyard_decode_attn_bf16kv(const float* q, int64_t sq, const uint16_t* K, const uint16_t* V, int64_t sb,
-                                int64_t sh, int64_t sw, const int64_t* lens, int B, int KVH, int G, int hd,
-                                int width, float* out, float* scratch, int threads) {
-    return decode_attn<uint16_t>(q, sq, K, V, sb, sh, sw, lens, B, KVH, G, hd, width, out, scratch, threads);
+                                int64_t sh, int64_t sw, const int64_t* lens, const int64_t* share, int B, int KVH,
+                                int G, int hd, int width, float* out, float* scratch, int threads) {
+    return decode_attn<uint16_t>(q, sq, K, V, sb, sh, sw, lens, share, B, KVH, G, hd, width, out, scratch,
+                                 threads);
 }
 
 }  // extern "C"
@@ -1400,7 +1411,8 @@ extern "C" int rollyard_gemm_bf16(const float* x, int64_t ldx, int64_t M, int64_
 // ---- one Llama-family decoder layer of a decode step (model/llama.py: the same calls, in one) -------------------------
 //
 // x [B, D] (contiguous, updated in place) through: RMSNorm (w_in), the fused q|k|v matmul (+ bqkv), RoPE with the
-// k / v write into the cache layer (K / V, strides in elements), attention over `lens` (or `width` for every row),
+// k / v write into the cache layer (K / V, strides in elements), attention over `lens` (or `width` for every row;
+// `share`: decode_attn's),
 // o_proj (+ bo) added to x, RMSNorm (w_post), the [gate | up] matmul, SwiGLU, down_proj added to x. Each step is the
 // function the per-op path calls (rms_norm, gemm_bf16 / gemm_f32, decode_rope_write, decode_attn, swiglu_fwd), in the
 // same order on the same values: the result is that path's, bit for bit, without its ~10 calls from Python and their
@@ -1423,7 +1435,8 @@ template <typename W, typename E>
 int decode_layer(float* x, int64_t B, int64_t D, const float* w_in, float eps_in, const float* w_post, float eps_post,
                  const W* wqkv, const float* bqkv, const W* wo, const float* bo, const W* wgu, int64_t I, const W* wd,
                  const float* cos, const float* sin, const int64_t* pos, int64_t same_pos, int H, int KVH, int hd,
-                 E* Kc, E* Vc, int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, int width, int threads) {
+                 E* Kc, E* Vc, int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, const int64_t* share, int width,
+                 int threads) {
     const int64_t nqkv = (int64_t)(H + 2 * KVH) * hd, nq = (int64_t)H * hd, G = H / KVH;
     static thread_local std::vector<float> buf;
     const int64_t need = B * D + B * nqkv + 2 * B * nq + B * 2 * I + B * I + (int64_t)threads * G * (width + 16);
@@ -1439,7 +1452,7 @@ int decode_layer(float* x, int64_t B, int64_t D, const float* w_in, float eps_in
     int rc = gemm(h, D, B, D, wqkv, nqkv, bqkv, nullptr, 0, y, nqkv, threads);
     if (rc) return rc;
     rope_write<E>(y, nqkv, (int)B, H, KVH, hd, cos, sin, pos, same_pos, q, Kc, Vc, sb, sh, sw);
-    rc = decode_attn<E>(q, nq, Kc, Vc, sb, sh, sw, lens, (int)B, KVH, (int)G, hd, width, o, scratch, threads);
+    rc = decode_attn<E>(q, nq, Kc, Vc, sb, sh, sw, lens, share, (int)B, KVH, (int)G, hd, width, o, scratch, threads);
     if (rc) return rc;
     gemm(o, nq, B, nq, wo, D, bo, x, D, x, D, threads);
     rollyard_rms_norm_f32(x, D, w_post, B, D, eps_post, h, nullptr, threads);
@@ -1456,11 +1469,11 @@ extern "C" int rollyard_decode_layer_bf16(float* x, int64_t B, int64_t D, const 
                                           const uint16_t* wo, const float* bo, const uint16_t* wgu, int64_t I,
                                           const uint16_t* wd, const float* cos, const float* sin, const int64_t* pos,
                                           int64_t same_pos, int H, int KVH, int hd, uint16_t* Kc, uint16_t* Vc,
-                                          int64_t sb, int64_t sh, int64_t sw, const int64_t* lens, int width,
-                                          int threads) {
+                                          int64_t sb, int64_t sh, int64_t sw, const int64_t* lens,
+                                          const int64_t* share, int width, int threads) {
     return decode_layer<uint16_t, uint16_t>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd,
-                                            cos, sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, width,
-                                            threads);
+                                            cos, sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, share,
+                                            width, threads);
 }
 
 // The same with fp32 weights in layout Q over an fp32 cache.
@@ -1469,7 +1482,8 @@ extern "C" int rollyard_decode_layer_f32(float* x, int64_t B, int64_t D, const f
                                          const float* wo, const float* bo, const float* wgu, int64_t I,
                                          const float* wd, const float* cos, const float* sin, const int64_t* pos,
                                          int64_t same_pos, int H, int KVH, int hd, float* Kc, float* Vc, int64_t sb,
-                                         int64_t sh, int64_t sw, const int64_t* lens, int width, int threads) {
+                                         int64_t sh, int64_t sw, const int64_t* lens, const int64_t* share, int width,
+                                         int threads) {
     return decode_layer<float, float>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd, cos,
-                                      sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, width, threads);
+                                      sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, share, width, threads);
 }

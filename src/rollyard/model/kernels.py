@@ -347,9 +347,9 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
 def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-    lib.rollyard_decode_attn_f32.argtypes = [P, L, P, P, L, L, L, P, I, I, I, I, I, P, P, I]
+    lib.rollyard_decode_attn_f32.argtypes = [P, L, P, P, L, L, L, P, P, I, I, I, I, I, P, P, I]
     lib.rollyard_decode_attn_f32.restype = I
-    lib.rollyard_decode_attn_bf16kv.argtypes = [P, L, P, P, L, L, L, P, I, I, I, I, I, P, P, I]
+    lib.rollyard_decode_attn_bf16kv.argtypes = [P, L, P, P, L, L, L, P, P, I, I, I, I, I, P, P, I]
     lib.rollyard_decode_attn_bf16kv.restype = I
     lib.rollyard_decode_rope_write_bf16kv.argtypes = [P, L, I, I, I, I, P, P, P, L, P, P, P, L, L, L]
     lib.rollyard_decode_rope_write_bf16kv.restype = None
@@ -389,7 +389,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_gemm_bf16.argtypes = [P, L, L, L, P, L, P, P, L, P, L, I]
     lib.rollyard_gemm_bf16.restype = I
     lib.rollyard_decode_layer_bf16.argtypes = [P, L, L, P, F32, P, F32, P, P, P, P, P, L, P, P, P, P, L, I, I, I, P, P,
-                                               L, L, L, P, I, I]
+                                               L, L, L, P, P, I, I]
     lib.rollyard_decode_layer_bf16.restype = I
     lib.rollyard_gemm_f32_available.argtypes = []
     lib.rollyard_gemm_f32_available.restype = I
@@ -415,7 +415,7 @@ def reference(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, lens: torch.Ten
     return torch.matmul(torch.softmax(s, dim=-1), V).reshape(B, H * hd)
 
 
-def _call(lib, q, K, V, lens) -> torch.Tensor:
+def _call(lib, q, K, V, lens, share=None) -> torch.Tensor:
     B, H, hd = q.shape
     KVH, W = K.shape[1], K.shape[2]
     threads = torch.get_num_threads()
@@ -424,8 +424,8 @@ def _call(lib, q, K, V, lens) -> torch.Tensor:
     fn = lib.rollyard_decode_attn_f32 if K.dtype == torch.float32 else lib.rollyard_decode_attn_bf16kv
     rc = fn(
         q.data_ptr(), q.stride(0), K.data_ptr(), V.data_ptr(), K.stride(0), K.stride(1), K.stride(2),
-        None if lens is None else lens.data_ptr(), B, KVH, H // KVH, hd, W, out.data_ptr(), scratch.data_ptr(),
-        threads)
+        None if lens is None else lens.data_ptr(), None if share is None else share.data_ptr(), B, KVH, H // KVH, hd,
+        W, out.data_ptr(), scratch.data_ptr(), threads)
     if rc != 0:
         raise RuntimeError(f"decode-attention kernel refused G={H // KVH}, head_dim={hd}")
     return out
@@ -809,14 +809,14 @@ def _gemm_f32_trial() -> str | None:
 
 def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
                  same_pos: int, kv: torch.Tensor, layer: int, H: int, KVH: int, lens: torch.Tensor | None,
-                 width: int) -> None:
+                 width: int, share: torch.Tensor | None = None) -> None:
     """One Llama-family layer of a decode step over ``x [B, D]`` (contiguous fp32, updated in place) in one call
     (``kernels.cc`` ``rollyard_decode_layer_bf16`` / ``_f32``): the per-op path's kernels in its order, so its numbers
     bit for bit. ``w``: the layer's fused weights (``model/fast.py``; matmuls in layout P over a bf16 cache, or in
     layout Q over an fp32 cache), ``cos, sin``: the full RoPE tables, ``pos`` / ``same_pos``: as
     :func:`decode_rope_write`, ``kv [L, 2, slots, KVH, W, hd]`` (contiguous) and the ``layer`` whose K / V this is,
-    ``lens``: each row's visible positions (None: ``width`` for every row). The caller checks the shapes
-    (``LlamaFast``)."""
+    ``lens``: each row's visible positions (None: ``width`` for every row), ``share``: :func:`attend`'s. The caller
+    checks the shapes (``LlamaFast``)."""
     B, D = x.shape
     st = kv.stride()  # the layer's K and V addressed from the cache's own strides: no tensor indexing per layer
     size = kv.element_size()
@@ -831,7 +831,8 @@ def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor,
             None if bqkv is None else bqkv.data_ptr(), w["wo"].data_ptr(), None if bo is None else bo.data_ptr(),
             w["wgu"].data_ptr(), I, w["wd"].data_ptr(), cos.data_ptr(), sin.data_ptr(),
             None if pos is None else pos.data_ptr(), same_pos, H, KVH, hd, k_ptr, k_ptr + st[1] * size, st[2], st[3],
-            st[4], None if lens is None else lens.data_ptr(), width, torch.get_num_threads())
+            st[4], None if lens is None else lens.data_ptr(), None if share is None else share.data_ptr(), width,
+            torch.get_num_threads())
     if rc != 0:
         raise RuntimeError(f"the fused decode layer refused its shapes (code {rc}): H={H}, KVH={KVH}, head_dim={hd}")
 
@@ -923,16 +924,21 @@ def attention_supported(q_heads: int, kv_heads: int, head_dim: int) -> bool:
     return bool(_STATE[shape])
 
 
-def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, lens: torch.Tensor | None) -> torch.Tensor:
+def attend(q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, lens: torch.Tensor | None,
+           share: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of one query position per row: ``q [B, H, hd]`` (heads contiguous, any row
     stride, fp32, already scaled) over ``K, V [B, KVH, W, hd]`` (strided views, last dim
     contiguous, fp32 or bf16: widened exactly, the arithmetic fp32), each row over its first ``lens[b]`` positions (int64 ``[B]``; ``None``: all
-    ``W``). Returns ``[B, H * hd]``. The caller checks :func:`attention_supported` first."""
+    ``W``). ``share``: ``None``, or int64 ``[B, 2]`` rows ``(src, P)``: row ``b``'s first ``P`` positions are read from
+    row ``src``'s K / V, which the caller guarantees hold the same values there (a forked prompt's copies): the
+    result is reading its own, bit for bit, with the rows of a group reading one copy. Returns ``[B, H * hd]``. The
+    caller checks :func:`attention_supported` first."""
     assert q.dtype == torch.float32 and K.dtype == V.dtype in (torch.float32, torch.bfloat16), (q.dtype, K.dtype)
     assert q.device.type == "cpu"
     assert q.stride(2) == 1 and q.stride(1) == q.shape[2] and K.stride(3) == 1 and K.stride() == V.stride()
     assert lens is None or (lens.dtype == torch.int64 and lens.is_contiguous())
-    return _call(kernel(), q, K, V, lens)
+    assert share is None or (share.dtype == torch.int64 and share.is_contiguous() and share.shape == (q.shape[0], 2))
+    return _call(kernel(), q, K, V, lens, share)
 
 
 # ---- training (with autograd) ----------------------------------------------------------------

@@ -63,6 +63,12 @@ class NativeBackend:
         self.R = self.W = 0
         self.kv = None
         self.free: list[int] = []
+        # Which slots hold a bitwise copy of another's first positions (a forked prompt), for the attention to read one
+        # copy per group: slot -> (source slot, positions), while both are live and nothing moved; each slot's
+        # prompt length, for fork to know how far its copy matches. Dropped, never wrong: a slot falls back to its own.
+        self._share: dict[int, tuple[int, int]] = {}
+        self._plen: dict[int, int] = {}
+        self._share_rows: torch.Tensor | None = None  # decode's [rows, 2] form of _share (None: rebuild)
 
     def refresh(self) -> None:
         self.fwd.refresh()
@@ -75,7 +81,18 @@ class NativeBackend:
         """Free the KV cache and the fused weight copies (only while no sequence is active); the next
         ``reserve`` lays out a new cache, ``refresh`` rebuilds the weights."""
         self.kv, self.R, self.W, self.free = None, 0, 0, []
+        self._forget()
         self.fwd.release()
+
+    def _forget(self) -> None:
+        """Drop every sharing note (slots moved or were freed)."""
+        self._share, self._plen, self._share_rows = {}, {}, None
+
+    def _note(self, dst: int, src: int, P: int) -> None:
+        """Slot ``dst``'s first ``P`` positions are a bitwise copy of slot ``src``'s."""
+        if P > 0 and dst != src:
+            self._share[dst] = (src, P)
+            self._share_rows = None
 
     def _width_for(self, need: int) -> int:
         w = max(need, min(_round_up(need, 16), self.context, self.budget))
@@ -85,6 +102,7 @@ class NativeBackend:
     def _relayout(self, R: int, W: int, active: list[_Seq]) -> None:
         """New cache of R slots x W positions; active sequences move (compacted) to slots 0..a-1."""
         new = self.fwd.new_cache(R, W)
+        self._forget()
         if active:
             wc = min(W, self.W, max(s.length for s in active))
             _copy_slots(new, self.kv, [(i, s.slot) for i, s in enumerate(active)], wc)
@@ -120,6 +138,11 @@ class NativeBackend:
 
     def release(self, slot: int) -> None:
         heapq.heappush(self.free, slot)
+        self._plen.pop(slot, None)
+        if self._share:  # its own notes, and those of the slots that read their prompt from it (they read theirs)
+            kept = {d: (s, P) for d, (s, P) in self._share.items() if slot not in (d, s)}
+            if len(kept) != len(self._share):
+                self._share, self._share_rows = kept, None
 
     def maybe_compact(self, active: list[_Seq]) -> None:
         # Decode runs over slots 0..hi-1, holes left by finished sequences included. Once the holes
@@ -139,6 +162,7 @@ class NativeBackend:
         overwritten before it is read; the slots left behind keep stale (finite) entries, masked out like any
         garbage."""
         _copy_slots(self.kv, self.kv, [(i, s.slot) for i, s in enumerate(active)], max(s.length for s in active))
+        self._forget()
         for i, s in enumerate(active):
             s.slot = i
         self.free = list(range(len(active), self.R))
@@ -154,6 +178,10 @@ class NativeBackend:
             self.fwd.prefill(torch.tensor([prompts[0][:L]], device=dev), self.kv, torch.tensor(slots[:1], device=dev),
                              torch.tensor([L - 1], device=dev))
             _copy_slots(self.kv, self.kv, [(d, slots[0]) for d in slots[1:]], L)
+            for d in slots[1:]:
+                self._note(d, slots[0], L)
+        for p, s in zip(prompts, slots):
+            self._plen[s] = len(p)
         P = max(len(p) for p in prompts) - L
         toks = torch.tensor([p[L:] + [0] * (P + L - len(p)) for p in prompts], device=dev)
         last = torch.tensor([len(p) - 1 - L for p in prompts], device=dev)
@@ -161,6 +189,10 @@ class NativeBackend:
 
     def fork(self, src: list[int], dst: list[int], P: int) -> None:
         _copy_slots(self.kv, self.kv, list(zip(dst, src)), P)
+        for s, d in zip(src, dst):  # the copy matches the source's prompt (past it: each row's own tokens)
+            n = min(self._plen.get(s, 0), P)
+            self._plen[d] = n
+            self._note(d, s, n)
 
     def snapshot(self, slot: int, P: int):
         return self.kv[:, :, slot, :, :P].clone()
@@ -169,6 +201,21 @@ class NativeBackend:
         P = stash.shape[-2]
         for s in slots:
             self.kv[:, :, s, :, :P] = stash
+            self._plen[s] = P
+            self._note(s, slots[0], P)
+
+    def _share_for(self, hi: int) -> torch.Tensor | None:
+        """Decode's ``share`` for slots ``0..hi-1`` (``FastForward.decode``): ``(src, P)`` per row, ``(row, 0)`` for
+        a row with no note; None where no slot has one."""
+        if not self._share:
+            return None
+        if self._share_rows is None or self._share_rows.shape[0] != hi:
+            rows = [[b, 0] for b in range(hi)]
+            for d, (s, P) in self._share.items():
+                if d < hi:
+                    rows[d] = [s, P]
+            self._share_rows = torch.tensor(rows, dtype=torch.int64)
+        return self._share_rows
 
     # inference_mode, not no_grad: no view or version-counter bookkeeping on the ~100 small ops
     # of a step (3-14% of a tiny decode step). The cache is made outside it (reserve, relayout),
@@ -185,11 +232,12 @@ class NativeBackend:
         # position: their rows are dropped below, and what they write lands in free slots, which
         # are prefilled, forked or restored before anyone reads them.
         p0 = seqs[0].length
+        share = self._share_for(hi)
         if all(s.length == p0 for s in seqs):
-            logits = self.fwd.decode(torch.tensor(toks, device=dev), None, self.kv, p0 + 1, same_pos=p0)
+            logits = self.fwd.decode(torch.tensor(toks, device=dev), None, self.kv, p0 + 1, same_pos=p0, share=share)
         else:
             logits = self.fwd.decode(torch.tensor(toks, device=dev), torch.tensor(pos, device=dev), self.kv,
-                                     max(pos) + 1)
+                                     max(pos) + 1, share=share)
         if len(seqs) == hi and all(s.slot == i for i, s in enumerate(seqs)):
             return logits
         return logits[torch.tensor([s.slot for s in seqs], device=dev)]
