@@ -2,6 +2,7 @@
 references, attention inside the decode engine's forward against torch's path, and the fallbacks:
 no compiler, the off switch, the must-have switch."""
 
+import math
 import shutil
 
 import pytest
@@ -334,6 +335,37 @@ def test_transposed_is_the_transpose_at_every_shape_and_row_stride(rows, cols):
     # what the kernel does not take is copied by torch, never misread
     assert torch.equal(cpu_kernels.transposed(wide.double()), wide.double().t().contiguous())
     assert torch.equal(cpu_kernels.transposed(wide.t()), wide)
+
+
+@needs_cxx
+def test_the_gradient_norm_is_torchs_to_float_rounding_for_any_thread_count():
+    """``grad_norm``: one pass over every gradient, each tensor's squares summed in double: torch's
+    ``get_total_norm`` to float rounding (an fp64 reference closer still), the same bits on 1 and 2 threads (chunks
+    summed in a fixed order), inf and nan carried through, and ``None`` for what the kernel does not take."""
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(n, generator=g) * s for n, s in ((70_000, 1e-3), (131_072, 2.0), (17, 50.0), (0, 1.0),
+                                                         (1, 3.0), (200_003, 1e-6))]
+    grads.append(torch.randn(96, 576, generator=g))
+    want = torch.nn.utils.get_total_norm(grads)
+    exact = torch.cat([t.double().flatten() for t in grads]).norm()
+    n = torch.get_num_threads()
+    try:
+        got = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got.append(cpu_kernels.grad_norm(grads))
+    finally:
+        torch.set_num_threads(n)
+    assert got[0].dtype == torch.float32 and got[0].dim() == 0 and torch.equal(got[0], got[1])
+    torch.testing.assert_close(got[0], want, rtol=2e-6, atol=0)
+    assert abs(float(got[0]) - float(exact)) <= abs(float(want) - float(exact)) + 1e-6 * float(exact)
+    for bad in (float("inf"), float("nan")):
+        broken = [t.clone() for t in grads]
+        broken[2][5] = bad
+        assert math.isnan(float(cpu_kernels.grad_norm(broken))) or float(cpu_kernels.grad_norm(broken)) == bad
+    assert cpu_kernels.grad_norm([grads[1].bfloat16()]) is None
+    assert cpu_kernels.grad_norm([grads[-1].t()]) is None
+    assert cpu_kernels.grad_norm([]) is None
 
 
 @needs_cxx

@@ -341,7 +341,7 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16", "rollyard_gemm_f32_available",
             "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32",
             "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32",
-            "rollyard_logsumexp_f32")  # _load's
+            "rollyard_logsumexp_f32", "rollyard_sum_squares_f32")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -399,6 +399,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_gemm_f32.restype = I
     lib.rollyard_decode_layer_f32.argtypes = lib.rollyard_decode_layer_bf16.argtypes
     lib.rollyard_decode_layer_f32.restype = I
+    lib.rollyard_sum_squares_f32.argtypes = [P, P, I, P, I]
+    lib.rollyard_sum_squares_f32.restype = None
     lib.rollyard_transpose_32.argtypes = [P, L, L, L, P, I]
     lib.rollyard_transpose_32.restype = None
     return lib
@@ -584,6 +586,20 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
     lib.rollyard_inverse_cdf_f32(weights.data_ptr(), weights.shape[0], weights.shape[1], r.data_ptr(), out.data_ptr(),
                                  None if totals is None else totals.data_ptr(), torch.get_num_threads())
     return out
+
+
+def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor | None:
+    """The 2-norm of all of ``grads`` together (``torch.nn.utils.get_total_norm``'s value, to float rounding: each
+    tensor's squares summed in double, ``kernels.cc``), a 0-dim fp32 tensor; the same for any thread count. ``None``
+    (nothing done) when the kernels are off or not built here, or a tensor is not contiguous fp32 CPU data."""
+    if not grads or not f32_cpu(*grads) or (lib := kernel()) is None:
+        return None
+    n = len(grads)
+    out = torch.empty(n, dtype=torch.float64)
+    lib.rollyard_sum_squares_f32((ctypes.c_void_p * n)(*(g.data_ptr() for g in grads)),
+                                 (ctypes.c_int64 * n)(*(g.numel() for g in grads)), n, out.data_ptr(),
+                                 torch.get_num_threads())
+    return out.sum().sqrt().float()
 
 
 def _head_rows_ok(z: torch.Tensor, *more: torch.Tensor) -> bool:

@@ -49,6 +49,7 @@ from rollyard.algo.entropy_control import EntropyControl
 from rollyard.algo.loss import AGGS
 from rollyard.algo.policy_loss import Batch, LossSpec, policy_loss
 from rollyard.model import families
+from rollyard.model import kernels as cpu_kernels
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer import head as head_grad
 from rollyard.trainer.layout import attention_pair_weight, decoder_of, micro_batch_cost, packing_is_isolated
@@ -479,7 +480,10 @@ class Trainer:
         skips the update (printed and counted by ``self.skips``, which raises if it repeats)."""
         t0 = time.perf_counter()
         with_grad = [p for p in self.params if p.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for p in with_grad])
+        grads = [p.grad for p in with_grad]  # (one pass over them on the compiled kernel where it takes them)
+        grad_norm = cpu_kernels.grad_norm(grads)
+        if grad_norm is None:
+            grad_norm = torch.nn.utils.get_total_norm(grads)
         # clip_grad_norm_'s factor, max_norm / (norm + 1e-6) clamped to 1: a pass over the gradients only where it
         # is below 1 (a factor of 1 leaves them as they are)
         if float(grad_norm) + 1e-6 > self.max_grad_norm:
