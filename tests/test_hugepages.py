@@ -1,7 +1,8 @@
 """The decode step's packed weights on 2 MiB pages (``model/hugepages.py``): the arena's memory is advised for
 transparent huge pages where Linux allows it, a reset lays tensors out again in memory no one holds and never under a
 tensor still held, ``ROLLYARD_HUGE_PAGES=0`` is plain ``torch.empty``, and the fast forward's refresh writes its new
-weights into the same memory, its logits those of a forward built afresh."""
+weights into the same memory, its logits those of a forward built afresh, until its first release (a colocated
+engine's sleep), after which its copies are torch's."""
 
 from __future__ import annotations
 
@@ -124,4 +125,8 @@ def test_a_refresh_writes_the_new_weights_into_the_same_memory(monkeypatch):
             p.mul_(0.5)
     fwd.refresh()
     assert torch.equal(held, kept) and fwd.layers[0]["wgu"].data_ptr() != held.data_ptr()
+    assert torch.equal(_logits(fwd, ids), _logits(families.fast_forward(model, torch.float32), ids))
+    fwd.release()  # a colocated engine's sleep: from here its copies are torch's (the heap the trainer freed)
+    fwd.refresh()
+    assert fwd._arena is None and cpu_kernels.is_packed_f32(fwd.layers[0]["wgu"])
     assert torch.equal(_logits(fwd, ids), _logits(families.fast_forward(model, torch.float32), ids))
