@@ -68,7 +68,6 @@ class NativeBackend:
         # prompt length, for fork to know how far its copy matches. Dropped, never wrong: a slot falls back to its own.
         self._share: dict[int, tuple[int, int]] = {}
         self._plen: dict[int, int] = {}
-        self._share_rows: torch.Tensor | None = None  # decode's [rows, 2] form of _share (None: rebuild)
 
     def refresh(self) -> None:
         self.fwd.refresh()
@@ -86,13 +85,12 @@ class NativeBackend:
 
     def _forget(self) -> None:
         """Drop every sharing note (slots moved or were freed)."""
-        self._share, self._plen, self._share_rows = {}, {}, None
+        self._share, self._plen = {}, {}
 
     def _note(self, dst: int, src: int, P: int) -> None:
         """Slot ``dst``'s first ``P`` positions are a bitwise copy of slot ``src``'s."""
         if P > 0 and dst != src:
             self._share[dst] = (src, P)
-            self._share_rows = None
 
     def _width_for(self, need: int) -> int:
         w = max(need, min(_round_up(need, 16), self.context, self.budget))
@@ -140,9 +138,7 @@ class NativeBackend:
         heapq.heappush(self.free, slot)
         self._plen.pop(slot, None)
         if self._share:  # its own notes, and those of the slots that read their prompt from it (they read theirs)
-            kept = {d: (s, P) for d, (s, P) in self._share.items() if slot not in (d, s)}
-            if len(kept) != len(self._share):
-                self._share, self._share_rows = kept, None
+            self._share = {d: (s, P) for d, (s, P) in self._share.items() if slot not in (d, s)}
 
     def maybe_compact(self, active: list[_Seq]) -> None:
         # Decode runs over slots 0..hi-1, holes left by finished sequences included. Once the holes
@@ -209,13 +205,11 @@ class NativeBackend:
         a row with no note; None where no slot has one."""
         if not self._share:
             return None
-        if self._share_rows is None or self._share_rows.shape[0] != hi:
-            rows = [[b, 0] for b in range(hi)]
-            for d, (s, P) in self._share.items():
-                if d < hi:
-                    rows[d] = [s, P]
-            self._share_rows = torch.tensor(rows, dtype=torch.int64)
-        return self._share_rows
+        rows = [[b, 0] for b in range(hi)]
+        for d, (s, P) in self._share.items():
+            if d < hi:
+                rows[d] = [s, P]
+        return torch.tensor(rows, dtype=torch.int64)
 
     # inference_mode, not no_grad: no view or version-counter bookkeeping on the ~100 small ops
     # of a step (3-14% of a tiny decode step). The cache is made outside it (reserve, relayout),
