@@ -268,11 +268,19 @@ def _qwen3():
         num_key_value_heads=2, head_dim=24, max_position_embeddings=64))
 
 
-@pytest.mark.parametrize("arch,checkpointing,mbt", [("llama", False, 4096), ("llama", True, 4096),
-                                                    ("llama", False, 24), ("qwen3", False, 4096)])
-def test_prefix_shared_logprobs_and_gradients_equal_unshared(arch, checkpointing, mbt):
+@pytest.mark.parametrize("arch,checkpointing,mbt,segmented", [
+    ("llama", False, 4096, False), ("llama", True, 4096, False), ("llama", False, 24, False),
+    ("qwen3", False, 4096, False), ("llama", True, 4096, True), ("qwen3", False, 4096, True)])
+def test_prefix_shared_logprobs_and_gradients_equal_unshared(monkeypatch, arch, checkpointing, mbt, segmented):
     """The tiny preset has GQA (4 query heads over 2 K/V heads) and tied embeddings; Qwen3's per-head q/k
-    norms take torch's RoPE instead of the compiled kernel; ``mbt=24`` cuts a group into several rows."""
+    norms take torch's RoPE instead of the compiled kernel; ``mbt=24`` cuts a group into several rows;
+    ``segmented``: the attention computed per segment (``model/segments.py``) wherever it saves any pair."""
+    from rollyard.model import fast, segments
+
+    used = []
+    if segmented:
+        monkeypatch.setattr(segments, "MIN_SAVED_PAIRS_PER_POSITION", 0)
+        monkeypatch.setattr(fast, "segmented_attention", lambda *a: used.append(1) or segments.segmented_attention(*a))
     model = _model(13) if arch == "llama" else _qwen3()
     samples = _multi_turn(14) + _groups(15, groups=2, zero_groups=())
     kw = dict(micro_batch_tokens=mbt, activation_checkpointing=checkpointing, clip_high=0.28)
@@ -299,6 +307,7 @@ def test_prefix_shared_logprobs_and_gradients_equal_unshared(arch, checkpointing
     assert gs.keys() == gu.keys() and gs
     for n in gu:  # relative to the gradient's scale (fp32 rounding)
         assert (gs[n] - gu[n]).abs().max() <= 2e-5 * gu[n].abs().max().clamp_min(1e-3), n
+    assert bool(used) == segmented
 
 
 def test_prefix_shared_rows_share_only_the_identical_prefix():

@@ -49,6 +49,7 @@ from rollyard.model import gemm as cpu_gemm
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model.gemm import pack, packed_linear
 from rollyard.model.hugepages import Arena
+from rollyard.model.segments import SegmentPlan, segment_plans, segmented_attention
 
 SLIDING = "sliding_attention"
 
@@ -600,8 +601,11 @@ class FastForward:
         for kind in set(kinds):
             cos, sin = rope_tables(inner, n, x, kind)
             tables[kind] = (cos[:T], sin[:T]) if position_ids is None else (cos[position_ids], sin[position_ids])
-        full, sliding = attention_masks(T, position_ids, segments, cls.window_of(model), x.device)
-        if x.device.type == "cpu":  # additive, once for all layers (grouped_causal_attention)
+        plans = None
+        if segments is not None and x.device.type == "cpu":  # each segment's pairs only (model/segments.py)
+            plans = segment_plans(segments, position_ids, cls.window_of(model))
+        full, sliding = plans or attention_masks(T, position_ids, segments, cls.window_of(model), x.device)
+        if x.device.type == "cpu" and plans is None:  # additive, once for all layers (grouped_causal_attention)
             full, sliding = (None if m is None else torch.zeros(m.shape, device=x.device).masked_fill_(~m, float("-inf"))
                              for m in (full, sliding))
         recompute = getattr(inner, "gradient_checkpointing", False) and torch.is_grad_enabled()
@@ -764,7 +768,10 @@ def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              mask: torch.Tensor | None = None) -> torch.Tensor:
     """:func:`causal_attention`'s CPU path with the query heads already stacked: ``q [B, KVH, G * T,
     hd]`` (row ``g * T + i``: head ``kv * G + g`` at position ``i``), ``k, v [B, KVH, T, hd]``;
-    returns ``[B, KVH, G * T, hd]``. ``mask``: an additive fp32 ``[B, 1, T, T]`` instead of the causal one."""
+    returns ``[B, KVH, G * T, hd]``. ``mask``: an additive fp32 ``[B, 1, T, T]`` instead of the causal one, or
+    prefix-shared rows' :class:`~rollyard.model.segments.SegmentPlan` (each segment's pairs only)."""
+    if isinstance(mask, SegmentPlan):
+        return segmented_attention(q, k, v, scale, mask)
     B, KVH, GT, _ = q.shape
     T = k.shape[2]
     s = torch.matmul(q, k.transpose(-1, -2))
