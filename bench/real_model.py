@@ -31,7 +31,9 @@ train: the trainer's step alone on the example's batch shape (4 prompts of the e
 completions of 5-24 tokens, --zero-groups of the 4 with all-equal rewards), trainer.useful_work on and off in
 one process, alternating, at the example's trainer settings; per mode the median step, the positions computed,
 and both floors. Sides alternate which goes first each round, so drifting load hits all alike;
-the 1-minute load average is printed, since the machine is shared.
+the 1-minute load average is printed, since the machine is shared. `--completion-tokens N`: completions of 5-N
+tokens (reasoning-length ones); `--dense`: a third mode, useful work with the prefix-shared rows' attention as one
+dense masked [T, T] per row instead of per segment (`rollyard/model/segments.py`).
 
 learn: `steps` GRPO steps per (backend, seed), held-out greedy accuracy on the 64 held-out prompts before and
 after (summary.json), wall time, and the reward per step.
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -399,10 +402,12 @@ def train_phase(a) -> int:
 
     import torch
 
+    from rollyard.model import segments
     from rollyard.model.loading import load_policy
     from rollyard.trainer.trainer import Trainer
     from rollyard.types import Sample
 
+    threshold = segments.MIN_SAVED_PAIRS_PER_POSITION
     torch.set_num_threads(a.threads)
     model, tok = load_policy(str(a.gguf))
     model_dir = cached_dir(a.gguf)
@@ -419,18 +424,21 @@ def train_phase(a) -> int:
         enc = tok.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True)
         prompt = list(enc["input_ids"] if hasattr(enc, "keys") else enc)  # transformers 5: a BatchEncoding
         for k in range(8):
-            c = [rng.randrange(100, tok.vocab_size) for _ in range(rng.randint(5, 24))]
+            c = [rng.randrange(100, tok.vocab_size) for _ in range(rng.randint(5, a.completion_tokens))]
             adv = 0.0 if q < a.zero_groups else rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 2.0)
             batch.append(Sample(id=f"{q}/{k}", request_id=str(q), prompt_ids=prompt, completion_ids=c,
                                 logprobs=[-1.0] * len(c), versions=[0] * len(c), finish_reason="stop", advantage=adv))
     kw = dict(lr=5e-6, micro_batch_tokens=4096, logprob_chunk=256, precision="fp32", loss_agg="token-mean",
               activation_checkpointing=a.checkpointing, clip_high=0.28)
     trainers = {"useful": Trainer(model, **kw), "all": Trainer(model, skip_zero_advantage=False, share_prompts=False, **kw)}
+    if a.dense:  # useful work with the prefix-shared rows' attention as one dense masked [T, T] (no segment plan)
+        trainers["dense"] = trainers["useful"]
     times: dict[str, list[float]] = {m: [] for m in trainers}
     last: dict[str, dict] = {}
     load = [os.getloadavg()[0]]
     for r in range(a.warmup + a.rounds):
         for mode in (list(trainers) if r % 2 == 0 else list(reversed(trainers))):
+            segments.MIN_SAVED_PAIRS_PER_POSITION = math.inf if mode == "dense" else threshold
             t0 = time.perf_counter()
             last[mode] = trainers[mode].step(copy.deepcopy(batch))
             if r >= a.warmup:
@@ -438,7 +446,7 @@ def train_phase(a) -> int:
             log(f"[round {r}{' warm-up' if r < a.warmup else ''}] {mode}: {time.perf_counter() - t0:.2f} s")
         load.append(os.getloadavg()[0])
     log(f"\n== train phase: SmolLM2-135M ({model_dir}), fp32, activation checkpointing {a.checkpointing}, 4 prompts "
-        f"x 8 samples, {a.zero_groups} of 4 groups at zero advantage; {a.rounds} timed steps per mode after "
+        f"x 8 samples of 5-{a.completion_tokens} tokens, {a.zero_groups} of 4 groups at zero advantage; {a.rounds} timed steps per mode after "
         f"{a.warmup} warm-up, alternating; {a.threads} threads; 1-min load average "
         f"{' -> '.join(f'{x:.1f}' for x in load)}{'  (other work was running: noisy)' if max(load) > a.threads + 0.5 else ''}")
     med = {m: statistics.median(v) for m, v in times.items()}
@@ -560,6 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--zero-groups", type=int, default=2, choices=range(5), help="groups (of 4) with zero advantage")
     s.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
                    help="trainer.activation_checkpointing (the example's: on)")
+    s.add_argument("--completion-tokens", type=int, default=24, help="the longest completion (the example's: 24)")
+    s.add_argument("--dense", action="store_true",
+                   help="also time useful work with the prefix-shared rows' attention dense (no per-segment plan)")
     s = sub.add_parser("learn", parents=[common])
     s.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     s.add_argument("--backends", nargs="+", default=["native", "vllm"], choices=["native", "vllm"])

@@ -37,16 +37,17 @@ def _dense(q, k, v, seg, pos, window):
     return grouped_causal_attention(q, k, v, 0.3, torch.zeros(m.shape).masked_fill_(~m, float("-inf")))
 
 
-@pytest.mark.parametrize("window", [None, 5])
-def test_segmented_attention_equals_the_dense_mask_forward_and_backward(monkeypatch, window):
+@pytest.mark.parametrize("window,longest", [(None, 30), (5, 30), (None, 120), (5, 120)])
+def test_segmented_attention_equals_the_dense_mask_forward_and_backward(monkeypatch, window, longest):
+    """``longest=120``: members of very uneven lengths, in several blocks."""
     monkeypatch.setattr(segments, "MIN_SAVED_PAIRS_PER_POSITION", 0)
-    seg, pos = _layout(0)
+    seg, pos = _layout(0, longest=longest)
     B, T = seg.shape
     KVH, G, hd = 2, 3, 8
     plans = segments.segment_plans(seg, pos, window)
     assert plans is not None
     plan = plans[1]
-    assert len(plan.blocks) == 2 and plan.pairs < B * T * T
+    assert len(plan.blocks) == (2 if longest == 30 else 4) and plan.pairs < B * T * T
     g = torch.Generator().manual_seed(1)
     leaves = [torch.randn(B, KVH, n, hd, generator=g, requires_grad=True) for n in (G * T, T, T)]
     real = (seg >= 0)[:, None, None, :].expand(B, KVH, G, T).reshape(B, KVH, G * T)
@@ -141,3 +142,34 @@ def test_gemma3_sliding_layers_take_the_windowed_plan_against_the_models_own_for
             assert torch.allclose(got[at:at + len(t)], alone[3:], atol=1e-4, rtol=1e-4)
             at += len(t)
         assert torch.allclose(got[:3], alone[:3], atol=1e-4, rtol=1e-4)
+
+
+def _brute_blocks(queries, keys):
+    """The cheapest cut of sorted members into consecutive blocks, by trying every set of cut points."""
+    import itertools
+
+    n, best = len(queries), None
+    for k in range(n):
+        for inner in itertools.combinations(range(1, n), k):
+            edges = [0, *inner, n]
+            cost = sum((b - a) * queries[b - 1] * max(keys[a:b]) + segments.BLOCK_PAIRS
+                       for a, b in zip(edges, edges[1:]))
+            best = cost if best is None or cost < best else best
+    return best
+
+
+def test_members_of_very_different_lengths_go_into_the_cheapest_blocks():
+    g = torch.Generator().manual_seed(9)
+    for _ in range(20):
+        n = int(torch.randint(1, 9, (1,), generator=g))
+        queries = sorted(torch.randint(1, 200, (n,), generator=g).tolist())
+        keys = [q + int(torch.randint(5, 60, (1,), generator=g)) for q in queries]
+        cuts = segments.length_blocks(queries, keys)
+        assert [a for a, _, _ in cuts] == [0] + [b for _, b, _ in cuts[:-1]] and cuts[-1][1] == n
+        assert sum(c for _, _, c in cuts) == _brute_blocks(queries, keys)
+    # equal lengths: one block; one long member among short ones: a block of its own
+    assert len(segments.length_blocks([50] * 8, [60] * 8)) == 1
+    assert [(a, b) for a, b, _ in segments.length_blocks([10] * 7 + [400], [15] * 7 + [405])] == [(0, 7), (7, 8)]
+    # a bounded search over many members still covers them all, in order
+    many = segments.length_blocks(list(range(1, 301)), list(range(11, 311)))
+    assert many[0][0] == 0 and many[-1][1] == 300 and all(x[1] == y[0] for x, y in zip(many, many[1:]))
