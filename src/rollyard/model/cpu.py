@@ -50,6 +50,19 @@ def reported() -> frozenset[str]:
     return frozenset()
 
 
+@functools.cache
+def vendor() -> str:
+    """The CPU's ``vendor_id`` (Linux ``/proc/cpuinfo``: ``GenuineIntel``, ``AuthenticAMD``), empty where unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[-1].strip()
+    return ""
+
+
 def level() -> str:
     """The ``ROLLYARD_CPU_ISA`` setting (``ValueError`` with its one-line rule when invalid)."""
     return env_flag("ROLLYARD_CPU_ISA")
