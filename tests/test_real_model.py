@@ -59,6 +59,28 @@ def _one_line_exit_2(capsys, args: list[str]) -> str:
     return err[0]
 
 
+def _mapped_file(addr: int) -> str:
+    """The file behind the mapping that holds address ``addr`` (Linux ``/proc/self/maps``); "" if anonymous."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if lo <= addr < hi:
+            path = rest[4] if len(rest) > 4 else ""
+            return "" if path.startswith("[") else path
+    return ""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="Linux memory maps")
+def test_the_loaded_weights_are_not_in_the_files_mapping(tiny, gguf_cache):
+    """``from_pretrained`` leaves the weights in the safetensors file's private mapping, where the trainer's first
+    optimizer step would take a copy-on-write fault per page (``loading.own_memory``)."""
+    _, _, path = tiny
+    loaded, _ = load_policy(str(path))
+    files = {n: _mapped_file(p.data_ptr()) for n, p in loaded.named_parameters()}
+    assert files and all(f == "" for f in files.values()), {n: f for n, f in files.items() if f}
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight  # still one tied parameter
+
+
 def test_a_gguf_loads_back_as_the_model_it_was_written_from_and_is_cached(tiny, gguf_cache):
     model, tok, path = tiny
     loaded, ltok = load_policy(str(path))
