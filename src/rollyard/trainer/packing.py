@@ -299,8 +299,9 @@ def prefix_shared(sequences: list[tuple[list[int], list[int]]], keys: list, max_
     completions (:func:`prompt_units`; ``keys[i]``: sequence ``i``'s group, e.g. its request id), so the
     prompt's positions are computed once per group; the rows are cut into micro-batches as padded rows
     are (:func:`plan_padded_bins` over the units' lengths). The attention a row needs (each suffix sees
-    the prefix and itself, causally; ``rollyard.model.fast.prefix_shared_mask``) is a dense mask, so only
-    a forward that takes one (a family's fast training forward, ``rollyard.model.families``) can run this layout."""
+    the prefix and itself, causally; ``rollyard.model.fast.prefix_shared_mask``) is a mask, or on CPU per segment
+    (``rollyard.model.segments``), so only a family's fast training forward (``rollyard.model.families``) can run
+    this layout."""
     _check(sequences)
     units = prompt_units(sequences, keys, max_tokens)
     lengths = [_unit_length(sequences, S, m) for S, m in units]
