@@ -37,14 +37,19 @@ LEVELS: dict[str, set[str] | None] = {
 
 
 @functools.cache
+def _cpuinfo() -> list[str]:
+    """The lines of Linux ``/proc/cpuinfo``; none where it cannot be read."""
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+
+
+@functools.cache
 def reported() -> frozenset[str]:
     """The :data:`KNOWN` features this CPU reports (Linux ``/proc/cpuinfo``: x86 ``flags``, aarch64
     ``Features``); empty where they cannot be read."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
+    for line in _cpuinfo():
         if line.startswith(("flags", "Features")):
             return frozenset(f for f in line.split(":", 1)[-1].split() if f in KNOWN)
     return frozenset()
@@ -53,11 +58,7 @@ def reported() -> frozenset[str]:
 @functools.cache
 def vendor() -> str:
     """The CPU's ``vendor_id`` (Linux ``/proc/cpuinfo``: ``GenuineIntel``, ``AuthenticAMD``), empty where unknown."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    for line in text.splitlines():
+    for line in _cpuinfo():
         if line.startswith("vendor_id"):
             return line.split(":", 1)[-1].strip()
     return ""

@@ -131,7 +131,9 @@ def segment_plans(segments: torch.Tensor, position_ids: torch.Tensor,
     blocks = [_block(prefixes, prefixes, pos, window)]
     blocks += [_block([q for q, _ in tails[a:b]], [k for _, k in tails[a:b]], pos, window) for a, b, _ in cuts]
     full = SegmentPlan(tuple(f for f, _ in blocks), T, pairs)
-    return full, (full if window is None else SegmentPlan(tuple(n for _, n in blocks), T, pairs))
+    if window is None:
+        return full, full
+    return full, SegmentPlan(tuple(n for _, n in blocks), T, pairs, full.index)  # the same gathers: one index memo
 
 
 def length_blocks(queries: list[int], keys: list[int], points: int = 64) -> list[tuple[int, int, int]]:
