@@ -252,7 +252,9 @@ def dying_worker(moment: str, marker: str | Path, from_version: int = 2) -> type
 def corrupting_worker(from_version: int = 2) -> type:
     """A rollout actor class (the placements' ``worker`` test hook) whose engine weights go bad right
     after it applies the update of version ``from_version``: one weight tensor is nudged by 1e-3, as a
-    silently failed load or a bit flip would leave it. It keeps sampling, from the wrong weights."""
+    silently failed load or a bit flip would leave it. It keeps sampling. Silently: the engine's guard against
+    in-place edits (its stamp of the parameters' version counters) is re-stamped, as a bit flip would not
+    move those counters; else that guard stops the worker first, at a time that races the weight check."""
     from rollyard.placement.rollout_actor import RolloutWorker
 
     class Corrupting(RolloutWorker):
@@ -262,6 +264,7 @@ def corrupting_worker(from_version: int = 2) -> type:
                 import torch
                 with torch.no_grad():
                     next(self.engine.model.parameters()).add_(1e-3)
+                self.engine._stamp = self.engine._param_versions()
                 self._corrupted = True
 
     Corrupting.__name__ = Corrupting.__qualname__ = f"RolloutWorker_corrupts_v{from_version}"
