@@ -21,13 +21,13 @@ from rollyard.reward.dispatcher import RewardDispatcher
 from rollyard.reward.hooks import ACCEPTED
 from rollyard.reward.timeout import AnchorTimeout
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.sync.factory import DTYPES, SyncPlan, resolve
+from rollyard.sync.factory import SyncPlan, resolve
 from rollyard.tasks import builtin_verifier, chat, framing, load_task, render_task
 from rollyard.tasks.base import DataError, HookError, Prompt
 from rollyard.tasks.dataset import load_prompts
 
 __all__ = ["Settings", "settings", "trainer_kwargs"]  # built where it lives (trainer/); named here for the drivers
-from rollyard.trainer.precision import rollout_precision
+from rollyard.trainer.precision import engine_dtype, rollout_precision
 from rollyard.trainer.settings import trainer_kwargs
 from rollyard.trainer.trainer import Trainer
 
@@ -237,7 +237,7 @@ def _bare_engine(cfg: RunConfig, model, tokenizer, version: int, seed: int | Non
     return RolloutEngine(model, eos_token_id=eos_ids(model, tokenizer, cfg.rollout.stop_tokens), pad_token_id=tokenizer.pad_token_id or 0,
                          temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, max_concurrent=r.max_concurrent,
                          max_cache_tokens=budget, seed=cfg.seed if seed is None else seed,
-                         version=version, compute_dtype=None if chosen is None else DTYPES[chosen])
+                         version=version, compute_dtype=engine_dtype(chosen))
 
 
 def _device(model) -> str:

@@ -161,8 +161,11 @@ class FastForward:
         # Compute dtype: ``compute_dtype`` when given (rollout.precision: the fused copies are the module's weights
         # cast once per refresh); else the module's, except that bf16 weights of a narrow model on CPU are upcast
         # once per refresh (the values are the bf16 weights', only the arithmetic is wider).
+        # torch.int8 (rollout.precision=int8): the matmul weights quantized to int8 per output row where the kernels'
+        # layout R takes their shape (fp32 arithmetic over the dequantized weights; the rest as fp32)
+        self.q8 = compute_dtype == torch.int8
         if compute_dtype is not None:
-            self.mm_dtype = compute_dtype
+            self.mm_dtype = torch.float32 if self.q8 else compute_dtype
         else:
             self.mm_dtype = torch.float32 if cpu_bf16 and self.D < self.CPU_BF16_MIN_HIDDEN else p.dtype
         # On CPU the activations (residual stream, norms, RoPE, attention, logits) are fp32 whatever the matmuls'
@@ -229,7 +232,8 @@ class FastForward:
         head = self.model.lm_head.weight
         # without PACK_HEAD the head is read as it is, unless it is cast anyway: then into the bf16 kernel's layout
         # (the same bytes as the cast; Gemma 3's 262k-row head: 35 -> 22 ms a decode step at batch 32)
-        kernel_head = head.dtype != self.mm_dtype and self._bf16_kernel(head.shape[0], head.shape[1])
+        kernel_head = ((head.dtype != self.mm_dtype and self._bf16_kernel(head.shape[0], head.shape[1]))
+                       or self._q8_kernel(head.shape[0], head.shape[1]))
         self.lm_head = self._packed((head, 1.0)) if self.PACK_HEAD or kernel_head else self._w(head)
         self.lm_bias = self._w(getattr(self.model.lm_head, "bias", None))
         if not hasattr(self, "_tables"):  # the RoPE tables depend on no weight: built once, kept across refreshes
@@ -240,9 +244,41 @@ class FastForward:
         self.n_qk = (self.H + self.KVH) * self.hd
         # a decode step's layers in one call each: every piece on its kernel (bf16 matmuls in layout P, RoPE + cache
         # write, attention over a bf16 cache, RMSNorm, SwiGLU), the per-op path's numbers bit for bit
-        packed = cpu_kernels.is_packed_bf16 if self.kv_dtype == torch.bfloat16 else cpu_kernels.is_packed_f32
+        packed = (cpu_kernels.is_packed_bf16 if self.kv_dtype == torch.bfloat16 else
+                  cpu_kernels.is_packed_q8 if self.q8 else cpu_kernels.is_packed_f32)
         self.fused_layers = (self.FUSED_LAYER and self.rope_kernel and self.kv_dtype in (torch.bfloat16, torch.float32)
                              and all(packed(w[k]) for w in self.layers for k in ("wqkv", "wo", "wgu", "wd")))
+
+    def dequantized(self) -> dict[str, torch.Tensor]:
+        """The module's matmul weights as this forward's int8 copies compute with them (``q * s``, q's rows divided
+        back by the attention scale), by parameter name: a reference forward (``torch.func.functional_call``) over
+        them is what the fast path must equal. Empty unless ``q8`` packed some."""
+        out: dict[str, torch.Tensor] = {}
+        if not self.q8:
+            return out
+
+        def dense(p: torch.Tensor) -> torch.Tensor:
+            q, s = cpu_kernels.unpack_q8(p)
+            return q.float() * s[:, None]
+
+        scale = 1.0 if self.qk_norm else self.scale
+        nq, nk = self.H * self.hd, self.KVH * self.hd
+        for i, w in enumerate(self.layers):
+            at, ml = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            if cpu_kernels.is_packed_q8(w["wqkv"]):
+                d = dense(w["wqkv"])
+                out.update({at + "q_proj.weight": d[:nq] / scale, at + "k_proj.weight": d[nq:nq + nk],
+                            at + "v_proj.weight": d[nq + nk:]})
+            if cpu_kernels.is_packed_q8(w["wgu"]):
+                d = dense(w["wgu"])
+                half = d.shape[0] // 2
+                out.update({ml + "gate_proj.weight": d[:half], ml + "up_proj.weight": d[half:]})
+            for key, name in (("wo", at + "o_proj.weight"), ("wd", ml + "down_proj.weight")):
+                if cpu_kernels.is_packed_q8(w[key]):
+                    out[name] = dense(w[key])
+        if self.lm_head is not None and cpu_kernels.is_packed_q8(self.lm_head):
+            out["lm_head.weight"] = dense(self.lm_head)
+        return out
 
     def _norm(self, n) -> tuple[torch.Tensor, float]:
         return self._c(self._norm_scale(n.weight)), eps_of(n)
@@ -273,6 +309,8 @@ class FastForward:
         ms, 2 threads). Stacks in the module's own dtype keep fresh memory, which the allocator recycles from one
         weight to the next: a scratch there measured no faster (fp32 after a release, 69-73 vs 84-95 ms)."""
         first, scale = parts[0]
+        if first.dim() == 2 and self._q8_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1]):
+            return cpu_kernels.pack_q8(list(parts), self._empty)  # scale, quantize and layout in one pass
         if first.dim() == 2 and self._bf16_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1]):
             return cpu_kernels.pack_bf16(list(parts), self._empty)  # cast, scale and layout in one pass
         if (first.dim() == 2 and all(t.dtype == torch.float32 for t, _ in parts)
@@ -292,6 +330,11 @@ class FastForward:
         """Whether an ``[n, k]`` matmul weight goes into ``rollyard.model.kernels``' bf16 layout (bf16 matmuls over
         fp32 activations, the kernel built and agreeing with torch here, the shape's blocks whole)."""
         return self.mm_dtype == torch.bfloat16 and self.mixed and cpu_kernels.bf16_packs(n, k)
+
+    def _q8_kernel(self, n: int, k: int) -> bool:
+        """Whether an ``[n, k]`` matmul weight goes into ``rollyard.model.kernels``' int8 layout (rollout.precision=int8
+        on a CPU, the fp32 kernel built and agreeing here, the shape's blocks whole)."""
+        return self.q8 and self.device.type == "cpu" and cpu_kernels.q8_packs(n, k)
 
     def _f32_kernel(self, n: int, k: int) -> bool:
         """Whether an ``[n, k]`` matmul weight goes into ``rollyard.model.kernels``' fp32 layout (fp32 matmuls on a
@@ -349,6 +392,8 @@ class FastForward:
         activations' (the add then in the activations' dtype too)."""
         if cpu_kernels.is_packed_f32(w):
             return cpu_kernels.gemm_f32(x, w, b, add)
+        if cpu_kernels.is_packed_q8(w):
+            return cpu_kernels.gemm_q8(x, w, b, add)
         if not self.mixed:
             return packed_linear(x, w, b, add=add)
         if cpu_kernels.is_packed_bf16(w):

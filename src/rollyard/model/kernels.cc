@@ -1341,6 +1341,201 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
 #endif
 }
 
+// ---- the rollout's int8 weights (layout R): fp32 arithmetic on a quarter of fp32's bytes ---------------------------
+//
+// Layout R: [N/64][K + 4][64] bytes. A block's rows 0..K-1 hold its 64 columns' int8 weights, input k's 64 bytes in
+// one cache line; rows K..K+3 hold the 64 columns' fp32 scales. Column n's weights are quantized symmetrically, round
+// to nearest even: s = max|w[n, :]| / 127, q = round(w / s) in [-127, 127] (s = 0 and q = 0 for a zero row). A matmul
+// widens each block once per thread into fp32 (q * s, one rounding) and runs layout Q's fp32 tiles over it, so its
+// numbers are rollyard_gemm_f32's over the dequantized weights, bit for bit, whatever the row count or thread count.
+
+extern "C" void rollyard_pack_q8(const float* const* srcs, const int64_t* rows, const float* scales, int nparts,
+                                 int64_t K, int8_t* out, int threads) {
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += rows[i];
+    const int64_t nblocks = N / 64;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> v(K);
+#pragma omp for schedule(static)
+        for (int64_t nb = 0; nb < nblocks; nb++) {
+            int8_t* o = out + nb * (K + 4) * 64;
+            float* sc = (float*)(o + K * 64);
+            for (int c = 0; c < 64; c++) {
+                int64_t n = nb * 64 + c, part = 0;
+                while (n >= rows[part]) n -= rows[part++];
+                const float ps = scales[part], *src = srcs[part] + n * K;
+                float amax = 0.0f;
+                for (int64_t k = 0; k < K; k++) {
+                    v[k] = ps == 1.0f ? src[k] : src[k] * ps;
+                    const float a = std::fabs(v[k]);
+                    amax = a > amax ? a : amax;
+                }
+                const float s = amax / 127.0f;
+                sc[c] = s;
+                for (int64_t k = 0; k < K; k++) {
+                    float q = s > 0.0f ? std::nearbyint(v[k] / s) : 0.0f;
+                    q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+                    o[k * 64 + c] = (int8_t)q;
+                }
+            }
+        }
+    }
+}
+
+#ifdef ROLLYARD_GEMM_F32
+namespace {
+// An int8 matmul runs a block a chunk of QC inputs at a time: the block's first row group widens the chunk (q * s, one
+// rounding) just before its FMAs and stores it (64 x 64 fp32 = 16 KB) for the block's other row groups, which run over
+// it from L1, each one's accumulators kept in a buffer between chunks; a lone row group widens in registers only.
+// Widening a whole block into a buffer first (147-393 KB at SmolLM2's shapes) ran at ~9 GB/s of int8 at one row (the
+// stores to L2 bound it) and at ~60% of the FMA peak at 32 rows (each row group re-reading it from L2); chunked, one
+// row reads ~18 GB/s and 32 rows run at ~85% of the peak. (The same chunking over layout Q's fp32 blocks measured no
+// faster than rollyard_gemm_f32's tiles, which are bound by streaming four times the bytes.)
+constexpr int64_t QC = 64;
+
+// acc [rows][64] (+)= x [rows, kc] (row stride ldx) @ w [kc][64] fp32, one FMA per input in order. WIDEN 0: w is the
+// widened chunk; 1: widen `raw` (int8, 64 a row, times the 64 scales `sc`) and store it into w as it goes; 2: widen
+// in registers only.
+template <int MR, int WIDEN>
+inline void qchunk_tile(const float* x, int64_t ldx, float* w, int64_t kc, float* acc, bool first,
+                        const int8_t* raw, const float* sc) {
+#if defined(__AVX512F__)
+    __m512 a[MR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) a[r][q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + r * 64 + 16 * q);
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 wv[4];
+        for (int q = 0; q < 4; q++) {
+            if constexpr (WIDEN == 0) {
+                wv[q] = _mm512_loadu_ps(w + k * 64 + 16 * q);
+            } else {
+                const __m128i b = _mm_loadu_si128((const __m128i*)(raw + k * 64 + 16 * q));
+                wv[q] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), _mm512_loadu_ps(sc + 16 * q));
+                if constexpr (WIDEN == 1) _mm512_storeu_ps(w + k * 64 + 16 * q, wv[q]);
+            }
+        }
+        for (int r = 0; r < MR; r++) {
+            const __m512 xv = _mm512_set1_ps(x[r * ldx + k]);
+            for (int q = 0; q < 4; q++) a[r][q] = _mm512_fmadd_ps(xv, wv[q], a[r][q]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) _mm512_storeu_ps(acc + r * 64 + 16 * q, a[r][q]);
+#else
+    for (int q = 0; q < 4; q++) {  // 16 columns at a time: MR x 2 accumulators
+        __m256 a[MR][2];
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++)
+                a[r][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * 64 + 16 * q + 8 * h);
+        for (int64_t k = 0; k < kc; k++) {
+            __m256 wv[2];
+            for (int h = 0; h < 2; h++) {
+                const int64_t at = k * 64 + 16 * q + 8 * h;
+                if constexpr (WIDEN == 0) {
+                    wv[h] = _mm256_loadu_ps(w + at);
+                } else {
+                    const __m128i b = _mm_loadl_epi64((const __m128i*)(raw + at));
+                    wv[h] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_loadu_ps(sc + 16 * q + 8 * h));
+                    if constexpr (WIDEN == 1) _mm256_storeu_ps(w + at, wv[h]);
+                }
+            }
+            for (int r = 0; r < MR; r++) {
+                const __m256 xv = _mm256_broadcast_ss(x + r * ldx + k);
+                a[r][0] = _mm256_fmadd_ps(xv, wv[0], a[r][0]);
+                a[r][1] = _mm256_fmadd_ps(xv, wv[1], a[r][1]);
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + r * 64 + 16 * q + 8 * h, a[r][h]);
+    }
+#endif
+}
+
+template <int MR, int WIDEN>
+inline void qchunk_rows(const float* x, int64_t ldx, float* w, int64_t kc, float* acc, bool first, const int8_t* raw,
+                        const float* sc, int rows) {
+    if (rows == MR) qchunk_tile<MR, WIDEN>(x, ldx, w, kc, acc, first, raw, sc);
+    else if constexpr (MR > 1) qchunk_rows<MR - 1, WIDEN>(x, ldx, w, kc, acc, first, raw, sc, rows);
+}
+
+#if defined(__AVX512F__)
+constexpr int QMC = 6;  // a chunk tile's rows: 24 accumulators
+#else
+constexpr int QMC = 4;
+#endif
+
+// y = x @ dequant(W)^T + bias + add over layout R's blocks, chunked as above
+void gemm_q8_chunked(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t* w, int64_t N, const float* bias,
+                     const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
+    const int64_t nblocks = N / 64, bstride = (K + 4) * 64;  // bytes a block
+    const int64_t lines = bstride / 64;
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+    {
+        const Units us = thread_units(M, QMC, nblocks);
+        static thread_local std::vector<float> wide, accs;
+        if ((int64_t)wide.size() < QC * 64) wide.resize(QC * 64);
+        if ((int64_t)accs.size() < us.groups * QMC * 64) accs.resize(us.groups * QMC * 64);
+        for (int64_t nb = us.u1 > us.u0 ? us.u0 / us.groups : 0; nb <= us.last; nb++) {
+            const int64_t ga = nb * us.groups > us.u0 ? 0 : us.u0 - nb * us.groups;
+            const int64_t gb = (nb + 1) * us.groups < us.u1 ? us.groups : us.u1 - nb * us.groups;
+            const char* wb = (const char*)w + nb * bstride;
+            const char* next = nb < us.last ? wb + bstride : nullptr;
+            const float* sc = (const float*)(wb + K * 64);
+            const int64_t nchunks = (K + QC - 1) / QC;
+            const int64_t per = next ? (lines + nchunks * (gb - ga) - 1) / (nchunks * (gb - ga)) : 0;
+            int64_t line = 0;
+            for (int64_t k0 = 0; k0 < K; k0 += QC) {
+                const int64_t kc = K - k0 < QC ? K - k0 : QC;
+                for (int64_t g = ga; g < gb; g++) {
+                    for (int64_t i = 0; i < per && line < lines; i++) _mm_prefetch(next + 64 * line++, _MM_HINT_T1);
+                    const int rows = (int)(M - g * QMC < QMC ? M - g * QMC : QMC);
+                    const float* xg = x + g * QMC * ldx + k0;
+                    float* ag = accs.data() + g * QMC * 64;
+                    const int8_t* raw = (const int8_t*)wb + k0 * 64;
+                    if (gb - ga == 1)
+                        qchunk_rows<QMC, 2>(xg, ldx, nullptr, kc, ag, k0 == 0, raw, sc, rows);
+                    else if (g == ga)
+                        qchunk_rows<QMC, 1>(xg, ldx, wide.data(), kc, ag, k0 == 0, raw, sc, rows);
+                    else
+                        qchunk_rows<QMC, 0>(xg, ldx, wide.data(), kc, ag, k0 == 0, nullptr, nullptr, rows);
+                }
+            }
+            for (int64_t g = ga; g < gb; g++) {
+                const int64_t m0 = g * QMC;
+                const int rows = (int)(M - m0 < QMC ? M - m0 : QMC);
+                const float* ac = accs.data() + g * QMC * 64;
+#if defined(__AVX512F__)
+                for (int r = 0; r < rows; r++)
+                    for (int c = 0; c < 64; c += 16)
+                        out_vec<false>(_mm512_loadu_ps(ac + r * 64 + c), bias ? bias + nb * 64 + c : nullptr,
+                                       add ? add + (m0 + r) * ldadd + nb * 64 + c : nullptr, y + (m0 + r) * ldy + nb * 64 + c);
+#else
+                for (int r = 0; r < rows; r++)
+                    for (int c = 0; c < 64; c += 8)
+                        out_vec<false>(_mm256_loadu_ps(ac + r * 64 + c), bias ? bias + nb * 64 + c : nullptr,
+                                       add ? add + (m0 + r) * ldadd + nb * 64 + c : nullptr, y + (m0 + r) * ldy + nb * 64 + c);
+#endif
+            }
+        }
+    }
+}
+}  // namespace
+#endif
+
+// y [M, N] (row stride ldy) = x @ dequant(W)^T + bias + add, as rollyard_gemm_f32 with layout R's weights (`w`).
+// Returns 0, or 1 where this build has neither AVX-512 nor AVX2 with FMA.
+extern "C" int rollyard_gemm_q8(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t* w, int64_t N,
+                                const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                                int threads) {
+#ifdef ROLLYARD_GEMM_F32
+    gemm_q8_chunked(x, ldx, M, K, w, N, bias, add, ldadd, y, ldy, threads);
+    return 0;
+#else
+    return 1;
+#endif
+}
+
 // y [M, N] (row stride ldy) = round_bf16(bf16(x) @ W^T + bias) + add: x [M, K] fp32 (row stride ldx), W in layout P
 // (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null (it may be y itself). x rounded to bf16 goes
 // into a buffer of the calling thread's own, kept for the next call. Returns 0, or 1 where this build has neither
@@ -1466,6 +1661,11 @@ inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const float* 
     return rollyard_gemm_f32(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, threads);
 }
 
+inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t* w, int64_t N, const float* b,
+                const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
+    return rollyard_gemm_q8(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, threads);
+}
+
 template <typename W, typename E>
 int decode_layer(float* x, int64_t B, int64_t D, const float* w_in, float eps_in, const float* w_post, float eps_post,
                  const W* wqkv, const float* bqkv, const W* wo, const float* bo, const W* wgu, int64_t I, const W* wd,
@@ -1521,4 +1721,16 @@ extern "C" int rollyard_decode_layer_f32(float* x, int64_t B, int64_t D, const f
                                          int threads) {
     return decode_layer<float, float>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd, cos,
                                       sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, share, width, threads);
+}
+
+// The same with int8 weights in layout R over an fp32 cache.
+extern "C" int rollyard_decode_layer_q8(float* x, int64_t B, int64_t D, const float* w_in, float eps_in,
+                                        const float* w_post, float eps_post, const int8_t* wqkv, const float* bqkv,
+                                        const int8_t* wo, const float* bo, const int8_t* wgu, int64_t I,
+                                        const int8_t* wd, const float* cos, const float* sin, const int64_t* pos,
+                                        int64_t same_pos, int H, int KVH, int hd, float* Kc, float* Vc, int64_t sb,
+                                        int64_t sh, int64_t sw, const int64_t* lens, const int64_t* share, int width,
+                                        int threads) {
+    return decode_layer<int8_t, float>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd, cos,
+                                       sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, share, width, threads);
 }

@@ -341,7 +341,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_decode_rope_write_bf16kv", "rollyard_decode_layer_bf16", "rollyard_gemm_f32_available",
             "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32",
             "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32",
-            "rollyard_logsumexp_f32", "rollyard_sum_squares_f32")  # _load's
+            "rollyard_logsumexp_f32", "rollyard_sum_squares_f32", "rollyard_pack_q8", "rollyard_gemm_q8",
+            "rollyard_decode_layer_q8")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -349,8 +350,6 @@ def _load(path: Path) -> ctypes.CDLL:
     P, I, L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
     lib.rollyard_decode_attn_f32.argtypes = [P, L, P, P, L, L, L, P, P, I, I, I, I, I, P, P, I]
     lib.rollyard_decode_attn_f32.restype = I
-    lib.rollyard_decode_attn_bf16kv.argtypes = [P, L, P, P, L, L, L, P, P, I, I, I, I, I, P, P, I]
-    lib.rollyard_decode_attn_bf16kv.restype = I
     lib.rollyard_decode_rope_write_bf16kv.argtypes = [P, L, I, I, I, I, P, P, P, L, P, P, P, L, L, L]
     lib.rollyard_decode_rope_write_bf16kv.restype = None
     lib.rollyard_decode_attn_supports.argtypes = [I, I]
@@ -367,8 +366,6 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_qkv_rope_fwd_f32.restype = None
     lib.rollyard_qkv_rope_bwd_f32.argtypes = [P, P, P, I, I, I, I, I, P, P, P, I]
     lib.rollyard_qkv_rope_bwd_f32.restype = None
-    lib.rollyard_decode_rope_write_f32.argtypes = [P, L, I, I, I, I, P, P, P, L, P, P, P, L, L, L]
-    lib.rollyard_decode_rope_write_f32.restype = None
     F32 = ctypes.c_float
     lib.rollyard_adamw_bf16_state.argtypes = [P, P, P, P, L, F32, F32, F32, F32, F32, F32, F32, ctypes.c_uint64, I]
     lib.rollyard_adamw_bf16_state.restype = None
@@ -397,8 +394,11 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_pack_f32.restype = None
     lib.rollyard_gemm_f32.argtypes = [P, L, L, L, P, L, P, P, L, P, L, I]
     lib.rollyard_gemm_f32.restype = I
-    lib.rollyard_decode_layer_f32.argtypes = lib.rollyard_decode_layer_bf16.argtypes
-    lib.rollyard_decode_layer_f32.restype = I
+    for name, like in (("decode_attn_bf16kv", "decode_attn_f32"), ("decode_rope_write_f32", "decode_rope_write_bf16kv"),
+                       ("decode_layer_f32", "decode_layer_bf16"), ("pack_q8", "pack_f32"), ("gemm_q8", "gemm_f32"),
+                       ("decode_layer_q8", "decode_layer_bf16")):  # the same signatures
+        fn, ref = getattr(lib, f"rollyard_{name}"), getattr(lib, f"rollyard_{like}")
+        fn.argtypes, fn.restype = ref.argtypes, ref.restype
     lib.rollyard_sum_squares_f32.argtypes = [P, P, I, P, I]
     lib.rollyard_sum_squares_f32.restype = None
     lib.rollyard_transpose_32.argtypes = [P, L, L, L, P, I]
@@ -823,6 +823,71 @@ def _gemm_f32_trial() -> str | None:
     return None
 
 
+# ---- the rollout's int8 weights (kernels.cc: layout R; rollout.precision=int8) --------------------------------------
+
+
+def q8_packs(n: int, k: int) -> bool:
+    """Whether a weight ``[n, k]`` can be packed for :func:`gemm_q8` here: as :func:`f32_packs` (layout R's matmul
+    widens each block to fp32 and runs layout Q's tiles)."""
+    return f32_packs(n, k)
+
+
+def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, s)``: ``w [n, k]`` (fp32) as int8 ``q`` times a per-row scale ``s [n]``: ``s = max|w[i]| / 127``,
+    ``q = round(w / s)`` (half to even; 0 where ``s`` is 0). What :func:`pack_q8` stores, in torch's ops (its
+    reference)."""
+    s = w.abs().amax(dim=1) / 127
+    q = torch.where(s[:, None] > 0, torch.round(w / torch.where(s > 0, s, 1)[:, None]), 0).clamp(-127, 127)
+    return q.to(torch.int8), s
+
+
+def pack_q8(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torch.Tensor:
+    """The rows of ``parts`` (fp32 ``[rows_i, k]`` CPU tensors, each times its scale, as ``torch.mul(t, scale)``)
+    stacked, quantized as :func:`quantize_q8` and written in one pass into layout R (``kernels.cc``): a
+    ``[n / 64, k + 4, 64]`` int8 tensor (each block's last 4 rows its 64 fp32 scales) for :func:`gemm_q8`, from
+    ``empty(shape, dtype)``. The caller checks :func:`q8_packs`."""
+    k = parts[0][0].shape[1]
+    n = sum(t.shape[0] for t, _ in parts)
+    ts = [t.detach().float().contiguous() for t, _ in parts]
+    assert all(t.dim() == 2 and t.shape[1] == k for t in ts)
+    out = empty((n // 64, k + 4, 64), dtype=torch.int8)
+    srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
+    rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
+    scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
+    _STATE["lib"].rollyard_pack_q8(srcs, rows, scales, len(ts), k, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def is_packed_q8(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a weight in layout R (:func:`pack_q8`)."""
+    return p.dim() == 3 and p.dtype == torch.int8 and p.shape[2] == 64
+
+
+def unpack_q8(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q [n, k] int8, s [n] fp32)`` that :func:`pack_q8` wrote into layout R."""
+    k = p.shape[1] - 4
+    q = p[:, :k].permute(0, 2, 1).reshape(p.shape[0] * 64, k)
+    s = p[:, k:].contiguous().view(torch.float32).reshape(-1)
+    return q, s
+
+
+def gemm_q8(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
+            add: torch.Tensor | None = None) -> torch.Tensor:
+    """``add + F.linear(x, q * s, b)`` for ``p = pack_q8(w)`` (``q, s = quantize_q8(w)``; the dequantized weight
+    ``q.float() * s[:, None]`` rounded once): :func:`gemm_f32`'s numbers over that weight, bit for bit, on a quarter
+    of its bytes."""
+    n, k = p.shape[0] * 64, p.shape[1] - 4
+    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
+    M = x2.shape[0]
+    rc = _STATE["lib"].rollyard_gemm_q8(
+        x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
+        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
+        torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError("the CPU int8-weight matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
+    return y
+
+
 def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
                  same_pos: int, kv: torch.Tensor, layer: int, H: int, KVH: int, lens: torch.Tensor | None,
                  width: int, share: torch.Tensor | None = None) -> None:
@@ -842,7 +907,9 @@ def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor,
     hd = cos.shape[-1]
     bf16 = kv.dtype == torch.bfloat16
     I = w["wgu"].shape[0] * 32  # either layout: [2 I / 64, ...] (64 columns a block)
-    fn = _STATE["lib"].rollyard_decode_layer_bf16 if bf16 else _STATE["lib"].rollyard_decode_layer_f32
+    lib = _STATE["lib"]
+    fn = (lib.rollyard_decode_layer_bf16 if bf16 else
+          lib.rollyard_decode_layer_q8 if is_packed_q8(w["wqkv"]) else lib.rollyard_decode_layer_f32)
     rc = fn(x.data_ptr(), B, D, w_in.data_ptr(), eps_in, w_post.data_ptr(), eps_post, w["wqkv"].data_ptr(),
             None if bqkv is None else bqkv.data_ptr(), w["wo"].data_ptr(), None if bo is None else bo.data_ptr(),
             w["wgu"].data_ptr(), I, w["wd"].data_ptr(), cos.data_ptr(), sin.data_ptr(),

@@ -354,9 +354,9 @@ def start(cfg: RunConfig, run_dir: str | Path, resume: bool, info: dict | None =
     train_prompts, held_out = _prompts(cfg, run, tokenizer, context, deadletter)
     opened: list = []  # what owns processes, closed again when start-up fails
     try:
+        precision = _precisions(cfg, model, settings)  # (a precision this device cannot run stops here, one line)
         model, rewards, scorer, reference, teacher, trainer, sft_info = _open_roles(
             cfg, model, tokenizer, context, device, train_prompts, held_out, ckpt is not None, opened)
-        precision = _precisions(cfg, model, settings)
         r = cfg.rollout
         feed = PromptFeed(PromptStream(train_prompts, seed=cfg.data.seed, shuffle=cfg.data.shuffle), PromptLedger(),
                           tokenizer, r.samples_per_prompt, r.max_new_tokens, context,

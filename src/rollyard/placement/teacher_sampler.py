@@ -22,8 +22,7 @@ from rollyard.config import RunConfig
 from rollyard.model import kv_budget
 from rollyard.model.loading import eos_ids
 from rollyard.rollout.engine import RolloutEngine
-from rollyard.sync.factory import DTYPES
-from rollyard.trainer.precision import rollout_precision
+from rollyard.trainer.precision import engine_dtype, rollout_precision
 from rollyard.types import Request, Sample
 
 
@@ -72,5 +71,5 @@ def build(cfg: RunConfig, model, tokenizer) -> TeacherSampler:
                            pad_token_id=tokenizer.pad_token_id or 0, temperature=r.temperature, top_p=r.top_p,
                            top_k=r.top_k, max_concurrent=r.max_concurrent,
                            max_cache_tokens=kv_budget.cache_tokens(cfg, model, device), seed=cfg.seed,
-                           compute_dtype=None if chosen is None else DTYPES[chosen])
+                           compute_dtype=engine_dtype(chosen))
     return TeacherSampler(engine, cfg.seed)

@@ -239,13 +239,18 @@ class NativeBackend:
 
 @torch.no_grad()
 def fast_path_matches(model, backend: NativeBackend) -> float:
-    """Max |logit difference| between the fast path and the HF forward on a short random sequence."""
+    """Max |logit difference| between the fast path and the HF forward on a short random sequence (relative to the
+    largest logit); with int8 weights (rollout.precision=int8), the HF forward over the weights those hold."""
     fwd = backend.fwd
     vocab = fwd.embed.shape[0]
     T = min(8, fwd.context)
     g = torch.Generator().manual_seed(1234)
     ids = torch.randint(0, vocab, (1, T), generator=g).to(fwd.device)
-    ref = model(input_ids=ids).logits[0].float()
+    held = fwd.dequantized()
+    if held:  # (tie_weights=False: a tied embedding keeps the module's table, as the fast path reads it)
+        ref = torch.func.functional_call(model, held, (), {"input_ids": ids}, tie_weights=False).logits[0].float()
+    else:
+        ref = model(input_ids=ids).logits[0].float()
     kv = fwd.new_cache(1, T)
     out = [fwd.prefill(ids[:, :T // 2], kv, torch.tensor([0], device=fwd.device),
                        torch.tensor([T // 2 - 1], device=fwd.device))[0]]
