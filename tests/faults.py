@@ -254,7 +254,12 @@ def corrupting_worker(from_version: int = 2) -> type:
     after it applies the update of version ``from_version``: one weight tensor is nudged by 1e-3, as a
     silently failed load or a bit flip would leave it. It keeps sampling. Silently: the engine's guard against
     in-place edits (its stamp of the parameters' version counters) is re-stamped, as a bit flip would not
-    move those counters; else that guard stops the worker first, at a time that races the weight check."""
+    move those counters; else that guard stops the worker first, at a time that races the weight check. The
+    corruption is part of applying that version: the weight check's checksum (a control thread, which waits for
+    the engine to report the version) waits for it too, else it could hash the weights in the moment between the
+    engine taking the version and the nudge (seen once on a loaded machine: the run ended unchecked)."""
+    import time
+
     from rollyard.placement.rollout_actor import RolloutWorker
 
     class Corrupting(RolloutWorker):
@@ -266,6 +271,12 @@ def corrupting_worker(from_version: int = 2) -> type:
                     next(self.engine.model.parameters()).add_(1e-3)
                 self.engine._stamp = self.engine._param_versions()
                 self._corrupted = True
+
+        def checksum(self, version: int, timeout_s: float = 120.0):
+            deadline = time.time() + timeout_s
+            while version >= from_version and not getattr(self, "_corrupted", False) and time.time() < deadline:
+                time.sleep(0.005)
+            return super().checksum(version, timeout_s)
 
     Corrupting.__name__ = Corrupting.__qualname__ = f"RolloutWorker_corrupts_v{from_version}"
     return Corrupting

@@ -1,5 +1,5 @@
-"""rollout.precision=int8: the native engine's matmul weights as int8 with an fp32 scale per output row (kernels.cc
-layout R), fp32 arithmetic. The packed bytes are the quantization torch's ops compute; a matmul over them is the fp32
+"""rollout.precision=int8: the native engine's matmul weights as int8 with an fp32 scale per row and group of 64
+inputs (kernels.cc layout R), fp32 arithmetic. The packed bytes are the quantization torch's ops compute; a matmul over them is the fp32
 kernel's over the dequantized weights, bit for bit; the engine's forward equals transformers' forward over those
 weights; a run says what ran; where it cannot run, one line says why."""
 
@@ -37,13 +37,16 @@ def test_the_packed_bytes_are_the_row_wise_quantization():
     w = torch.cat((torch.mul(a, scale), c))
     want_q, want_s = cpu_kernels.quantize_q8(w)
     assert torch.equal(q, want_q) and torch.equal(s, want_s)
-    # what the quantization is, from its definition
-    assert torch.equal(s, w.abs().amax(dim=1) / 127)
-    nonzero = s > 0
-    assert torch.equal(q[nonzero].abs().amax(dim=1), torch.full((int(nonzero.sum()),), 127, dtype=torch.int8))
-    assert not q[5].any() and s[5] == 0
-    err = (q.double() * s.double()[:, None] - w.double()).abs()
-    assert bool((err <= s.double()[:, None] / 2 * (1 + 1e-6)).all())
+    # what the quantization is, from its definition: inputs 0-63 and 64-95 (a short last group) scaled apart
+    assert s.shape == (192, 2)
+    for g, cols in enumerate((slice(0, 64), slice(64, 96))):
+        assert torch.equal(s[:, g], w[:, cols].abs().amax(dim=1) / 127)
+        nonzero = s[:, g] > 0
+        assert torch.equal(q[nonzero, cols].abs().amax(dim=1), torch.full((int(nonzero.sum()),), 127, dtype=torch.int8))
+        err = (q[:, cols].double() * s[:, g].double()[:, None] - w[:, cols].double()).abs()
+        assert bool((err <= s[:, g].double()[:, None] / 2 * (1 + 1e-6)).all())
+    assert not q[5].any() and not s[5].any()
+    assert s[9, 0] == 40.0 * scale / 127 and s[9, 1] < s[9, 0] / 10  # the outlier scales its own group only
 
 
 @pytest.mark.parametrize("rows", [1, 5, 7, 32])
@@ -52,7 +55,7 @@ def test_a_matmul_is_the_fp32_kernels_over_the_dequantized_weights(rows):
     p = cpu_kernels.pack_q8([(a, scale), (c, 1.0)])
     w = torch.cat((torch.mul(a, scale), c))
     q, s = cpu_kernels.quantize_q8(w)
-    deq = q.float() * s[:, None]
+    deq = cpu_kernels.dequantize_q8(q, s)
     g = torch.Generator().manual_seed(rows)
     x, add, b = torch.randn(rows, 96, generator=g), torch.randn(rows, 192, generator=g), torch.randn(192, generator=g)
     got = cpu_kernels.gemm_q8(x, p, b, add)
@@ -79,10 +82,10 @@ def test_the_engine_forward_is_transformers_forward_over_the_int8_weights():
     # the held weights are the module's, quantized row by row (q's rows with the attention scale folded in first)
     q_proj = model.model.layers[0].self_attn.q_proj.weight
     q, s = cpu_kernels.quantize_q8(q_proj * fwd.scale)
-    assert torch.allclose(held["model.layers.0.self_attn.q_proj.weight"], q.float() * s[:, None] / fwd.scale,
+    assert torch.allclose(held["model.layers.0.self_attn.q_proj.weight"], cpu_kernels.dequantize_q8(q, s) / fwd.scale,
                           rtol=1e-6, atol=1e-7)
     q, s = cpu_kernels.quantize_q8(model.model.layers[2].mlp.down_proj.weight)
-    assert torch.equal(held["model.layers.2.mlp.down_proj.weight"], q.float() * s[:, None])
+    assert torch.equal(held["model.layers.2.mlp.down_proj.weight"], cpu_kernels.dequantize_q8(q, s))
     ids = torch.tensor([[5, 9, 14, 3, 22, 7, 30, 11]])
     with torch.no_grad():
         ref = torch.func.functional_call(model, held, (), {"input_ids": ids}, tie_weights=False).logits[0]
@@ -113,7 +116,7 @@ def test_the_engine_runs_int8_after_a_weight_change():
     after = eng.backend.fwd.dequantized()["model.layers.1.mlp.up_proj.weight"]
     assert not torch.equal(before, after)
     q, s = cpu_kernels.quantize_q8(model.model.layers[1].mlp.up_proj.weight)
-    assert torch.equal(after, q.float() * s[:, None])
+    assert torch.equal(after, cpu_kernels.dequantize_q8(q, s))
     samples, rejected = eng.generate([Request("a", [5, 9, 14], n=2, max_new_tokens=6)])
     assert not rejected and all(len(x.completion_ids) == 6 and len(x.logprobs) == 6 for x in samples)
 

@@ -161,8 +161,8 @@ class FastForward:
         # Compute dtype: ``compute_dtype`` when given (rollout.precision: the fused copies are the module's weights
         # cast once per refresh); else the module's, except that bf16 weights of a narrow model on CPU are upcast
         # once per refresh (the values are the bf16 weights', only the arithmetic is wider).
-        # torch.int8 (rollout.precision=int8): the matmul weights quantized to int8 per output row where the kernels'
-        # layout R takes their shape (fp32 arithmetic over the dequantized weights; the rest as fp32)
+        # torch.int8 (rollout.precision=int8): the matmul weights quantized to int8 (a scale per row and 64 inputs)
+        # where the kernels' layout R takes their shape (fp32 arithmetic over the dequantized weights; the rest as fp32)
         self.q8 = compute_dtype == torch.int8
         if compute_dtype is not None:
             self.mm_dtype = torch.float32 if self.q8 else compute_dtype
@@ -258,8 +258,7 @@ class FastForward:
             return out
 
         def dense(p: torch.Tensor) -> torch.Tensor:
-            q, s = cpu_kernels.unpack_q8(p)
-            return q.float() * s[:, None]
+            return cpu_kernels.dequantize_q8(*cpu_kernels.unpack_q8(p))
 
         scale = 1.0 if self.qk_norm else self.scale
         nq, nk = self.H * self.hd, self.KVH * self.hd

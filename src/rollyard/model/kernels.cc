@@ -1343,11 +1343,15 @@ extern "C" int rollyard_gemm_f32(const float* x, int64_t ldx, int64_t M, int64_t
 
 // ---- the rollout's int8 weights (layout R): fp32 arithmetic on a quarter of fp32's bytes ---------------------------
 //
-// Layout R: [N/64][K + 4][64] bytes. A block's rows 0..K-1 hold its 64 columns' int8 weights, input k's 64 bytes in
-// one cache line; rows K..K+3 hold the 64 columns' fp32 scales. Column n's weights are quantized symmetrically, round
-// to nearest even: s = max|w[n, :]| / 127, q = round(w / s) in [-127, 127] (s = 0 and q = 0 for a zero row). A matmul
-// widens each block once per thread into fp32 (q * s, one rounding) and runs layout Q's fp32 tiles over it, so its
-// numbers are rollyard_gemm_f32's over the dequantized weights, bit for bit, whatever the row count or thread count.
+// Layout R: [N/64] blocks of 64 columns; a block holds its inputs in groups of Q8_GROUP (the last one may be shorter):
+// a group's kg rows of the 64 columns' int8 weights (input k's 64 bytes in one cache line), then 4 rows holding the
+// 64 columns' fp32 scales for that group. Column n's weights in group g are quantized symmetrically, round to nearest
+// even: s = max|w[n, g's inputs]| / 127, q = round(w / s) in [-127, 127] (s = 0 and q = 0 for an all-zero group). A
+// matmul widens each group to fp32 (q * s, one rounding) and runs fp32 FMAs over it, so its numbers are
+// rollyard_gemm_f32's over the dequantized weights, bit for bit, whatever the row count or thread count.
+constexpr int64_t Q8_GROUP = 64;
+
+inline int64_t q8_block_bytes(int64_t K) { return K * 64 + (K + Q8_GROUP - 1) / Q8_GROUP * 256; }
 
 extern "C" void rollyard_pack_q8(const float* const* srcs, const int64_t* rows, const float* scales, int nparts,
                                  int64_t K, int8_t* out, int threads) {
@@ -1359,24 +1363,24 @@ extern "C" void rollyard_pack_q8(const float* const* srcs, const int64_t* rows, 
         std::vector<float> v(K);
 #pragma omp for schedule(static)
         for (int64_t nb = 0; nb < nblocks; nb++) {
-            int8_t* o = out + nb * (K + 4) * 64;
-            float* sc = (float*)(o + K * 64);
+            int8_t* o = out + nb * q8_block_bytes(K);
             for (int c = 0; c < 64; c++) {
                 int64_t n = nb * 64 + c, part = 0;
                 while (n >= rows[part]) n -= rows[part++];
                 const float ps = scales[part], *src = srcs[part] + n * K;
-                float amax = 0.0f;
-                for (int64_t k = 0; k < K; k++) {
-                    v[k] = ps == 1.0f ? src[k] : src[k] * ps;
-                    const float a = std::fabs(v[k]);
-                    amax = a > amax ? a : amax;
-                }
-                const float s = amax / 127.0f;
-                sc[c] = s;
-                for (int64_t k = 0; k < K; k++) {
-                    float q = s > 0.0f ? std::nearbyint(v[k] / s) : 0.0f;
-                    q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-                    o[k * 64 + c] = (int8_t)q;
+                for (int64_t k = 0; k < K; k++) v[k] = ps == 1.0f ? src[k] : src[k] * ps;
+                for (int64_t k0 = 0; k0 < K; k0 += Q8_GROUP) {
+                    const int64_t kg = K - k0 < Q8_GROUP ? K - k0 : Q8_GROUP;
+                    int8_t* og = o + k0 * 64 + k0 / Q8_GROUP * 256;
+                    float amax = 0.0f;
+                    for (int64_t k = k0; k < k0 + kg; k++) amax = std::fabs(v[k]) > amax ? std::fabs(v[k]) : amax;
+                    const float s = amax / 127.0f;
+                    ((float*)(og + kg * 64))[c] = s;
+                    for (int64_t k = 0; k < kg; k++) {
+                        float q = s > 0.0f ? std::nearbyint(v[k0 + k] / s) : 0.0f;
+                        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+                        og[k * 64 + c] = (int8_t)q;
+                    }
                 }
             }
         }
@@ -1392,7 +1396,7 @@ namespace {
 // stores to L2 bound it) and at ~60% of the FMA peak at 32 rows (each row group re-reading it from L2); chunked, one
 // row reads ~18 GB/s and 32 rows run at ~85% of the peak. (The same chunking over layout Q's fp32 blocks measured no
 // faster than rollyard_gemm_f32's tiles, which are bound by streaming four times the bytes.)
-constexpr int64_t QC = 64;
+constexpr int64_t QC = Q8_GROUP;  // a chunk: one quantization group
 
 // acc [rows][64] (+)= x [rows, kc] (row stride ldx) @ w [kc][64] fp32, one FMA per input in order. WIDEN 0: w is the
 // widened chunk; 1: widen `raw` (int8, 64 a row, times the 64 scales `sc`) and store it into w as it goes; 2: widen
@@ -1468,7 +1472,7 @@ constexpr int QMC = 4;
 // y = x @ dequant(W)^T + bias + add over layout R's blocks, chunked as above
 void gemm_q8_chunked(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t* w, int64_t N, const float* bias,
                      const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
-    const int64_t nblocks = N / 64, bstride = (K + 4) * 64;  // bytes a block
+    const int64_t nblocks = N / 64, bstride = q8_block_bytes(K);
     const int64_t lines = bstride / 64;
 #pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
     {
@@ -1481,7 +1485,6 @@ void gemm_q8_chunked(const float* x, int64_t ldx, int64_t M, int64_t K, const in
             const int64_t gb = (nb + 1) * us.groups < us.u1 ? us.groups : us.u1 - nb * us.groups;
             const char* wb = (const char*)w + nb * bstride;
             const char* next = nb < us.last ? wb + bstride : nullptr;
-            const float* sc = (const float*)(wb + K * 64);
             const int64_t nchunks = (K + QC - 1) / QC;
             const int64_t per = next ? (lines + nchunks * (gb - ga) - 1) / (nchunks * (gb - ga)) : 0;
             int64_t line = 0;
@@ -1492,7 +1495,8 @@ void gemm_q8_chunked(const float* x, int64_t ldx, int64_t M, int64_t K, const in
                     const int rows = (int)(M - g * QMC < QMC ? M - g * QMC : QMC);
                     const float* xg = x + g * QMC * ldx + k0;
                     float* ag = accs.data() + g * QMC * 64;
-                    const int8_t* raw = (const int8_t*)wb + k0 * 64;
+                    const int8_t* raw = (const int8_t*)wb + k0 * 64 + k0 / QC * 256;  // the group's weights
+                    const float* sc = (const float*)(raw + kc * 64);                    // and its scales
                     if (gb - ga == 1)
                         qchunk_rows<QMC, 2>(xg, ldx, nullptr, kc, ag, k0 == 0, raw, sc, rows);
                     else if (g == ga)

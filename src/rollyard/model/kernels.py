@@ -46,9 +46,9 @@ AVX2 build runs 4-row x 16-column tiles). SmolLM2-135M, 2 threads, against oneDN
 on a fixed case once per process.
 
 **The rollout's int8 weights** (:func:`pack_q8`, :func:`gemm_q8`; ``rollout.precision=int8``): each weight row quantized
-to int8 with an fp32 scale (``max|w| / 127``, round to nearest even: :func:`quantize_q8`), written once per weight
-version into layout R (``[N/64][K + 4][64]`` bytes: a block's int8 weights, one 64-byte line per input, then its 64
-scales). A matmul widens ``q * s`` to fp32 a 64-input chunk at a time and runs fp32 FMAs over it, so its numbers are
+to int8 with an fp32 scale per group of 64 inputs (``max|w| / 127``, round to nearest even: :func:`quantize_q8`),
+written once per weight version into layout R (a block of 64 columns: each group's int8 weights, one 64-byte line per
+input, then its 64 scales). A matmul widens ``q * s`` to fp32 a 64-input chunk at a time and runs fp32 FMAs over it, so its numbers are
 :func:`gemm_f32`'s over the dequantized weights, bit for bit, on a quarter of the bytes. SmolLM2's gate|up at one row
 0.33 -> 0.10 ms, at 32 rows 0.68 -> 0.45 ms (2 threads, from memory).
 
@@ -839,25 +839,48 @@ def q8_packs(n: int, k: int) -> bool:
     return f32_packs(n, k)
 
 
+Q8_GROUP = 64  # inputs sharing a scale (kernels.cc Q8_GROUP)
+
+
+def _q8_rows(k: int) -> int:
+    """Layout R's rows a block for ``k`` inputs: each group's weights, then its 64 scales (4 rows of bytes)."""
+    return k + 4 * -(-k // Q8_GROUP)
+
+
+def _q8_k(rows: int) -> int:
+    """The inputs ``k`` of a block of ``rows`` rows (:func:`_q8_rows` inverted)."""
+    full, rest = divmod(rows, Q8_GROUP + 4)
+    return Q8_GROUP * full + (rest - 4 if rest else 0)
+
+
 def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q, s)``: ``w [n, k]`` (fp32) as int8 ``q`` times a per-row scale ``s [n]``: ``s = max|w[i]| / 127``,
-    ``q = round(w / s)`` (half to even; 0 where ``s`` is 0). What :func:`pack_q8` stores, in torch's ops (its
-    reference)."""
-    s = w.abs().amax(dim=1) / 127
-    q = torch.where(s[:, None] > 0, torch.round(w / torch.where(s > 0, s, 1)[:, None]), 0).clamp(-127, 127)
+    """``(q, s)``: ``w [n, k]`` (fp32) as int8 ``q`` times a scale ``s [n, ceil(k / 64)]`` per row and group of
+    :data:`Q8_GROUP` inputs: ``s = max|w[i, group]| / 127``, ``q = round(w / s)`` (half to even; 0 where ``s`` is
+    0). What :func:`pack_q8` stores, in torch's ops (its reference)."""
+    n, k = w.shape
+    groups = -(-k // Q8_GROUP)
+    padded = F.pad(w, (0, groups * Q8_GROUP - k)).view(n, groups, Q8_GROUP)
+    s = padded.abs().amax(dim=2) / 127
+    wide = s.repeat_interleave(Q8_GROUP, dim=1)[:, :k]
+    q = torch.where(wide > 0, torch.round(w / torch.where(wide > 0, wide, 1)), 0).clamp(-127, 127)
     return q.to(torch.int8), s
+
+
+def dequantize_q8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """The fp32 weight ``q * s`` that a layout-R matmul computes with (one rounding per weight)."""
+    return q.float() * s.repeat_interleave(Q8_GROUP, dim=1)[:, :q.shape[1]]
 
 
 def pack_q8(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torch.Tensor:
     """The rows of ``parts`` (fp32 ``[rows_i, k]`` CPU tensors, each times its scale, as ``torch.mul(t, scale)``)
     stacked, quantized as :func:`quantize_q8` and written in one pass into layout R (``kernels.cc``): a
-    ``[n / 64, k + 4, 64]`` int8 tensor (each block's last 4 rows its 64 fp32 scales) for :func:`gemm_q8`, from
-    ``empty(shape, dtype)``. The caller checks :func:`q8_packs`."""
+    ``[n / 64, k + 4 * ceil(k / 64), 64]`` int8 tensor (each group's 64 fp32 scales after its weights) for
+    :func:`gemm_q8`, from ``empty(shape, dtype)``. The caller checks :func:`q8_packs`."""
     k = parts[0][0].shape[1]
     n = sum(t.shape[0] for t, _ in parts)
     ts = [t.detach().float().contiguous() for t, _ in parts]
     assert all(t.dim() == 2 and t.shape[1] == k for t in ts)
-    out = empty((n // 64, k + 4, 64), dtype=torch.int8)
+    out = empty((n // 64, _q8_rows(k), 64), dtype=torch.int8)
     srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
     rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
     scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
@@ -871,19 +894,22 @@ def is_packed_q8(p: torch.Tensor) -> bool:
 
 
 def unpack_q8(p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(q [n, k] int8, s [n] fp32)`` that :func:`pack_q8` wrote into layout R."""
-    k = p.shape[1] - 4
-    q = p[:, :k].permute(0, 2, 1).reshape(p.shape[0] * 64, k)
-    s = p[:, k:].contiguous().view(torch.float32).reshape(-1)
-    return q, s
+    """``(q [n, k] int8, s [n, ceil(k / 64)] fp32)`` that :func:`pack_q8` wrote into layout R."""
+    k = _q8_k(p.shape[1])
+    qs, ss = [], []
+    for k0 in range(0, k, Q8_GROUP):
+        at, kg = k0 + 4 * (k0 // Q8_GROUP), min(Q8_GROUP, k - k0)
+        qs.append(p[:, at:at + kg])
+        ss.append(p[:, at + kg:at + kg + 4].contiguous().view(torch.float32).reshape(-1))
+    q = torch.cat(qs, dim=1).permute(0, 2, 1).reshape(p.shape[0] * 64, k)
+    return q, torch.stack(ss, dim=1)
 
 
 def gemm_q8(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
             add: torch.Tensor | None = None) -> torch.Tensor:
-    """``add + F.linear(x, q * s, b)`` for ``p = pack_q8(w)`` (``q, s = quantize_q8(w)``; the dequantized weight
-    ``q.float() * s[:, None]`` rounded once): :func:`gemm_f32`'s numbers over that weight, bit for bit, on a quarter
-    of its bytes."""
-    n, k = p.shape[0] * 64, p.shape[1] - 4
+    """``add + F.linear(x, dequantize_q8(*quantize_q8(w)), b)`` for ``p = pack_q8(w)``: :func:`gemm_f32`'s numbers
+    over the dequantized weight, bit for bit, on a quarter of its bytes (and a scale per 64)."""
+    n, k = p.shape[0] * 64, _q8_k(p.shape[1])
     x2, y, add, bias = _gemm_operands(x, n, k, b, add)
     M = x2.shape[0]
     rc = _STATE["lib"].rollyard_gemm_q8(

@@ -92,8 +92,8 @@ def _int8_reason(device: torch.device) -> str:
         why = cpu_kernels._STATE.get("why") or "the kernels are off (ROLLYARD_CPU_KERNELS=0) or this CPU has no AVX2"
         raise ConfigError(f"rollout.precision=int8 needs rollyard's compiled CPU kernels (AVX-512 or AVX2 + FMA), which "
                           f"are unavailable here ({why}); set rollout.precision=fp32 (or auto)")
-    return ("set by rollout.precision=int8: the engine's matmul weights as int8 with an fp32 scale per output row "
-            "(max|w| / 127), fp32 arithmetic on a quarter of the bytes fp32 weights stream; the sampler's numbers "
+    return ("set by rollout.precision=int8: the engine's matmul weights as int8 with an fp32 scale per row and 64 "
+            "inputs (max|w| / 127), fp32 arithmetic on a quarter of the bytes fp32 weights stream; the sampler's numbers "
             "differ from the trainer's by the quantization, which the canary measures and truncated IS corrects")
 
 
