@@ -115,6 +115,11 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
             "recompute": "activation_checkpointing: true" in (run / "config.yaml").read_text()}
 
 
+# Bytes a matmul weight streams by the native engine's rollout.precision (int8: the weight and its group's fp32 scale
+# over 64 inputs; kernels.cc layout R); fp32 otherwise
+WEIGHT_BYTES = {"bf16": 2, "int8": 1 + 4 / 64}
+
+
 def kv_element_bytes(info: dict) -> int:
     """The native engine's K/V cache element size in a run (run.json): bf16 where the rollout ran bf16 and the
     compiled decode attention was on (model/fast.py keeps a bf16 cache then), else fp32."""
@@ -127,7 +132,7 @@ def rollout_arithmetic(info: dict) -> str:
     runs the compiled kernels' widening matmul, bf16 weights in fp32 arithmetic, so its compute limit is fp32's."""
     rp = info.get("rollout_precision") or "fp32"
     widened = "fp32 arithmetic" in str((info.get("kernels") or {}).get("bf16_matmul", ""))
-    return "fp32" if rp == "bf16" and widened else rp
+    return "fp32" if (rp == "bf16" and widened) or rp == "int8" else rp  # (int8: int8 weights, fp32 arithmetic)
 
 
 def real_positions(path: Path) -> dict[int, int]:
@@ -336,7 +341,7 @@ def speed(a) -> int:
                     rows = run["rows"][a.warmup:]
                     rp = run["precision"] or "fp32"
                     roof = [rollout_roofline(run["lengths"][x["step"]], c, matmul_params, rate_of(run["arithmetic"]), bandwidth,
-                                             matmul_params * (2 if rp == "bf16" else 4), run["kv_bytes"]) for x in rows]
+                                             matmul_params * WEIGHT_BYTES.get(rp, 4), run["kv_bytes"]) for x in rows]
                     res[side].append({"roofline": roof, "rollout_precision": rp, "arithmetic": run["arithmetic"], "step": [x["time/step"] for x in rows], "train": [x["time/train"] for x in rows],
                                       "rollout": [x["time/rollout"] for x in rows],
                                       "positions": [run["real_positions"][x["step"]] for x in rows],

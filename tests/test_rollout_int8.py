@@ -171,3 +171,22 @@ def test_a_colocated_run_with_int8_rollouts_says_so_and_its_canary_reads_the_qua
     assert "ALARM" not in out and "rollout precision int8 (set by rollout.precision=int8" in out
     info = json.loads((Path(run.run_dir) / rundir.RUN_INFO).read_text())
     assert info["rollout_precision"] == "int8"
+
+
+def test_gemma3s_layers_on_int8_weights_are_transformers_forward_over_them():
+    """Gemma 3's block (QK-norm: no attention scale folded into q's rows, GeGLU, sliding windows) on layout R."""
+    from gemma3_files import gemma_tokenizer, tiny_gemma3
+
+    model = tiny_gemma3(gemma_tokenizer())
+    backend = native.NativeBackend(model, 4, 256, torch.int8)
+    fwd = backend.fwd
+    assert fwd.q8 and fwd.qk_norm
+    assert all(cpu_kernels.is_packed_q8(w[k]) for w in fwd.layers for k in ("wqkv", "wo", "wgu", "wd"))
+    q, s = cpu_kernels.quantize_q8(model.model.layers[3].self_attn.q_proj.weight)
+    assert torch.equal(fwd.dequantized()["model.layers.3.self_attn.q_proj.weight"], cpu_kernels.dequantize_q8(q, s))
+    assert native.fast_path_matches(model, backend) < 1e-5
+    ids = torch.tensor([[5, 9, 14, 3, 22, 7, 30, 11, 4, 8]])  # past the window (4)
+    with torch.no_grad():
+        got = fwd.prefill(ids, fwd.new_cache(1, 10), torch.tensor([0]), torch.tensor([9]))[0]
+        plain = model(input_ids=ids).logits[0, 9]
+    assert float((got - plain).abs().max() / plain.abs().max()) > 1e-4  # the quantization shows in the logits
