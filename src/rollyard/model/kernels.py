@@ -735,6 +735,19 @@ def _gemm_operands(x: torch.Tensor, n: int, k: int, b: torch.Tensor | None, add:
     return x2, y, add, _f32(b)
 
 
+def _gemm_call(fn, x: torch.Tensor, p: torch.Tensor, n: int, k: int, b: torch.Tensor | None, add: torch.Tensor | None,
+               missing: str) -> torch.Tensor:
+    """``fn`` (a ``rollyard_gemm_*`` kernel) over ``x [..., k]`` and the packed weight ``p`` (``n`` outputs), with
+    :func:`_gemm_operands`; ``RuntimeError(missing)`` where this build has no such kernel."""
+    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
+    rc = fn(x2.data_ptr(), x2.stride(0), x2.shape[0], k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
+            None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
+            torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(missing)
+    return y
+
+
 def unpack_bf16(p: torch.Tensor) -> torch.Tensor:
     """The weight ``[n, k]`` (bf16) that :func:`pack_bf16` wrote into layout P."""
     return p.permute(0, 3, 1, 2, 4).reshape(p.shape[0] * 64, p.shape[1] * 32)
@@ -746,15 +759,7 @@ def gemm_bf16(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     strided in 2-D), fp32 bias and ``add`` (shaped like the output), fp32 result; the product's bf16 rounding is
     the bf16 matmul's, so the numbers are those of the cast, oneDNN's bf16 matmul and the cast back, in one call."""
     n, k = p.shape[0] * 64, p.shape[1] * 32
-    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
-    M = x2.shape[0]
-    rc = _STATE["lib"].rollyard_gemm_bf16(
-        x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
-        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
-        torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError("the CPU bf16 matmul kernel was called in a build without AVX512-BF16, AVX-512F or AVX2")
-    return y
+    return _gemm_call(_STATE["lib"].rollyard_gemm_bf16, x, p, n, k, b, add, "the CPU bf16 matmul kernel was called in a build without AVX512-BF16, AVX-512F or AVX2")
 
 
 def f32_packs(n: int, k: int) -> bool:
@@ -772,15 +777,22 @@ def pack_f32(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torc
     """The rows of ``parts`` (fp32 ``[rows_i, k]`` CPU tensors, each times its scale, as ``torch.mul(t, scale)``)
     stacked and written in one pass into layout Q (``kernels.cc``): a ``[n / 64, k, 64]`` fp32 tensor for
     :func:`gemm_f32`, from ``empty(shape, dtype)``. The caller checks :func:`f32_packs`."""
+    assert all(t.dtype == torch.float32 for t, _ in parts)
     k = parts[0][0].shape[1]
-    n = sum(t.shape[0] for t, _ in parts)
-    ts = [t.detach().contiguous() for t, _ in parts]
-    assert all(t.dtype == torch.float32 and t.dim() == 2 and t.shape[1] == k for t in ts)
-    out = empty((n // 64, k, 64), dtype=torch.float32)
+    out = empty((sum(t.shape[0] for t, _ in parts) // 64, k, 64), dtype=torch.float32)
+    return _pack_fp32_parts(_STATE["lib"].rollyard_pack_f32, parts, out)
+
+
+def _pack_fp32_parts(fn, parts: list[tuple[torch.Tensor, float]], out: torch.Tensor) -> torch.Tensor:
+    """``fn(srcs, rows, scales, nparts, k, out, threads)`` (``rollyard_pack_f32`` / ``_q8``) over ``parts`` as fp32
+    rows ``[rows_i, k]``: ``out``."""
+    k = parts[0][0].shape[1]
+    ts = [t.detach().float().contiguous() for t, _ in parts]
+    assert all(t.dim() == 2 and t.shape[1] == k for t in ts)
     srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
     rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
     scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
-    _STATE["lib"].rollyard_pack_f32(srcs, rows, scales, len(ts), k, out.data_ptr(), torch.get_num_threads())
+    fn(srcs, rows, scales, len(ts), k, out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -800,15 +812,7 @@ def gemm_f32(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     2-D; ``add`` shaped like the output): each output one fused multiply-add chain over the input in order, then the
     bias, then ``add``, whatever the thread count or the ISA (AVX-512 and AVX2 compute the same numbers)."""
     n, k = p.shape[0] * 64, p.shape[1]
-    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
-    M = x2.shape[0]
-    rc = _STATE["lib"].rollyard_gemm_f32(
-        x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
-        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
-        torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError("the CPU fp32 matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
-    return y
+    return _gemm_call(_STATE["lib"].rollyard_gemm_f32, x, p, n, k, b, add, "the CPU fp32 matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
 
 
 def _gemm_f32_trial() -> str | None:
@@ -876,16 +880,8 @@ def pack_q8(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torch
     stacked, quantized as :func:`quantize_q8` and written in one pass into layout R (``kernels.cc``): a
     ``[n / 64, k + 4 * ceil(k / 64), 64]`` int8 tensor (each group's 64 fp32 scales after its weights) for
     :func:`gemm_q8`, from ``empty(shape, dtype)``. The caller checks :func:`q8_packs`."""
-    k = parts[0][0].shape[1]
-    n = sum(t.shape[0] for t, _ in parts)
-    ts = [t.detach().float().contiguous() for t, _ in parts]
-    assert all(t.dim() == 2 and t.shape[1] == k for t in ts)
-    out = empty((n // 64, _q8_rows(k), 64), dtype=torch.int8)
-    srcs = (ctypes.c_void_p * len(ts))(*(t.data_ptr() for t in ts))
-    rows = (ctypes.c_int64 * len(ts))(*(t.shape[0] for t in ts))
-    scales = (ctypes.c_float * len(ts))(*(float(sc) for _, sc in parts))
-    _STATE["lib"].rollyard_pack_q8(srcs, rows, scales, len(ts), k, out.data_ptr(), torch.get_num_threads())
-    return out
+    out = empty((sum(t.shape[0] for t, _ in parts) // 64, _q8_rows(parts[0][0].shape[1]), 64), dtype=torch.int8)
+    return _pack_fp32_parts(_STATE["lib"].rollyard_pack_q8, parts, out)
 
 
 def is_packed_q8(p: torch.Tensor) -> bool:
@@ -910,15 +906,7 @@ def gemm_q8(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     """``add + F.linear(x, dequantize_q8(*quantize_q8(w)), b)`` for ``p = pack_q8(w)``: :func:`gemm_f32`'s numbers
     over the dequantized weight, bit for bit, on a quarter of its bytes (and a scale per 64)."""
     n, k = p.shape[0] * 64, _q8_k(p.shape[1])
-    x2, y, add, bias = _gemm_operands(x, n, k, b, add)
-    M = x2.shape[0]
-    rc = _STATE["lib"].rollyard_gemm_q8(
-        x2.data_ptr(), x2.stride(0), M, k, p.data_ptr(), n, None if bias is None else bias.data_ptr(),
-        None if add is None else add.data_ptr(), 0 if add is None else add.stride(0), y.data_ptr(), n,
-        torch.get_num_threads())
-    if rc != 0:
-        raise RuntimeError("the CPU int8-weight matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
-    return y
+    return _gemm_call(_STATE["lib"].rollyard_gemm_q8, x, p, n, k, b, add, "the CPU int8-weight matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
 
 
 def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
