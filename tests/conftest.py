@@ -245,13 +245,15 @@ def ray_session():
 # The files whose Ray / subprocess tests take longest, started first: `make test` runs whole files on two
 # pytest-xdist workers, handed out in collection order, so a long file collected last would run alone at the
 # end while the other worker idles (longest first: the last file to start is a short one). Order only: every
-# file still runs every test. The list: the files with the longest tests in `pytest --durations=60` (2026-11-27).
-LONGEST_FIRST = ("test_sync_grid.py", "test_placements.py", "test_restarts.py", "test_vllm.py", "test_reference.py",
-                 "test_tail_ray.py", "test_reliability.py", "test_two_nodes.py", "test_dp_faults.py",
-                 "test_determinism.py", "test_orphans.py", "test_tools.py", "test_ray_dp.py", "test_trainer.py",
-                 "test_restart_booking.py", "test_review_runs.py", "test_security.py", "test_weight_check.py",
-                 "test_dp.py", "test_trl_script.py", "test_support_learning.py", "test_memory_peaks.py",
-                 "test_output.py", "test_plan.py")
+# file still runs every test. The list: the files' summed times in `pytest --durations=0` (2026-11-30; before,
+# test_waits.py's ~2 min of build and signal tests, collected last by name, ran alone at the end of `make test`).
+LONGEST_FIRST = ("test_sync_grid.py", "test_waits.py", "test_restarts.py", "test_placements.py", "test_vllm.py",
+                 "test_reliability.py", "test_gkd.py", "test_dp.py", "test_two_nodes.py", "test_tools.py",
+                 "test_distill.py", "test_one_lines.py", "test_trl_script.py", "test_dp_faults.py", "test_reference.py",
+                 "test_tail_ray.py", "test_cpu_kernels.py", "test_security.py", "test_recipe_loop.py",
+                 "test_review_runs.py", "test_warmstart.py", "test_sync.py", "test_orphans.py", "test_determinism.py",
+                 "test_ray_dp.py", "test_restart_booking.py", "test_weight_check.py", "test_trainer.py",
+                 "test_support_learning.py", "test_memory_peaks.py", "test_output.py", "test_plan.py")
 
 
 def pytest_collection_modifyitems(config, items):
