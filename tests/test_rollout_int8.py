@@ -121,26 +121,28 @@ def test_the_engine_runs_int8_after_a_weight_change():
     assert not rejected and all(len(x.completion_ids) == 6 and len(x.logprobs) == 6 for x in samples)
 
 
-def test_int8_where_it_cannot_run_is_one_line(monkeypatch):
+@pytest.mark.parametrize("prec,dtype", [("int8", torch.int8), ("w8a8", torch.qint8)])
+def test_int8_where_it_cannot_run_is_one_line(monkeypatch, prec, dtype):
     model = _model()
-    assert rollout_precision("int8", model, torch.device("cpu"))[0] == "int8"
-    assert engine_dtype("int8") == torch.int8
-    with pytest.raises(ConfigError, match=r"rollout.precision=int8 .* on cuda; set rollout.precision=auto"):
-        rollout_precision("int8", model, torch.device("cuda"))
+    assert rollout_precision(prec, model, torch.device("cpu"))[0] == prec
+    assert engine_dtype(prec) == dtype
+    with pytest.raises(ConfigError, match=rf"rollout.precision={prec} .* on cuda; set rollout.precision=auto"):
+        rollout_precision(prec, model, torch.device("cuda"))
     monkeypatch.setattr(cpu_kernels, "q8_packs", lambda n, k: False)
-    with pytest.raises(ConfigError, match=r"needs rollyard's compiled CPU kernels .* set rollout.precision=fp32"):
-        rollout_precision("int8", model, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=rf"precision={prec} needs rollyard's compiled CPU kernels .* set rollout.precision=fp32"):
+        rollout_precision(prec, model, torch.device("cpu"))
     from rollyard.placement.rules import check
 
-    cfg = load_config(None, ["rollout.backend=vllm", "rollout.precision=int8"])
+    cfg = load_config(None, ["rollout.backend=vllm", f"rollout.precision={prec}"])
     with pytest.raises(ConfigError, match=r"rollout.backend=vllm computes in its weights' dtype; drop rollout.precision"):
         check(cfg)
 
 
-def test_a_colocated_run_with_int8_rollouts_says_so_and_its_canary_reads_the_quantization(tmp_path, capsys):
-    """The tiny preset (hidden 96): the q|k|v and gate|up weights fit layout R's 64-row blocks and go int8, o_proj
-    and down_proj stay fp32 (the per-op path mixes them). The canary reads the quantization (far above the fp32
-    kernels' rounding), within int8's first-sync ceiling: no alarm; the weights really change (rewards)."""
+@pytest.mark.parametrize("prec", ["int8", "w8a8"])
+def test_a_colocated_run_with_int8_rollouts_says_so_and_its_canary_reads_the_quantization(tmp_path, capsys, prec):
+    """The tiny preset (hidden 96): the q|k|v and gate|up weights fit layout R's (w8a8: V's) 64-row blocks and go
+    int8, o_proj and down_proj stay fp32 (the per-op path mixes them). The canary reads the quantization (far above
+    the fp32 kernels' rounding), within int8's first-sync ceiling: no alarm; the weights really change (rewards)."""
     import json
     from pathlib import Path
 
@@ -154,12 +156,13 @@ def test_a_colocated_run_with_int8_rollouts_says_so_and_its_canary_reads_the_qua
     cfg = load_config(None, ["model.context=64", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
                              "rollout.samples_per_prompt=4", "rollout.max_new_tokens=8", "sft.auto=false",
                              "progress=false", "reward.num_workers=1", hook, "steps=4", "log.plots=false",
-                             "trainer.lr=5e-3", "rollout.precision=int8", f"out_dir={tmp_path / 'r'}"])
+                             "trainer.lr=5e-3", f"rollout.precision={prec}", f"out_dir={tmp_path / 'r'}"])
     run, r, extra = start(cfg, cfg.out_dir, False)
     side = LocalRollout(run, r, resolve(cfg, "cpu"), extra)
     fwd = side.engine.backend.fwd
-    assert fwd.q8 and not fwd.fused_layers
-    assert cpu_kernels.is_packed_q8(fwd.layers[0]["wqkv"]) and cpu_kernels.is_packed_q8(fwd.layers[0]["wgu"])
+    packed = cpu_kernels.is_packed_w8a8 if prec == "w8a8" else cpu_kernels.is_packed_q8
+    assert fwd.q8 and fwd.a8 == (prec == "w8a8") and not fwd.fused_layers
+    assert packed(fwd.layers[0]["wqkv"]) and packed(fwd.layers[0]["wgu"])
     assert all(fwd.layers[0][k].dtype == torch.float32 for k in ("wo", "wd"))  # (96 rows: no 64-row blocks)
     grpo.train(run, r, side)
     rows = list(rundir.read_jsonl(Path(run.run_dir) / rundir.METRICS))
@@ -168,9 +171,9 @@ def test_a_colocated_run_with_int8_rollouts_says_so_and_its_canary_reads_the_qua
     assert min(gaps) > 2e-4 and max(gaps) < 2.0, gaps  # (the fp32 kernels: < 1e-5)
     assert not any(row["alarm/logprob_canary"] for row in rows), gaps
     out = capsys.readouterr().out
-    assert "ALARM" not in out and "rollout precision int8 (set by rollout.precision=int8" in out
+    assert "ALARM" not in out and f"rollout precision {prec} (set by rollout.precision={prec}" in out
     info = json.loads((Path(run.run_dir) / rundir.RUN_INFO).read_text())
-    assert info["rollout_precision"] == "int8"
+    assert info["rollout_precision"] == prec
 
 
 def test_gemma3s_layers_on_int8_weights_are_transformers_forward_over_them():

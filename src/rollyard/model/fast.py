@@ -162,8 +162,10 @@ class FastForward:
         # cast once per refresh); else the module's, except that bf16 weights of a narrow model on CPU are upcast
         # once per refresh (the values are the bf16 weights', only the arithmetic is wider).
         # torch.int8 (rollout.precision=int8): the matmul weights quantized to int8 (a scale per row and 64 inputs)
-        # where the kernels' layout R takes their shape (fp32 arithmetic over the dequantized weights; the rest as fp32)
-        self.q8 = compute_dtype == torch.int8
+        # where the kernels' layout R takes their shape (fp32 arithmetic over the dequantized weights; the rest as fp32);
+        # torch.qint8 (w8a8): the same weights in layout V, each matmul's input quantized too (int32 dot products)
+        self.a8 = compute_dtype == torch.qint8
+        self.q8 = compute_dtype == torch.int8 or self.a8
         if compute_dtype is not None:
             self.mm_dtype = torch.float32 if self.q8 else compute_dtype
         else:
@@ -244,39 +246,39 @@ class FastForward:
         self.n_qk = (self.H + self.KVH) * self.hd
         # a decode step's layers in one call each: every piece on its kernel (bf16 matmuls in layout P, RoPE + cache
         # write, attention over a bf16 cache, RMSNorm, SwiGLU), the per-op path's numbers bit for bit
-        packed = (cpu_kernels.is_packed_bf16 if self.kv_dtype == torch.bfloat16 else
-                  cpu_kernels.is_packed_q8 if self.q8 else cpu_kernels.is_packed_f32)
+        packed = (cpu_kernels.is_packed_bf16 if self.kv_dtype == torch.bfloat16 else cpu_kernels.is_packed_w8a8
+                  if self.a8 else cpu_kernels.is_packed_q8 if self.q8 else cpu_kernels.is_packed_f32)
         self.fused_layers = (self.FUSED_LAYER and self.rope_kernel and self.kv_dtype in (torch.bfloat16, torch.float32)
                              and all(packed(w[k]) for w in self.layers for k in ("wqkv", "wo", "wgu", "wd")))
 
     def dequantized(self) -> dict[str, torch.Tensor]:
-        """The module's matmul weights as this forward's int8 copies compute with them (``q * s``, q's rows divided
-        back by the attention scale), by parameter name: a reference forward (``torch.func.functional_call``) over
-        them is what the fast path must equal. Empty unless ``q8`` packed some."""
+        """The module's matmul weights as this forward's int8 copies hold them (``q * s``, q's rows divided back by the
+        attention scale), by parameter name: a reference forward (``torch.func.functional_call``) over them is what
+        the fast path must equal (w8a8: up to its inputs' rounding). Empty unless ``q8`` packed some."""
         out: dict[str, torch.Tensor] = {}
         if not self.q8:
             return out
 
-        def dense(p: torch.Tensor) -> torch.Tensor:
-            return cpu_kernels.dequantize_q8(*cpu_kernels.unpack_q8(p))
+        def dense(p: torch.Tensor, k: int) -> torch.Tensor | None:
+            if cpu_kernels.is_packed_w8a8(p):
+                return cpu_kernels.dequantize_q8(*cpu_kernels.unpack_w8a8(p, k))
+            return cpu_kernels.dequantize_q8(*cpu_kernels.unpack_q8(p)) if cpu_kernels.is_packed_q8(p) else None
 
         scale = 1.0 if self.qk_norm else self.scale
         nq, nk = self.H * self.hd, self.KVH * self.hd
         for i, w in enumerate(self.layers):
             at, ml = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            if cpu_kernels.is_packed_q8(w["wqkv"]):
-                d = dense(w["wqkv"])
+            if (d := dense(w["wqkv"], self.D)) is not None:
                 out.update({at + "q_proj.weight": d[:nq] / scale, at + "k_proj.weight": d[nq:nq + nk],
                             at + "v_proj.weight": d[nq + nk:]})
-            if cpu_kernels.is_packed_q8(w["wgu"]):
-                d = dense(w["wgu"])
+            if (d := dense(w["wgu"], self.D)) is not None:
                 half = d.shape[0] // 2
                 out.update({ml + "gate_proj.weight": d[:half], ml + "up_proj.weight": d[half:]})
-            for key, name in (("wo", at + "o_proj.weight"), ("wd", ml + "down_proj.weight")):
-                if cpu_kernels.is_packed_q8(w[key]):
-                    out[name] = dense(w[key])
-        if self.lm_head is not None and cpu_kernels.is_packed_q8(self.lm_head):
-            out["lm_head.weight"] = dense(self.lm_head)
+            for key, name, k in (("wo", at + "o_proj.weight", nq), ("wd", ml + "down_proj.weight", self.I)):
+                if (d := dense(w[key], k)) is not None:
+                    out[name] = d
+        if self.lm_head is not None and (d := dense(self.lm_head, self.D)) is not None:
+            out["lm_head.weight"] = d
         return out
 
     def _norm(self, n) -> tuple[torch.Tensor, float]:
@@ -309,7 +311,8 @@ class FastForward:
         weight to the next: a scratch there measured no faster (fp32 after a release, 69-73 vs 84-95 ms)."""
         first, scale = parts[0]
         if first.dim() == 2 and self._q8_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1]):
-            return cpu_kernels.pack_q8(list(parts), self._empty)  # scale, quantize and layout in one pass
+            pack_q = cpu_kernels.pack_w8a8 if self.a8 else cpu_kernels.pack_q8
+            return pack_q(list(parts), self._empty)  # scale, quantize and layout in one pass
         if first.dim() == 2 and self._bf16_kernel(sum(t.shape[0] for t, _ in parts), first.shape[1]):
             return cpu_kernels.pack_bf16(list(parts), self._empty)  # cast, scale and layout in one pass
         if (first.dim() == 2 and all(t.dtype == torch.float32 for t, _ in parts)
@@ -393,6 +396,8 @@ class FastForward:
             return cpu_kernels.gemm_f32(x, w, b, add)
         if cpu_kernels.is_packed_q8(w):
             return cpu_kernels.gemm_q8(x, w, b, add)
+        if cpu_kernels.is_packed_w8a8(w):
+            return cpu_kernels.gemm_w8a8(x, w, b, add)
         if not self.mixed:
             return packed_linear(x, w, b, add=add)
         if cpu_kernels.is_packed_bf16(w):

@@ -1355,6 +1355,41 @@ inline int64_t q8_block_bytes(int64_t K) { return K * 64 + (K + Q8_GROUP - 1) / 
 
 // A block's 64 rows are scaled into a buffer, transposed (input-major, as layout Q's), then quantized a group at a
 // time in loops over the 64 columns (the compiler vectorizes them): SmolLM2's refresh 0.2 -> 0.05 s at 2 threads.
+// Block nb of the stacked parts into `o` (q8_block_bytes(K)); buf and t: 64 * K floats each.
+inline void q8_pack_block(const float* const* srcs, const int64_t* rows, const float* scales, int64_t K, int64_t nb,
+                          float* buf, float* t, int8_t* o) {
+    for (int c = 0; c < 64; c++) {
+        int64_t n = nb * 64 + c, part = 0;
+        while (n >= rows[part]) n -= rows[part++];
+        const float ps = scales[part], *src = srcs[part] + n * K;
+        for (int64_t k = 0; k < K; k++) buf[c * K + k] = ps == 1.0f ? src[k] : src[k] * ps;
+    }
+    for (int64_t kb = 0; kb < K / 16; kb++)
+        for (int cg = 0; cg < 4; cg++)
+            transpose16((const uint32_t*)(buf + cg * 16 * K + kb * 16), K, (uint32_t*)(t + kb * 16 * 64 + cg * 16), 64);
+    for (int64_t k0 = 0; k0 < K; k0 += Q8_GROUP) {
+        const int64_t kg = K - k0 < Q8_GROUP ? K - k0 : Q8_GROUP;
+        int8_t* og = o + k0 * 64 + k0 / Q8_GROUP * 256;
+        float amax[64] = {0.0f}, sc[64], inv_ok[64];
+        for (int64_t k = k0; k < k0 + kg; k++)
+            for (int c = 0; c < 64; c++) {
+                const float a = std::fabs(t[k * 64 + c]);
+                amax[c] = a > amax[c] ? a : amax[c];
+            }
+        for (int c = 0; c < 64; c++) {
+            sc[c] = amax[c] / 127.0f;
+            inv_ok[c] = sc[c] > 0.0f ? 1.0f : 0.0f;
+        }
+        std::memcpy(og + kg * 64, sc, sizeof(sc));
+        for (int64_t k = 0; k < kg; k++)
+            for (int c = 0; c < 64; c++) {
+                float q = std::nearbyint(t[(k0 + k) * 64 + c] / (inv_ok[c] > 0.0f ? sc[c] : 1.0f)) * inv_ok[c];
+                q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
+                og[k * 64 + c] = (int8_t)q;
+            }
+    }
+}
+
 extern "C" void rollyard_pack_q8(const float* const* srcs, const int64_t* rows, const float* scales, int nparts,
                                  int64_t K, int8_t* out, int threads) {
     int64_t N = 0;
@@ -1364,40 +1399,8 @@ extern "C" void rollyard_pack_q8(const float* const* srcs, const int64_t* rows, 
     {
         std::vector<float> buf(64 * K), t(K * 64);  // the block's rows scaled; the same transposed: t[k * 64 + c]
 #pragma omp for schedule(static)
-        for (int64_t nb = 0; nb < nblocks; nb++) {
-            for (int c = 0; c < 64; c++) {
-                int64_t n = nb * 64 + c, part = 0;
-                while (n >= rows[part]) n -= rows[part++];
-                const float ps = scales[part], *src = srcs[part] + n * K;
-                for (int64_t k = 0; k < K; k++) buf[c * K + k] = ps == 1.0f ? src[k] : src[k] * ps;
-            }
-            for (int64_t kb = 0; kb < K / 16; kb++)
-                for (int cg = 0; cg < 4; cg++)
-                    transpose16((const uint32_t*)(buf.data() + cg * 16 * K + kb * 16), K,
-                                (uint32_t*)(t.data() + kb * 16 * 64 + cg * 16), 64);
-            int8_t* o = out + nb * q8_block_bytes(K);
-            for (int64_t k0 = 0; k0 < K; k0 += Q8_GROUP) {
-                const int64_t kg = K - k0 < Q8_GROUP ? K - k0 : Q8_GROUP;
-                int8_t* og = o + k0 * 64 + k0 / Q8_GROUP * 256;
-                float amax[64] = {0.0f}, sc[64], inv_ok[64];
-                for (int64_t k = k0; k < k0 + kg; k++)
-                    for (int c = 0; c < 64; c++) {
-                        const float a = std::fabs(t[k * 64 + c]);
-                        amax[c] = a > amax[c] ? a : amax[c];
-                    }
-                for (int c = 0; c < 64; c++) {
-                    sc[c] = amax[c] / 127.0f;
-                    inv_ok[c] = sc[c] > 0.0f ? 1.0f : 0.0f;
-                }
-                std::memcpy(og + kg * 64, sc, sizeof(sc));
-                for (int64_t k = 0; k < kg; k++)
-                    for (int c = 0; c < 64; c++) {
-                        float q = std::nearbyint(t[(k0 + k) * 64 + c] / (inv_ok[c] > 0.0f ? sc[c] : 1.0f)) * inv_ok[c];
-                        q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-                        og[k * 64 + c] = (int8_t)q;
-                    }
-            }
-        }
+        for (int64_t nb = 0; nb < nblocks; nb++)
+            q8_pack_block(srcs, rows, scales, K, nb, buf.data(), t.data(), out + nb * q8_block_bytes(K));
     }
 }
 
@@ -1563,6 +1566,245 @@ extern "C" int rollyard_gemm_q8(const float* x, int64_t ldx, int64_t M, int64_t 
 #endif
 }
 
+// ---- int8 weights x int8 activations (layout V): exact integer dot products (rollout.precision=w8a8) ----------------
+//
+// Layout V: [N/64] blocks of 64 columns; a block holds G = ceil(K / 64) groups of 64 inputs (the last zero-padded),
+// V_GROUP_BYTES each: 16 quads of 4 inputs, a quad 4 vectors of 16 columns x 4 bytes (vector v's bytes 4c..4c+3: column
+// 16v + c's int8 weights for the group's inputs 4j..4j+3, what AVX512-VNNI's vpdpbusd multiplies), then the 64 columns'
+// fp32 scales, then their int32 sums of the group's weights times 128 (the unsigned-input correction). The weights and
+// scales are layout R's, the same quantization. A matmul quantizes x per row and group likewise (sx = max|x| / 127,
+// xq = round(x * (1 / sx)), half to even), sums xq * q per group exactly in int32, and accumulates
+// y = fma(float(sum), sw * sx, y) over the groups in order; then + bias, then + add. The sums are exact, so every ISA
+// (VNNI's vpdpbusd over xq + 128, AVX2's vpmaddubsw over |xq| and the signed weights) and every row or thread count
+// computes the same numbers.
+constexpr int64_t V_GROUP_BYTES = 4096 + 256 + 256;
+
+struct w8a8_t {  // a layout V weight's element type (the decode layer's matmul overload)
+    int8_t v;
+};
+
+extern "C" void rollyard_pack_w8a8(const float* const* srcs, const int64_t* rows, const float* scales, int nparts,
+                                   int64_t K, int8_t* out, int threads) {
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += rows[i];
+    const int64_t nblocks = N / 64, G = (K + 63) / 64;
+#pragma omp parallel num_threads(threads)
+    {
+        std::vector<float> buf(64 * K), t(K * 64);
+        std::vector<int8_t> r(q8_block_bytes(K));  // the block in layout R, rearranged below
+#pragma omp for schedule(static)
+        for (int64_t nb = 0; nb < nblocks; nb++) {
+            q8_pack_block(srcs, rows, scales, K, nb, buf.data(), t.data(), r.data());
+            for (int64_t g = 0; g < G; g++) {
+                const int64_t kg = K - g * 64 < 64 ? K - g * 64 : 64;
+                const int8_t* og = r.data() + g * 64 * 64 + g * 256;
+                int8_t* ov = out + (nb * G + g) * V_GROUP_BYTES;
+                int32_t sums[64] = {0};
+                for (int64_t k = 0; k < 64; k++)
+                    for (int c = 0; c < 64; c++) {
+                        const int8_t q = k < kg ? og[k * 64 + c] : 0;
+                        ov[(k / 4) * 256 + (c / 16) * 64 + (c % 16) * 4 + k % 4] = q;
+                        sums[c] += q;
+                    }
+                std::memcpy(ov + 4096, og + kg * 64, 256);
+                for (int c = 0; c < 64; c++) sums[c] *= 128;
+                std::memcpy(ov + 4352, sums, 256);
+            }
+        }
+    }
+}
+
+#ifdef ROLLYARD_GEMM_F32
+namespace {
+#if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define ROLLYARD_W8A8_VNNI 1
+constexpr int VMR = 3;  // rows a tile: 12 int32 + 12 fp32 accumulators, 4 weight vectors, 1 broadcast
+#else
+constexpr int VMR = 2;  // AVX2: a 16-column quarter at a time, 4 + 4 accumulators
+#endif
+
+// Row m of x [M, K] quantized per group of 64 inputs into xq [G * 64] (zero past K) and sx [G]: sx = max|x| / 127,
+// xq = round(x * (1 / sx)) half to even (0 where sx is 0); with VNNI the bytes hold xq + 128 (vpdpbusd's unsigned
+// operand). A reciprocal and multiplies, not a division per input: a decode step quantizes every matmul's input.
+void quantize_row(const float* x, int64_t K, int8_t* xq, float* sx) {
+    const int64_t G = (K + 63) / 64;
+    for (int64_t g = 0; g < G; g++) {
+        const float* xg = x + g * 64;
+        const int64_t kg = K - g * 64 < 64 ? K - g * 64 : 64;
+        int8_t* o = xq + g * 64;
+#ifdef __AVX512F__
+        __m512 v[4];
+        __m512 amax = _mm512_setzero_ps();
+        for (int q = 0; q < 4; q++) {
+            const int64_t left = kg - 16 * q;
+            const __mmask16 m = left >= 16 ? (__mmask16)0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            v[q] = _mm512_maskz_loadu_ps(m, xg + 16 * q);
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(v[q]));
+        }
+        const float s = _mm512_reduce_max_ps(amax) / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        const __m512 vi = _mm512_set1_ps(inv);
+        for (int q = 0; q < 4; q++) {
+            __m512i i = _mm512_cvtps_epi32(_mm512_mul_ps(v[q], vi));  // MXCSR's default: nearest, ties to even
+            i = _mm512_max_epi32(_mm512_min_epi32(i, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+#ifdef ROLLYARD_W8A8_VNNI
+            i = _mm512_add_epi32(i, _mm512_set1_epi32(128));
+#endif
+            _mm_storeu_si128((__m128i*)(o + 16 * q), _mm512_cvtepi32_epi8(i));
+        }
+#else
+        float amax = 0.0f;
+        for (int64_t k = 0; k < kg; k++) amax = std::fabs(xg[k]) > amax ? std::fabs(xg[k]) : amax;
+        const float s = amax / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+        if (kg == 64) {
+            const __m256 vi = _mm256_set1_ps(inv);
+            for (int q = 0; q < 8; q += 2) {  // 16 inputs: two vectors packed to 16 bytes
+                __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * q), vi));
+                __m256i b = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + 8 * q + 8), vi));
+                const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+                a = _mm256_max_epi32(_mm256_min_epi32(a, hi), lo);
+                b = _mm256_max_epi32(_mm256_min_epi32(b, hi), lo);
+                const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 x int16, in order
+                const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+                _mm_storeu_si128((__m128i*)(o + 8 * q), bytes);
+            }
+        } else {
+            for (int64_t k = 0; k < 64; k++) {
+                float q = k < kg ? std::nearbyint(xg[k] * inv) : 0.0f;
+                o[k] = (int8_t)(q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q));
+            }
+        }
+#endif
+        sx[g] = s;
+    }
+}
+
+// y rows [MR] x the block's 64 columns over all G groups; the `npf` lines at `pf` (the next block's share) to L2 spread
+// over the quads.
+template <int MR>
+inline void w8a8_tile(const int8_t* xq, const float* sx, int64_t G, const int8_t* wb, const char* pf, int64_t npf,
+                      const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy) {
+    const int64_t per = (npf + G * 16 - 1) / (G * 16);
+    int64_t line = 0;
+#ifdef ROLLYARD_W8A8_VNNI
+    __m512 af[MR][4];
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++) af[r][q] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        const int8_t* wg = wb + g * V_GROUP_BYTES;
+        __m512i ai[MR][4];
+        for (int r = 0; r < MR; r++)
+            for (int q = 0; q < 4; q++) ai[r][q] = _mm512_setzero_si512();
+        for (int j = 0; j < 16; j++) {
+            for (int64_t i = 0; i < per && line < npf; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+            __m512i w[4];
+            for (int q = 0; q < 4; q++) w[q] = _mm512_loadu_si512(wg + j * 256 + q * 64);
+            for (int r = 0; r < MR; r++) {
+                int32_t quad;
+                std::memcpy(&quad, xq + r * G * 64 + g * 64 + 4 * j, 4);
+                const __m512i b = _mm512_set1_epi32(quad);
+                for (int q = 0; q < 4; q++) ai[r][q] = _mm512_dpbusd_epi32(ai[r][q], b, w[q]);
+            }
+        }
+        for (int q = 0; q < 4; q++) {
+            const __m512 sw = _mm512_loadu_ps((const float*)(wg + 4096) + 16 * q);
+            const __m512i corr = _mm512_loadu_si512(wg + 4352 + 64 * q);
+            for (int r = 0; r < MR; r++)
+                af[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ai[r][q], corr)),
+                                           _mm512_mul_ps(sw, _mm512_set1_ps(sx[r * G + g])), af[r][q]);
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int q = 0; q < 4; q++)
+            out_vec<false>(af[r][q], bias ? bias + 16 * q : nullptr, add ? add + r * ldadd + 16 * q : nullptr,
+                           y + r * ldy + 16 * q);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int qq = 0; qq < 4; qq++) {  // 16 columns: two vectors of 8
+        __m256 af[MR][2];
+        for (int r = 0; r < MR; r++) af[r][0] = af[r][1] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            const int8_t* wg = wb + g * V_GROUP_BYTES;
+            __m256i ai[MR][2];
+            for (int r = 0; r < MR; r++) ai[r][0] = ai[r][1] = _mm256_setzero_si256();
+            for (int j = 0; j < 16; j++) {
+                if (qq == 0)
+                    for (int64_t i = 0; i < per && line < npf; i++) _mm_prefetch(pf + 64 * line++, _MM_HINT_T1);
+                const __m256i w0 = _mm256_loadu_si256((const __m256i*)(wg + j * 256 + qq * 64));
+                const __m256i w1 = _mm256_loadu_si256((const __m256i*)(wg + j * 256 + qq * 64 + 32));
+                for (int r = 0; r < MR; r++) {
+                    int32_t quad;
+                    std::memcpy(&quad, xq + r * G * 64 + g * 64 + 4 * j, 4);
+                    const __m256i b = _mm256_set1_epi32(quad), a = _mm256_abs_epi8(b);
+                    // |x| * (w with x's sign): each pair's sum within int16 (|x|, |w| <= 127), exact
+                    ai[r][0] = _mm256_add_epi32(ai[r][0], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(w0, b)), ones));
+                    ai[r][1] = _mm256_add_epi32(ai[r][1], _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(w1, b)), ones));
+                }
+            }
+            for (int h = 0; h < 2; h++) {
+                const __m256 sw = _mm256_loadu_ps((const float*)(wg + 4096) + 16 * qq + 8 * h);
+                for (int r = 0; r < MR; r++)
+                    af[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ai[r][h]), _mm256_mul_ps(sw, _mm256_set1_ps(sx[r * G + g])),
+                                               af[r][h]);
+            }
+        }
+        for (int r = 0; r < MR; r++)
+            for (int h = 0; h < 2; h++) {
+                const int64_t c = 16 * qq + 8 * h;
+                out_vec<false>(af[r][h], bias ? bias + c : nullptr, add ? add + r * ldadd + c : nullptr, y + r * ldy + c);
+            }
+    }
+#endif
+}
+
+template <int MR>
+inline void w8a8_rows(const int8_t* xq, const float* sx, int64_t G, const int8_t* wb, const char* pf, int64_t npf,
+                      const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy, int rows) {
+    if (rows == MR) w8a8_tile<MR>(xq, sx, G, wb, pf, npf, bias, add, ldadd, y, ldy);
+    else if constexpr (MR > 1) w8a8_rows<MR - 1>(xq, sx, G, wb, pf, npf, bias, add, ldadd, y, ldy, rows);
+}
+}  // namespace
+#endif
+
+// Whether rollyard_gemm_w8a8 runs on AVX512-VNNI's vpdpbusd in this build (else AVX2's vpmaddubsw; the same numbers).
+extern "C" int rollyard_w8a8_vnni() {
+#ifdef ROLLYARD_W8A8_VNNI
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+// y [M, N] (row stride ldy) = the layout V matmul of x [M, K] (row stride ldx) with `w`, + bias, + add (as
+// rollyard_gemm_f32's). The quantized rows go into buffers of the calling thread's own. Returns 0, or 1 where this
+// build has neither AVX-512 nor AVX2 with FMA.
+extern "C" int rollyard_gemm_w8a8(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t* w, int64_t N,
+                                  const float* bias, const float* add, int64_t ldadd, float* y, int64_t ldy,
+                                  int threads) {
+#ifdef ROLLYARD_GEMM_F32
+    const int64_t G = (K + 63) / 64, nblocks = N / 64, bstride = G * V_GROUP_BYTES;
+    static thread_local std::vector<int8_t> xq;
+    static thread_local std::vector<float> sx;
+    if ((int64_t)xq.size() < M * G * 64) xq.resize(M * G * 64);
+    if ((int64_t)sx.size() < M * G) sx.resize(M * G);
+    int8_t* xqd = xq.data();
+    float* sxd = sx.data();
+#pragma omp parallel num_threads(threads) if (M * N * K >= (1 << 18))
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) quantize_row(x + m * ldx, K, xqd + m * G * 64, sxd + m * G);
+        for_units(M, VMR, nblocks, bstride / 64, [&](int64_t nb, int64_t m0, int rows, int64_t first, int64_t n) {
+            const int8_t* wb = w + nb * bstride;
+            w8a8_rows<VMR>(xqd + m0 * G * 64, sxd + m0 * G, G, wb, (const char*)(wb + bstride) + 64 * first, n,
+                           bias ? bias + nb * 64 : nullptr, add ? add + m0 * ldadd + nb * 64 : nullptr, ldadd,
+                           y + m0 * ldy + nb * 64, ldy, rows);
+        });
+    }
+    return 0;
+#else
+    return 1;
+#endif
+}
+
 // y [M, N] (row stride ldy) = round_bf16(bf16(x) @ W^T + bias) + add: x [M, K] fp32 (row stride ldx), W in layout P
 // (`w`), bias [N] fp32 or null, add [M, N] fp32 (row stride ldadd) or null (it may be y itself). x rounded to bf16 goes
 // into a buffer of the calling thread's own, kept for the next call. Returns 0, or 1 where this build has neither
@@ -1693,6 +1935,11 @@ inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const int8_t*
     return rollyard_gemm_q8(x, ldx, M, K, w, N, b, add, ldadd, y, ldy, threads);
 }
 
+inline int gemm(const float* x, int64_t ldx, int64_t M, int64_t K, const w8a8_t* w, int64_t N, const float* b,
+                const float* add, int64_t ldadd, float* y, int64_t ldy, int threads) {
+    return rollyard_gemm_w8a8(x, ldx, M, K, (const int8_t*)w, N, b, add, ldadd, y, ldy, threads);
+}
+
 template <typename W, typename E>
 int decode_layer(float* x, int64_t B, int64_t D, const float* w_in, float eps_in, const float* w_post, float eps_post,
                  const W* wqkv, const float* bqkv, const W* wo, const float* bo, const W* wgu, int64_t I, const W* wd,
@@ -1760,4 +2007,17 @@ extern "C" int rollyard_decode_layer_q8(float* x, int64_t B, int64_t D, const fl
                                         int threads) {
     return decode_layer<int8_t, float>(x, B, D, w_in, eps_in, w_post, eps_post, wqkv, bqkv, wo, bo, wgu, I, wd, cos,
                                        sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, share, width, threads);
+}
+
+extern "C" int rollyard_decode_layer_w8a8(float* x, int64_t B, int64_t D, const float* w_in, float eps_in,
+                                          const float* w_post, float eps_post, const int8_t* wqkv, const float* bqkv,
+                                          const int8_t* wo, const float* bo, const int8_t* wgu, int64_t I,
+                                          const int8_t* wd, const float* cos, const float* sin, const int64_t* pos,
+                                          int64_t same_pos, int H, int KVH, int hd, float* Kc, float* Vc, int64_t sb,
+                                          int64_t sh, int64_t sw, const int64_t* lens, const int64_t* share, int width,
+                                          int threads) {
+    using W = const w8a8_t*;
+    return decode_layer<w8a8_t, float>(x, B, D, w_in, eps_in, w_post, eps_post, (W)wqkv, bqkv, (W)wo, bo, (W)wgu, I,
+                                       (W)wd, cos, sin, pos, same_pos, H, KVH, hd, Kc, Vc, sb, sh, sw, lens, share,
+                                       width, threads);
 }

@@ -349,7 +349,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_pack_f32", "rollyard_gemm_f32", "rollyard_decode_layer_f32",
             "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32",
             "rollyard_logsumexp_f32", "rollyard_sum_squares_f32", "rollyard_pack_q8", "rollyard_gemm_q8",
-            "rollyard_decode_layer_q8")  # _load's
+            "rollyard_decode_layer_q8", "rollyard_pack_w8a8", "rollyard_gemm_w8a8",
+            "rollyard_decode_layer_w8a8", "rollyard_w8a8_vnni")  # _load's
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -403,7 +404,8 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_gemm_f32.restype = I
     for name, like in (("decode_attn_bf16kv", "decode_attn_f32"), ("decode_rope_write_f32", "decode_rope_write_bf16kv"),
                        ("decode_layer_f32", "decode_layer_bf16"), ("pack_q8", "pack_f32"), ("gemm_q8", "gemm_f32"),
-                       ("decode_layer_q8", "decode_layer_bf16")):  # the same signatures
+                       ("decode_layer_q8", "decode_layer_bf16"), ("pack_w8a8", "pack_f32"), ("gemm_w8a8", "gemm_f32"),
+                       ("decode_layer_w8a8", "decode_layer_bf16"), ("w8a8_vnni", "gemm_f32_available")):  # the same signatures
         fn, ref = getattr(lib, f"rollyard_{name}"), getattr(lib, f"rollyard_{like}")
         fn.argtypes, fn.restype = ref.argtypes, ref.restype
     lib.rollyard_sum_squares_f32.argtypes = [P, P, I, P, I]
@@ -909,6 +911,58 @@ def gemm_q8(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
     return _gemm_call(_STATE["lib"].rollyard_gemm_q8, x, p, n, k, b, add, "the CPU int8-weight matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
 
 
+V_GROUP_BYTES = 4096 + 256 + 256  # layout V's bytes a block and group (kernels.cc)
+
+
+def pack_w8a8(parts: list[tuple[torch.Tensor, float]], empty=torch.empty) -> torch.Tensor:
+    """The rows of ``parts`` (as :func:`pack_q8`'s) quantized as :func:`quantize_q8` and written into layout V
+    (``kernels.cc``: each block and group of 64 inputs in vpdpbusd's order, its 64 scales and weight sums): a
+    ``[n / 64, ceil(k / 64), V_GROUP_BYTES]`` int8 tensor for :func:`gemm_w8a8`, from ``empty(shape, dtype)``. The
+    caller checks :func:`q8_packs`."""
+    k = parts[0][0].shape[1]
+    out = empty((sum(t.shape[0] for t, _ in parts) // 64, -(-k // Q8_GROUP), V_GROUP_BYTES), dtype=torch.int8)
+    return _pack_fp32_parts(_STATE["lib"].rollyard_pack_w8a8, parts, out)
+
+
+def vnni() -> bool:
+    """Whether :func:`gemm_w8a8` runs on AVX512-VNNI here (else AVX2's byte multiplies: the same numbers)."""
+    return kernel() is not None and bool(_STATE["lib"].rollyard_w8a8_vnni())
+
+
+def is_packed_w8a8(p: torch.Tensor) -> bool:
+    """Whether ``p`` is a weight in layout V (:func:`pack_w8a8`)."""
+    return p.dim() == 3 and p.dtype == torch.int8 and p.shape[2] == V_GROUP_BYTES
+
+
+def unpack_w8a8(p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q [n, k] int8, s [n, ceil(k / 64)] fp32)`` that :func:`pack_w8a8` wrote into layout V."""
+    nb, G = p.shape[:2]
+    q = p[:, :, :4096].reshape(nb, G, 16, 4, 16, 4).permute(0, 3, 4, 1, 2, 5).reshape(nb * 64, G * 64)[:, :k]
+    s = p[:, :, 4096:4352].contiguous().view(torch.float32).permute(0, 2, 1).reshape(nb * 64, G)
+    return q, s
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(xq, sx)``: the rows of ``x [m, k]`` as :func:`gemm_w8a8` quantizes them, per group of :data:`Q8_GROUP`
+    inputs: ``sx = max|x| / 127``, ``xq = round(x * (1 / sx))`` (half to even; 0 where ``sx`` is 0)."""
+    m, k = x.shape
+    groups = -(-k // Q8_GROUP)
+    sx = F.pad(x, (0, groups * Q8_GROUP - k)).view(m, groups, Q8_GROUP).abs().amax(dim=2) / 127
+    inv = torch.where(sx > 0, 1 / torch.where(sx > 0, sx, 1), 0).repeat_interleave(Q8_GROUP, dim=1)[:, :k]
+    return torch.round(x * inv).clamp(-127, 127).to(torch.int8), sx
+
+
+def gemm_w8a8(x: torch.Tensor, p: torch.Tensor, b: torch.Tensor | None = None,
+              add: torch.Tensor | None = None) -> torch.Tensor:
+    """``add + (x @ W^T + b)`` for ``p = pack_w8a8(w)``, with ``x``'s rows quantized too (:func:`quantize_rows`):
+    per group of 64 inputs the exact integer sum of ``xq * q``, times ``sw * sx`` (one fused multiply-add into the
+    running sum, groups in order), then the bias, then ``add``: the same numbers on every ISA and row count."""
+    n, k = p.shape[0] * 64, x.shape[-1]
+    if -(-k // Q8_GROUP) != p.shape[1]:
+        raise ValueError(f"gemm_w8a8: x has {k} inputs, the weight's groups {p.shape[1]} (of {Q8_GROUP})")
+    return _gemm_call(_STATE["lib"].rollyard_gemm_w8a8, x, p, n, k, b, add, "the CPU int8 x int8 matmul kernel was called in a build without AVX-512 or AVX2 + FMA")
+
+
 def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor | None,
                  same_pos: int, kv: torch.Tensor, layer: int, H: int, KVH: int, lens: torch.Tensor | None,
                  width: int, share: torch.Tensor | None = None) -> None:
@@ -927,10 +981,10 @@ def decode_layer(x: torch.Tensor, w: dict, cos: torch.Tensor, sin: torch.Tensor,
     bqkv, bo = _f32(w["bqkv"]), _f32(w["bo"])
     hd = cos.shape[-1]
     bf16 = kv.dtype == torch.bfloat16
-    I = w["wgu"].shape[0] * 32  # either layout: [2 I / 64, ...] (64 columns a block)
+    I = w["wgu"].shape[0] * 32  # any layout: [2 I / 64, ...] (64 columns a block)
     lib = _STATE["lib"]
-    fn = (lib.rollyard_decode_layer_bf16 if bf16 else
-          lib.rollyard_decode_layer_q8 if is_packed_q8(w["wqkv"]) else lib.rollyard_decode_layer_f32)
+    fn = (lib.rollyard_decode_layer_bf16 if bf16 else lib.rollyard_decode_layer_q8 if is_packed_q8(w["wqkv"]) else
+          lib.rollyard_decode_layer_w8a8 if is_packed_w8a8(w["wqkv"]) else lib.rollyard_decode_layer_f32)
     rc = fn(x.data_ptr(), B, D, w_in.data_ptr(), eps_in, w_post.data_ptr(), eps_post, w["wqkv"].data_ptr(),
             None if bqkv is None else bqkv.data_ptr(), w["wo"].data_ptr(), None if bo is None else bo.data_ptr(),
             w["wgu"].data_ptr(), I, w["wd"].data_ptr(), cos.data_ptr(), sin.data_ptr(),

@@ -142,7 +142,8 @@ def inert(cfg: RunConfig) -> None:
                           "runs every matmul in fp32 already; set trainer.precision=bf16 (or auto) or drop "
                           "trainer.lm_head_fp32")
     if cfg.rollout.backend == "vllm" and cfg.rollout.precision != "auto":
-        fix = ("drop rollout.precision (auto): int8 weights are the native engine's" if cfg.rollout.precision == "int8"
+        fix = ("drop rollout.precision (auto): int8 weights are the native engine's"
+               if cfg.rollout.precision in ("int8", "w8a8")
                else f"set rollout.dtype={cfg.rollout.precision} for vLLM, or drop rollout.precision (auto)")
         raise ConfigError(f"rollout.precision={cfg.rollout.precision} sets the native engine's compute precision, but "
                           f"rollout.backend=vllm computes in its weights' dtype; {fix}")

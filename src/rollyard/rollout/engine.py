@@ -442,9 +442,12 @@ class RolloutEngine(EngineBase):
                 backend = native.NativeBackend(self.model, self.max_concurrent, self.max_cache_tokens,
                                                self.compute_dtype)
                 err = native.fast_path_matches(self.model, backend)
-                fp32 = backend.fwd.weight_dtype == torch.float32 and backend.fwd.mm_dtype == torch.float32
-                # (int8: mm_dtype fp32, and the reference holds the int8 copies' weights)
-                tol = 1e-4 if fp32 else 3e-2
+                fwd = backend.fwd
+                fp32 = fwd.weight_dtype == torch.float32 and fwd.mm_dtype == torch.float32
+                # (int8: mm_dtype fp32, and the reference holds the int8 copies' weights). w8a8 rounds every matmul's
+                # input too, which the reference does not: 2.4-4.7e-2 on SmolLM2-135M (the rounding's noise differs
+                # with the last ulp of an input, so a reference rounding its inputs alike measured no closer)
+                tol = 1e-1 if fwd.a8 else 1e-4 if fp32 else 3e-2
                 if err <= tol:
                     return backend
                 reason = f"fast path differs from the HF forward by {err:.2e} (relative, tolerance {tol})"

@@ -240,7 +240,8 @@ class NativeBackend:
 @torch.no_grad()
 def fast_path_matches(model, backend: NativeBackend) -> float:
     """Max |logit difference| between the fast path and the HF forward on a short random sequence (relative to the
-    largest logit); with int8 weights (rollout.precision=int8), the HF forward over the weights those hold."""
+    largest logit); with int8 weights (rollout.precision=int8 or w8a8), the HF forward over the weights those hold
+    (w8a8 also rounds each matmul's input, which that forward does not)."""
     fwd = backend.fwd
     vocab = fwd.embed.shape[0]
     T = min(8, fwd.context)

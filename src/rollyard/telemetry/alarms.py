@@ -53,7 +53,7 @@ def first_canary_max(copy_dtype) -> float:
     measured at most 3.3e-6 (fp32) and 2.1e-2 (bf16) nats (docs/weight-sync.md, ``bench/canary.py --part gaps``);
     int8 weights (rollout.precision=int8, a scale per 64 inputs) 0.27-0.30 (SmolLM2-135M, the real-model example's
     first 6 syncs, 3 seeds; 0.44-0.48 with a scale per row)."""
-    if str(copy_dtype) == "int8":
+    if str(copy_dtype) in ("int8", "w8a8"):
         return 2.0
     return 1e-3 if str(copy_dtype) in ("torch.float32", "fp32", "float32") else 0.5
 # Row values: seconds of this step's wall time spent outside the step's own work (see RunRecord)

@@ -60,12 +60,12 @@ def precision_choice(setting: str, model, device: torch.device, key: str = "trai
 
 def rollout_precision(setting: str, model, device: torch.device) -> tuple[str | None, str]:
     """``(the native engine's compute precision, why)`` for ``rollout.precision=setting``; ``None``: the rollout
-    copy's own dtype. ``int8`` only where :func:`_int8_reason` finds the CPU kernels (else ``ConfigError``). ``auto`` takes :func:`auto_precision`'s bf16 on a CPU (native bf16, a large enough decoder:
+    copy's own dtype. ``int8`` and ``w8a8`` only where :func:`_int8_reason` finds the CPU kernels (else ``ConfigError``). ``auto`` takes :func:`auto_precision`'s bf16 on a CPU (native bf16, a large enough decoder:
     the trainer's rule, so sampler and trainer run alike); elsewhere, and on a GPU, the copy's dtype. An explicit
     bf16 on a CPU without native bf16 runs on the compiled kernels' widening bf16 matmul where they are built (not
     the emulation the trainer's words warn of), and says so."""
-    if setting == "int8":
-        return "int8", _int8_reason(device)
+    if setting in ("int8", "w8a8"):
+        return setting, _int8_reason(device, setting)
     if setting == "bf16" and device.type == "cpu" and not cpu_gemm.cpu_has_native_bf16() and cpu_kernels.bf16_packs(64, 32):
         return setting, ("set by rollout.precision=bf16; this CPU has no native bf16 (no AVX512-BF16 or AMX): the "
                          "engine's matmuls widen the bf16 weights to fp32 in registers (fp32 arithmetic on half the "
@@ -80,18 +80,25 @@ def rollout_precision(setting: str, model, device: torch.device) -> tuple[str | 
     return None, f"auto: the rollout copy's dtype on {device.type}"
 
 
-def _int8_reason(device: torch.device) -> str:
-    """Why ``rollout.precision=int8`` runs here; ``ConfigError`` (one line, with the fix) where it cannot: it is the
-    CPU kernels' int8-weight matmul (``model/kernels.cc`` layout R), on a CPU with them built."""
+def _int8_reason(device: torch.device, setting: str = "int8") -> str:
+    """Why ``rollout.precision=int8`` (or ``w8a8``) runs here; ``ConfigError`` (one line, with the fix) where it
+    cannot: it is the CPU kernels' int8-weight matmul (``model/kernels.cc`` layout R; w8a8: layout V), on a CPU with
+    them built."""
     from rollyard.config import ConfigError
 
     if device.type != "cpu":
-        raise ConfigError(f"rollout.precision=int8 runs on the CPU kernels' int8-weight matmul, but the rollout engine "
+        raise ConfigError(f"rollout.precision={setting} runs on the CPU kernels' int8-weight matmul, but the rollout engine "
                           f"is on {device.type}; set rollout.precision=auto (or bf16)")
     if not cpu_kernels.q8_packs(64, 16):
         why = cpu_kernels._STATE.get("why") or "the kernels are off (ROLLYARD_CPU_KERNELS=0) or this CPU has no AVX2"
-        raise ConfigError(f"rollout.precision=int8 needs rollyard's compiled CPU kernels (AVX-512 or AVX2 + FMA), which "
+        raise ConfigError(f"rollout.precision={setting} needs rollyard's compiled CPU kernels (AVX-512 or AVX2 + FMA), which "
                           f"are unavailable here ({why}); set rollout.precision=fp32 (or auto)")
+    if setting == "w8a8":
+        return ("set by rollout.precision=w8a8: the engine's matmul weights as int8 with an fp32 scale per row and 64 "
+                "inputs (max|w| / 127), and each matmul's input quantized per row and 64 inputs likewise at every call: "
+                "exact int32 dot products (" + ("AVX512-VNNI" if cpu_kernels.vnni() else "AVX2") + "), fp32 scales; the "
+                "sampler's numbers differ from the trainer's by both roundings, which the canary measures and truncated "
+                "IS corrects")
     return ("set by rollout.precision=int8: the engine's matmul weights as int8 with an fp32 scale per row and 64 "
             "inputs (max|w| / 127), fp32 arithmetic on a quarter of the bytes fp32 weights stream; the sampler's numbers "
             "differ from the trainer's by the quantization, which the canary measures and truncated IS corrects")
@@ -99,5 +106,6 @@ def _int8_reason(device: torch.device) -> str:
 
 def engine_dtype(chosen: str | None) -> torch.dtype | None:
     """The native engine's ``compute_dtype`` for :func:`rollout_precision`'s choice (``None``: the copy's own;
-    ``torch.int8``: int8 weights, fp32 arithmetic)."""
-    return None if chosen is None else {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}[chosen]
+    ``torch.int8``: int8 weights, fp32 arithmetic; ``torch.qint8``: int8 weights and inputs, int32 dot products)."""
+    return None if chosen is None else {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8,
+                                        "w8a8": torch.qint8}[chosen]
