@@ -322,6 +322,8 @@ class Native:
                 m, kw = model, {}
                 if prec == "int8":  # int8 weights, fp32 arithmetic (rollout.precision=int8)
                     kw["compute_dtype"] = torch.int8
+                elif prec == "w8a8":  # int8 weights and inputs, int32 dot products (rollout.precision=w8a8)
+                    kw["compute_dtype"] = torch.qint8
                 elif prec == "bf16":
                     if has_dtype:
                         kw["compute_dtype"] = torch.bfloat16
@@ -337,7 +339,7 @@ class Native:
                     raise SystemExit(f"the native engine picked the {eng.backend.name!r} backend for {prec}")
                 fwd = eng.backend.fwd
                 self.how[prec] = {"compute_dtype_arg": has_dtype, "module": name(fwd.weight_dtype),
-                                  "matmuls": "int8 weights" if getattr(fwd, "q8", False) else name(getattr(fwd, "mm_dtype", fwd.dtype)),
+                                  "matmuls": "int8 weights x int8 inputs" if getattr(fwd, "a8", False) else "int8 weights" if getattr(fwd, "q8", False) else name(getattr(fwd, "mm_dtype", fwd.dtype)),
                                   "activations": name(fwd.dtype), "kv": name(fwd.kv_dtype)}
                 self.engines[prec, B] = eng
         self.n = 0
@@ -400,7 +402,7 @@ def parse(argv):
     ap.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS, help="where llama.cpp's files are written")
     ap.add_argument("--quants", nargs="+", default=list(QUANTS), choices=sorted(FTYPES),
                     help="llama.cpp file types to measure")
-    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "int8"],
+    ap.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16", "int8", "w8a8"],
                     help="the native engine's compute precision")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--new-tokens", nargs="+", type=int, default=[24, 128])
@@ -538,7 +540,7 @@ def summarize(runs: list[dict]) -> tuple[dict, list[dict]]:
     cells = {}
     for r in runs:
         cells.setdefault(key(r), []).append(r)
-    order = ["fp32", "bf16", "int8", *QUANTS, *sorted(FTYPES)]
+    order = ["fp32", "bf16", "int8", "w8a8", *QUANTS, *sorted(FTYPES)]
     engines = sorted({(e, p) for e, p, _, _ in cells}, key=lambda e: (e[0] != "native", order.index(e[1])))
     precisions = [p for e, p in engines if e == "native"]
     quants = [q for e, q in engines if e == "llama.cpp"]
@@ -565,7 +567,7 @@ def summarize(runs: list[dict]) -> tuple[dict, list[dict]]:
 
             have_n = [p for p in precisions if v("native", p) is not None]
             have_q = [q for q in quants if v("llama.cpp", q) is not None]
-            pairs = [(n, q) for n, q in (("fp32", "F32"), ("bf16", "BF16"), ("bf16", "F16"), ("int8", "Q8_0"))
+            pairs = [(n, q) for n, q in (("fp32", "F32"), ("bf16", "BF16"), ("bf16", "F16"), ("int8", "Q8_0"), ("w8a8", "Q8_0"))
                      if n in have_n and q in have_q]
             if have_n and have_q:
                 pairs.append((max(have_n, key=lambda p: v("native", p)), max(have_q, key=lambda q: v("llama.cpp", q))))

@@ -116,8 +116,8 @@ def run_rollyard(name: str, model: str, overrides: list[str], threads: int) -> d
 
 
 # Bytes a matmul weight streams by the native engine's rollout.precision (int8: the weight and its group's fp32 scale
-# over 64 inputs; kernels.cc layout R); fp32 otherwise
-WEIGHT_BYTES = {"bf16": 2, "int8": 1 + 4 / 64}
+# over 64 inputs, kernels.cc layout R; w8a8: and its group's weight sum, layout V); fp32 otherwise
+WEIGHT_BYTES = {"bf16": 2, "int8": 1 + 4 / 64, "w8a8": 1 + 8 / 64}
 
 
 def kv_element_bytes(info: dict) -> int:
@@ -132,6 +132,8 @@ def rollout_arithmetic(info: dict) -> str:
     runs the compiled kernels' widening matmul, bf16 weights in fp32 arithmetic, so its compute limit is fp32's."""
     rp = info.get("rollout_precision") or "fp32"
     widened = "fp32 arithmetic" in str((info.get("kernels") or {}).get("bf16_matmul", ""))
+    if rp == "w8a8":  # int8 x int8 products summed in int32
+        return "int8"
     return "fp32" if (rp == "bf16" and widened) or rp == "int8" else rp  # (int8: int8 weights, fp32 arithmetic)
 
 
@@ -235,6 +237,16 @@ def matmul_rate(precision: str, threads: int, size: int = 1024) -> float:
     from engine import matmul_flops
 
     torch.set_num_threads(threads)
+    if precision == "int8":  # oneDNN's int8 x int8 -> int32 matmul (VNNI where the CPU has it): ops/s
+        a = torch.randint(-127, 128, (size, size), dtype=torch.int8)
+        torch._int_mm(a, a)
+        best = 0.0
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(5):
+                torch._int_mm(a, a)
+            best = max(best, 2 * size ** 3 * 5 / (time.perf_counter() - t0))
+        return best
     return matmul_flops(dtype=torch.bfloat16 if precision == "bf16" else torch.float32, size=size)
 
 

@@ -1618,7 +1618,7 @@ extern "C" void rollyard_pack_w8a8(const float* const* srcs, const int64_t* rows
 namespace {
 #if defined(__AVX512F__) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define ROLLYARD_W8A8_VNNI 1
-constexpr int VMR = 3;  // rows a tile: 12 int32 + 12 fp32 accumulators, 4 weight vectors, 1 broadcast
+constexpr int VMR = 6;  // rows a tile: 24 int32 accumulators, 4 weight vectors, 1 broadcast (the fp32 sums in L1)
 #else
 constexpr int VMR = 2;  // AVX2: a 16-column quarter at a time, 4 + 4 accumulators
 #endif
@@ -1686,9 +1686,7 @@ inline void w8a8_tile(const int8_t* xq, const float* sx, int64_t G, const int8_t
     const int64_t per = (npf + G * 16 - 1) / (G * 16);
     int64_t line = 0;
 #ifdef ROLLYARD_W8A8_VNNI
-    __m512 af[MR][4];
-    for (int r = 0; r < MR; r++)
-        for (int q = 0; q < 4; q++) af[r][q] = _mm512_setzero_ps();
+    alignas(64) float af[MR][64];  // the fp32 sums between groups
     for (int64_t g = 0; g < G; g++) {
         const int8_t* wg = wb + g * V_GROUP_BYTES;
         __m512i ai[MR][4];
@@ -1708,15 +1706,17 @@ inline void w8a8_tile(const int8_t* xq, const float* sx, int64_t G, const int8_t
         for (int q = 0; q < 4; q++) {
             const __m512 sw = _mm512_loadu_ps((const float*)(wg + 4096) + 16 * q);
             const __m512i corr = _mm512_loadu_si512(wg + 4352 + 64 * q);
-            for (int r = 0; r < MR; r++)
-                af[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ai[r][q], corr)),
-                                           _mm512_mul_ps(sw, _mm512_set1_ps(sx[r * G + g])), af[r][q]);
+            for (int r = 0; r < MR; r++) {
+                const __m512 prev = g ? _mm512_load_ps(af[r] + 16 * q) : _mm512_setzero_ps();
+                _mm512_store_ps(af[r] + 16 * q, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(ai[r][q], corr)),
+                                                                _mm512_mul_ps(sw, _mm512_set1_ps(sx[r * G + g])), prev));
+            }
         }
     }
     for (int r = 0; r < MR; r++)
         for (int q = 0; q < 4; q++)
-            out_vec<false>(af[r][q], bias ? bias + 16 * q : nullptr, add ? add + r * ldadd + 16 * q : nullptr,
-                           y + r * ldy + 16 * q);
+            out_vec<false>(_mm512_load_ps(af[r] + 16 * q), bias ? bias + 16 * q : nullptr,
+                           add ? add + r * ldadd + 16 * q : nullptr, y + r * ldy + 16 * q);
 #else
     const __m256i ones = _mm256_set1_epi16(1);
     for (int qq = 0; qq < 4; qq++) {  // 16 columns: two vectors of 8
