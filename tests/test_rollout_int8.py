@@ -101,14 +101,15 @@ def test_the_engine_forward_is_transformers_forward_over_the_int8_weights():
     assert native.fast_path_matches(model, native.NativeBackend(model, 4, 256, torch.int8)) < 1e-5
 
 
-def test_the_engine_runs_int8_after_a_weight_change():
+@pytest.mark.parametrize("dtype", [torch.int8, torch.qint8])  # (qint8: rollout.precision=w8a8)
+def test_the_engine_runs_int8_after_a_weight_change(dtype):
     from rollyard.rollout.engine import RolloutEngine
     from rollyard.types import Request, WeightUpdate
 
     model = _model()
     eng = RolloutEngine(model, eos_token_id=-1, pad_token_id=0, max_concurrent=4, max_cache_tokens=256, seed=0,
-                        compute_dtype=torch.int8)
-    assert eng.backend.name == "fast" and eng.backend.fwd.q8
+                        compute_dtype=dtype)
+    assert eng.backend.name == "fast" and eng.backend.fwd.q8 and eng.backend.fwd.a8 == (dtype == torch.qint8)
     before = eng.backend.fwd.dequantized()["model.layers.1.mlp.up_proj.weight"].clone()
     with torch.no_grad():  # the trainer's step, shared module (colocated)
         model.model.layers[1].mlp.up_proj.weight.mul_(1.5)
