@@ -1583,6 +1583,34 @@ struct w8a8_t {  // a layout V weight's element type (the decode layer's matmul 
     int8_t v;
 };
 
+// A group's quads from layout R's rows (og: kg rows of 64 columns' int8, the rest zero): quad j's bytes 4c..4c+3 are
+// column c's inputs 4j..4j+3 (vector c / 16, lane c % 16). Byte interleaves, 16 columns at a time (a byte-scattering
+// loop made the whole pack ~2.3x int8's: SmolLM2's 30 layers 103 ms against 45).
+inline void w8a8_interleave(const int8_t* og, int64_t kg, int8_t* ov) {
+    alignas(64) int8_t rows[64 * 64];
+    std::memcpy(rows, og, kg * 64);
+    std::memset(rows + kg * 64, 0, (64 - kg) * 64);
+    for (int j = 0; j < 16; j++) {
+        const int8_t* r = rows + 4 * j * 64;
+        int8_t* oq = ov + j * 256;
+#if defined(__AVX512F__) || defined(__AVX2__)
+        for (int c = 0; c < 64; c += 16) {
+            const __m128i a = _mm_loadu_si128((const __m128i*)(r + c)), b = _mm_loadu_si128((const __m128i*)(r + 64 + c));
+            const __m128i d = _mm_loadu_si128((const __m128i*)(r + 128 + c)), e = _mm_loadu_si128((const __m128i*)(r + 192 + c));
+            const __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+            const __m128i de0 = _mm_unpacklo_epi8(d, e), de1 = _mm_unpackhi_epi8(d, e);
+            _mm_storeu_si128((__m128i*)(oq + 4 * c), _mm_unpacklo_epi16(ab0, de0));
+            _mm_storeu_si128((__m128i*)(oq + 4 * c + 16), _mm_unpackhi_epi16(ab0, de0));
+            _mm_storeu_si128((__m128i*)(oq + 4 * c + 32), _mm_unpacklo_epi16(ab1, de1));
+            _mm_storeu_si128((__m128i*)(oq + 4 * c + 48), _mm_unpackhi_epi16(ab1, de1));
+        }
+#else
+        for (int c = 0; c < 64; c++)
+            for (int i = 0; i < 4; i++) oq[4 * c + i] = r[i * 64 + c];
+#endif
+    }
+}
+
 extern "C" void rollyard_pack_w8a8(const float* const* srcs, const int64_t* rows, const float* scales, int nparts,
                                    int64_t K, int8_t* out, int threads) {
     int64_t N = 0;
@@ -1599,13 +1627,10 @@ extern "C" void rollyard_pack_w8a8(const float* const* srcs, const int64_t* rows
                 const int64_t kg = K - g * 64 < 64 ? K - g * 64 : 64;
                 const int8_t* og = r.data() + g * 64 * 64 + g * 256;
                 int8_t* ov = out + (nb * G + g) * V_GROUP_BYTES;
+                w8a8_interleave(og, kg, ov);
                 int32_t sums[64] = {0};
-                for (int64_t k = 0; k < 64; k++)
-                    for (int c = 0; c < 64; c++) {
-                        const int8_t q = k < kg ? og[k * 64 + c] : 0;
-                        ov[(k / 4) * 256 + (c / 16) * 64 + (c % 16) * 4 + k % 4] = q;
-                        sums[c] += q;
-                    }
+                for (int64_t k = 0; k < kg; k++)
+                    for (int c = 0; c < 64; c++) sums[c] += og[k * 64 + c];
                 std::memcpy(ov + 4096, og + kg * 64, 256);
                 for (int c = 0; c < 64; c++) sums[c] *= 128;
                 std::memcpy(ov + 4352, sums, 256);
