@@ -53,7 +53,7 @@ def test_the_packed_weights_are_int8s_quantization_with_their_sums():
     q, s = cpu_kernels.unpack_w8a8(p, 96)
     want_q, want_s = cpu_kernels.quantize_q8(torch.cat((torch.mul(a, scale), c)))
     assert torch.equal(q, want_q) and torch.equal(s, want_s)
-    assert torch.equal((q, s)[0], cpu_kernels.unpack_q8(cpu_kernels.pack_q8([(a, scale), (c, 1.0)]))[0])
+    assert torch.equal(q, cpu_kernels.unpack_q8(cpu_kernels.pack_q8([(a, scale), (c, 1.0)]))[0])
     # the last group (inputs 64-95) is zero-padded to 64; each group stores 128 x its columns' weight sums
     sums = p[:, :, 4352:].contiguous().view(torch.int32).permute(0, 2, 1).reshape(192, 2)
     assert torch.equal(sums[:, 0], 128 * q[:, :64].int().sum(1)) and torch.equal(sums[:, 1], 128 * q[:, 64:].int().sum(1))

@@ -870,13 +870,17 @@ def quantize_q8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, s)``: ``w [n, k]`` (fp32) as int8 ``q`` times a scale ``s [n, ceil(k / 64)]`` per row and group of
     :data:`Q8_GROUP` inputs: ``s = max|w[i, group]| / 127``, ``q = round(w / s)`` (half to even; 0 where ``s`` is
     0). What :func:`pack_q8` stores, in torch's ops (its reference)."""
-    n, k = w.shape
-    groups = -(-k // Q8_GROUP)
-    padded = F.pad(w, (0, groups * Q8_GROUP - k)).view(n, groups, Q8_GROUP)
-    s = padded.abs().amax(dim=2) / 127
-    wide = s.repeat_interleave(Q8_GROUP, dim=1)[:, :k]
+    s = _group_scales(w)
+    wide = s.repeat_interleave(Q8_GROUP, dim=1)[:, :w.shape[1]]
     q = torch.where(wide > 0, torch.round(w / torch.where(wide > 0, wide, 1)), 0).clamp(-127, 127)
     return q.to(torch.int8), s
+
+
+def _group_scales(w: torch.Tensor) -> torch.Tensor:
+    """``max|w[i, group]| / 127`` per row and group of :data:`Q8_GROUP` inputs of ``w [n, k]`` (the last may be short)."""
+    n, k = w.shape
+    groups = -(-k // Q8_GROUP)
+    return F.pad(w, (0, groups * Q8_GROUP - k)).view(n, groups, Q8_GROUP).abs().amax(dim=2) / 127
 
 
 def dequantize_q8(q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -952,10 +956,8 @@ def unpack_w8a8(p: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(xq, sx)``: the rows of ``x [m, k]`` as :func:`gemm_w8a8` quantizes them, per group of :data:`Q8_GROUP`
     inputs: ``sx = max|x| / 127``, ``xq = round(x * (1 / sx))`` (half to even; 0 where ``sx`` is 0)."""
-    m, k = x.shape
-    groups = -(-k // Q8_GROUP)
-    sx = F.pad(x, (0, groups * Q8_GROUP - k)).view(m, groups, Q8_GROUP).abs().amax(dim=2) / 127
-    inv = torch.where(sx > 0, 1 / torch.where(sx > 0, sx, 1), 0).repeat_interleave(Q8_GROUP, dim=1)[:, :k]
+    sx = _group_scales(x)
+    inv = torch.where(sx > 0, 1 / torch.where(sx > 0, sx, 1), 0).repeat_interleave(Q8_GROUP, dim=1)[:, :x.shape[1]]
     return torch.round(x * inv).clamp(-127, 127).to(torch.int8), sx
 
 
