@@ -77,13 +77,18 @@ def test_the_build_key_follows_what_the_library_is_built_from(monkeypatch, tmp_p
     base = cpu_kernels.build_key(flags)
     assert cpu_kernels.build_key(list(flags)) == base  # deterministic
     assert cpu_kernels.build_key(["-O3", "-march=x86-64-v3", "-fopenmp"]) != base  # flags
-    edited = tmp_path / "kernels.cc"
-    edited.write_text(cpu_kernels._SOURCE.read_text() + "\n// another version of rollyard\n")
+    edited, original = tmp_path / "kernels.cc", cpu_kernels._SOURCE.read_bytes()
+    edited.write_bytes(original + b"\n// another version of rollyard\n")
     monkeypatch.setattr(cpu_kernels, "_SOURCE", edited)
     assert cpu_kernels.build_key(flags) != base  # the source
+    edited.write_bytes(original)
+    assert cpu_kernels.build_key(flags) != base  # the same version in another checkout (its path is on the build's line)
     monkeypatch.undo()
     monkeypatch.setattr(cpu_kernels.torch, "__version__", "0.0.1-other")
     assert cpu_kernels.build_key(flags) != base  # torch's version
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_kernels.torch, "__file__", str(tmp_path / "another-venv" / "torch" / "__init__.py"))
+    assert cpu_kernels.build_key(flags) != base  # another environment's torch (its headers and libraries)
     monkeypatch.undo()
     monkeypatch.setenv("CXX", "/no/such/compiler")
     assert cpu_kernels.build_key(flags) != base  # the compiler

@@ -168,11 +168,13 @@ def _compiler() -> str:
 
 def build_key(cflags: list[str]) -> str:
     """The build directory's name: a hash of everything the library is built from (the source's
-    bytes, the compiler flags, the compiler, torch's version) and of the CPU it is built for. Two
-    checkouts or two installed versions on one machine get two directories, never one library
-    rebuilt over the other's (a process would load a library missing its symbols)."""
-    parts = [hashlib.sha256(_SOURCE.read_bytes()).hexdigest(), " ".join(cflags), _compiler(),
-             torch.__version__, _cpu_signature()]
+    bytes and path, the compiler flags, the compiler, torch's version and where that torch is installed:
+    the path and torch's headers and libraries are on the build's command line) and of the CPU it is built
+    for. Two checkouts, environments or installed versions on one machine get two directories, never one
+    library rebuilt over the other's (a process would load a library missing its symbols; two checkouts
+    of one version would each find the other's build out of date and compile it again, turn by turn)."""
+    parts = [hashlib.sha256(_SOURCE.read_bytes()).hexdigest(), str(_SOURCE.resolve()), " ".join(cflags),
+             _compiler(), torch.__version__, str(Path(torch.__file__).resolve().parent), _cpu_signature()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
