@@ -302,9 +302,11 @@ def test_a_corrupt_cached_library_is_rebuilt_once_and_said(tmp_path):
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ["ready", "loaded"], proc.stderr
     assert "does not load" in proc.stderr and "rebuilding it" in proc.stderr, proc.stderr
-    assert "not used" not in proc.stderr
+    assert "not used" not in proc.stderr and str(root) in proc.stderr  # rebuilt where XDG_CACHE_HOME puts the cache
+    stamp = lib.stat().st_mtime_ns
     proc = subprocess.run([sys.executable, "-c", LOAD], env=env, capture_output=True, text=True, timeout=300)
     assert proc.stdout.split() == ["ready", "loaded"] and proc.stderr == "", proc.stderr  # healed: the next run says nothing
+    assert lib.stat().st_mtime_ns == stamp and len(list(root.glob("*.so"))) == 1  # and reuses it: built once
 
 
 def test_a_failing_compiler_is_not_called_missing(monkeypatch, tmp_path, capsys):
