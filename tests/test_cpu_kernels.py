@@ -304,6 +304,40 @@ def test_inverse_cdf_draws_the_running_sums_index_bit_for_bit(B, V):
 
 
 @needs_cxx
+@pytest.mark.parametrize("B,V", [(32, 49152), (1, 1), (9, 70), (17, 129), (8, 64), (3, 50000)])
+def test_softmax_draw_is_the_inverse_cdf_of_softmax_and_its_logprob(B, V):
+    """The rollout's fused draw against a float64 reference built with other ops: the index is the first whose fp64
+    running sum of ``exp(z - max z)`` exceeds ``r * total`` (torch's fp64 exp, cumsum, searchsorted), the logprob is
+    fp64 ``log_softmax`` at it; peaked, flat and wide rows, widths not a multiple of the 64-wide blocks or the 16
+    lanes, rows a stride apart, 1 and 2 threads (the same numbers)."""
+    assert cpu_kernels.kernel() is not None, cpu_kernels._STATE
+    gen = torch.Generator().manual_seed(B * 1000 + V + 7)
+    n = torch.get_num_threads()
+    try:
+        for scale in (0.01, 3.0, 40.0):
+            z = (torch.randn(B, V + 5, generator=gen) * scale)[:, 2:2 + V]  # rows a stride apart
+            r = torch.rand(B, generator=gen, dtype=torch.float64)
+            zd = z.double()
+            c = (zd - zd.max(-1, keepdim=True).values).exp().cumsum(-1)
+            want = torch.searchsorted(c, r[:, None] * c[:, -1:], right=True).squeeze(1).clamp(max=V - 1)
+            got = []
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got.append(cpu_kernels.softmax_draw(z, r))
+            assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+            tok, lp = got[0]
+            assert torch.equal(tok, want), (scale, tok, want)
+            ref = torch.log_softmax(zd, -1).gather(1, tok[:, None]).squeeze(1)
+            assert (lp.double() - ref).abs().max() < 2e-6 * (1 + ref.abs().max()), (scale, lp, ref)
+        z = torch.zeros(B, V)
+        z[:, V // 2] = 100.0  # one token holds the mass: always it, at log-probability ~0
+        tok, lp = cpu_kernels.softmax_draw(z, torch.rand(B, generator=gen, dtype=torch.float64))
+        assert bool((tok == V // 2).all()) and float(lp.abs().max()) < 1e-30 * V + 1e-6
+    finally:
+        torch.set_num_threads(n)
+
+
+@needs_cxx
 @pytest.mark.parametrize("rows,cols", [(314, 3072), (37, 45), (16, 16), (1, 40), (40, 1), (33, 17)])
 def test_transposed_is_the_transpose_at_every_shape_and_row_stride(rows, cols):
     """The weight gradient's input (``model/gemm.py``): the transposed copy, element for element, with the 16 x 16
@@ -371,29 +405,37 @@ def test_inverse_cdf_refuses_what_it_does_not_take():
 
 
 @needs_cxx
-@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_engine_samples_the_same_tokens_with_and_without_the_draw_kernel(monkeypatch, temperature, top_p):
-    """Two engines of one seed, one drawing through the kernel and one through torch's cumsum: the same tokens and
-    logprobs over a whole generation (the kernel changes no sample)."""
+@pytest.mark.parametrize("temperature,top_p,kernel", [(1.0, 1.0, "softmax_draw"), (0.7, 1.0, "softmax_draw"),
+                                                      (0.7, 0.9, "inverse_cdf")])
+def test_engine_samples_the_same_tokens_with_and_without_the_draw_kernel(monkeypatch, temperature, top_p, kernel):
+    """Two engines of one seed, one drawing through the kernel and one through torch (``log_softmax``, ``exp``,
+    cumsum): the same tokens over a whole generation; the logprobs bit for bit where the kernel only draws (a top-p
+    support: ``inverse_cdf``), to fp32 rounding where it also computes them (the whole vocabulary: ``softmax_draw``,
+    in fp64 where torch's ``log_softmax`` rounds in fp32)."""
     from rollyard.rollout.engine import RolloutEngine
     from rollyard.types import Request
 
     model = build_preset("tiny", char_tokenizer(), seed=0, max_position_embeddings=64).eval()
     reqs = [Request(f"p{i}", list(range(5 + i, 12 + 2 * i)), n=4, max_new_tokens=20) for i in range(3)]
     outs, used = [], []
-    real = cpu_kernels.inverse_cdf
+    real = getattr(cpu_kernels, kernel)
     for on in (True, False):
         def draw(*a, _on=on, **k):
             got = real(*a, **k) if _on else None
             used.append(got is not None)
             return got
-        monkeypatch.setattr(cpu_kernels, "inverse_cdf", draw)
+        monkeypatch.setattr(cpu_kernels, kernel, draw)
         eng = RolloutEngine(model, eos_token_id=-1, temperature=temperature, top_p=top_p, seed=3)
         samples, _ = eng.generate(reqs)
         outs.append(sorted((s.id, s.completion_ids, s.logprobs) for s in samples))
         eng.close()
     assert any(used) and not all(used)
-    assert outs[0] == outs[1]
+    assert [o[:2] for o in outs[0]] == [o[:2] for o in outs[1]]
+    if kernel == "inverse_cdf":
+        assert outs[0] == outs[1]
+    else:
+        got, want = (torch.tensor([lp for o in out for lp in o[2]], dtype=torch.float64) for out in outs)
+        assert (got - want).abs().max() < 2e-6 * (1 + want.abs().max())
 
 
 @needs_cxx

@@ -717,6 +717,86 @@ extern "C" void rollyard_inverse_cdf_f32(const float* w, int64_t rows, int64_t V
     }
 }
 
+// ---- the rollout's draw from softmax(z), fused (rollout/engine.py `_sample`) ---------------------------------------
+//
+// Per row of logits z [rows, V] (row stride ldz): m = max(z); the weights w_i = exp(z_i - m) (vexp's, relative error
+// ~2e-7) a 64-wide block at a time (softmax_block): the block's sum (16-lane fp32 adds, then the lanes in double) and
+// the running block ends in double; the draw is the first index whose running sum (the block end before it, then the
+// block's weights, computed again, bit for bit, and added in double one by one) exceeds u = r[row] * total, else the
+// block's last index with a non-zero weight (the one-by-one sums rounding below the block's end), else V - 1; lp =
+// z[tok] - m - log(total). Two reads of a row and no [rows, V] write, where log_softmax, exp and the inverse-CDF kernel
+// read it four times and write it twice. Tokens with z_i < m - 87 get exp(-87) (~1.6e-38 of the max's weight), not 0:
+// never drawn at any vocabulary size below ~1e37. Rows in parallel; a row's numbers do not depend on the thread count.
+namespace {
+constexpr int64_t DRAW_BLK = 64;
+inline double softmax_block(const float* zr, int64_t lo, int64_t hi, float m, float* wb) {
+    const f16v M = f16v{} + m;
+    f16v acc = f16v{};
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16) {
+        const f16v e = vexp(ld<f16v>(zr + i) - M);
+        st(wb + (i - lo), e);
+        acc += e;
+    }
+    double s = 0.0;
+    for (int k = 0; k < 16; k++) s += (double)acc[k];
+    for (; i < hi; i++) {
+        wb[i - lo] = std::exp(zr[i] - m);
+        s += (double)wb[i - lo];
+    }
+    return s;
+}
+}  // namespace
+
+extern "C" void rollyard_softmax_draw_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const double* r,
+                                          int64_t* out, float* lp, int threads) {
+    const int64_t nb = (V + DRAW_BLK - 1) / DRAW_BLK;
+#pragma omp parallel num_threads(threads) if (rows * V >= (1 << 16))
+    {
+        double* ends = new double[nb];
+        alignas(64) float wb[DRAW_BLK];
+#pragma omp for schedule(static)
+        for (int64_t row = 0; row < rows; row++) {
+            const float* zr = z + row * ldz;
+            f16v mv = f16v{} - INFINITY;
+            int64_t v = 0;
+            for (; v + 16 <= V; v += 16) {
+                const f16v x = ld<f16v>(zr + v);
+                mv = x > mv ? x : mv;
+            }
+            float m = -INFINITY;
+            for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
+            for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+            double total = 0.0;
+            for (int64_t b = 0; b < nb; b++) {
+                const int64_t lo = b * DRAW_BLK;
+                total += softmax_block(zr, lo, lo + DRAW_BLK < V ? lo + DRAW_BLK : V, m, wb);
+                ends[b] = total;
+            }
+            const double u = r[row] * total;
+            int64_t b = 0;
+            while (b < nb && !(ends[b] > u)) b++;
+            int64_t pick = V - 1;
+            if (b < nb) {
+                const int64_t lo = b * DRAW_BLK, hi = lo + DRAW_BLK < V ? lo + DRAW_BLK : V;
+                softmax_block(zr, lo, hi, m, wb);
+                double c = b ? ends[b - 1] : 0.0;
+                pick = -1;
+                for (int64_t i = lo; i < hi && pick < 0; i++) {
+                    c += (double)wb[i - lo];
+                    if (c > u) pick = i;
+                }
+                for (int64_t i = hi - 1; pick < 0 && i >= lo; i--)
+                    if (wb[i - lo] > 0.0f) pick = i;
+                if (pick < 0) pick = hi - 1;
+            }
+            out[row] = pick;
+            lp[row] = (float)((double)zr[pick] - (double)m - std::log(total));
+        }
+        delete[] ends;
+    }
+}
+
 // ---- bf16 GEMM for the decode engine: y = round_bf16(bf16(x) @ W^T + bias) (+ add), fp32 in and out ----------------
 //
 // The rollout's matmuls at bf16 precision (model/fast.py, `mixed`): fp32 activations, bf16 weights, output rounded to

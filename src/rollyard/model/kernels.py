@@ -359,7 +359,15 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32",
             "rollyard_logsumexp_f32", "rollyard_sum_squares_f32", "rollyard_pack_q8", "rollyard_gemm_q8",
             "rollyard_decode_layer_q8", "rollyard_pack_w8a8", "rollyard_gemm_w8a8",
-            "rollyard_decode_layer_w8a8", "rollyard_w8a8_vnni")  # _load's
+            "rollyard_decode_layer_w8a8", "rollyard_w8a8_vnni", "rollyard_softmax_draw_f32")  # _load's
+
+
+# (entry point, one declared in _load with the same C signature)
+_SAME_SIGNATURES = (("decode_attn_bf16kv", "decode_attn_f32"), ("decode_rope_write_f32", "decode_rope_write_bf16kv"),
+                    ("decode_layer_f32", "decode_layer_bf16"), ("pack_q8", "pack_f32"), ("gemm_q8", "gemm_f32"),
+                    ("decode_layer_q8", "decode_layer_bf16"), ("pack_w8a8", "pack_f32"), ("gemm_w8a8", "gemm_f32"),
+                    ("decode_layer_w8a8", "decode_layer_bf16"), ("w8a8_vnni", "gemm_f32_available"),
+                    ("softmax_draw_f32", "logsumexp_f32"))
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -411,10 +419,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_pack_f32.restype = None
     lib.rollyard_gemm_f32.argtypes = [P, L, L, L, P, L, P, P, L, P, L, I]
     lib.rollyard_gemm_f32.restype = I
-    for name, like in (("decode_attn_bf16kv", "decode_attn_f32"), ("decode_rope_write_f32", "decode_rope_write_bf16kv"),
-                       ("decode_layer_f32", "decode_layer_bf16"), ("pack_q8", "pack_f32"), ("gemm_q8", "gemm_f32"),
-                       ("decode_layer_q8", "decode_layer_bf16"), ("pack_w8a8", "pack_f32"), ("gemm_w8a8", "gemm_f32"),
-                       ("decode_layer_w8a8", "decode_layer_bf16"), ("w8a8_vnni", "gemm_f32_available")):  # the same signatures
+    for name, like in _SAME_SIGNATURES:
         fn, ref = getattr(lib, f"rollyard_{name}"), getattr(lib, f"rollyard_{like}")
         fn.argtypes, fn.restype = ref.argtypes, ref.restype
     lib.rollyard_sum_squares_f32.argtypes = [P, P, I, P, I]
@@ -604,6 +609,22 @@ def inverse_cdf(weights: torch.Tensor, r: torch.Tensor, totals: torch.Tensor | N
     lib.rollyard_inverse_cdf_f32(weights.data_ptr(), weights.shape[0], weights.shape[1], r.data_ptr(), out.data_ptr(),
                                  None if totals is None else totals.data_ptr(), torch.get_num_threads())
     return out
+
+
+def softmax_draw(z: torch.Tensor, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One draw per row of ``softmax(z)`` (fp32 logits ``z [B, V]``, rows may be strided; ``r [B]`` fp64 uniforms in
+    ``[0, 1)``) and its log-probability: ``(tok [B] int64, lp [B] fp32)``. The draw is the inverse CDF's over the
+    weights ``exp(z - max z)`` (vexp's), the first index whose running fp64 sum exceeds ``r * total``; ``lp = z[tok] -
+    max z - log(total)`` (``kernels.cc``). Two reads of the logits and no ``[B, V]`` tensor written, where
+    ``log_softmax``, ``exp`` and :func:`inverse_cdf` read them four times and write two. ``None`` (nothing done) when
+    the kernel is not loaded or the tensors do not fit."""
+    if (not _head_rows_ok(z) or r.dtype != torch.float64 or not r.is_contiguous() or r.device.type != "cpu"
+            or r.shape != (z.shape[0],)):
+        return None
+    tok, lp = torch.empty(z.shape[0], dtype=torch.int64), torch.empty(z.shape[0])
+    _STATE["lib"].rollyard_softmax_draw_f32(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), r.data_ptr(),
+                                            tok.data_ptr(), lp.data_ptr(), torch.get_num_threads())
+    return tok, lp
 
 
 def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor | None:
