@@ -598,6 +598,22 @@ extern "C" void rollyard_softmax_entropy_f32(const float* z, int64_t rows, int64
     head_rows(const_cast<float*>(z), rows, V, ldz, logz, nullptr, out, threads);
 }
 
+// A row's max (16 lanes, then the lanes and the tail in order)
+namespace {
+inline float row_max(const float* zr, int64_t V) {
+    f16v mv = f16v{} - INFINITY;
+    int64_t v = 0;
+    for (; v + 16 <= V; v += 16) {
+        const f16v x = ld<f16v>(zr + v);
+        mv = x > mv ? x : mv;
+    }
+    float m = -INFINITY;
+    for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
+    for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+    return m;
+}
+}  // namespace
+
 // logz = logsumexp(z) per row (the max, then log of the sum of exp(z - max): two reads of the row, no buffer; torch's
 // logsumexp measured 29 ms on SmolLM2's 236 x 49152 chunk, 2 threads), and lp = z[target] - logz
 extern "C" void rollyard_logsumexp_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const int64_t* targets,
@@ -605,18 +621,11 @@ extern "C" void rollyard_logsumexp_f32(const float* z, int64_t rows, int64_t V, 
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const float* zr = z + r * ldz;
-        f16v mv = f16v{} - INFINITY;
-        int64_t v = 0;
-        for (; v + 16 <= V; v += 16) {
-            const f16v x = ld<f16v>(zr + v);
-            mv = x > mv ? x : mv;
-        }
-        float m = -INFINITY;
-        for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
-        for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+        const float m = row_max(zr, V);
         const f16v M = f16v{} + m;
         f16v acc = f16v{};
-        for (v = 0; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) - M);
+        int64_t v = 0;
+        for (; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) - M);
         float tail = 0.0f;
         for (; v < V; v++) tail += std::exp(zr[v] - m);
         logz[r] = m + std::log(hsum(acc) + tail);
@@ -758,15 +767,7 @@ extern "C" void rollyard_softmax_draw_f32(const float* z, int64_t rows, int64_t 
 #pragma omp for schedule(static)
         for (int64_t row = 0; row < rows; row++) {
             const float* zr = z + row * ldz;
-            f16v mv = f16v{} - INFINITY;
-            int64_t v = 0;
-            for (; v + 16 <= V; v += 16) {
-                const f16v x = ld<f16v>(zr + v);
-                mv = x > mv ? x : mv;
-            }
-            float m = -INFINITY;
-            for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
-            for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+            const float m = row_max(zr, V);
             double total = 0.0;
             for (int64_t b = 0; b < nb; b++) {
                 const int64_t lo = b * DRAW_BLK;
