@@ -219,6 +219,52 @@ def test_activation_checkpointing_keeps_the_gradient_and_saves_less(layout):
     assert saved[True] < 0.6 * saved[False], saved
 
 
+def test_the_recompute_skips_each_layers_last_product_and_keeps_the_gradient(monkeypatch):
+    """With activation checkpointing a Llama layer's ``down_proj`` product runs once, in the forward: the layer's
+    recompute saves the product's input and weight (what the backward reads) and skips the product, whose value
+    only the discarded recomputed output held (``model.gemm.linear``'s ``tail``). The gradient equals, bit for bit,
+    the one of a recompute that computes it, and the plain backward's to float rounding."""
+    import contextlib
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from rollyard.model import gemm
+
+    monkeypatch.setenv("ROLLYARD_ONEDNN", "1")  # the oneDNN linear (its autograd Function) on any x86 CPU class
+    if not gemm.enabled():
+        pytest.skip("oneDNN's linear is not available in this torch build")
+    tok = bpe_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    samples = _samples(len(tok), n=12)
+    calls, real_lp = [], gemm._lp
+
+    def counting(x, w, b=None):
+        calls.append(tuple(w.shape) == (128, 256) and w.is_contiguous())  # a down_proj product (gate|up's g @ w: w.t())
+        return real_lp(x, w, b)
+
+    monkeypatch.setattr(gemm, "_lp", counting)
+    grads, downs = {}, {}
+    for case in ("skip", "compute", "plain"):
+        if case == "compute":  # the recompute without its context: every product computed again
+            monkeypatch.setattr(gemm, "recompute_contexts", lambda: (contextlib.nullcontext(), contextlib.nullcontext()))
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        trainer = Trainer(model, lr=1e-3, layout="padded", activation_checkpointing=case != "plain")
+        assert trainer._use_fast(model)
+        calls.clear()
+        trainer.accumulate_gradients(samples)
+        downs[case] = sum(calls)
+        grads[case] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    rows = sum(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    assert rows * 256 * 128 >= gemm.MIN_MACS  # the products took the oneDNN path the skip is on
+    assert downs == {"skip": 3, "compute": 6, "plain": 3}, downs  # once per layer, twice where recomputed
+    assert torch.equal(grads["skip"], grads["compute"])
+    assert torch.allclose(grads["skip"], grads["plain"], rtol=1e-4, atol=1e-6)
+    assert grads["skip"].abs().sum() > 0
+
+
 def test_the_kv_budget_is_memory_and_impossible_settings_are_refused_up_front(tiny, capsys):
     model, _, path = tiny
     c = model.config  # 2 layers x 2 KV heads x head_dim 16, fp32: K and V

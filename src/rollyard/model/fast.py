@@ -662,7 +662,8 @@ class FastForward:
             cos, sin = tables[kind]
             mask = sliding if kind == SLIDING else full
             if recompute:
-                x = checkpoint(cls.train_layer, x, layer, cos, sin, mask, use_reentrant=False)
+                x = checkpoint(cls.train_layer, x, layer, cos, sin, mask, use_reentrant=False,
+                               context_fn=cpu_gemm.recompute_contexts)
             else:
                 x = cls.train_layer(x, layer, cos, sin, mask)
         return cls.train_norm(x, inner.norm)
@@ -734,10 +735,11 @@ def train_attention(h: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor,
     return cpu_gemm.linear(o.transpose(1, 2).reshape(B, T, H * hd), a.o_proj.weight, a.o_proj.bias)
 
 
-def train_mlp(h: torch.Tensor, mlp, act) -> torch.Tensor:
-    """``down(act([gate | up](h)))`` with autograd (one matmul for gate and up)."""
+def train_mlp(h: torch.Tensor, mlp, act, tail: bool = False) -> torch.Tensor:
+    """``down(act([gate | up](h)))`` with autograd (one matmul for gate and up); ``tail``: the layer adds the result
+    to its residual and saves nothing after it (``model.gemm.linear``'s ``tail``: skipped in a recompute)."""
     gu = cpu_gemm.linear(h, torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)))
-    return cpu_gemm.linear(act(gu), mlp.down_proj.weight)
+    return cpu_gemm.linear(act(gu), mlp.down_proj.weight, tail=tail)
 
 
 def _qkv_rope(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, H: int, KVH: int):

@@ -75,7 +75,8 @@ class LlamaFast(FastForward):
     def train_layer(cls, x, layer, cos, sin, mask=None) -> torch.Tensor:
         a = layer.self_attn
         x = x + train_attention(cls.train_norm(x, layer.input_layernorm), a, cos, sin, mask, cls.train_qk_norm(a))
-        return x + train_mlp(cls.train_norm(x, layer.post_attention_layernorm), layer.mlp, cpu_kernels.train_swiglu)
+        return x + train_mlp(cls.train_norm(x, layer.post_attention_layernorm), layer.mlp, cpu_kernels.train_swiglu,
+                             tail=True)
 
 
 train_hidden = LlamaFast.train_hidden
