@@ -21,7 +21,7 @@ step for TRL) and of its train phase, the ratios between sides, and the train ph
 matmul_flops, 1024^3, same threads), over every sample's positions (the old floor) and over the positions the
 trainer computed (the useful-work floor: zero-advantage samples skipped, each group's prompt once;
 `train/computed_positions`), and where the run checkpoints activations, that floor plus the recompute (2 x the
-decoder's matmul parameters x positions). `native-all` is the native side with trainer.useful_work=false (every position).
+decoder's matmul parameters x `train/recomputed_positions`: the positions weighted by the share of layers recomputed). `native-all` is the native side with trainer.useful_work=false (every position).
 The rollout phase (native sides) is held against its roofline per step: the larger of its matmul FLOPs (each
 group's prompt prefilled once, every decoded token, attention included) at the matmul rate measured here in the
 precision the rollout ran (run.json's rollout_precision) and the bytes it must read (the weights once per
@@ -361,6 +361,10 @@ def speed(a) -> int:
                                       "useful": [x.get("train/computed_positions", run["real_positions"][x["step"]])
                                                  for x in rows],
                                       "skipped": [x.get("train/skipped_frac", 0.0) for x in rows],
+                                      # the positions' recomputed share (trainer.activation_checkpointing=auto keeps
+                                      # the last layers); a run before the metric: every computed position if on
+                                      "recomputed": [x.get("train/recomputed_positions", x.get(
+                                          "train/computed_positions", 0.0) if run["recompute"] else 0.0) for x in rows],
                                       "memory": run["summary"].get("memory_peak_gb", {}),
                                       "recompute": run["recompute"]})
                 load.append(os.getloadavg()[0])
@@ -379,14 +383,15 @@ def speed(a) -> int:
                 useful = statistics.median(x for rd in rounds for x in rd["useful"])
                 skipped = statistics.mean(x for rd in rounds for x in rd["skipped"])
                 floor, useful_floor = 6 * matmul_params * pos / rate, 6 * matmul_params * useful / rate
-                redo = 2 * decoder_params * useful / rate if rounds[-1]["recompute"] else 0.0
+                recomputed = statistics.median(x for rd in rounds for x in rd["recomputed"])
+                redo = 2 * decoder_params * recomputed / rate
                 line += (f"\n        train floor 6 x {matmul_params / 1e6:.0f}M matmul params x {pos:.0f} positions "
                          f"at {rate / 1e9:.0f} GFLOP/s = {floor:.2f} s: train is {med[side]['train'] / floor:.2f}x it"
                          f"\n        useful-work floor: x {useful:.0f} positions computed ({skipped:.0%} of samples "
                          f"skipped; the micro-batches held {computed:.0f} with their padding) = {useful_floor:.2f} s: "
                          f"train is {med[side]['train'] / max(useful_floor, 1e-9):.2f}x it"
                          + (f"; with activation checkpointing's recompute (+ 2 x {decoder_params / 1e6:.0f}M decoder "
-                            f"params x positions) {useful_floor + redo:.2f} s: train is "
+                            f"params x {recomputed:.0f} positions recomputed) {useful_floor + redo:.2f} s: train is "
                             f"{med[side]['train'] / max(useful_floor + redo, 1e-9):.2f}x it" if redo else "")
                          + f"; peak RSS GB {rounds[-1]['memory']}")
             if side != "trl" and side != "vllm":

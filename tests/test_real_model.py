@@ -265,6 +265,89 @@ def test_the_recompute_skips_each_layers_last_product_and_keeps_the_gradient(mon
     assert grads["skip"].abs().sum() > 0
 
 
+def _saved_bytes(params: set[int]):
+    """A saved-tensors hook pair that sums the distinct storages autograd keeps (parameters left out)."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    return seen, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def test_auto_checkpointing_keeps_the_last_layers_where_the_gradients_to_come_have_room(monkeypatch):
+    """``activation_checkpointing=auto``: a step's first micro-batch leaves its last layers un-recomputed as far as
+    their activations fit in the gradients the backward has yet to allocate (less the LM head's transient); a later
+    micro-batch (every gradient held) recomputes all. What the kept layers hold, measured by a saved-tensors hook, is
+    within that room and within the per-layer bound the choice uses; the gradient is the one of recomputing every
+    layer and of none; ``recomputed_positions`` counts what was recomputed."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from rollyard.model import families, fast
+    from rollyard.trainer import recompute
+
+    tok = bpe_tokenizer()
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+                      tie_word_embeddings=True, pad_token_id=tok.pad_token_id)
+    samples = _samples(len(tok), n=12)
+    # the per-layer bound against what a plain (unrecomputed) forward keeps, measured
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    ids = torch.randint(3, len(tok), (3, 40))
+    seen, hooks = _saved_bytes({p.untyped_storage().data_ptr() for p in model.parameters()})
+    with hooks:
+        families.train_hidden(model, ids)
+    assert 0 < sum(seen.values()) / 6 <= recompute.layer_bytes(cfg, ids.numel(), 40)
+
+    real_checkpoint, calls = fast.checkpoint, []
+    monkeypatch.setattr(fast, "checkpoint", lambda *a, **k: calls.append(1) or real_checkpoint(*a, **k))
+    grads, runs = {}, {}
+    for mode in (False, True, "auto"):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        trainer = Trainer(model, lr=1e-3, layout="padded", micro_batch_tokens=96, activation_checkpointing=mode)
+        kept, held, real_kept = [], [], trainer._kept_layers
+
+        def kept_layers(mb, trainer=trainer, kept=kept, held=held, real_kept=real_kept):
+            free = sum(p.numel() * p.element_size() for p in trainer.params if p.grad is None)
+            held.append(free)
+            kept.append(real_kept(mb))
+            return kept[-1]
+
+        trainer._kept_layers = kept_layers
+        calls.clear()
+        seen, hooks = _saved_bytes({p.untyped_storage().data_ptr() for p in model.parameters()})
+        with hooks:
+            acc = trainer.accumulate_gradients(samples)
+        grads[mode] = torch.cat([p.grad.flatten() for p in model.parameters()])
+        runs[mode] = (kept, held, len(calls), acc)
+    kept, held, ncalls, acc = runs["auto"]
+    mbs = acc["micro_batches"]
+    assert mbs >= 2 and 0 < kept[0] <= 6 and kept[1:] == [0] * (mbs - 1), kept  # the first only: later ones hold grads
+    assert held[0] == sum(p.numel() * 4 for p in model.parameters()) and held[1:] == [0] * (mbs - 1)
+    assert ncalls == 6 * mbs - kept[0] and runs[True][2] == 6 * mbs and runs[False][2] == 0
+    assert runs[True][0] == [0] * mbs and runs[False][0] == [0] * mbs  # only auto keeps any
+    assert 0 < acc["recomputed_positions"] < runs[True][3]["recomputed_positions"] == acc["computed_positions"]
+    assert runs[False][3]["recomputed_positions"] == 0
+    assert torch.allclose(grads["auto"], grads[True], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(grads["auto"], grads[False], rtol=1e-5, atol=1e-7)
+    # what the kept layers hold at the backward's start, measured: within the room they were kept in
+    first = trainer.micro_batches(samples)[0]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    holds = {}
+    for k in (0, kept[0]):
+        seen, hooks = _saved_bytes(params)
+        with hooks:
+            trainer._forward(model, first, kept=k)
+        holds[k] = sum(seen.values())
+    head = model.get_output_embeddings().weight
+    room = held[0] - 4 * head.numel() - 8 * min(trainer.logprob_chunk, int(first.rows.numel())) * head.shape[0]
+    assert 0 < holds[kept[0]] - holds[0] <= room, (holds, room)
+
+
 def test_the_kv_budget_is_memory_and_impossible_settings_are_refused_up_front(tiny, capsys):
     model, _, path = tiny
     c = model.config  # 2 layers x 2 KV heads x head_dim 16, fp32: K and V

@@ -51,14 +51,14 @@ def fast_forward(model, compute_dtype: torch.dtype | None = None) -> FastForward
 
 
 def train_hidden(model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                 segments: torch.Tensor | None = None, rows_grad: bool = False) -> torch.Tensor:
+                 segments: torch.Tensor | None = None, rows_grad: bool = False, kept_layers: int = 0) -> torch.Tensor:
     """Final-norm hidden states ``[B, T, D]`` through ``model``'s family's training forward
     (``FastForward.train_hidden``: padded rows, or the prefix-shared layout's ``position_ids`` and ``segments``;
-    ``rows_grad``: see there)."""
+    ``rows_grad``, ``kept_layers``: see there)."""
     family = family_of(model)
     if family is None:
         raise ValueError(f"fast training forward unsupported: {unsupported_reason(model)}")
-    return family.train_hidden(model, input_ids, position_ids, segments, rows_grad)
+    return family.train_hidden(model, input_ids, position_ids, segments, rows_grad, kept_layers)
 
 
 _PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",

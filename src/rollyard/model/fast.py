@@ -619,7 +619,7 @@ class FastForward:
 
     @classmethod
     def train_hidden(cls, model, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                     segments: torch.Tensor | None = None, rows_grad: bool = False) -> torch.Tensor:
+                     segments: torch.Tensor | None = None, rows_grad: bool = False, kept_layers: int = 0) -> torch.Tensor:
         """Final-norm hidden states ``[B, T, D]`` of right-padded rows ``input_ids [B, T]`` (positions 0..T-1,
         causal), differentiable w.r.t. the module's own parameters. Or, the prefix-shared layout
         (``trainer/packing.py``): ``position_ids [B, T]`` per token and ``segments [B, T]`` for the attention mask
@@ -631,7 +631,7 @@ class FastForward:
         :func:`causal_attention`; on CPU in fp32 the RMSNorms, SwiGLU and q|k|v split + RoPE through
         ``rollyard.model.kernels``). No dropout. Honours the module's gradient checkpointing
         (``model.gradient_checkpointing_enable()``; the trainer's ``activation_checkpointing``): each layer's input
-        kept only and the layer recomputed in the backward.
+        kept only and the layer recomputed in the backward, but the last ``kept_layers`` (``trainer/recompute.py``).
 
         ``rows_grad``: the lookup's gradient as the rows it touched (:class:`RowsGradLookup`), for a caller whose
         backward also gives the table a dense gradient in the same pass (an LM head tied to it): the same sums as
@@ -658,10 +658,11 @@ class FastForward:
             full, sliding = (None if m is None else torch.zeros(m.shape, device=x.device).masked_fill_(~m, float("-inf"))
                              for m in (full, sliding))
         recompute = getattr(inner, "gradient_checkpointing", False) and torch.is_grad_enabled()
-        for layer, kind in zip(inner.layers, kinds):
+        first_kept = len(inner.layers) - kept_layers
+        for i, (layer, kind) in enumerate(zip(inner.layers, kinds)):
             cos, sin = tables[kind]
             mask = sliding if kind == SLIDING else full
-            if recompute:
+            if recompute and i < first_kept:
                 x = checkpoint(cls.train_layer, x, layer, cos, sin, mask, use_reentrant=False,
                                context_fn=cpu_gemm.recompute_contexts)
             else:

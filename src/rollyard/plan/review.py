@@ -356,7 +356,7 @@ def _with_shape(run: Run, data: dict) -> dict:
         data["trainer"]["logits_tokens"] = tr["logprob_chunk"]
     # trainer.activation_checkpointing keeps each layer's input only (the plan's checkpointing); the logit chunks
     # are recomputed either way
-    data["trainer"]["activation_checkpointing"] = tr.get("activation_checkpointing") is True
+    data["trainer"]["activation_checkpointing"] = tr.get("activation_checkpointing") in (True, "auto")
     # What the trainer computed (trainer.useful_work; a run before it computed every position): each group's
     # prompt once, and the samples it skipped (the run's mean train/skipped_frac).
     data["trainer"]["prefix_shared"] = tr.get("useful_work") is True

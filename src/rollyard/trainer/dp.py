@@ -212,7 +212,8 @@ class RankTrainer(Trainer):
         return norm, skipped
 
 
-_COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions", "computed_positions")
+_COUNTS = ("computed_tokens", "skipped_seqs", "positions", "skipped_positions", "computed_positions",
+           "recomputed_positions")
 
 
 def _reduce_metrics(acc: dict, device) -> None:
@@ -228,7 +229,7 @@ def _reduce_metrics(acc: dict, device) -> None:
         acc[n] = vec[i].float()
     acc["micro_batches"], acc["packed_tokens"] = int(vec[len(names)]), int(vec[len(names) + 1])
     for i, n in enumerate(_COUNTS):  # the skipped share (Trainer.moves_weights), summed over ranks
-        acc[n] = int(vec[len(names) + 2 + i])
+        acc[n] = float(vec[len(names) + 2 + i]) if n == "recomputed_positions" else int(vec[len(names) + 2 + i])
     top = torch.stack([acc["diff_max"].detach().float().reshape(()),
                        torch.tensor(float(acc["want_kl"]), device=device)])
     dist.all_reduce(top, op=dist.ReduceOp.MAX)

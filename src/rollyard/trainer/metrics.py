@@ -32,7 +32,9 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
     the step's positions (``len(prompt) + len(completion) - 1`` per sequence, before any packing).
     ``positions``: that count over every sequence (what an unshared, unskipped step computes without
     padding); ``computed_positions``: the real (not pad) positions the micro-batches computed, each
-    shared prompt prefix once: the work 6 x params x positions prices (``packed_tokens`` adds the pads).
+    shared prompt prefix once: the work 6 x params x positions prices (``packed_tokens`` adds the pads);
+    ``recomputed_positions``: those positions weighted by the share of decoder layers activation checkpointing
+    computed again (2 x decoder params x it: the recompute's work; ``trainer/recompute.py``).
     ``lm_head_s``: seconds in the LM head's logprobs, forward and backward, when ``trainer/head.py`` computed them
     (a 262k-vocabulary head is most of Gemma 3's step).
     """
@@ -46,7 +48,8 @@ def step_metrics(accs: list[dict]) -> dict[str, float]:
            "tokens": total("tokens"), "packed_tokens": total("packed_tokens"), "micro_batches": total("micro_batches"),
            "skipped_frac": total("skipped_seqs") / max(total("seqs"), 1.0),
            "skipped_positions_frac": total("skipped_positions") / max(total("positions"), 1.0),
-           "positions": total("positions"), "computed_positions": total("computed_positions")}
+           "positions": total("positions"), "computed_positions": total("computed_positions"),
+           "recomputed_positions": total("recomputed_positions")}
     if accs and all(a["want_kl"] for a in accs):
         out["kl"] = total("kl_sum") / computed
     if any(a.get("distill") for a in accs):  # the student's reverse KL to the teacher, per token (algo/distill.py)

@@ -23,7 +23,7 @@ from rollyard.algo.policy_loss import entropy_mask
 from rollyard.types import Sample
 
 # per-update metrics that add up over the updates of a step (work done); the rest are averaged
-SUMMED = ("optimizer_s", "lm_head_s", "micro_batches", "packed_tokens", "computed_positions", "positions")
+SUMMED = ("optimizer_s", "lm_head_s", "micro_batches", "packed_tokens", "computed_positions", "recomputed_positions", "positions")
 
 
 def split_groups(samples: list[Sample], parts: int) -> list[list[int]]:

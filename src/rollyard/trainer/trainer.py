@@ -59,6 +59,7 @@ from rollyard.trainer.numerics import SkipGuard
 from rollyard.trainer.optim import ENTROPY_STATE, SCHEDULE_STEP, build_optimizer, step_on_zero_gradient
 from rollyard.trainer.packing import LAYOUTS, MicroBatch, plan, prefix_shared
 from rollyard.trainer.precision import PRECISIONS, auto_precision
+from rollyard.trainer.recompute import kept_layers
 from rollyard.types import Sample
 
 
@@ -127,6 +128,8 @@ class Trainer:
         if self.device.type == "cpu":
             cpu_memory.keep_freed_memory()  # activations reuse the last step's pages (see cpu_memory)
         self.model = model.to(self.device)
+        self.checkpointing = bool(activation_checkpointing)
+        self.keep_layers = activation_checkpointing == "auto"  # the last layers un-recomputed where free (recompute.py)
         if activation_checkpointing:
             # The module's own flag: the fast forward (families.train_hidden) recomputes each layer under it, and
             # so do HF decoder layers (in train mode, HF's rule). Non-reentrant: works with frozen inputs (LoRA).
@@ -178,12 +181,14 @@ class Trainer:
             stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         return stack
 
-    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False, support=None):
+    def _forward(self, model, mb: MicroBatch, with_entropy: bool = False, entropy_grad: bool = False, support=None,
+                 kept: int = 0):
         """``(logp [N], entropy [N] | None)`` of ``mb``'s completion tokens under ``model``. ``support`` (GKD,
         ``algo/gkd.py``) adds a third result: an int ``k``, the top-``k`` ``(ids [N, k], logp [N, k])`` of the whole
         distribution at each position (a teacher's); ``[N, k]`` ids, the log-probs at them (the student's). Both come
         from the same logits chunks as the sampled tokens' log-probs, one pass over the LM head, unless the rollout's
-        support is truncated (top-p / top-k) or the entropy carries a gradient: then the head is computed twice."""
+        support is truncated (top-p / top-k) or the entropy carries a gradient: then the head is computed twice.
+        ``kept``: the last decoder layers the fast forward leaves un-recomputed (:meth:`_kept_layers`)."""
         decoder = decoder_of(model)
         ids = mb.input_ids.to(self.device, non_blocking=True)
         pos = None if mb.position_ids is None else mb.position_ids.to(self.device, non_blocking=True)
@@ -194,9 +199,10 @@ class Trainer:
                 and type(model.get_input_embeddings().weight.data) is torch.Tensor)
         with self._autocast():
             if mb.segments is not None:  # prefix-shared rows (only planned for a model on the fast forward)
-                hidden = families.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True), rows)
+                hidden = families.train_hidden(model, ids, pos, mb.segments.to(self.device, non_blocking=True), rows,
+                                               kept_layers=kept)
             elif pos is None and self._use_fast(model):
-                hidden = families.train_hidden(model, ids, rows_grad=rows)  # padded rows, fast forward: fewer ops
+                hidden = families.train_hidden(model, ids, rows_grad=rows, kept_layers=kept)  # padded, fast forward
             else:
                 # No attention_mask: restarting position_ids => block-diagonal causal mask (packed);
                 # position_ids None => plain causal, pads after every real token (padded; packing.py).
@@ -398,22 +404,40 @@ class Trainer:
                "computed_tokens": sum(sum(masks[i]) for i in trained),
                "skipped_seqs": num_seqs - len(trained),
                "positions": sum(positions), "skipped_positions": sum(positions) - sum(positions[i] for i in trained),
-               "computed_positions": 0}
+               "computed_positions": 0, "recomputed_positions": 0.0}
         head_grad.CLOCK.take()
+        layers = getattr(self.model.config, "num_hidden_layers", 1)
         for mb in self.micro_batches([samples[i] for i in trained]):
             idx = [trained[k] for k in mb.members]  # into ``samples``
-            b = self._loss_batch(mb, samples, idx, masks, old_logprobs, entropy_masks, want_kl)
+            kept = self._kept_layers(mb)
+            b = self._loss_batch(mb, samples, idx, masks, old_logprobs, entropy_masks, want_kl, kept)
             loss, st = policy_loss(self.loss, b, den_tokens, den_seqs, ent_tokens, self.entropy.coef)
             loss.backward()
             self._accumulate(acc, b, loss, st)
             acc["micro_batches"] += 1
             acc["packed_tokens"] += mb.num_tokens
             acc["computed_positions"] += mb.real_positions
+            if self.checkpointing:  # the positions' layers the backward computed again (each layer's share)
+                acc["recomputed_positions"] += mb.real_positions * (layers - kept) / layers
         acc["lm_head_s"] = head_grad.CLOCK.take()  # the LM head's logprobs, forward and backward (trainer/head.py)
         return acc
 
+    def _kept_layers(self, mb: MicroBatch) -> int:
+        """How many of the policy's last decoder layers ``mb``'s forward leaves un-recomputed: under
+        ``activation_checkpointing=auto`` on the fast forward, what ``recompute.kept_layers`` lets fit in the
+        gradients not yet allocated less the LM head's transient (its weight gradient if trainable, two chunks of
+        logits); else 0."""
+        fast = mb.segments is not None or (mb.position_ids is None and self._use_fast(self.model))
+        if not (self.keep_layers and fast and torch.is_grad_enabled()):
+            return 0
+        free = sum(p.numel() * p.element_size() for p in self.params if p.grad is None)
+        head = self.model.get_output_embeddings().weight
+        chunk = min(self.logprob_chunk, int(mb.rows.numel()))
+        head_bytes = (4 * head.numel() if head.requires_grad and head.grad is None else 0) + 8 * chunk * head.shape[0]
+        return kept_layers(self.model.config, mb.input_ids.numel(), mb.input_ids.shape[1], free, head_bytes)
+
     def _loss_batch(self, mb: MicroBatch, samples: list[Sample], idx: list[int], masks, old_logprobs, entropy_masks,
-                    want_kl: bool) -> Batch:
+                    want_kl: bool, kept: int = 0) -> Batch:
         """The loss's per-token tensors of one micro-batch (``idx``: its members' indices into ``samples``)."""
         dev = self.device
         members = [samples[i] for i in idx]
@@ -424,7 +448,7 @@ class Trainer:
         gkd = self.loss.gkd_beta is not None  # the student's log-probs at the teacher's top-k ids (algo/gkd.py)
         ids = torch.tensor([x for s in members for x in s.teacher_top_ids], dtype=torch.long) if gkd else None
         logp, ent, *at = self._forward(self.model, mb, with_entropy=True, entropy_grad=self.loss.needs_entropy_grad(),
-                                       support=ids)
+                                       support=ids, kept=kept)
         # one update per batch: pi_old is the current policy, from this same forward (no extra pass)
         old = logp.detach() if old_logprobs is None else torch.cat(
             [old_logprobs[i].reshape(-1).float() for i in idx]).to(dev)
