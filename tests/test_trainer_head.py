@@ -49,6 +49,25 @@ def test_values_and_gradients_equal_autograd(T, chunk):
     assert gw.abs().max() > 1e-2  # a gradient worth comparing
 
 
+@pytest.mark.parametrize("chunk, chunks", [(8, 5), (37, 1), (1000, 1)])
+def test_the_backward_recomputes_every_chunk_but_the_last(monkeypatch, chunk, chunks):
+    """The forward keeps its last chunk's logits for the backward, which takes that chunk first: one product fewer
+    (a batch within one chunk recomputes none), the same values and gradients as autograd's."""
+    lm, h, y, w = _case()
+    real, calls = head_grad._logits, []
+    monkeypatch.setattr(head_grad, "_logits", lambda *a: calls.append(torch.is_grad_enabled()) or real(*a))
+    lp, _ = trainer.chunked_token_logprobs(h, lm, y, chunk=chunk, with_entropy=True)
+    forward = len(calls)
+    (lp * w).sum().backward()
+    assert (forward, len(calls) - forward) == (chunks, chunks - 1)
+    gh, gw = h.grad.clone(), lm.weight.grad.clone()
+    h.grad = lm.weight.grad = None
+    ref, _ = _autograd_reference(lm, h, y, 1.0)
+    (ref * w).sum().backward()
+    torch.testing.assert_close(gh, h.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gw, lm.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_a_frozen_head_gets_no_gradient_and_the_input_still_does():
     lm, h, y, w = _case(seed=1)
     lm.weight.requires_grad_(False)
