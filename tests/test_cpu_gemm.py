@@ -51,6 +51,41 @@ def test_linear_values_and_gradients_match_f_linear(onednn, monkeypatch, bias, r
     assert w.grad.is_contiguous()  # stored in the parameter's layout, whichever form computed it
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("outs", [(1536, 1536), (576, 192, 192)])  # gate|up, q|k|v (SmolLM2's)
+def test_linear_parts_equals_linear_over_the_concatenation_and_keeps_no_copy(onednn, monkeypatch, bias, outs):
+    """``linear_parts``: each part's product written into its columns in place (MKL), forward and both gradients
+    by parts: the values and gradients of ``linear`` over ``torch.cat(parts)``, and what its backward keeps is the
+    input and the parameters themselves (no weight-sized concatenation); without grad the same values. Forced on
+    (``parts_in_place``) so that every CPU class runs it; where it is off, the concatenation's ``linear`` runs."""
+    monkeypatch.setattr(cpu_gemm, "parts_in_place", lambda: True)
+    parts = [_leaf(n, 576, scale=0.05, seed=i) for i, n in enumerate(outs)]
+    x = _leaf(2, 147, 576, seed=9)
+    b = _leaf(sum(outs), seed=10) if bias else None
+    g = torch.randn(2, 147, sum(outs), generator=torch.Generator().manual_seed(11))
+    kept = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        y = cpu_gemm.linear_parts(x, tuple(parts), b)
+    assert type(y.grad_fn).__name__ in ("AddBackward0", "_PartsLinearBackward")  # the parts path ran
+    (y * g).sum().backward()
+    got = [t.grad.clone() for t in (x, *parts)] + ([b.grad.clone()] if bias else [])
+    for t in (x, *parts, *([b] if bias else [])):
+        t.grad = None
+    ref = F.linear(x, torch.cat(parts), b)
+    (ref * g).sum().backward()
+    want = [t.grad for t in (x, *parts)] + ([b.grad] if bias else [])
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4)
+    params = {p.data_ptr() for p in parts}
+    weight_sized = [t for t in kept if t.numel() >= parts[0].numel() and t.data_ptr() not in params]
+    assert weight_sized == [], [tuple(t.shape) for t in weight_sized]
+    with torch.no_grad():
+        torch.testing.assert_close(cpu_gemm.linear_parts(x, tuple(parts), b), ref, rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(cpu_gemm, "parts_in_place", lambda: False)  # off: the concatenation's product
+    assert type(cpu_gemm.linear_parts(x, tuple(parts)).grad_fn).__name__ == "_LinearBackward"
+
+
 def test_the_weight_gradients_form_copies_fewer_elements():
     """``g^T @ x`` copies g (rows x out); ``(x^T @ g)^T`` copies x (rows x in) and then the transposed gradient
     (out x in). Counted by hand for the trainer's shapes."""

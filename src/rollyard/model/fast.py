@@ -717,9 +717,8 @@ def train_attention(h: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor,
     a = attn
     B, T, _ = h.shape
     H, KVH, hd = heads(a)
-    w = torch.cat((a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
     b = None if a.q_proj.bias is None else torch.cat((a.q_proj.bias, a.k_proj.bias, a.v_proj.bias))
-    y = cpu_gemm.linear(h, w, b)
+    y = cpu_gemm.linear_parts(h, (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight), b)
     fused = None if qk_norm is not None else _qkv_rope(y, cos, sin, H, KVH)
     if fused is not None:  # q already [B, KVH, G * T, hd]
         o = grouped_causal_attention(*fused, float(a.scaling), mask).view(B, H, T, hd)
@@ -739,7 +738,7 @@ def train_attention(h: torch.Tensor, attn, cos: torch.Tensor, sin: torch.Tensor,
 def train_mlp(h: torch.Tensor, mlp, act, tail: bool = False) -> torch.Tensor:
     """``down(act([gate | up](h)))`` with autograd (one matmul for gate and up); ``tail``: the layer adds the result
     to its residual and saves nothing after it (``model.gemm.linear``'s ``tail``: skipped in a recompute)."""
-    gu = cpu_gemm.linear(h, torch.cat((mlp.gate_proj.weight, mlp.up_proj.weight)))
+    gu = cpu_gemm.linear_parts(h, (mlp.gate_proj.weight, mlp.up_proj.weight))
     return cpu_gemm.linear(act(gu), mlp.down_proj.weight, tail=tail)
 
 

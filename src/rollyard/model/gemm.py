@@ -165,6 +165,71 @@ def weight_grad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return _lp(cpu_kernels.transposed(g2), x2.t())
 
 
+def parts_in_place() -> bool:
+    """Whether :func:`linear_parts` multiplies by each part into its columns of the output (MKL's sgemm writes a
+    column block of a row-major output in place and reads a transposed operand in place): where
+    :func:`weight_grad` takes MKL, an Intel CPU with MKL."""
+    return cpu.vendor() == "GenuineIntel" and torch.backends.mkl.is_available()
+
+
+def by_parts(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether :func:`linear_parts` takes inputs of ``dtype`` on ``device`` by parts here (else over the
+    concatenated weight, which a product under autograd then keeps for its backward)."""
+    return (parts_in_place() and torch.device(device).type == "cpu" and dtype == torch.float32
+            and not torch.is_autocast_enabled("cpu") and enabled())
+
+
+def _parts_product(x2: torch.Tensor, parts: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``x2 [M, K] @ cat(parts).T`` written part by part into one ``[M, sum N_i]`` output."""
+    y = x2.new_empty((x2.shape[0], sum(w.shape[0] for w in parts)))
+    at = 0
+    for w in parts:
+        torch.mm(x2, w.t(), out=y[:, at:at + w.shape[0]])
+        at += w.shape[0]
+    return y
+
+
+class _PartsLinear(torch.autograd.Function):
+    """``x @ cat(parts).T`` without the concatenated weight, forward and both gradients by parts (:func:`linear_parts`)."""
+
+    @staticmethod
+    def forward(ctx, x, *parts):
+        ctx.save_for_backward(x, *parts)
+        return _parts_product(x.reshape(-1, x.shape[-1]), parts).view(*x.shape[:-1], -1)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, *parts = ctx.saved_tensors
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        gx, grads, at = None, [], 0
+        for i, w in enumerate(parts):
+            gi = g2[:, at:at + w.shape[0]]
+            at += w.shape[0]
+            if ctx.needs_input_grad[0]:
+                gx = torch.mm(gi, w) if gx is None else gx.addmm_(gi, w)
+            grads.append(torch.mm(gi.t(), x2) if ctx.needs_input_grad[1 + i] else None)
+        return (None if gx is None else gx.view(x.shape)), *grads
+
+
+def linear_parts(x: torch.Tensor, parts: tuple[torch.Tensor, ...], b: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear(x, torch.cat(parts), b)`` (a layer's q|k|v or gate|up weights side by side) without concatenating
+    the weights in every call, where :func:`parts_in_place`: each part's product written into its columns of the
+    output, and in the backward each part's weight gradient and its share of the input's, all on MKL. The copy it
+    saves is the weights' bytes a call, twice a step under activation checkpointing (SmolLM2-135M's 30 layers: 0.55
+    GB a pass). At 294 rows on a 2-core Intel Xeon: gate|up 4.72 -> 3.88 ms, q|k|v 1.73 -> 1.12 ms against oneDNN
+    over the concatenation (1.0x-1.1x oneDNN's product alone). Elsewhere, and for anything but fp32 CPU tensors
+    outside autocast: :func:`linear` over the concatenated weight."""
+    first = parts[0]
+    if not (by_parts(x.dtype, x.device) and _eligible(x, first)
+            and all(w.dtype == first.dtype and w.dim() == 2 and w.shape[1] == first.shape[1] for w in parts)):
+        return linear(x, torch.cat(parts), b)
+    if torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in parts)):
+        y = _PartsLinear.apply(x, *parts)
+    else:
+        y = _parts_product(x.reshape(-1, x.shape[-1]), parts).view(*x.shape[:-1], -1)
+    return y if b is None else y + b
+
+
 def transposed_weight_grad(M: int, N: int, K: int) -> bool:
     """Whether the weight gradient ``g^T @ x`` (``g [M, N]``, ``x [M, K]``) is better taken as ``(x^T @ g)^T``, by the
     elements copied: oneDNN copies a transposed *input* to contiguous but reads a transposed weight in place, so

@@ -49,6 +49,7 @@ from rollyard.algo.entropy_control import EntropyControl
 from rollyard.algo.loss import AGGS
 from rollyard.algo.policy_loss import Batch, LossSpec, policy_loss
 from rollyard.model import families
+from rollyard.model import gemm as cpu_gemm
 from rollyard.model import kernels as cpu_kernels
 from rollyard.model import memory as cpu_memory
 from rollyard.trainer import head as head_grad
@@ -434,7 +435,9 @@ class Trainer:
         head = self.model.get_output_embeddings().weight
         chunk = min(self.logprob_chunk, int(mb.rows.numel()))
         head_bytes = (4 * head.numel() if head.requires_grad and head.grad is None else 0) + 8 * chunk * head.shape[0]
-        return kept_layers(self.model.config, mb.input_ids.numel(), mb.input_ids.shape[1], free, head_bytes)
+        dtype = torch.bfloat16 if self.precision == "bf16" else head.dtype  # bf16: autocast's concatenated casts
+        return kept_layers(self.model.config, mb.input_ids.numel(), mb.input_ids.shape[1], free, head_bytes,
+                           concatenated=not cpu_gemm.by_parts(dtype, self.device))
 
     def _loss_batch(self, mb: MicroBatch, samples: list[Sample], idx: list[int], masks, old_logprobs, entropy_masks,
                     want_kl: bool, kept: int = 0) -> Batch:
