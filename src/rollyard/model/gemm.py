@@ -157,7 +157,7 @@ def weight_grad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     Elsewhere (an AMD CPU, where MKL runs without its AVX-512 code: oneDNN's fp32 peak was ~2.2x MKL's on the
     AVX512-BF16 EPYC these benches also ran on), the oneDNN form is kept; that choice was not re-measured there.
     """
-    if cpu.vendor() == "GenuineIntel" and torch.backends.mkl.is_available():
+    if mkl_first():
         return torch.mm(g2.t(), x2)
     # the input transposed by rollyard's kernel (oneDNN's own copy of a transposed input is ~4x slower)
     if transposed_weight_grad(*g2.shape, x2.shape[1]):
@@ -165,11 +165,16 @@ def weight_grad(g2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
     return _lp(cpu_kernels.transposed(g2), x2.t())
 
 
+def mkl_first() -> bool:
+    """An Intel CPU with MKL: where MKL's sgemm, reading transposed operands in place, takes the weight gradients
+    (:func:`weight_grad`) and the products by parts (:func:`parts_in_place`)."""
+    return cpu.vendor() == "GenuineIntel" and torch.backends.mkl.is_available()
+
+
 def parts_in_place() -> bool:
     """Whether :func:`linear_parts` multiplies by each part into its columns of the output (MKL's sgemm writes a
-    column block of a row-major output in place and reads a transposed operand in place): where
-    :func:`weight_grad` takes MKL, an Intel CPU with MKL."""
-    return cpu.vendor() == "GenuineIntel" and torch.backends.mkl.is_available()
+    column block of a row-major output in place): where :func:`mkl_first`."""
+    return mkl_first()
 
 
 def by_parts(dtype: torch.dtype, device: torch.device) -> bool:
@@ -207,7 +212,7 @@ class _PartsLinear(torch.autograd.Function):
             at += w.shape[0]
             if ctx.needs_input_grad[0]:
                 gx = torch.mm(gi, w) if gx is None else gx.addmm_(gi, w)
-            grads.append(torch.mm(gi.t(), x2) if ctx.needs_input_grad[1 + i] else None)
+            grads.append(weight_grad(gi, x2) if ctx.needs_input_grad[1 + i] else None)
         return (None if gx is None else gx.view(x.shape)), *grads
 
 

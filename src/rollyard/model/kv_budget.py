@@ -40,7 +40,7 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _head_dim(c) -> int:
+def head_dim(c) -> int:
     return int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
 
 
@@ -48,7 +48,7 @@ def kv_bytes_per_token(model_config, element_bytes: int = 4) -> int:
     """KV-cache bytes one token holds: K and V for every layer's KV heads."""
     c = model_config
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    return 2 * c.num_hidden_layers * kv_heads * _head_dim(c) * element_bytes
+    return 2 * c.num_hidden_layers * kv_heads * head_dim(c) * element_bytes
 
 
 def kv_element_bytes(cfg: RunConfig, device: str) -> int:

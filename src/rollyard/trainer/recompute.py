@@ -27,7 +27,7 @@ def layer_bytes(config, tokens: int, row_length: int, concatenated: bool = True)
     MB held with the concatenations (26.4 MB bounded here), 11.5 MB by parts (17.1 MB bounded)."""
     c = config
     L = c.num_hidden_layers
-    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    hd = kv_budget.head_dim(c)
     inter = getattr(c, "intermediate_size", 4 * c.hidden_size)
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     fused = c.hidden_size * ((c.num_attention_heads + 2 * kv_heads) * hd + 2 * inter) if concatenated else 0
