@@ -18,6 +18,9 @@ No core loop knows about these. Each fault enters through an interface a real fa
 - ``dying_worker(moment, marker)``: a rollout actor class (the Ray placements' ``worker`` test
   hook) that kill -9s its own process at a named moment: decoding, mid-sync, between syncs, or
   at every start (a crash loop).
+- ``stalling_worker(marker, spin_s)``: a rollout actor class whose loop stops inside a decode step: once
+  computing for ``spin_s`` seconds (a long prefill: a core busy) and going on, then, after another sync,
+  blocked for good (a deadlock: its process idle).
 """
 
 from __future__ import annotations
@@ -320,3 +323,41 @@ def disk_fills_after(monkeypatch, saves: int) -> None:
 
     monkeypatch.setattr(torch, "save", save)
     monkeypatch.setattr(shutil, "disk_usage", usage)
+
+
+def stalling_worker(marker: str | Path, spin_s: float, spin_at: int = 1, block_at: int = 2) -> type:
+    """A rollout actor class whose loop stalls inside a decode step with sequences in flight: once on weights of
+    version ``>= spin_at`` computing for ``spin_s`` seconds (a core busy, as a long prefill) and going on, then on
+    weights of version ``>= block_at`` blocked for good (sleeping: its process spends no CPU, as a deadlock).
+    ``marker`` records each stall: ``{"spun": {version, active}, "blocked": {...}}``."""
+    from rollyard.placement.rollout_actor import RolloutWorker
+
+    marker = str(marker)
+
+    def blocked() -> None:  # defined here: Ray ships the class by value, and the actor cannot import this module
+        """Never returns, spending no CPU (a wait on a lock nobody releases, as a deadlock would)."""
+        while True:
+            time.sleep(1.0)
+
+    def record(what: str, engine) -> None:
+        seen = json.loads(Path(marker).read_text()) if os.path.exists(marker) else {}
+        Path(marker).write_text(json.dumps({**seen, what: {"version": engine.version, "active": engine.num_active}}))
+
+    class Stalling(RolloutWorker):
+        spun = False
+
+        def _step(self):
+            v, active = self.engine.version, self.engine.num_active
+            if active and v >= block_at:
+                record("blocked", self.engine)
+                blocked()
+            if active and v >= spin_at and not self.spun:
+                self.spun = True
+                record("spun", self.engine)
+                end = time.monotonic() + spin_s
+                while time.monotonic() < end:
+                    sum(i * i for i in range(10_000))
+            super()._step()
+
+    Stalling.__name__ = Stalling.__qualname__ = "RolloutWorker_stalls"
+    return Stalling

@@ -49,9 +49,20 @@ class Wait:
         self.stop_grace_s = stop_grace_s
         self.t0 = self.last = time.monotonic()
         self.said, self.stop_at = False, None
+        self.looked = 0.0  # the silence at the last ``every``
 
     def heard(self) -> None:
         self.last = time.monotonic()
+        self.looked = 0.0
+
+    def every(self, period_s: float) -> bool:
+        """True once per ``period_s`` of silence (counted from the last ``heard``): time to look closer at whom it
+        waits for."""
+        silent = time.monotonic() - self.last
+        if silent < self.looked + period_s:
+            return False
+        self.looked = silent
+        return True
 
     def left(self) -> float:
         return self.bound_s - (time.monotonic() - self.last)

@@ -15,6 +15,7 @@ published weights (``SyncSession``'s snapshot, checksum-verified), and the run g
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter
 
@@ -25,7 +26,7 @@ from rich.markup import escape
 
 from rollyard import staleness, waits
 from rollyard.config import RunConfig
-from rollyard.placement.rollout_actor import RolloutWorker, actor_class, handshake, held_checksums
+from rollyard.placement.rollout_actor import ROUND_TRIP_S, RolloutWorker, actor_class, handshake, held_checksums
 from rollyard.placement.rules import RestartWindow
 from rollyard.placement.run import SIDE_WORK, Roles, RunRecord
 from rollyard.placement.side import RolloutSide
@@ -42,7 +43,22 @@ from rollyard.types import Request, Sample
 # rejection, a catch-up request) from any worker for this long means their loops are stuck (a dead one is replaced).
 SILENT_S = 3600.0  # a group's whole generation on the slowest setting fits: the longest completion on a CPU
 SILENT_SAY_S = 120.0  # waiting for rollout is normal; one that lasts this long says so
+# Silent that long, the driver looks at each worker's loop (``RolloutWorker.state``) and says what it does, again
+# every as long; a loop that made no progress (no iteration, no decode step) for ``STUCK_S`` while its process
+# spent under ``STUCK_BUSY`` of a core since the last look is blocked, not computing a long prefill: the run stops.
+LOOK_EVERY_S = 120.0
+STUCK_S = 300.0
+STUCK_BUSY = 0.1
 STOP_S = 30.0  # a worker's loop ends within a decode step of ``stop``; one that does not by then is killed
+
+
+def describe(state: dict) -> str:
+    """A worker's loop state (``RolloutWorker.state``) in words."""
+    needs = f" (they need v{state['needs']}+)" if state["needs"] is not None else ""
+    return (f"at v{state['version']}, {state['active']} sample(s) decoding for {state['running']} request(s), "
+            f"{state['held']} request(s) held not admitted yet{needs}, {state['ready']} finished group(s) not shipped, "
+            f"{state['puts']} queue put(s) unacknowledged; last progress {state['stalled_s']:.1f} s ago, now in "
+            f"{state['where']}")
 
 
 class RolloutPool(RolloutSide):
@@ -76,6 +92,8 @@ class RolloutPool(RolloutSide):
         self.stats: Counter = Counter()
         self.side: SideWork | None = None  # this step's work beside decoding, every worker's (metrics())
         self.canaries = canary.Answers()  # the workers answer through the queue, the step is not held up
+        self.looks: dict[str, dict] = {}  # each worker's state at the last look (``_look``)
+        self.stuck: set[str] = set()  # workers ``_look`` found blocked: not waited for at the stop
         self.per_step = cfg.trainer.epochs * cfg.trainer.mini_batches  # versions one step makes
         self.lag = self.per_step * run.state.step - run.state.version  # versions not made (skipped), see retarget
         self.sent: dict[str, tuple[str, int]] = {}  # request id -> (worker, target step) it was last handed out to
@@ -128,6 +146,7 @@ class RolloutPool(RolloutSide):
         self._drain()  # the groups it queued before dying are taken, not requeued
         requeued = self.ledger.requeue(self.ledger.on_worker(name))
         del self.workers[name], self.runs[name]
+        self.looks.pop(name, None)  # its replacement is another process
         handle, nbytes, checksum = self.session.snapshot_handle()  # the current weights, not the start-up ones
         self.run.telemetry.traffic(self.run.state.step, "weights", nbytes)
         self.run.count("sync/restart_bytes", nbytes)
@@ -251,6 +270,41 @@ class RolloutPool(RolloutSide):
             span = {**span, "handed_out": self.handed[span["step"]]}
         self.run.telemetry.record(span, self.offsets.get(name, 0.0))
 
+    def _watching(self):
+        """The idle callback of a wait on every worker: drain the queue (a worker may be asking for a catch-up) and
+        look at their loops every ``LOOK_EVERY_S`` (``_look``)."""
+        due = [time.monotonic() + LOOK_EVERY_S]
+
+        def idle() -> None:
+            self._drain()
+            if time.monotonic() >= due[0]:
+                self._look()
+                due[0] = time.monotonic() + LOOK_EVERY_S
+        return idle
+
+    def _look(self) -> None:
+        """Ask each worker what its loop does and say it (one line each, on stderr); raise ``waits.NoAnswer`` (one
+        line naming where it is) for one whose loop is blocked: no progress for ``STUCK_S``, its process nearly
+        idle since the last look. A dead one is left to ``_check_workers`` (replaced)."""
+        names = list(self.workers)
+        try:
+            states = waits.get([self.workers[n].state.remote() for n in names], names, "a look at its loop",
+                               ROUND_TRIP_S, "its process is alive but answers no call: see the Ray logs")
+        except RayError:
+            return
+        for name, st in zip(names, states):
+            before, self.looks[name] = self.looks.get(name), st
+            busy = (st["cpu_s"] - before["cpu_s"]) / max(1e-9, st["time"] - before["time"]) if before else 1.0
+            print(f"rollyard: rollout worker {name}: {describe(st)}; its process used {busy:.0%} of a core since "
+                  f"the last look", file=sys.stderr, flush=True)
+            if st["looping"] and st["stalled_s"] >= STUCK_S and busy < STUCK_BUSY:
+                self.stuck.add(name)
+                raise waits.NoAnswer(
+                    f"rollout worker {name}: its loop made no progress for {st['stalled_s']:.0f} s (a decode step or a "
+                    f"weight load takes seconds; at most {STUCK_S:.0f} s is allowed) and its process is idle "
+                    f"({busy:.0%} of a core): it is blocked in {st['where']}; a blocked worker is alive and is not "
+                    f"replaced: the run stops (resume with --resume; report that place if it happens again)")
+
     def _drop_stale(self, version: int) -> None:
         """Consumption: a buffered group older than the bound is not trained on; its prompt is
         requeued (handed out again) and the drop counted, with the reason printed."""
@@ -291,6 +345,8 @@ class RolloutPool(RolloutSide):
                 wait.heard()
             except Empty:
                 wait.tick(f"rollout workers {', '.join(self.workers)}")
+                if wait.every(LOOK_EVERY_S):
+                    self._look()
             self._check_workers()
         self.stats["wait_s"] += time.time() - t0
         chosen.sort(key=self.book.order)
@@ -327,7 +383,7 @@ class RolloutPool(RolloutSide):
         when it started); the queue is drained while waiting (a worker may be asking for a catch-up)."""
         expected = self.session.checksum(self.r.model)
         with self.run.telemetry.span("sync_check", step, version=version, checksum=expected):
-            held = held_checksums(self.workers, version, wait=self._drain)
+            held = held_checksums(self.workers, version, wait=self._watching())
         for name, got in held.items():
             if got is not None and got != (version, expected):
                 raise WeightsDiffer(f"weight sync equality check failed at version {version}: rollout worker "
@@ -371,6 +427,8 @@ class RolloutPool(RolloutSide):
             h.stop.remote()
         self._drain()  # unblock a worker waiting on a full queue
         for name, ref in self.runs.items():
+            if name in self.stuck:  # its loop never comes back to see the stop: killed below
+                continue
             try:
                 for span in waits.get(ref, f"rollout worker {name}", "its stop (the spans it has not shipped)", STOP_S,
                                       "it is killed", stop_grace_s=None):  # the run's own stop: a signal waits

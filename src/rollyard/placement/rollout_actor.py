@@ -2,7 +2,8 @@
 
 The placement wraps this class as a Ray actor (threaded: control calls run beside ``run``).
 Control methods only enqueue, under a lock; the loop thread alone touches the engine (it is not
-thread-safe). One loop iteration:
+thread-safe: the weight checksum too is computed by the loop, between two decode steps). ``state`` reads
+plain counters and the loop thread's stack, for a driver that has heard nothing for long. One loop iteration:
 
 1. apply queued weight updates between two decode steps, under ``inflight``:
    ``finish`` (in-flight sequences complete on the old weights first), ``abort`` (they stop; their
@@ -33,8 +34,10 @@ shifts them by the clock offset it measured (``info``) and writes them to the ru
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
+import traceback
 from collections import deque
 
 import torch
@@ -98,6 +101,9 @@ class RolloutWorker:
         self._needs_full = False  # an update was rejected: the driver sends the last full version
         self._canary_wanted: dict[int, Sample] = {}  # canary probes asked for, by version (``canary``)
         self._canary_out: list[tuple] = []  # canary answers not yet shipped
+        self._checks: list[tuple[int, float, dict]] = []  # checksums asked for: (version, deadline, answer box)
+        self._loop: int | None = None  # the loop thread's ident while ``run`` runs (None: the engine is free)
+        self._loop_at = time.monotonic()  # when the loop last made progress (an iteration, a decode step)
         self.runtime = runtime(self.engine)  # replaced by the loop thread's own view when ``run`` starts
         self.ref_actors: list = []  # reference.placement=pool: its actors (``reference``)
         self._ref_n = 0  # groups sent to them (round-robin)
@@ -154,11 +160,29 @@ class RolloutWorker:
         return update.nbytes
 
     def checksum(self, version: int, timeout_s: float = 120.0) -> tuple[int, str]:
-        """``(version, checksum)`` of the weights once the loop applied ``version`` (the equality check)."""
-        deadline = time.time() + timeout_s
-        while self.engine.version < version and time.time() < deadline:
-            time.sleep(0.005)
-        return self.engine.version, weights_checksum(self.engine.model)
+        """``(version, checksum)`` of the weights once the loop applied ``version`` (the equality check), or of what it
+        holds after ``timeout_s``. The loop thread computes it between two decode steps: reading the weights is the
+        engine's work (vLLM's are read through its engine, which is not thread-safe). Before the loop starts, here."""
+        if self._loop is None:
+            return self.engine.version, weights_checksum(self.engine.model)
+        box: dict = {"done": threading.Event()}
+        with self._lock:
+            self._checks.append((version, time.monotonic() + timeout_s, box))
+        self._wake.set()
+        box["done"].wait()  # the driver bounds its own wait (CHECKSUM_S); a stuck loop is reported there
+        return box["answer"]
+
+    def state(self) -> dict:
+        """What the loop is doing, for a driver that has heard nothing for long (``pool.RolloutPool``): seconds
+        since it last made progress, where its thread is (the innermost frames), the process's CPU seconds (a
+        blocked loop spends none, a long prefill all of a core) and its counters. Read here, on a control thread,
+        from plain attributes: it never waits for the loop."""
+        frame = sys._current_frames().get(self._loop) if self._loop is not None else None
+        return {"pid": os.getpid(), "stalled_s": time.monotonic() - self._loop_at, "where": where(frame),
+                "time": time.monotonic(), "cpu_s": time.process_time(),
+                "version": self.engine.version, "active": self.engine.num_active, "held": len(self.held),
+                "running": len(self.requests), "ready": len(self._ready), "puts": len(self._puts),
+                "needs": min((self._needs(t) for _, t in self.held), default=None), "looping": self._loop is not None}
 
     def canary(self, version: int, probe) -> None:
         """Score the canary probe (``sync/canary.py``) once the loop holds ``version``; the answer ships with
@@ -179,8 +203,13 @@ class RolloutWorker:
     def run(self) -> list[dict]:
         """Loop until ``stop``; returns the spans not yet shipped."""
         self.runtime = runtime(self.engine)  # threads are per OS thread: the loop's own
-        while not self._stop:
-            self.poll()
+        self._loop = threading.get_ident()
+        try:
+            while not self._stop:
+                self.poll()
+        finally:
+            self._loop = None
+            self._answer_checks(final=True)
         self._close_span()
         if self._puts:  # what was shipped reaches the queue before the driver collects the rest
             import ray
@@ -191,6 +220,7 @@ class RolloutWorker:
     def poll(self) -> None:
         """One loop iteration: apply queued updates, admit what the bound allows, one engine step
         (or, with nothing admitted, a wait for the next control call)."""
+        self._loop_at = time.monotonic()
         self._wake.clear()  # before the inbox is read: a call that lands after it wakes the wait below
         with self._lock:
             updates, self._updates = list(self._updates), deque()
@@ -201,6 +231,7 @@ class RolloutWorker:
             self._cut(cuts)
         for handle in updates:
             self._apply(receive(handle))
+        self._answer_checks()
         self._answer_canaries()
         self._admit()
         if not self.engine.busy:
@@ -215,6 +246,17 @@ class RolloutWorker:
         self._open_span()
         self._step()
         self._ship()
+
+    def _answer_checks(self, final: bool = False) -> None:
+        """Answer each checksum asked for a version this copy now holds, or past its deadline (``final``: every one,
+        the loop is ending)."""
+        now = time.monotonic()
+        with self._lock:
+            due = [c for c in self._checks if final or c[0] <= self.engine.version or now >= c[1]]
+            self._checks = [c for c in self._checks if c not in due]
+        for _, _, box in due:
+            box["answer"] = (self.engine.version, weights_checksum(self.engine.model))
+            box["done"].set()
 
     def _answer_canaries(self) -> None:
         """Score each canary probe asked for a version this copy now holds, and ship the answers at once."""
@@ -231,6 +273,7 @@ class RolloutWorker:
         time (their difference: waiting for a core, or for the GIL)."""
         t0, c0 = time.perf_counter(), time.thread_time()
         done = self.engine.step()
+        self._loop_at = time.monotonic()
         self.stats["engine_s"] += time.perf_counter() - t0
         self.stats["engine_cpu_s"] += time.thread_time() - c0
         for s in done:
@@ -329,8 +372,7 @@ class RolloutWorker:
         v = self.engine.version
 
         def due(q: Request, t: int) -> bool:  # a prompt still running here (a cut not applied yet) waits
-            target = t * self.per_step - self.lag  # the trainer's version at step t
-            return v >= staleness.min_fresh_version(target, self.bound) and q.id not in self.requests
+            return v >= self._needs(t) and q.id not in self.requests
 
         ok = [(q, t) for q, t in self.held if due(q, t)]
         if not ok:
@@ -343,6 +385,10 @@ class RolloutWorker:
                 self.requests[q.id] = (q, t)
         if rejected:
             self._ship([(q.id, why) for q, why in rejected])
+
+    def _needs(self, t: int) -> int:
+        """The oldest weight version a request for step ``t`` may start on (the trainer's version then, less the bound)."""
+        return staleness.min_fresh_version(t * self.per_step - self.lag, self.bound)
 
     def _collect(self, s: Sample) -> None:
         if s.request_id not in self.requests:  # a leftover of a group that was aborted and restarted
@@ -460,6 +506,16 @@ def runtime(engine) -> dict:
     return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
             "affinity": affinity, "env": env, "kernels": choices(),
             "dtype": str(next(engine.model.parameters()).dtype).removeprefix("torch.")}
+
+
+def where(frame, depth: int = 3) -> str:
+    """The innermost ``depth`` frames of a thread's stack as ``function (file:line)``, innermost first (Ray's
+    wrappers left out)."""
+    if frame is None:
+        return "not in its loop"
+    ray_dir = os.sep + "ray" + os.sep
+    stack = [f for f in traceback.extract_stack(frame) if ray_dir not in f.filename][-depth:]
+    return " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(stack))
 
 
 def _fresh_stats() -> dict:
