@@ -142,7 +142,7 @@ def test_fsdp_gather_then_publish_equals_unsharded_and_resumes_on_same_k_only(tm
 
 
 TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1", f"trainer.dp={K}"]
 
 

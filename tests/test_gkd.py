@@ -375,7 +375,7 @@ def test_lmbda_below_one_on_a_dataset_without_references_exits_2(tmp_path, teach
     data.write_text("".join(f'{{"prompt": "{i}+1=", "answer": {i + 1}}}\n' for i in range(4)))  # answers not strings
     args = ["train", f"data.path={data}", "reward.hook=rollyard.reward.verifiers:exact_match", "model.context=48",
             "data.eval_size=1", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=4", "sft.auto=false",
-            "progress=false", "reward.num_workers=1", "algo.objective=gkd", f"teacher.model={teacher_dir}",
+            "progress=false", "log.plots=false", "reward.num_workers=1", "algo.objective=gkd", f"teacher.model={teacher_dir}",
             "steps=1", f"out_dir={tmp_path / 'r'}"]
     capsys.readouterr()
     assert main([*args, "algo.gkd_lmbda=0.5"]) == 2

@@ -12,7 +12,7 @@ import pytest
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 RUN = ["model.context=64", "data.train_size=64", "data.eval_size=4", "rollout.prompts_per_step=2",
-       "rollout.samples_per_prompt=4", "rollout.max_new_tokens=40", "sft.auto=false", "progress=false",
+       "rollout.samples_per_prompt=4", "rollout.max_new_tokens=40", "sft.auto=false", "progress=false", "log.plots=false",
        "reward.num_workers=1", "eval_every=0", "steps=500", "placement=async"]
 
 

@@ -20,7 +20,7 @@ from rollyard.telemetry import rundir
 from rollyard.types import Request, WeightUpdate
 
 TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1"]
 LONG = [*TINY, "model.context=64", "rollout.max_new_tokens=40"]  # generation outlasts a trainer step
 

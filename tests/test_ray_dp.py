@@ -14,7 +14,7 @@ from rollyard.telemetry import rundir
 
 HOOK = f"reward.hook={Path(__file__).parent / 'dense_reward.py'}:digits"
 RUN = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
-       "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+       "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
        "reward.num_workers=1", "eval_every=0", HOOK, "steps=3", "sync.check_every=1", "trainer.dp=2"]
 
 

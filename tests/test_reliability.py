@@ -33,7 +33,7 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 # 4 eval calls at start, then 4 reward calls per step (2 prompts x 2 samples), one worker: the Nth
 # reward call of the run is step (N - 5) // 4.
 TINY = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=2", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1"]
 STEPS = 6
 

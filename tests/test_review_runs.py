@@ -17,7 +17,7 @@ from rollyard.plan.review import FAIL, NOT_CHECKED, PASS, pipelined_steps, revie
 from rollyard.telemetry import rundir
 
 TINY = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=4",
-        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1", "steps=3"]
 
 CONFIGS = {

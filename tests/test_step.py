@@ -15,7 +15,7 @@ from rollyard.telemetry import rundir
 
 HOOK = f"reward.hook={Path(__file__).parent / 'skip_reward.py'}:huge_at_step_2"
 BASE = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1", "eval_every=0", HOOK, "algo.normalize_std=false", "steps=5", "sync.every=2",
         "sync.mode=full", "sync.check_every=1"]
 PLACEMENTS = {

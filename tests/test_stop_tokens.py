@@ -46,7 +46,7 @@ def test_a_stop_string_of_several_tokens_is_refused():
 
 def test_on_the_command_line_one_line_exit_2(tmp_path, capsys):
     capsys.readouterr()
-    assert main(["train", "steps=1", "sft.auto=false", "progress=false", "rollout.stop_tokens=[ab]",
+    assert main(["train", "steps=1", "sft.auto=false", "progress=false", "log.plots=false", "rollout.stop_tokens=[ab]",
                  f"out_dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'ab' is 2 tokens" in err[0] and "Traceback" not in err[0], err

@@ -276,7 +276,7 @@ def test_ledger_weights_bytes_come_from_the_transport(tmp_path, ray_session):
     from rollyard.placement import colocated
 
     cfg = load_config(None, ["sft.auto=false", "steps=3", "rollout.prompts_per_step=2", "rollout.samples_per_prompt=2",
-                             "rollout.max_new_tokens=4", "data.eval_size=4", "data.train_size=32", "progress=false",
+                             "rollout.max_new_tokens=4", "data.eval_size=4", "data.train_size=32", "progress=false", "log.plots=false",
                              "reward.num_workers=1", "sync.mode=full", "sync.transport=ray", "rollout.dtype=bf16",
                              "sync.every=2", "sync.check_every=1", f"out_dir={tmp_path}"])
     colocated.train(cfg, tmp_path)

@@ -20,7 +20,7 @@ from rollyard.telemetry import rundir
 # P=2 prompts per step, n=3 samples: a short round hands out 4 prompts with 4 samples each and
 # defers the 2 that are not complete when the other 2 are.
 TINY = ["model.context=64", "data.task=countdown", "data.train_size=64", "data.eval_size=4", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=3", "rollout.max_new_tokens=12", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=3", "rollout.max_new_tokens=12", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1", "rollout.scheduler=tail", "tail.overprovision=2.0", "tail.extra_samples=1"]
 TOK = char_tokenizer()
 

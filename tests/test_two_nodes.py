@@ -33,7 +33,7 @@ print("EXIT CODES", codes)
 sys.exit(max(codes))
 """
 RUN = ["model.context=48", "data.train_size=64", "data.eval_size=4", "rollout.prompts_per_step=2",
-       "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false",
+       "rollout.samples_per_prompt=4", "rollout.max_new_tokens=6", "sft.auto=false", "progress=false", "log.plots=false",
        "reward.num_workers=1", "eval_every=0", "steps=2", "placement=async", "rollout.workers=2",
        "sync.check_every=1", f"reward.hook={HOOK}"]
 

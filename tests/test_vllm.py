@@ -216,7 +216,7 @@ def named(model) -> dict:
 # -- start-up bad input: one line, exit 2 --------------------------------------------------------
 
 ARGS = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.prompts_per_step=2",
-        "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4", "sft.auto=false", "progress=false",
+        "rollout.samples_per_prompt=2", "rollout.max_new_tokens=4", "sft.auto=false", "progress=false", "log.plots=false",
         "reward.num_workers=1", "steps=1", "rollout.backend=vllm"]
 
 
