@@ -163,10 +163,10 @@ class RolloutWorker:
         """``(version, checksum)`` of the weights once the loop applied ``version`` (the equality check), or of what it
         holds after ``timeout_s``. The loop thread computes it between two decode steps: reading the weights is the
         engine's work (vLLM's are read through its engine, which is not thread-safe). Before the loop starts, here."""
-        if self._loop is None:
-            return self.engine.version, weights_checksum(self.engine.model)
         box: dict = {"done": threading.Event()}
-        with self._lock:
+        with self._lock:  # the loop starts (or ends) under it: no engine work can begin while this one runs
+            if self._loop is None:
+                return self.engine.version, weights_checksum(self.engine.model)
             self._checks.append((version, time.monotonic() + timeout_s, box))
         self._wake.set()
         box["done"].wait()  # the driver bounds its own wait (CHECKSUM_S); a stuck loop is reported there
@@ -203,12 +203,14 @@ class RolloutWorker:
     def run(self) -> list[dict]:
         """Loop until ``stop``; returns the spans not yet shipped."""
         self.runtime = runtime(self.engine)  # threads are per OS thread: the loop's own
-        self._loop = threading.get_ident()
+        with self._lock:
+            self._loop = threading.get_ident()
         try:
             while not self._stop:
                 self.poll()
         finally:
-            self._loop = None
+            with self._lock:
+                self._loop = None
             self._answer_checks(final=True)
         self._close_span()
         if self._puts:  # what was shipped reaches the queue before the driver collects the rest
