@@ -512,6 +512,21 @@ def test_a_ray_actor_that_never_answers_is_one_line_within_the_bound_said_and_he
         assert said == [said[0]] and said[0].startswith(
             "rollyard: waiting for rollout worker rollout-2 to answer a clock round trip ("), said
         assert said[0].endswith("s so far, at most 120 s without an answer)")
+        # a rollout worker's loop inside such a wait is not blocked for the driver's look (it ends at its bound)
+        from rollyard.placement.rollout_actor import in_bounded_wait, where
+        def fetch():
+            with pytest.raises(waits.NoAnswer):
+                waits.get(mute.info.remote(), "rollout worker rollout-3", "a weight fetch", 3.0, "fix")
+
+        threads = [threading.Thread(target=fetch), threading.Thread(target=time.sleep, args=(3.0,))]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        frames = [sys._current_frames()[t.ident] for t in threads]
+        assert in_bounded_wait(frames[0]) and not in_bounded_wait(frames[1])
+        assert where(frames[0]).startswith("wait_for (waits.py:"), where(frames[0])
+        for t in threads:
+            t.join()
     finally:
         ray.kill(mute)
 

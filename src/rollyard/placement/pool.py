@@ -45,7 +45,8 @@ SILENT_S = 3600.0  # a group's whole generation on the slowest setting fits: the
 SILENT_SAY_S = 120.0  # waiting for rollout is normal; one that lasts this long says so
 # Silent that long, the driver looks at each worker's loop (``RolloutWorker.state``) and says what it does, again
 # every as long; a loop that made no progress (no iteration, no decode step) for ``STUCK_S`` while its process
-# spent under ``STUCK_BUSY`` of a core since the last look is blocked, not computing a long prefill: the run stops.
+# spent under ``STUCK_BUSY`` of a core since the last look is blocked, not computing a long prefill: the run stops
+# (unless it is inside a bounded wait of its own, a weight fetch or a full queue: that one ends with its own line).
 LOOK_EVERY_S = 120.0
 STUCK_S = 300.0
 STUCK_BUSY = 0.1
@@ -58,7 +59,7 @@ def describe(state: dict) -> str:
     return (f"at v{state['version']}, {state['active']} sample(s) decoding for {state['running']} request(s), "
             f"{state['held']} request(s) held not admitted yet{needs}, {state['ready']} finished group(s) not shipped, "
             f"{state['puts']} queue put(s) unacknowledged; last progress {state['stalled_s']:.1f} s ago, now in "
-            f"{state['where']}")
+            f"{state['where']}" + (" (a bounded wait of its own)" if state["bounded"] else ""))
 
 
 class RolloutPool(RolloutSide):
@@ -297,7 +298,7 @@ class RolloutPool(RolloutSide):
             busy = (st["cpu_s"] - before["cpu_s"]) / max(1e-9, st["time"] - before["time"]) if before else 1.0
             print(f"rollyard: rollout worker {name}: {describe(st)}; its process used {busy:.0%} of a core since "
                   f"the last look", file=sys.stderr, flush=True)
-            if st["looping"] and st["stalled_s"] >= STUCK_S and busy < STUCK_BUSY:
+            if st["looping"] and not st["bounded"] and st["stalled_s"] >= STUCK_S and busy < STUCK_BUSY:
                 self.stuck.add(name)
                 raise waits.NoAnswer(
                     f"rollout worker {name}: its loop made no progress for {st['stalled_s']:.0f} s (a decode step or a "

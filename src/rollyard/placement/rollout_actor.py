@@ -175,10 +175,12 @@ class RolloutWorker:
     def state(self) -> dict:
         """What the loop is doing, for a driver that has heard nothing for long (``pool.RolloutPool``): seconds
         since it last made progress, where its thread is (the innermost frames), the process's CPU seconds (a
-        blocked loop spends none, a long prefill all of a core) and its counters. Read here, on a control thread,
-        from plain attributes: it never waits for the loop."""
+        blocked loop spends none, a long prefill all of a core), whether it is inside a bounded wait of its own
+        (``waits.wait_for``: a weight fetch, a full queue; it ends with its own line) and its counters. Read here, on
+        a control thread, from plain attributes: it never waits for the loop."""
         frame = sys._current_frames().get(self._loop) if self._loop is not None else None
         return {"pid": os.getpid(), "stalled_s": time.monotonic() - self._loop_at, "where": where(frame),
+                "bounded": in_bounded_wait(frame),
                 "time": time.monotonic(), "cpu_s": time.process_time(),
                 "version": self.engine.version, "active": self.engine.num_active, "held": len(self.held),
                 "running": len(self.requests), "ready": len(self._ready), "puts": len(self._puts),
@@ -518,6 +520,15 @@ def where(frame, depth: int = 3) -> str:
     ray_dir = os.sep + "ray" + os.sep
     stack = [f for f in traceback.extract_stack(frame) if ray_dir not in f.filename][-depth:]
     return " <- ".join(f"{f.name} ({os.path.basename(f.filename)}:{f.lineno})" for f in reversed(stack))
+
+
+def in_bounded_wait(frame) -> bool:
+    """The thread whose innermost frame is ``frame`` is inside ``waits.wait_for`` (a wait that ends at its bound)."""
+    while frame is not None:
+        if frame.f_code is waits.wait_for.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _fresh_stats() -> dict:
