@@ -273,14 +273,13 @@ class RolloutPool(RolloutSide):
 
     def _watching(self):
         """The idle callback of a wait on every worker: drain the queue (a worker may be asking for a catch-up) and
-        look at their loops every ``LOOK_EVERY_S`` (``_look``)."""
-        due = [time.monotonic() + LOOK_EVERY_S]
+        look at their loops every ``LOOK_EVERY_S`` (``_look``), on a ``waits.Wait``'s clock as the wait for groups."""
+        clock = waits.Wait("the weight check", float("inf"), "")  # only its ``every``: the caller bounds the wait
 
         def idle() -> None:
             self._drain()
-            if time.monotonic() >= due[0]:
+            if clock.every(LOOK_EVERY_S):
                 self._look()
-                due[0] = time.monotonic() + LOOK_EVERY_S
         return idle
 
     def _look(self) -> None:

@@ -254,10 +254,14 @@ class RolloutWorker:
     def _answer_checks(self, final: bool = False) -> None:
         """Answer each checksum asked for a version this copy now holds, or past its deadline (``final``: every one,
         the loop is ending)."""
+        if not self._checks:  # the common case, every iteration: no lock taken
+            return
         now = time.monotonic()
+        due, wait = [], []
         with self._lock:
-            due = [c for c in self._checks if final or c[0] <= self.engine.version or now >= c[1]]
-            self._checks = [c for c in self._checks if c not in due]
+            for c in self._checks:
+                (due if final or c[0] <= self.engine.version or now >= c[1] else wait).append(c)
+            self._checks = wait
         for _, _, box in due:
             box["answer"] = (self.engine.version, weights_checksum(self.engine.model))
             box["done"].set()
