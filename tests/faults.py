@@ -302,6 +302,19 @@ def stale_worker(from_version: int = 1) -> type:
 
 
 # ------------------------------------------------------------------------------ a disk that fills
+def slow_checkpoint_writes(seconds: float) -> None:
+    """Every background checkpoint write of this process starts ``seconds`` late (a slow disk): a fault that
+    lands meanwhile finds the write in flight. For a ``rollyard train`` subprocess (``python -c``)."""
+    from rollyard import checkpoint_writer
+    run = checkpoint_writer.Writer._run
+
+    def late(self, *args):
+        time.sleep(seconds)
+        run(self, *args)
+
+    checkpoint_writer.Writer._run = late
+
+
 def disk_fills_after(monkeypatch, saves: int) -> None:
     """The disk fills after ``saves`` calls of ``torch.save``: every later call writes into ``/dev/full``,
     so the kernel answers ENOSPC and torch raises what it raises on a real full disk (a RuntimeError

@@ -22,11 +22,17 @@ ARGS = ["model.context=48", "data.train_size=64", "data.eval_size=8", "rollout.p
         "reward.num_workers=1", "trainer.dp=2", "checkpoint_every=2", "log.plots=false", "trainer.lr=2e-3"]
 
 
-def _train(args: list[str], fault_dir: Path | None = None, at: int = 0) -> subprocess.Popen:
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+def _train(args: list[str], fault_dir: Path | None = None, at: int = 0, slow_writes_s: float = 0.0) -> subprocess.Popen:
+    """``rollyard train ARGS`` in a session of its own; ``slow_writes_s``: its background checkpoint writes start
+    that late (``faults.slow_checkpoint_writes``)."""
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": os.pathsep.join([str(here.parent / "src"), str(here)])}
     if fault_dir is not None:
         env.update(ROLLYARD_FAULT_DIR=str(fault_dir), ROLLYARD_FAULT_AT=str(at))
-    return subprocess.Popen([sys.executable, "-m", "rollyard.cli", "train", *args], env=env, text=True,
+    main = ["-m", "rollyard.cli", "train"] if not slow_writes_s else [
+        "-c", f"import sys, faults; faults.slow_checkpoint_writes({slow_writes_s}); from rollyard.cli import main; "
+              f"sys.exit(main(['train', *sys.argv[1:]]))"]
+    return subprocess.Popen([sys.executable, *main, *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
 
 
@@ -44,8 +50,11 @@ def _session_alive(sid: int) -> list[int]:
 
 def test_a_dead_rank_is_one_line_with_the_step_and_the_resume_command(tmp_path):
     run = tmp_path / "run"
-    # 8 reward calls a step: call 20 is in step 2, after checkpoint step_000002
-    proc = _train([*ARGS, "steps=6", f"reward.hook={faults.HOOKS}:kill_dp_rank", f"out_dir={run}"], tmp_path, 20)
+    # 8 reward calls a step: call 20 is in step 2, after checkpoint step_000002 was handed to the background writer,
+    # whose writes start 4 s late here: the rank dies while step_000002 is not on disk yet, and the line names it
+    # (the run's end waits for the write in flight before it says where to resume from)
+    proc = _train([*ARGS, "steps=6", f"reward.hook={faults.HOOKS}:kill_dp_rank", f"out_dir={run}"], tmp_path, 20,
+                  slow_writes_s=4.0)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, (out, err)
     lines = err.strip().splitlines()

@@ -9,7 +9,7 @@ import faults
 import pytest
 
 from rollyard import roles
-from rollyard.cli import resume_hint
+from rollyard.checkpoint import resume_hint
 from rollyard.config import load_config
 from rollyard.placement import async_, disaggregated
 from rollyard.placement import step as grpo

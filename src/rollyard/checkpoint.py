@@ -323,6 +323,14 @@ def latest(run_dir: str | Path, log=None) -> Path | None:
     return None
 
 
+def resume_hint(run_dir: str | Path) -> str:
+    """``"the latest checkpoint is step_000004: resume with rollyard train --resume RUN_DIR"``. Said once the run's
+    checkpoint write in flight has settled (``RunRecord.settle_checkpoint``), or it names the one before."""
+    ckpt = latest(run_dir, log=lambda m: None)
+    where = f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet (the run restarts)"
+    return f"{where}: resume with rollyard train --resume {run_dir}"
+
+
 def load(path: str | Path, model, optimizer) -> tuple[TrainState, dict]:
     """Restore model, optimizer and RNG from ``path``; return the TrainState and extra RNG states."""
     p = Path(path)

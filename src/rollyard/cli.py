@@ -55,24 +55,21 @@ def cmd_train(argv: list[str]) -> int:
     args = p.parse_intermixed_args(argv)  # overrides may stand before or after the options
     if args.resume and args.config:
         raise ConfigError("--resume uses the run's saved config; pass overrides, not --config")
+    from rollyard import checkpoint
     from rollyard.placement import RolloutCrashLoop
     from rollyard.sync.check import WeightsDiffer
     from rollyard.sync.transport_dist import SyncBroken
+    from rollyard.trainer.dp import RankDied, RendezvousFailed
     try:
         with graceful():
             api.train(args.config, overrides=args.overrides, resume=args.resume)
-    except (RolloutCrashLoop, WeightsDiffer, SyncBroken) as e:  # the run stopped itself: say where it can go on from
+    except RendezvousFailed:  # before the first step: its line says its own fix
+        raise
+    except (RolloutCrashLoop, WeightsDiffer, SyncBroken, RankDied) as e:  # the run stopped itself: say where it can
+        # go on from, now that its checkpoint write in flight has settled (the train loop's end waited for it)
         run_dir = args.resume or load_config(args.config, args.overrides).out_dir
-        raise type(e)(f"{e}; {resume_hint(run_dir)}") from None
+        raise type(e)(f"{e}; {checkpoint.resume_hint(run_dir)}") from None
     return 0
-
-
-def resume_hint(run_dir: str) -> str:
-    """``"the latest checkpoint is step_000004: resume with rollyard train --resume RUN_DIR"``."""
-    from rollyard import checkpoint
-    ckpt = checkpoint.latest(run_dir, log=lambda m: None)
-    where = f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet (the run restarts)"
-    return f"{where}: resume with rollyard train --resume {run_dir}"
 
 
 def cmd_report(argv: list[str]) -> int:

@@ -552,8 +552,8 @@ class DataParallelTrainer:
             dead_since = dead_since or time.monotonic()
             if time.monotonic() - dead_since < grace_s:
                 continue
-            line = died_line(self.run_dir, dead, None)
-            self._kill_ranks()
+            line = f"{died_line(self.run_dir, dead, None)}; {checkpoint.resume_hint(self.run_dir)}"
+            self._kill_ranks()  # a write in flight is abandoned by the exit: the hint names the one before
             print(f"rollyard train: error: {line}", file=sys.stderr, flush=True)
             os._exit(1)
 
@@ -627,7 +627,8 @@ def _first_dead(procs: list, wait_s: float):
 
 
 def died_line(run_dir: Path, proc, err: BaseException | None) -> str:
-    """One line: which rank died and how, the step in progress, the checkpoint to resume from, and how."""
+    """One line: which rank died and how, the step in progress, what rank 0 saw. The checkpoint to resume from is
+    said by whoever ends the run, once the checkpoint write in flight has settled (``checkpoint.resume_hint``)."""
     code = proc.exitcode
     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
     if code < 0:
@@ -635,14 +636,10 @@ def died_line(run_dir: Path, proc, err: BaseException | None) -> str:
             how = f"killed by {signal.Signals(-code).name}"
     rows = list(rundir.read_jsonl(run_dir / rundir.METRICS)) if (run_dir / rundir.METRICS).exists() else []
     step = rows[-1]["step"] + 1 if rows and isinstance(rows[-1].get("step"), int) else 0
-    ckpt = checkpoint.latest(run_dir, log=lambda m: None)
-    since = f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet (the run restarts)"
     own = "; its own error is the line above" if code > 0 else ""
     return (f"data-parallel trainer rank {proc.name.rsplit('rank', 1)[-1]} (pid {proc.pid}) {how} during step "
             f"{step}{own}; " + (f"rank 0 saw {type(err).__name__} in a collective" if err is not None else
-                                 "rank 0 was blocked where no collective would fail, so the driver stops")
-            + f"; {since}: resume with "
-            f"rollyard train --resume {run_dir}")
+                                 "rank 0 was blocked where no collective would fail, so the driver stops"))
 
 
 def after_step(tel, step: int, trainer) -> None:
