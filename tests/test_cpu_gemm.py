@@ -149,3 +149,64 @@ def test_bf16_pack_falls_back_where_onednn_bf16_cannot_run(onednn, monkeypatch):
     assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
     w32 = torch.randn(512, 256) * 0.05  # fp32 packing runs on every x86 CPU oneDNN supports
     assert cpu_gemm.pack(w32).is_mkldnn
+
+
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])  # MKL in place, or oneDNN by blocks
+def test_the_heads_products_into_place_match_fp64(onednn, monkeypatch, vendor):
+    """``mm_into`` and ``add_weight_grad_`` (the LM head's input and weight gradients, written where they end): the
+    values of exact arithmetic, the weight gradient added into the tensor given (several row blocks of oneDNN's
+    form: 5000 rows at 2048 a block, the last one short) and the input gradient into a row block of a larger one."""
+    monkeypatch.setattr(cpu, "vendor", lambda: vendor)
+    g = torch.Generator().manual_seed(0)
+    dz, h, w = torch.randn(96, 5000, generator=g), torch.randn(96, 128, generator=g), torch.randn(5000, 128, generator=g)
+    assert dz.shape[0] * dz.shape[1] * h.shape[1] >= cpu_gemm.MIN_MACS > 0
+    acc = torch.randn(5000, 128, generator=g)
+    before, ptr = acc.clone(), acc.data_ptr()
+    assert cpu_gemm.add_weight_grad_(acc, dz, h) is acc and acc.data_ptr() == ptr
+    want = before.double() + dz.double().t() @ h.double()
+    assert ((acc.double() - want).abs().max() / want.abs().max()).item() < 1e-5
+    big = torch.zeros(200, 128)
+    cpu_gemm.mm_into(dz, w, big[50:146])
+    want = dz.double() @ w.double()
+    assert ((big[50:146].double() - want).abs().max() / want.abs().max()).item() < 1e-5
+    assert big[:50].abs().max() == 0 and big[146:].abs().max() == 0  # only its rows written
+
+
+def test_linear_parts_under_bf16_autocast_is_autocasts_product_over_the_concatenation_bit_for_bit():
+    """Under CPU bf16 autocast the parts are cast, then concatenated: the output and every gradient are the bits
+    of autocast's product over the fp32 concatenation (the values it replaces), and the output is bf16."""
+    outs, D = (96, 32, 32), 64
+    ws = [_leaf(o, D, scale=0.05, seed=10 + i) for i, o in enumerate(outs)]
+    x, b = _leaf(3, 40, D, seed=20), _leaf(sum(outs), seed=21)
+    g = torch.randn(3, 40, sum(outs), generator=torch.Generator().manual_seed(22))
+
+    def run(fn):
+        for t in (x, b, *ws):
+            t.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fn()
+        (y.float() * g).sum().backward()
+        return [y.detach(), x.grad, b.grad, *(w.grad for w in ws)]
+
+    got = run(lambda: cpu_gemm.linear_parts(x, tuple(ws), b))
+    ref = run(lambda: F.linear(x, torch.cat(ws), b))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cats = _nodes(cpu_gemm.linear_parts(x, tuple(ws), b).grad_fn, "CatBackward0")
+    assert len(cats) == 1 and [type(n).__name__ for n, _ in cats[0].next_functions] == ["ToCopyBackward0"] * 3
+    assert got[0].dtype == torch.bfloat16
+    for a, r in zip(got, ref):
+        assert a.dtype == r.dtype and torch.equal(a, r)
+    assert all(w.grad.abs().max() > 0 for w in ws)
+
+
+def _nodes(fn, name: str) -> list:
+    """The autograd graph's nodes named ``name`` reachable from ``fn``."""
+    seen, out, todo = set(), [], [fn]
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        out += [n] if type(n).__name__ == name else []
+        todo += [m for m, _ in n.next_functions]
+    return out

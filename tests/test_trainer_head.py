@@ -174,3 +174,35 @@ def test_the_second_backward_allocates_no_weight_sized_buffer():
     lm.weight.register_hook(lambda g: hooked.append(g.shape))
     backward()  # a hook on the weight sees the head's gradient: autograd accumulates it, as without this path
     assert hooked == [lm.weight.shape]
+
+
+@pytest.mark.parametrize("vendor", ["GenuineIntel", "AuthenticAMD"])
+def test_the_onednn_gradients_equal_autograd_and_add_into_the_gradient_held(monkeypatch, vendor):
+    """A head big enough for oneDNN (``gemm.MIN_MACS``), on a CPU where MKL takes the head's gradients (Intel) or
+    where oneDNN does (the weight's by row blocks): autograd's gradients over two micro-batches, the second added into
+    the first's tensor with no weight-sized buffer."""
+    from rollyard.model import cpu
+    from rollyard.model import gemm as cpu_gemm
+    if not cpu_gemm._op_available():
+        pytest.skip("torch built without oneDNN")
+    monkeypatch.setenv("ROLLYARD_ONEDNN", "1")
+    monkeypatch.setattr(cpu, "vendor", lambda: vendor)
+    monkeypatch.setattr(cpu_gemm, "GRAD_BLOCK_ROWS", 1536)  # 5000 rows: three blocks and a short one
+    lm, h, y, w = _case(N=64, D=64, V=5000, seed=6)
+    assert 64 * 5000 * 64 >= cpu_gemm.MIN_MACS
+
+    def backward(fn, k):
+        lp = fn(h, y.roll(k))
+        (lp * w.roll(k)).sum().backward()
+
+    ours = lambda x, t: trainer.chunked_token_logprobs(x, lm, t, chunk=24)[0]  # noqa: E731
+    backward(ours, 0)
+    nbytes = lm.weight.numel() * lm.weight.element_size()
+    assert _weight_sized_allocations(lambda: backward(ours, 1), nbytes) == 0
+    got_w, got_h = lm.weight.grad.clone(), h.grad.clone()
+    lm.weight.grad = h.grad = None
+    ref = lambda x, t: _autograd_reference(lm, x, t, 1.0)[0]  # noqa: E731
+    backward(ref, 0)
+    backward(ref, 1)
+    torch.testing.assert_close(got_w, lm.weight.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_h, h.grad, rtol=1e-5, atol=1e-5)

@@ -124,9 +124,9 @@ class HeadLogprobs(torch.autograd.Function):
                 dz = z.sub_(logz[s:s + chunk, None]).exp_().mul_(-g[:, None])
             dz = dz.scatter_add_(1, targets[s:s + chunk, None], g[:, None]).to(hidden.dtype)  # + g at the target
             if grad_h is not None:
-                torch.mm(dz, weight, out=grad_h[s:s + chunk])
+                cpu_gemm.mm_into(dz, weight, grad_h[s:s + chunk])
             if grad_w is not None:
-                grad_w.addmm_(dz.t(), h)
+                cpu_gemm.add_weight_grad_(grad_w, dz, h)
         CLOCK.seconds += time.perf_counter() - t0
         return grad_h, (None if into is not None else _give(ctx.leaf, grad_w)), None, None, None, None
 
