@@ -476,3 +476,33 @@ def test_the_heads_softmax_passes_are_torchs_to_float_rounding(rows, V):
     if rows > 1:  # g strided (one row is contiguous whatever its stride)
         zz = z.clone()
         assert cpu_kernels.softmax_grad_(zz, logz.float(), wide[:, 0]) is None and torch.equal(zz, z)
+
+
+@pytest.mark.parametrize("T", [1.0, 0.7])
+def test_the_heads_bf16_row_kernels_match_fp64(T):
+    """The bf16 head's statistics and gradient read from bf16 logits (strided rows, a width with a tail past the
+    16-lane vectors): logsumexp, the target's log-prob, the entropy of fp64 arithmetic on the widened values, the
+    gradient ``(1[v = y] - p) g / T`` rounded to bf16 (one rounding: within half a bf16 step of exact), and a NaN
+    row's gradient stays NaN."""
+    assert cpu_kernels.kernel() is not None
+    g = torch.Generator().manual_seed(3)
+    rows, V = 6, 1003
+    z = (torch.randn(rows, V + 5, generator=g) * 4).to(torch.bfloat16)[:, :V]  # rows strided by V + 5
+    y = torch.randint(0, V, (rows,), generator=g)
+    zd = z.double() / T
+    logz, lp = cpu_kernels.logsumexp_at_bf16(z, y, 1.0 / T)
+    want = torch.logsumexp(zd, -1)
+    assert (logz.double() - want).abs().max() < 1e-5
+    assert (lp.double() - (zd.gather(1, y[:, None])[:, 0] - want)).abs().max() < 1e-5
+    p = torch.softmax(zd, -1)
+    ent = cpu_kernels.softmax_entropy_bf16(z, logz, 1.0 / T)
+    assert (ent.double() + (p * torch.log_softmax(zd, -1)).sum(-1)).abs().max() < 1e-4
+    gr = torch.randn(rows, generator=g)
+    exact = (torch.zeros(rows, V, dtype=torch.float64).scatter_(1, y[:, None], 1.0) - p) * gr.double()[:, None] / T
+    dz = z.clone()
+    assert cpu_kernels.logprob_grad_bf16_(dz, logz, gr, y, 1.0 / T) is dz and dz.dtype == torch.bfloat16
+    assert ((dz.double() - exact).abs() <= exact.abs() * (2.0 ** -8 + 1e-6)).all()  # fp32's error beside bf16's
+    z[2, 7] = float("nan")
+    logz, _ = cpu_kernels.logsumexp_at_bf16(z, y, 1.0 / T)
+    dz = cpu_kernels.logprob_grad_bf16_(z.clone(), logz, gr, y, 1.0 / T)
+    assert torch.isnan(dz[2]).all() and not torch.isnan(dz[[0, 1, 3, 4, 5]]).any()

@@ -1,13 +1,28 @@
 """trainer/head.py's HeadLogprobsBf16: under CPU bf16 autocast the LM head's logprobs and gradients are the
-checkpointed autograd path's bit for bit, and so are the weights after optimizer steps of a tied-embedding model."""
+checkpointed autograd path's: bit for bit where the compiled kernels do not run (then it runs autograd's operations),
+to float rounding where they do (the softmax statistics and the gradient read from the bf16 product, no fp32 copy);
+and so are the weights after optimizer steps of a tied-embedding model."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from rollyard.model import kernels as cpu_kernels
 from rollyard.trainer import head as head_grad
 from rollyard.trainer import logprobs
+
+
+@pytest.fixture
+def no_kernels(monkeypatch):
+    """A process where the compiled kernels are not loaded (another compiler, a build that failed)."""
+    monkeypatch.setitem(cpu_kernels._STATE, "lib", None)
+
+
+@pytest.fixture
+def with_kernels():
+    if cpu_kernels.kernel() is None:
+        pytest.skip("the compiled CPU kernels do not load here")
 
 
 def _case(N=37, D=24, V=101, seed=0, h_dtype=torch.float32):
@@ -39,7 +54,7 @@ def _run(lm, h, y, w, T, chunk, new: bool, with_entropy=True):
 
 @pytest.mark.parametrize("T, chunk, h_dtype", [(1.0, 8, torch.float32), (0.7, 37, torch.float32),
                                                (1.3, 1000, torch.float32), (1.0, 10, torch.bfloat16)])
-def test_bf16_values_and_gradients_are_autograds_bit_for_bit(T, chunk, h_dtype):
+def test_bf16_values_and_gradients_are_autograds_bit_for_bit(no_kernels, T, chunk, h_dtype):
     lm, h, y, w = _case(h_dtype=h_dtype)
     new = _run(lm, h, y, w, T, chunk, new=True)
     old = _run(lm, h, y, w, T, chunk, new=False)
@@ -48,7 +63,30 @@ def test_bf16_values_and_gradients_are_autograds_bit_for_bit(T, chunk, h_dtype):
     assert new[3].abs().max() > 1e-2
 
 
-def test_a_dropped_chunk_is_seen():
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+@pytest.mark.parametrize("T, chunk, h_dtype", [(1.0, 8, torch.float32), (0.7, 37, torch.float32),
+                                               (1.3, 1000, torch.float32), (1.0, 10, torch.bfloat16)])
+def test_with_the_kernels_values_and_gradients_are_autograds_to_rounding(with_kernels, T, chunk, h_dtype):
+    """The kernels' path (the statistics and the gradient from the bf16 product, its last chunk kept for the
+    backward): autograd's log-probs to fp32 rounding, the entropy nearer exact arithmetic than autograd's, its
+    gradients to a bf16 rounding of a few of the logits' gradients (the exp rounds unlike torch's, so an element may
+    round to the neighbouring bf16)."""
+    lm, h, y, w = _case(N=37, D=24, V=1001, h_dtype=h_dtype)  # V: 62 vectors of 16 and a tail of 9
+    new = _run(lm, h, y, w, T, chunk, new=True)
+    old = _run(lm, h, y, w, T, chunk, new=False)
+    assert _rel(new[0], old[0]) < 1e-5
+    # the entropy against exact arithmetic on the same bf16 logits (autograd's path takes its sum in a bf16 bmm)
+    z = (h.detach().to(torch.bfloat16) @ lm.weight.detach().to(torch.bfloat16).t()).double() / T
+    exact = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    assert _rel(new[1], exact) < 1e-5 and _rel(old[1], exact) > _rel(new[1], exact)
+    assert _rel(new[2], old[2]) < 1e-3 and _rel(new[3], old[3]) < 1e-3
+    assert new[3].abs().max() > 1e-2 and new[2].dtype == old[2].dtype and new[3].dtype == old[3].dtype
+
+
+def test_a_dropped_chunk_is_seen(no_kernels):
     """The comparison above is sharp: the weight gradient without one chunk's share differs."""
     lm, h, y, w = _case()
     _, _, _, full = _run(lm, h, y, w, 1.0, 8, new=True)
@@ -95,7 +133,8 @@ def _train(precision: str, new: bool, micro_batch_tokens: int, logprob_chunk: in
 
 @pytest.mark.parametrize("precision, micro_batch_tokens, chunk", [
     ("bf16", 4096, 7), ("bf16", 40, 4096), ("fp32", 4096, 7), ("fp32", 40, 7)])
-def test_weights_after_three_steps_are_the_old_paths_bit_for_bit(precision, micro_batch_tokens, chunk, monkeypatch):
+def test_weights_after_three_steps_are_the_old_paths_bit_for_bit(no_kernels, precision, micro_batch_tokens, chunk,
+                                                                  monkeypatch):
     """A tied-embedding model (the head's gradient meets the embedding lookup's), three optimizer steps, one or
     several micro-batches, several head chunks: every weight torch.equal to the path before this change's."""
     new, m_new = _train(precision, True, micro_batch_tokens, chunk, monkeypatch)
@@ -118,3 +157,16 @@ def test_the_weight_gradient_cast_in_its_own_buffer_is_the_separate_buffers_bit_
         want = part if want is None else want + part
     got = head_grad._weight_grad(dzs, hidden, chunk, (V, D))
     assert got.dtype == torch.float32 and torch.equal(got, want.float())
+
+
+def test_with_the_kernels_the_weights_after_three_steps_are_the_old_paths_to_rounding(with_kernels, monkeypatch):
+    """Three optimizer steps of a tied-embedding model through the kernels' bf16 head, several micro-batches and
+    head chunks: every weight within a few bf16 roundings of autograd's path, and the steps moved them."""
+    from rollyard.model.loading import build_preset, char_tokenizer
+    before = build_preset("tiny", char_tokenizer(), seed=0, max_position_embeddings=32).state_dict()
+    new, m_new = _train("bf16", True, 40, 7, monkeypatch)
+    old, m_old = _train("bf16", False, 40, 7, monkeypatch)
+    assert m_new["micro_batches"] == m_old["micro_batches"] > 1
+    moved = max((old[k].double() - before[k].double()).abs().max().item() for k in old)
+    off = max((new[k].double() - old[k].double()).abs().max().item() for k in old)
+    assert moved > 1e-2 and off < 0.05 * moved, (moved, off)

@@ -638,6 +638,111 @@ extern "C" void rollyard_softmax_grad_f32(float* z, int64_t rows, int64_t V, int
     head_rows(z, rows, V, ldz, logz, g, nullptr, threads);
 }
 
+// ---- the same on bf16 logits (trainer/head.py's bf16 head) ----------------------------------------------------------
+//
+// The rows are the head's bf16 product; each element is widened to fp32 (its bits shifted up 16) and scaled by s = 1 /
+// temperature, and the statistics are the fp32 ones above, with no fp32 copy of the logits (a [rows, V] buffer of 4 B
+// an element: SmolLM2's 256 x 49152 chunk is 50 MB, ~13 ms of page faults and a pass each time it is made). The
+// backward's gradient of sum_r g_r logp_r, (1[v = y_r] - p_rv) g_r s, is written over the row in bf16 (round to
+// nearest even, NaN kept NaN: torch's cast).
+namespace {
+typedef uint32_t u16w __attribute__((vector_size(64)));  // 16 x uint32
+typedef uint16_t h16w __attribute__((vector_size(32)));  // 16 x uint16
+
+inline float bf_f32(uint16_t h) {
+    const uint32_t i = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+
+inline uint16_t f32_bf(float f) {
+    if (f != f) return 0x7FC0;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+inline void st_bf16(uint16_t* p, f16v x) {
+    u16w u;
+    std::memcpy(&u, &x, 64);
+    const u16w nan = (u16w)(x != x);
+    u = (((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) & ~nan) | (nan & 0x7FC0u);
+    const h16w h = __builtin_convertvector(u, h16w);
+    std::memcpy(p, &h, 32);
+}
+
+inline float row_max_bf16(const uint16_t* zr, int64_t V) {
+    f16v mv = f16v{} - INFINITY;
+    int64_t v = 0;
+    for (; v + 16 <= V; v += 16) {
+        const f16v x = ld<f16v>(zr + v);
+        mv = x > mv ? x : mv;
+    }
+    float m = -INFINITY;
+    for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
+    for (; v < V; v++) m = bf_f32(zr[v]) > m ? bf_f32(zr[v]) : m;
+    return m;
+}
+}  // namespace
+
+// logz = logsumexp(s z) per row and lp = s z[target] - logz (s > 0: the max of s z is s times the max of z)
+extern "C" void rollyard_logsumexp_bf16(const uint16_t* z, int64_t rows, int64_t V, int64_t ldz, float s,
+                                        const int64_t* targets, float* logz, float* lp, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t* zr = z + r * ldz;
+        const float m = row_max_bf16(zr, V) * s;
+        const f16v M = f16v{} + m, S = f16v{} + s;
+        f16v acc = f16v{};
+        int64_t v = 0;
+        for (; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) * S - M);
+        float tail = 0.0f;
+        for (; v < V; v++) tail += std::exp(bf_f32(zr[v]) * s - m);
+        logz[r] = m + std::log(hsum(acc) + tail);
+        if (lp) lp[r] = bf_f32(zr[targets[r]]) * s - logz[r];
+    }
+}
+
+// the entropy of softmax(s z) per row: logz - sum_v exp(s z_v - logz) s z_v, one read of the row
+extern "C" void rollyard_softmax_entropy_bf16(const uint16_t* z, int64_t rows, int64_t V, int64_t ldz, float s,
+                                              const float* logz, float* out, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t* zr = z + r * ldz;
+        const float L = logz[r];
+        const f16v Lv = f16v{} + L, S = f16v{} + s;
+        f16v acc = f16v{};
+        int64_t v = 0;
+        for (; v + 16 <= V; v += 16) {
+            const f16v x = ld<f16v>(zr + v) * S;
+            acc += vexp(x - Lv) * x;
+        }
+        float tail = 0.0f;
+        for (; v < V; v++) {
+            const float x = bf_f32(zr[v]) * s;
+            tail += std::exp(x - L) * x;
+        }
+        out[r] = L - (hsum(acc) + tail);
+    }
+}
+
+// z overwritten in bf16 with (1[v = y_r] - exp(s z_v - logz_r)) g_r s: d (sum_r g_r logp_r) / d z, one pass
+extern "C" void rollyard_logprob_grad_bf16(uint16_t* z, int64_t rows, int64_t V, int64_t ldz, float s,
+                                           const float* logz, const float* g, const int64_t* targets, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        uint16_t* zr = z + r * ldz;
+        const float L = logz[r], gs = g[r] * s;
+        const float at = bf_f32(zr[targets[r]]) * s;  // read before the row is overwritten
+        const f16v Lv = f16v{} + L, S = f16v{} + s, G = f16v{} - gs;
+        int64_t v = 0;
+        for (; v + 16 <= V; v += 16) st_bf16(zr + v, vexp(ld<f16v>(zr + v) * S - Lv) * G);
+        for (; v < V; v++) zr[v] = f32_bf(std::exp(bf_f32(zr[v]) * s - L) * -gs);
+        zr[targets[r]] = f32_bf((1.0f - std::exp(at - L)) * gs);
+    }
+}
+
 // ---- the gradient norm (trainer/trainer.py): each tensor's sum of squares ---------------------------------------------
 // Tensor i (`sizes[i]` fp32 values at `ptrs[i]`): its squares summed over chunks of CH values (16-lane fp32 vectors,
 // then the lanes and the tail in double, in order), the chunks' sums added in double in chunk order into `out[i]`:

@@ -359,7 +359,8 @@ _SYMBOLS = ("rollyard_decode_attn_f32", "rollyard_decode_attn_supports", "rollya
             "rollyard_transpose_32", "rollyard_softmax_entropy_f32", "rollyard_softmax_grad_f32",
             "rollyard_logsumexp_f32", "rollyard_sum_squares_f32", "rollyard_pack_q8", "rollyard_gemm_q8",
             "rollyard_decode_layer_q8", "rollyard_pack_w8a8", "rollyard_gemm_w8a8",
-            "rollyard_decode_layer_w8a8", "rollyard_w8a8_vnni", "rollyard_softmax_draw_f32")  # _load's
+            "rollyard_decode_layer_w8a8", "rollyard_w8a8_vnni", "rollyard_softmax_draw_f32",
+            "rollyard_logsumexp_bf16", "rollyard_softmax_entropy_bf16", "rollyard_logprob_grad_bf16")  # _load's
 
 
 # (entry point, one declared in _load with the same C signature)
@@ -368,6 +369,17 @@ _SAME_SIGNATURES = (("decode_attn_bf16kv", "decode_attn_f32"), ("decode_rope_wri
                     ("decode_layer_q8", "decode_layer_bf16"), ("pack_w8a8", "pack_f32"), ("gemm_w8a8", "gemm_f32"),
                     ("decode_layer_w8a8", "decode_layer_bf16"), ("w8a8_vnni", "gemm_f32_available"),
                     ("softmax_draw_f32", "logsumexp_f32"))
+
+
+def _declare_head(lib: ctypes.CDLL) -> None:
+    """The LM head's softmax row kernels' C signatures (fp32 and bf16 logits)."""
+    P, I, L, F32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
+    for name, args in (("softmax_entropy_f32", [P, L, L, L, P, P, I]), ("softmax_grad_f32", [P, L, L, L, P, P, I]),
+                       ("logsumexp_f32", [P, L, L, L, P, P, P, I]), ("logsumexp_bf16", [P, L, L, L, F32, P, P, P, I]),
+                       ("softmax_entropy_bf16", [P, L, L, L, F32, P, P, I]),
+                       ("logprob_grad_bf16", [P, L, L, L, F32, P, P, P, I])):
+        fn = getattr(lib, f"rollyard_{name}")
+        fn.argtypes, fn.restype = args, None
 
 
 def _load(path: Path) -> ctypes.CDLL:
@@ -398,12 +410,7 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.rollyard_adamw_f32_zero_grad.restype = None
     lib.rollyard_inverse_cdf_f32.argtypes = [P, L, L, P, P, P, I]
     lib.rollyard_inverse_cdf_f32.restype = None
-    lib.rollyard_softmax_entropy_f32.argtypes = [P, L, L, L, P, P, I]
-    lib.rollyard_softmax_entropy_f32.restype = None
-    lib.rollyard_softmax_grad_f32.argtypes = [P, L, L, L, P, P, I]
-    lib.rollyard_softmax_grad_f32.restype = None
-    lib.rollyard_logsumexp_f32.argtypes = [P, L, L, L, P, P, P, I]
-    lib.rollyard_logsumexp_f32.restype = None
+    _declare_head(lib)
     lib.rollyard_gemm_bf16_available.argtypes = []
     lib.rollyard_gemm_bf16_available.restype = I
     lib.rollyard_pack_bf16.argtypes = [P, P, P, P, I, L, P, I]
@@ -641,11 +648,52 @@ def grad_norm(grads: list[torch.Tensor]) -> torch.Tensor | None:
     return out.sum().sqrt().float()
 
 
-def _head_rows_ok(z: torch.Tensor, *more: torch.Tensor) -> bool:
-    """fp32 CPU logits ``[rows, V]`` whose rows may be strided, and contiguous per-row fp32 vectors beside them."""
+def _head_rows_ok(z: torch.Tensor, *more: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
+    """CPU logits ``[rows, V]`` of ``dtype`` whose rows may be strided, and contiguous per-row fp32 vectors beside
+    them."""
     return (_STATE.get("lib") is not None and type(z) is torch.Tensor and z.device.type == "cpu"
-            and z.dtype == torch.float32 and z.dim() == 2 and z.stride(1) == 1 and z.stride(0) >= z.shape[1]
+            and z.dtype == dtype and z.dim() == 2 and z.stride(1) == 1 and z.stride(0) >= z.shape[1]
             and all(f32_cpu(t) and t.shape == (z.shape[0],) for t in more))
+
+
+def _targets_ok(z: torch.Tensor, targets: torch.Tensor) -> bool:
+    """One contiguous int64 CPU target per row of ``z`` (each in ``[0, V)``: the caller guarantees it)."""
+    return (targets.dtype == torch.int64 and targets.device.type == "cpu" and targets.is_contiguous()
+            and targets.shape == (z.shape[0],))
+
+
+def logsumexp_at_bf16(z: torch.Tensor, targets: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`logsumexp_at` of ``scale * z`` for bf16 logits ``z [rows, V]`` (the bf16 head's product, ``scale`` = 1 /
+    temperature > 0), each element widened to fp32 as it is read: no fp32 ``[rows, V]`` copy. ``None`` when the kernel
+    is not loaded or the tensors do not fit."""
+    if not (_head_rows_ok(z, dtype=torch.bfloat16) and _targets_ok(z, targets) and scale > 0):
+        return None
+    logz, lp = torch.empty(z.shape[0]), torch.empty(z.shape[0])
+    _STATE["lib"].rollyard_logsumexp_bf16(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), scale, targets.data_ptr(),
+                                          logz.data_ptr(), lp.data_ptr(), torch.get_num_threads())
+    return logz, lp
+
+
+def softmax_entropy_bf16(z: torch.Tensor, logz: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """:func:`softmax_entropy` of ``scale * z`` for bf16 logits ``z`` (as :func:`logsumexp_at_bf16`)."""
+    if not _head_rows_ok(z, logz, dtype=torch.bfloat16):
+        return None
+    out = torch.empty(z.shape[0], dtype=torch.float32)
+    _STATE["lib"].rollyard_softmax_entropy_bf16(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), scale,
+                                                logz.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def logprob_grad_bf16_(z: torch.Tensor, logz: torch.Tensor, g: torch.Tensor, targets: torch.Tensor,
+                       scale: float) -> torch.Tensor | None:
+    """bf16 logits ``z [rows, V]`` overwritten with ``d (sum_r g_r logp_r) / dz = (1[v = y_r] - softmax(scale z)_rv)
+    g_r scale`` (``logp = log_softmax(scale z)`` at ``targets``, ``logz`` its log-partition), rounded to bf16, in one
+    pass; ``None`` (``z`` untouched) when the kernel is not loaded or the tensors do not fit."""
+    if not (_head_rows_ok(z, logz, g, dtype=torch.bfloat16) and _targets_ok(z, targets)):
+        return None
+    _STATE["lib"].rollyard_logprob_grad_bf16(z.data_ptr(), z.shape[0], z.shape[1], z.stride(0), scale, logz.data_ptr(),
+                                             g.data_ptr(), targets.data_ptr(), torch.get_num_threads())
+    return z
 
 
 def logsumexp_at(z: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -20,9 +20,15 @@ every other head keeps the checkpointed path.
 
 Under bf16 autocast on a CPU (:class:`HeadLogprobsBf16`) the checkpointed path's backward held, at once, a bf16
 copy of the head (the recomputed cast), the head's bf16 gradient and its fp32 conversion: at Gemma 3's 262k x 640
-head 0.34 + 0.34 + 0.67 GB, the trainer's peak. :class:`HeadLogprobsBf16` runs the very operations autograd runs
-there, kernel for kernel and in the same order (so the weights are the same bit for bit,
-``tests/test_trainer_head_bf16.py``), but frees the bf16 copy before the weight's gradient is made.
+head 0.34 + 0.34 + 0.67 GB, the trainer's peak. :class:`HeadLogprobsBf16` frees the bf16 copy before the weight's
+gradient is made. Where the compiled kernels run, a chunk's softmax statistics and its logits' gradient are read from
+the bf16 product itself (``kernels.logsumexp_at_bf16`` / ``softmax_entropy_bf16`` / ``logprob_grad_bf16_``): no fp32
+copy of the logits (SmolLM2's 256-row chunk: 50 MB made, page-faulted and read several times, a chunk, each pass),
+the gradient written over the product in bf16, the last chunk's product and the bf16 weight kept from the forward
+for the backward; the values are autograd's to float rounding (its entropy's sum is a bf16 bmm: this one's is
+fp32). SmolLM2's head forward and backward at 168 / 339 / 493 rows went 141 / 246 / 412 -> 94 / 175 / 210 ms on an
+AVX512-BF16 EPYC. Elsewhere it runs the very operations autograd runs, kernel for kernel and in the same order (the
+weights the same bit for bit, ``tests/test_trainer_head_bf16.py``).
 """
 
 from __future__ import annotations
@@ -169,13 +175,14 @@ def _held_grad(weight: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class HeadLogprobsBf16(torch.autograd.Function):
-    """:class:`HeadLogprobs` under CPU bf16 autocast: the checkpointed path's arithmetic, op for op.
+    """:class:`HeadLogprobs` under CPU bf16 autocast: the checkpointed path's arithmetic, in one pass over each
+    chunk's bf16 product where the compiled kernels run (module docstring), op for op elsewhere.
 
     Autograd's backward of one chunk of ``chunked_token_logprobs`` (``z = (h16 @ w16.T).float() / T``, ``lp =
     z[y] - logsumexp(z)``), written out: ``dz_T = (-g) * exp(z - logz) + scatter(g at y)`` (the logsumexp and the
     gather backward, summed), ``dz = dz_T / T`` cast to bf16, ``dh = (dz16 @ w16)`` cast to ``h``'s dtype, ``dw16 =
     dz16.T @ h16``; the chunks' ``dw16`` summed in bf16, last chunk first (the weight's autocast cast is one node
-    that all chunks feed), then cast to fp32. The bf16 weight ``w16`` lives only while the logits are recomputed and
+    that all chunks feed), then cast to fp32. The bf16 weight ``w16`` lives only while the logits are computed and
     ``dh`` taken: the weight's gradient is made after it is freed (module docstring)."""
 
     @staticmethod
@@ -184,9 +191,17 @@ class HeadLogprobsBf16(torch.autograd.Function):
         # under the caller's autocast, as the checkpointed path (its entropy's bmm runs in bf16)
         w16 = weight.detach().to(torch.bfloat16)  # autocast's cast of the weight (round to nearest even)
         lps, logzs, ents = [], [], []
+        z16 = None
         for s in range(0, hidden.shape[0], chunk):
-            _chunk_stats(_logits16(hidden[s:s + chunk], w16, temperature), targets[s:s + chunk], with_entropy,
-                         lps, logzs, ents)
+            h, y = hidden[s:s + chunk], targets[s:s + chunk]
+            z16 = _product16(h, w16)
+            if not _chunk_stats16(z16, y, temperature, with_entropy, lps, logzs, ents):
+                z16 = None  # the kernels do not run here: autograd's operations
+                _chunk_stats(_logits16(h, w16, temperature), y, with_entropy, lps, logzs, ents)
+        # the last chunk's bf16 logits and the bf16 weight, for the backward (the kernels' path: the backward comes
+        # right after, over the loss; it frees the weight before the weight's gradient is made, as it would its own)
+        keep = z16 is not None and any(ctx.needs_input_grad[:2])
+        ctx.last, ctx.w16 = (z16, w16) if keep else (None, None)
         del w16
         return _saved(ctx, hidden, weight, targets, temperature, chunk, lps, logzs, ents, with_entropy, t0)
 
@@ -198,17 +213,21 @@ class HeadLogprobsBf16(torch.autograd.Function):
         starts = list(range(0, hidden.shape[0], chunk))
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         dzs = []
+        kept, w16, ctx.last, ctx.w16 = ctx.last, ctx.w16, None, None
         with torch.autocast("cpu", enabled=False):
-            w16 = weight.to(torch.bfloat16)
+            w16 = weight.to(torch.bfloat16) if w16 is None else w16
             for s in reversed(starts):  # autograd's order: the last chunk's branch first
                 h16 = hidden[s:s + chunk].to(torch.bfloat16)
-                g = grad_lp[s:s + chunk]
-                dz = _logits16(h16, w16, T).sub_(logz[s:s + chunk, None]).exp_().mul_(g.neg()[:, None])
-                # + g at the target; + 0.0: the gather's gradient is a zero-filled buffer (-0.0 + 0.0 is +0.0)
-                dz = dz.scatter_add_(1, targets[s:s + chunk, None], g[:, None]).add_(0.0)
-                if T != 1.0:
-                    dz = dz.div_(T)
-                dz = dz.to(torch.bfloat16)
+                g, y = grad_lp[s:s + chunk], targets[s:s + chunk]
+                z16, kept = (kept, None) if kept is not None else (_product16(h16, w16), None)
+                dz = cpu_kernels.logprob_grad_bf16_(z16, logz[s:s + chunk], g.float().contiguous(), y, 1.0 / T)
+                if dz is None:  # autograd's operations
+                    dz = _logits16(h16, w16, T).sub_(logz[s:s + chunk, None]).exp_().mul_(g.neg()[:, None])
+                    # + g at the target; + 0.0: the gather's gradient is a zero-filled buffer (-0.0 + 0.0 is +0.0)
+                    dz = dz.scatter_add_(1, y[:, None], g[:, None]).add_(0.0)
+                    if T != 1.0:
+                        dz = dz.div_(T)
+                    dz = dz.to(torch.bfloat16)
                 if grad_h is not None:
                     grad_h[s:s + chunk] = torch.mm(dz, w16)  # cast to h's dtype on the copy
                 dzs.append((s, dz) if ctx.needs_input_grad[1] else None)
@@ -243,6 +262,27 @@ def _weight_grad(dzs, hidden: torch.Tensor, chunk: int, shape) -> torch.Tensor:
     for a in range(0, V, rows):
         out[a:a + rows] = acc[a:a + rows].clone()
     return out
+
+
+def _product16(h: torch.Tensor, w16: torch.Tensor) -> torch.Tensor:
+    """One chunk's bf16 product ``h @ w16.T`` (``[rows, V]``), as autocast's ``F.linear`` computes it."""
+    with torch.no_grad():
+        return torch.nn.functional.linear(h.to(torch.bfloat16), w16)
+
+
+def _chunk_stats16(z16: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, lps: list,
+                   logzs: list, ents: list) -> bool:
+    """:func:`_chunk_stats` of ``z16.float() / T`` read from the bf16 product itself (``kernels.logsumexp_at_bf16``,
+    ``softmax_entropy_bf16``: no fp32 ``[rows, V]`` copy); False (nothing appended) where the kernels do not run."""
+    both = cpu_kernels.logsumexp_at_bf16(z16, targets, 1.0 / temperature)
+    ent = None if both is None or not with_entropy else cpu_kernels.softmax_entropy_bf16(z16, both[0], 1.0 / temperature)
+    if both is None or (with_entropy and ent is None):
+        return False
+    logzs.append(both[0])
+    lps.append(both[1])
+    if with_entropy:
+        ents.append(ent)
+    return True
 
 
 def _logits16(h: torch.Tensor, w16: torch.Tensor, temperature: float) -> torch.Tensor:
