@@ -598,9 +598,18 @@ extern "C" void rollyard_softmax_entropy_f32(const float* z, int64_t rows, int64
     head_rows(const_cast<float*>(z), rows, V, ldz, logz, nullptr, out, threads);
 }
 
-// A row's max (16 lanes, then the lanes and the tail in order)
+// A row's max (16 lanes, then the lanes and the tail in order), of fp32 or bf16 logits (each widened to fp32)
 namespace {
-inline float row_max(const float* zr, int64_t V) {
+inline float wide(float x) { return x; }
+inline float wide(uint16_t h) {
+    const uint32_t i = uint32_t(h) << 16;
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+
+template <typename E>
+inline float row_max(const E* zr, int64_t V) {
     f16v mv = f16v{} - INFINITY;
     int64_t v = 0;
     for (; v + 16 <= V; v += 16) {
@@ -609,7 +618,7 @@ inline float row_max(const float* zr, int64_t V) {
     }
     float m = -INFINITY;
     for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
-    for (; v < V; v++) m = zr[v] > m ? zr[v] : m;
+    for (; v < V; v++) m = wide(zr[v]) > m ? wide(zr[v]) : m;
     return m;
 }
 }  // namespace
@@ -649,13 +658,6 @@ namespace {
 typedef uint32_t u16w __attribute__((vector_size(64)));  // 16 x uint32
 typedef uint16_t h16w __attribute__((vector_size(32)));  // 16 x uint16
 
-inline float bf_f32(uint16_t h) {
-    const uint32_t i = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &i, 4);
-    return f;
-}
-
 inline uint16_t f32_bf(float f) {
     if (f != f) return 0x7FC0;
     uint32_t u;
@@ -671,19 +673,6 @@ inline void st_bf16(uint16_t* p, f16v x) {
     const h16w h = __builtin_convertvector(u, h16w);
     std::memcpy(p, &h, 32);
 }
-
-inline float row_max_bf16(const uint16_t* zr, int64_t V) {
-    f16v mv = f16v{} - INFINITY;
-    int64_t v = 0;
-    for (; v + 16 <= V; v += 16) {
-        const f16v x = ld<f16v>(zr + v);
-        mv = x > mv ? x : mv;
-    }
-    float m = -INFINITY;
-    for (int i = 0; i < 16; i++) m = mv[i] > m ? mv[i] : m;
-    for (; v < V; v++) m = bf_f32(zr[v]) > m ? bf_f32(zr[v]) : m;
-    return m;
-}
 }  // namespace
 
 // logz = logsumexp(s z) per row and lp = s z[target] - logz (s > 0: the max of s z is s times the max of z)
@@ -692,15 +681,15 @@ extern "C" void rollyard_logsumexp_bf16(const uint16_t* z, int64_t rows, int64_t
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t* zr = z + r * ldz;
-        const float m = row_max_bf16(zr, V) * s;
+        const float m = row_max(zr, V) * s;
         const f16v M = f16v{} + m, S = f16v{} + s;
         f16v acc = f16v{};
         int64_t v = 0;
         for (; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) * S - M);
         float tail = 0.0f;
-        for (; v < V; v++) tail += std::exp(bf_f32(zr[v]) * s - m);
+        for (; v < V; v++) tail += std::exp(wide(zr[v]) * s - m);
         logz[r] = m + std::log(hsum(acc) + tail);
-        if (lp) lp[r] = bf_f32(zr[targets[r]]) * s - logz[r];
+        if (lp) lp[r] = wide(zr[targets[r]]) * s - logz[r];
     }
 }
 
@@ -720,7 +709,7 @@ extern "C" void rollyard_softmax_entropy_bf16(const uint16_t* z, int64_t rows, i
         }
         float tail = 0.0f;
         for (; v < V; v++) {
-            const float x = bf_f32(zr[v]) * s;
+            const float x = wide(zr[v]) * s;
             tail += std::exp(x - L) * x;
         }
         out[r] = L - (hsum(acc) + tail);
@@ -734,11 +723,11 @@ extern "C" void rollyard_logprob_grad_bf16(uint16_t* z, int64_t rows, int64_t V,
     for (int64_t r = 0; r < rows; r++) {
         uint16_t* zr = z + r * ldz;
         const float L = logz[r], gs = g[r] * s;
-        const float at = bf_f32(zr[targets[r]]) * s;  // read before the row is overwritten
+        const float at = wide(zr[targets[r]]) * s;  // read before the row is overwritten
         const f16v Lv = f16v{} + L, S = f16v{} + s, G = f16v{} - gs;
         int64_t v = 0;
         for (; v + 16 <= V; v += 16) st_bf16(zr + v, vexp(ld<f16v>(zr + v) * S - Lv) * G);
-        for (; v < V; v++) zr[v] = f32_bf(std::exp(bf_f32(zr[v]) * s - L) * -gs);
+        for (; v < V; v++) zr[v] = f32_bf(std::exp(wide(zr[v]) * s - L) * -gs);
         zr[targets[r]] = f32_bf((1.0f - std::exp(at - L)) * gs);
     }
 }
