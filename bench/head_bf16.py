@@ -5,7 +5,7 @@ operations (what runs where the compiled kernels do not load), one process per s
     .venv/bin/python bench/head_bf16.py --gguf .cache/gemma3/gemma-3-270m-q4_k_m.gguf --prompt-tokens 120
 
 Each side builds the model, a Trainer at the real-model examples' settings (bf16 autocast, logprob_chunk 256,
-activation checkpointing, bf16 AdamW moments) and takes ``--steps`` optimizer steps on one fixed batch (4 prompts of
+activation checkpointing ``--checkpointing``, bf16 AdamW moments) and takes ``--steps`` optimizer steps on one fixed batch (4 prompts of
 ``--prompt-tokens`` random tokens x 8 completions of 5-24, every sample with a non-zero advantage, lr 1e-9 so the
 batch stays the same work). Per side: the steps' wall times, the LM head's seconds in the last step
 (``lm_head_s``) and the process's peak RSS (``ru_maxrss``: the model's load included, the same on both sides).
@@ -54,7 +54,8 @@ def side(a) -> None:
                                 logprobs=[-1.0] * len(c), versions=[0] * len(c), finish_reason="stop",
                                 advantage=rng.choice([-1.0, 1.0]) * rng.uniform(0.3, 2.0)))
     tr = Trainer(model, lr=1e-9, micro_batch_tokens=4096, logprob_chunk=256, precision="bf16",
-                 loss_agg="token-mean", activation_checkpointing=True, optimizer_state="bf16")
+                 loss_agg="token-mean", optimizer_state="bf16",
+                 activation_checkpointing=a.checkpointing if a.checkpointing == "auto" else a.checkpointing == "true")
     times = []
     for _ in range(a.steps):
         t0 = time.perf_counter()
@@ -71,6 +72,8 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=40)
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--checkpointing", choices=["true", "auto"], default="true",
+                   help="trainer.activation_checkpointing (Gemma's example: true; SmolLM2's: auto)")
     p.add_argument("--side", choices=["kernels", "autograd"], help=argparse.SUPPRESS)  # one side, in its process
     a = p.parse_args()
     if a.gguf is None:
@@ -86,10 +89,11 @@ def main() -> int:
     rows = []
     for s in ("autograd", "kernels"):
         cmd = [sys.executable, __file__, "--side", s, "--gguf", a.gguf, "--prompt-tokens", str(a.prompt_tokens),
-               "--steps", str(a.steps), "--threads", str(a.threads)]
+               "--steps", str(a.steps), "--threads", str(a.threads), "--checkpointing", a.checkpointing]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
-    print(f"bf16 head, {Path(a.gguf).name}, {rows[0]['positions']:.0f} positions a step, {a.threads} threads")
+    print(f"bf16 head, {Path(a.gguf).name}, {rows[0]['positions']:.0f} positions a step, activation checkpointing "
+          f"{a.checkpointing}, {a.threads} threads")
     for r in rows:
         warm = r["steps"][1:] or r["steps"]
         print(f"{r['side']:9} step {sorted(warm)[len(warm) // 2]:.2f} s (steps {' '.join(f'{t:.2f}' for t in r['steps'])}), "
