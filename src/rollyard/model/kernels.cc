@@ -561,44 +561,17 @@ void rollyard_adamw_f32_zero_grad(float* p, float* m, float* v, int64_t n, float
 
 // ---- the LM head's softmax statistics in training (trainer/head.py) ------------------------------------------------
 //
-// Per row of logits z [rows, V] (row stride ldz) with its log-partition logz: the entropy of softmax(z), logz -
-// sum_v exp(z_v - logz) * z_v, in one read of the row (torch: a subtraction into a [rows, V] buffer, an exp and a
-// batched dot, three passes; 25 ms for SmolLM2's 236 x 49152 chunk on 2 threads); and the backward's d logp / dz =
-// -g * exp(z - logz) in place (torch: a subtraction, an exp and a multiply, three passes). exp is vexp's (relative
+// Per row of logits z [rows, V] (row stride ldz), fp32 or bf16 (trainer/head.py's bf16 head: each element widened to
+// fp32 as it is read, its bits shifted up 16, so no fp32 copy of the logits: SmolLM2's 256 x 49152 chunk would be
+// 50 MB, ~13 ms of page faults and a pass each time it is made), scaled by s = 1 / temperature (1 for the fp32 head,
+// which divides its logits itself: x * 1 is x, the same bits): the log-partition logz = logsumexp(s z) (the max, then
+// the log of the sum of exp(s z - max): two reads of the row, no buffer; torch's logsumexp measured 29 ms on SmolLM2's
+// 236 x 49152 chunk, 2 threads) and the target's log-prob; the entropy of softmax(s z), logz - sum_v exp(s z_v - logz)
+// s z_v, in one read of the row (torch: a subtraction into a [rows, V] buffer, an exp and a batched dot, three passes;
+// 25 ms for that chunk); and the backward's gradient in place: fp32, d logp / dz = -g * exp(z - logz) (torch: a
+// subtraction, an exp and a multiply, three passes); bf16, the whole d (sum_r g_r logp_r) / dz, (1[v = y_r] - p_rv)
+// g_r s, written over the row in bf16 (round to nearest even, NaN kept NaN: torch's cast). exp is vexp's (relative
 // error ~2e-7 against torch's exp).
-namespace {
-inline void head_rows(float* z, int64_t rows, int64_t V, int64_t ldz, const float* logz, const float* g, float* ent,
-                      int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
-    for (int64_t r = 0; r < rows; r++) {
-        float* zr = z + r * ldz;
-        const float L = logz[r];
-        const f16v Lv = f16v{} + L;
-        int64_t v = 0;
-        if (ent) {
-            f16v acc = f16v{};
-            for (; v + 16 <= V; v += 16) {
-                const f16v x = ld<f16v>(zr + v);
-                acc += vexp(x - Lv) * x;
-            }
-            float tail = 0.0f;
-            for (; v < V; v++) tail += std::exp(zr[v] - L) * zr[v];
-            ent[r] = L - (hsum(acc) + tail);
-        } else {
-            const f16v gv = f16v{} - g[r];
-            for (; v + 16 <= V; v += 16) st(zr + v, vexp(ld<f16v>(zr + v) - Lv) * gv);
-            for (; v < V; v++) zr[v] = std::exp(zr[v] - L) * -g[r];
-        }
-    }
-}
-}  // namespace
-
-extern "C" void rollyard_softmax_entropy_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const float* logz,
-                                             float* out, int threads) {
-    head_rows(const_cast<float*>(z), rows, V, ldz, logz, nullptr, out, threads);
-}
-
-// A row's max (16 lanes, then the lanes and the tail in order), of fp32 or bf16 logits (each widened to fp32)
 namespace {
 inline float wide(float x) { return x; }
 inline float wide(uint16_t h) {
@@ -608,6 +581,7 @@ inline float wide(uint16_t h) {
     return f;
 }
 
+// A row's max (16 lanes, then the lanes and the tail in order)
 template <typename E>
 inline float row_max(const E* zr, int64_t V) {
     f16v mv = f16v{} - INFINITY;
@@ -621,40 +595,49 @@ inline float row_max(const E* zr, int64_t V) {
     for (; v < V; v++) m = wide(zr[v]) > m ? wide(zr[v]) : m;
     return m;
 }
-}  // namespace
 
-// logz = logsumexp(z) per row (the max, then log of the sum of exp(z - max): two reads of the row, no buffer; torch's
-// logsumexp measured 29 ms on SmolLM2's 236 x 49152 chunk, 2 threads), and lp = z[target] - logz
-extern "C" void rollyard_logsumexp_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const int64_t* targets,
-                                       float* logz, float* lp, int threads) {
+// logz and lp = s z[target] - logz (s > 0: the max of s z is s times the max of z)
+template <typename E>
+inline void logsumexp_rows(const E* z, int64_t rows, int64_t V, int64_t ldz, float s, const int64_t* targets,
+                           float* logz, float* lp, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
-        const float* zr = z + r * ldz;
-        const float m = row_max(zr, V);
-        const f16v M = f16v{} + m;
+        const E* zr = z + r * ldz;
+        const float m = row_max(zr, V) * s;
+        const f16v M = f16v{} + m, S = f16v{} + s;
         f16v acc = f16v{};
         int64_t v = 0;
-        for (; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) - M);
+        for (; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) * S - M);
         float tail = 0.0f;
-        for (; v < V; v++) tail += std::exp(zr[v] - m);
+        for (; v < V; v++) tail += std::exp(wide(zr[v]) * s - m);
         logz[r] = m + std::log(hsum(acc) + tail);
-        if (lp) lp[r] = zr[targets[r]] - logz[r];
+        if (lp) lp[r] = wide(zr[targets[r]]) * s - logz[r];
     }
 }
 
-extern "C" void rollyard_softmax_grad_f32(float* z, int64_t rows, int64_t V, int64_t ldz, const float* logz,
-                                          const float* g, int threads) {
-    head_rows(z, rows, V, ldz, logz, g, nullptr, threads);
+template <typename E>
+inline void entropy_rows(const E* z, int64_t rows, int64_t V, int64_t ldz, float s, const float* logz, float* out,
+                         int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const E* zr = z + r * ldz;
+        const float L = logz[r];
+        const f16v Lv = f16v{} + L, S = f16v{} + s;
+        f16v acc = f16v{};
+        int64_t v = 0;
+        for (; v + 16 <= V; v += 16) {
+            const f16v x = ld<f16v>(zr + v) * S;
+            acc += vexp(x - Lv) * x;
+        }
+        float tail = 0.0f;
+        for (; v < V; v++) {
+            const float x = wide(zr[v]) * s;
+            tail += std::exp(x - L) * x;
+        }
+        out[r] = L - (hsum(acc) + tail);
+    }
 }
 
-// ---- the same on bf16 logits (trainer/head.py's bf16 head) ----------------------------------------------------------
-//
-// The rows are the head's bf16 product; each element is widened to fp32 (its bits shifted up 16) and scaled by s = 1 /
-// temperature, and the statistics are the fp32 ones above, with no fp32 copy of the logits (a [rows, V] buffer of 4 B
-// an element: SmolLM2's 256 x 49152 chunk is 50 MB, ~13 ms of page faults and a pass each time it is made). The
-// backward's gradient of sum_r g_r logp_r, (1[v = y_r] - p_rv) g_r s, is written over the row in bf16 (round to
-// nearest even, NaN kept NaN: torch's cast).
-namespace {
 typedef uint32_t u16w __attribute__((vector_size(64)));  // 16 x uint32
 typedef uint16_t h16w __attribute__((vector_size(32)));  // 16 x uint16
 
@@ -675,45 +658,37 @@ inline void st_bf16(uint16_t* p, f16v x) {
 }
 }  // namespace
 
-// logz = logsumexp(s z) per row and lp = s z[target] - logz (s > 0: the max of s z is s times the max of z)
-extern "C" void rollyard_logsumexp_bf16(const uint16_t* z, int64_t rows, int64_t V, int64_t ldz, float s,
-                                        const int64_t* targets, float* logz, float* lp, int threads) {
+extern "C" void rollyard_softmax_entropy_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const float* logz,
+                                             float* out, int threads) {
+    entropy_rows(z, rows, V, ldz, 1.0f, logz, out, threads);
+}
+
+extern "C" void rollyard_logsumexp_f32(const float* z, int64_t rows, int64_t V, int64_t ldz, const int64_t* targets,
+                                       float* logz, float* lp, int threads) {
+    logsumexp_rows(z, rows, V, ldz, 1.0f, targets, logz, lp, threads);
+}
+
+extern "C" void rollyard_softmax_grad_f32(float* z, int64_t rows, int64_t V, int64_t ldz, const float* logz,
+                                          const float* g, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t* zr = z + r * ldz;
-        const float m = row_max(zr, V) * s;
-        const f16v M = f16v{} + m, S = f16v{} + s;
-        f16v acc = f16v{};
+        float* zr = z + r * ldz;
+        const float L = logz[r];
+        const f16v Lv = f16v{} + L, gv = f16v{} - g[r];
         int64_t v = 0;
-        for (; v + 16 <= V; v += 16) acc += vexp(ld<f16v>(zr + v) * S - M);
-        float tail = 0.0f;
-        for (; v < V; v++) tail += std::exp(wide(zr[v]) * s - m);
-        logz[r] = m + std::log(hsum(acc) + tail);
-        if (lp) lp[r] = wide(zr[targets[r]]) * s - logz[r];
+        for (; v + 16 <= V; v += 16) st(zr + v, vexp(ld<f16v>(zr + v) - Lv) * gv);
+        for (; v < V; v++) zr[v] = std::exp(zr[v] - L) * -g[r];
     }
 }
 
-// the entropy of softmax(s z) per row: logz - sum_v exp(s z_v - logz) s z_v, one read of the row
+extern "C" void rollyard_logsumexp_bf16(const uint16_t* z, int64_t rows, int64_t V, int64_t ldz, float s,
+                                        const int64_t* targets, float* logz, float* lp, int threads) {
+    logsumexp_rows(z, rows, V, ldz, s, targets, logz, lp, threads);
+}
+
 extern "C" void rollyard_softmax_entropy_bf16(const uint16_t* z, int64_t rows, int64_t V, int64_t ldz, float s,
                                               const float* logz, float* out, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (rows * V >= (1 << 16))
-    for (int64_t r = 0; r < rows; r++) {
-        const uint16_t* zr = z + r * ldz;
-        const float L = logz[r];
-        const f16v Lv = f16v{} + L, S = f16v{} + s;
-        f16v acc = f16v{};
-        int64_t v = 0;
-        for (; v + 16 <= V; v += 16) {
-            const f16v x = ld<f16v>(zr + v) * S;
-            acc += vexp(x - Lv) * x;
-        }
-        float tail = 0.0f;
-        for (; v < V; v++) {
-            const float x = wide(zr[v]) * s;
-            tail += std::exp(x - L) * x;
-        }
-        out[r] = L - (hsum(acc) + tail);
-    }
+    entropy_rows(z, rows, V, ldz, s, logz, out, threads);
 }
 
 // z overwritten in bf16 with (1[v = y_r] - exp(s z_v - logz_r)) g_r s: d (sum_r g_r logp_r) / d z, one pass

@@ -220,7 +220,7 @@ class HeadLogprobsBf16(torch.autograd.Function):
                 h16 = hidden[s:s + chunk].to(torch.bfloat16)
                 g, y = grad_lp[s:s + chunk], targets[s:s + chunk]
                 z16, kept = (kept, None) if kept is not None else (_product16(h16, w16), None)
-                dz = cpu_kernels.logprob_grad_bf16_(z16, logz[s:s + chunk], g.float().contiguous(), y, 1.0 / T)
+                dz = cpu_kernels.logprob_grad_bf16_(z16, logz[s:s + chunk], g.contiguous(), y, 1.0 / T)
                 if dz is None:  # autograd's operations
                     dz = _logits16(h16, w16, T).sub_(logz[s:s + chunk, None]).exp_().mul_(g.neg()[:, None])
                     # + g at the target; + 0.0: the gather's gradient is a zero-filled buffer (-0.0 + 0.0 is +0.0)
@@ -287,8 +287,7 @@ def _chunk_stats16(z16: torch.Tensor, targets: torch.Tensor, temperature: float,
 
 def _logits16(h: torch.Tensor, w16: torch.Tensor, temperature: float) -> torch.Tensor:
     """One chunk's logits as the autocast path computes them: ``F.linear`` in bf16, then fp32, then ``/ T``."""
-    with torch.no_grad():
-        z = torch.nn.functional.linear(h.to(torch.bfloat16), w16).float()
+    z = _product16(h, w16).float()
     return z.div_(temperature) if temperature != 1.0 else z
 
 
