@@ -62,7 +62,7 @@ def side(a) -> None:
         out = tr.step(copy.deepcopy(batch))
         times.append(time.perf_counter() - t0)
     print(json.dumps({"side": a.side, "steps": times, "positions": out["computed_positions"],
-                      "lm_head_s": out.get("lm_head_s", 0.0),
+                      "lm_head_s": out["lm_head_s"],
                       "peak_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6}))
 
 
