@@ -31,3 +31,16 @@ def decode_run(fwd, ids: torch.Tensor, last: torch.Tensor, same: bool):
             pos = last + 1 + t
             steps.append(fwd.decode(tok, pos, kv, int(pos.max()) + 1))
     return torch.stack(steps), kv
+
+
+def at_line(offset: int):
+    """An ``empty`` for the packs whose tensor starts ``offset`` elements past a 64-byte line: at 0 the pack writes
+    with streaming stores (an AVX-512 build), elsewhere with plain ones."""
+    def empty(shape, dtype):
+        numel = int(torch.Size(shape).numel())
+        flat = torch.empty(numel + 64, dtype=dtype)
+        skip = (-flat.data_ptr() % 64) // flat.element_size() + offset
+        out = flat[skip:skip + numel].view(shape)
+        assert (out.data_ptr() % 64 == 0) == (offset == 0)
+        return out
+    return empty

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import at_threads, decode_run
+from kernel_cases import at_line, at_threads, decode_run
 
 from rollyard.model import families
 from rollyard.model import kernels as cpu_kernels
@@ -34,10 +34,11 @@ def _stacked(parts) -> torch.Tensor:
     return torch.cat([torch.mul(t, s).bfloat16() if s != 1.0 else t.bfloat16() for t, s in parts])
 
 
-def test_the_packed_weight_is_the_parts_stacked_scaled_and_cast_bit_for_bit():
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_packed_weight_is_the_parts_stacked_scaled_and_cast_bit_for_bit(offset):
     g = torch.Generator().manual_seed(0)
     parts = _parts(g)
-    p = cpu_kernels.pack_bf16(parts)
+    p = cpu_kernels.pack_bf16(parts, at_line(offset))
     assert cpu_kernels.is_packed_bf16(p) and p.shape == (N // 64, K // 32, 16, 64, 2)
     w = cpu_kernels.unpack_bf16(p)
     assert torch.equal(w.view(torch.int16), _stacked(parts).view(torch.int16))

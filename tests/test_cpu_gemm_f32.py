@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import at_threads, decode_run
+from kernel_cases import at_line, at_threads, decode_run
 
 from rollyard.model import families
 from rollyard.model import kernels as cpu_kernels
@@ -28,9 +28,11 @@ def _stacked(parts) -> torch.Tensor:
     return torch.cat([torch.mul(t, s) for t, s in parts])
 
 
-def test_the_packed_weight_is_the_parts_stacked_and_scaled_bit_for_bit():
+@pytest.mark.parametrize("offset", [0, 1])
+def test_the_packed_weight_is_the_parts_stacked_and_scaled_bit_for_bit(offset):
+    """At a 64-byte line (``offset`` 0: streaming stores on an AVX-512 build) and one float past it (plain stores)."""
     parts = _parts(torch.Generator().manual_seed(0))
-    p = cpu_kernels.pack_f32(parts)
+    p = cpu_kernels.pack_f32(parts, at_line(offset))
     assert cpu_kernels.is_packed_f32(p) and p.shape == (N // 64, K, 64)
     assert torch.equal(cpu_kernels.unpack_f32(p), _stacked(parts))
 

@@ -997,7 +997,27 @@ inline uint16_t bf16_rne_nb(float f) {  // bf16_rne without a branch (vectorizes
     return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? 0x7fc0u : r);
 }
 
-// dst[p * ld_dst + i] = src[i * ld_src + p] for a 16 x 16 block of uint32
+// A weight pack's output takes streaming stores (transpose16<true>) where it starts on a 64-byte line and this build
+// has AVX-512 (every result row is then a whole line); store_fence orders them before the pack returns.
+inline bool streams(const void* out) {
+#ifdef __AVX512F__
+    return ((uintptr_t)out & 63) == 0;
+#else
+    (void)out;
+    return false;
+#endif
+}
+
+inline void store_fence() {
+#ifdef __AVX512F__
+    _mm_sfence();
+#endif
+}
+
+// dst[p * ld_dst + i] = src[i * ld_src + p] for a 16 x 16 block of uint32. NT: each result row (a 64-byte line
+// at a 64-byte aligned dst, ld_dst a multiple of 16) written with a streaming store, not read into the cache first:
+// a weight pack's output is written once and read by the next decode step from memory anyway (the caller fences).
+template <bool NT = false>
 inline void transpose16(const uint32_t* src, int64_t ld_src, uint32_t* dst, int64_t ld_dst) {
 #ifdef __AVX512F__
     __m512i r[16], t[16];
@@ -1016,10 +1036,12 @@ inline void transpose16(const uint32_t* src, int64_t ld_src, uint32_t* dst, int6
         const __m512i v0 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0x44), v1 = _mm512_shuffle_i32x4(r[j], r[4 + j], 0xEE);
         const __m512i v2 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0x44);
         const __m512i v3 = _mm512_shuffle_i32x4(r[8 + j], r[12 + j], 0xEE);
-        _mm512_storeu_si512(dst + (0 + j) * ld_dst, _mm512_shuffle_i32x4(v0, v2, 0x88));
-        _mm512_storeu_si512(dst + (4 + j) * ld_dst, _mm512_shuffle_i32x4(v0, v2, 0xDD));
-        _mm512_storeu_si512(dst + (8 + j) * ld_dst, _mm512_shuffle_i32x4(v1, v3, 0x88));
-        _mm512_storeu_si512(dst + (12 + j) * ld_dst, _mm512_shuffle_i32x4(v1, v3, 0xDD));
+        const __m512i w[4] = {_mm512_shuffle_i32x4(v0, v2, 0x88), _mm512_shuffle_i32x4(v0, v2, 0xDD),
+                              _mm512_shuffle_i32x4(v1, v3, 0x88), _mm512_shuffle_i32x4(v1, v3, 0xDD)};
+        for (int q = 0; q < 4; q++) {
+            if constexpr (NT) _mm512_stream_si512((__m512i*)(dst + (4 * q + j) * ld_dst), w[q]);
+            else _mm512_storeu_si512(dst + (4 * q + j) * ld_dst, w[q]);
+        }
     }
 #else
     for (int p = 0; p < 16; p++)
@@ -1295,6 +1317,7 @@ extern "C" void rollyard_pack_bf16(const void* const* srcs, const int64_t* rows,
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) N += rows[i];
     const int64_t nblocks = N / 64, kblocks = K / 32, kp = K / 2;
+    const bool nt = streams(out);
 #pragma omp parallel num_threads(threads)
     {
         // a block's 64 rows as bf16 pairs, row-major (read in order), then written out pair-major (layout P)
@@ -1327,8 +1350,12 @@ extern "C" void rollyard_pack_bf16(const void* const* srcs, const int64_t* rows,
             }
             uint32_t* o = (uint32_t*)(out + nb * kblocks * 2048);
             for (int64_t kb = 0; kb < kblocks; kb++, o += 1024)
-                for (int cg = 0; cg < 4; cg++) transpose16(buf + cg * 16 * kp + kb * 16, kp, o + cg * 16, 64);
+                for (int cg = 0; cg < 4; cg++) {
+                    if (nt) transpose16<true>(buf + cg * 16 * kp + kb * 16, kp, o + cg * 16, 64);
+                    else transpose16(buf + cg * 16 * kp + kb * 16, kp, o + cg * 16, 64);
+                }
         }
+        store_fence();
         delete[] buf;
     }
 }
@@ -1433,6 +1460,7 @@ extern "C" void rollyard_pack_f32(const float* const* srcs, const int64_t* rows,
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) N += rows[i];
     const int64_t nblocks = N / 64;
+    const bool nt = streams(out);
 #pragma omp parallel num_threads(threads)
     {
         float* buf = new float[64 * K];  // a block's 64 rows, scaled, row-major; then transposed out
@@ -1447,10 +1475,14 @@ extern "C" void rollyard_pack_f32(const float* const* srcs, const int64_t* rows,
             }
             float* o = out + nb * K * 64;
             for (int64_t kb = 0; kb < K / 16; kb++)
-                for (int cg = 0; cg < 4; cg++)
-                    transpose16((const uint32_t*)(buf + cg * 16 * K + kb * 16), K, (uint32_t*)(o + kb * 16 * 64 + cg * 16),
-                                64);
+                for (int cg = 0; cg < 4; cg++) {
+                    const uint32_t* from = (const uint32_t*)(buf + cg * 16 * K + kb * 16);
+                    uint32_t* to = (uint32_t*)(o + kb * 16 * 64 + cg * 16);
+                    if (nt) transpose16<true>(from, K, to, 64);
+                    else transpose16(from, K, to, 64);
+                }
         }
+        store_fence();
         delete[] buf;
     }
 }
