@@ -45,6 +45,20 @@ def test_bounds_and_cross_checks_say_value_and_fix():
         load_config(None, ["steps"])
 
 
+def test_a_union_field_that_matches_no_member_is_one_entry_naming_them_all():
+    """``activation_checkpointing: bool | "auto"``: pydantic reports one error per member of the union; the line says
+    the field once with both accepted forms. Two sibling fields with the same bad value stay two entries."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["trainer.activation_checkpointing=maybe", "trainer.lr=x"])
+    said = str(e.value)
+    assert "trainer.activation_checkpointing: Input should be a valid boolean or 'auto' (got 'maybe')" in said
+    assert said.count("activation_checkpointing") == 1 and "literal" not in said
+    assert "trainer.lr: Input should be a valid number" in said and "\n" not in said
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.temperature=x", "rollout.top_p=x"])
+    assert "rollout.temperature: Input" in str(e.value) and "rollout.top_p: Input" in str(e.value)
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.toml")

@@ -657,18 +657,46 @@ def from_dict(data: dict, overrides: list[str] = (), values: dict[str, Any] | No
         raise ConfigError("invalid config: " + "; ".join(x.strip() for x in describe_errors(e, typed).splitlines())) from None
 
 
-def describe_errors(e: ValidationError, typed: dict[str, str] | None = None) -> str:
+def _field_depth(model: type[BaseModel], loc: tuple) -> int:
+    """How many leading elements of ``loc`` name fields of ``model`` (nested models followed): past a leaf field,
+    pydantic's error locations add the member of a union type the value was tried as (``bool``, ``literal['auto']``)."""
+    depth = 0
+    for key in loc:
+        f = model.model_fields.get(key) if isinstance(key, str) else None
+        if f is None:
+            return depth
+        depth += 1
+        if not (isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel)):
+            return depth
+        model = f.annotation
+    return depth
+
+
+def describe_errors(e: ValidationError, typed: dict[str, str] | None = None,
+                    model: type[BaseModel] | None = None) -> str:
     """One line per error: the dotted field, what is wrong and the value given. ``typed``: rollyard key
-    -> the TRL / verl alias that set it; such a field is named as the user typed it."""
-    lines = []
+    -> the TRL / verl alias that set it; such a field is named as the user typed it. ``model`` (the validated class,
+    ``RunConfig`` by default): a field of a union type (``bool | "auto"``) that matched no member is one line naming
+    every member (``Input should be a valid boolean or 'auto'``), not one per member."""
+    model = model or RunConfig
+    lines, members = [], {}
     for err in e.errors():
-        if err["loc"]:
-            loc = ".".join(str(x) for x in err["loc"])
-            name = (typed or {}).get(loc)
-            via = f"; {aliases.ALIASES[name].source}'s name for rollyard's {loc}" if name else ""
-            lines.append(f"  {name or loc}: {err['msg']} (got {err.get('input')!r}{via})")
-        else:  # a cross-field check: its message already names the fields and values
+        if not err["loc"]:  # a cross-field check: its message already names the fields and values
             lines.append(f"  {err['msg'].removeprefix('Value error, ')}")
+            continue
+        depth = _field_depth(model, err["loc"])
+        field = err["loc"][:depth] if 0 < depth < len(err["loc"]) else err["loc"]
+        loc = ".".join(str(x) for x in field)
+        name = (typed or {}).get(loc)
+        via = f"; {aliases.ALIASES[name].source}'s name for rollyard's {loc}" if name else ""
+        if field != err["loc"] and loc in members:  # another member of the same field's union
+            i, said = members[loc]
+            said.append(err["msg"].removeprefix("Input should be ").split(", unable to")[0])
+            lines[i] = f"  {name or loc}: Input should be {' or '.join(said)} (got {err.get('input')!r}{via})"
+            continue
+        if field != err["loc"]:
+            members[loc] = (len(lines), [err["msg"].removeprefix("Input should be ").split(", unable to")[0]])
+        lines.append(f"  {name or loc}: {err['msg']} (got {err.get('input')!r}{via})")
     return "\n".join(lines)
 
 

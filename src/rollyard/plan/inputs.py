@@ -507,7 +507,7 @@ def validate_plan(data: dict) -> PlanInputs:
     try:
         return PlanInputs.model_validate(data)
     except ValidationError as e:
-        lines = [ln.strip() for ln in describe_errors(e).splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in describe_errors(e, model=PlanInputs).splitlines() if ln.strip()]
         said = "; ".join(lines)
         fix = "" if "fix:" in said else "; fix: correct the value in the plan file or override it with key.sub=value"
         raise PlanError("invalid plan: " + said + fix) from None
