@@ -10,7 +10,10 @@ import select
 import subprocess
 import sys
 
+import pytest
+
 from rollyard.cli import main
+from rollyard.telemetry import rundir
 from rollyard.telemetry.report import step_line
 
 TINY = ["model.context=48", "data.train_size=32", "data.eval_size=4", "rollout.prompts_per_step=2",
@@ -37,6 +40,18 @@ def test_without_a_terminal_one_complete_line_every_n_steps(tmp_path, capsys):
     assert not ANSI.search(out) and "\r" not in out and "Writing model shards" not in out + err
     assert out.count(steps[-1]) == 1  # no repeated last line
     assert "run directory:" in out and "model/, metrics.jsonl" in out.split("run directory:")[1].splitlines()[0]
+    # the summary's last rows: the step's wall time, and what of it no role of the driver's accounts for
+    assert "in no role (driver)" in out and "of the step" in out and "step (wall)" in out
+    rows = list(rundir.read_jsonl(tmp_path / "run" / rundir.METRICS))
+    spans = [s for s in rundir.read_jsonl(tmp_path / "run" / rundir.SPANS) if s["worker"] == "driver"]
+    for row in rows:  # colocated: a step's spans all lie in its window, so its time in them is their union
+        mine = sorted((s["start"], s["end"]) for s in spans if s["step"] == row["step"])
+        union, reached = 0.0, float("-inf")
+        for a, b in mine:
+            union += max(0.0, b - max(a, reached))
+            reached = max(reached, b)
+        assert 0.0 <= row[rundir.OUTSIDE_ROLES] <= row["time/step"]
+        assert row[rundir.OUTSIDE_ROLES] == pytest.approx(row["time/step"] - union, abs=1e-3)
 
 
 def test_a_terminal_keeps_the_live_view(tmp_path):

@@ -40,4 +40,7 @@ def test_a_skipped_step_publishes_the_same_versions_in_every_placement(tmp_path,
     assert published == [(1, 2), (4, 4)]
     checked = [(s["step"], s["version"]) for s in spans if s["role"] == "sync_check"]
     assert checked == [(1, 2), (4, 4)]  # every publish checked: the rollout side holds the trainer's weights
+    canaries = [(s["step"], s["version"]) for s in spans if s["role"] == "canary"]
+    assert canaries == published  # the logprob canary after each publish is timed as its own role (time/canary)
+    assert ["time/canary" in r for r in rows] == [False, True, False, False, True]
     assert [r["sync/checked"] for r in rows] == [0, 1, 0, 0, 1]

@@ -6,8 +6,9 @@ import time
 import pytest
 
 from rollyard.telemetry import rundir
+from rollyard.telemetry import telemetry as telemetry_module
 from rollyard.telemetry.report import role_shares
-from rollyard.telemetry.telemetry import Telemetry
+from rollyard.telemetry.telemetry import Telemetry, covered
 
 
 def test_ledger_spans_metrics_and_trace(tmp_path):
@@ -54,3 +55,34 @@ def test_truncated_jsonl_names_file_and_line(tmp_path):
     p.write_text('{"a": 1}\n{"a": \n')
     with pytest.raises(rundir.RunDirError, match=r"m.jsonl:2"):
         list(rundir.read_jsonl(p))
+
+
+def test_covered_is_the_union_of_the_spans_inside_the_window():
+    assert covered([], 0.0, 5.0) == 0.0
+    assert covered([(1.0, 2.0), (4.0, 6.0)], 0.0, 5.0) == 2.0  # disjoint, one clipped at the window's end
+    assert covered([(0.0, 3.0), (1.0, 2.0), (2.5, 4.0)], 1.0, 5.0) == 3.0  # nested and overlapping, clipped at start
+    assert covered([(-2.0, -1.0), (6.0, 7.0)], 0.0, 5.0) == 0.0  # outside the window
+
+
+def test_a_step_s_time_in_no_span_is_its_outside_roles(tmp_path, monkeypatch):
+    """On a fake clock: spans 10-11 and 10.5-12 (overlapping), nothing 12-13, one opened at 13 still open at the
+    window's end 14: 1 s of the 4 s step in no span. The next window, 14-15, is all inside the open span."""
+    now = [10.0]
+    monkeypatch.setattr(telemetry_module, "time", type("Clock", (), {"time": staticmethod(lambda: now[0])}))
+    tel = Telemetry(tmp_path)
+    a, b = tel.span("rollout", 0), tel.span("reward", 0)
+    a.__enter__()
+    now[0] = 10.5
+    b.__enter__()
+    now[0] = 11.0
+    a.__exit__(None, None, None)
+    now[0] = 12.0
+    b.__exit__(None, None, None)
+    now[0] = 13.0
+    with tel.span("train", 0):
+        now[0] = 14.0
+        row = tel.end_step(0, {}, window=(10.0, 14.0))
+        assert row[rundir.OUTSIDE_ROLES] == pytest.approx(1.0) and tel.outside[0] == (4.0, pytest.approx(1.0))
+        now[0] = 15.0
+        assert tel.end_step(1, {}, window=(14.0, 15.0))[rundir.OUTSIDE_ROLES] == 0.0
+    assert rundir.OUTSIDE_ROLES not in tel.end_step(2, {})  # no window: not measured

@@ -166,7 +166,7 @@ class RunRecord:
             rundir.STEP_TIME: now - self._clock,
             **(extra or {}),
         }
-        self._clock = now
+        started, self._clock = self._clock, now
         values.update(trainer_names(train_metrics))
         values.update({"learning_rate": r.trainer.optimizer.param_groups[0]["lr"],
                        "frac_reward_zero_std": reward_metrics.frac_zero_std(samples),
@@ -178,7 +178,7 @@ class RunRecord:
         if side is not None and f"{side.name}/bytes" in side.counts:  # counted by the engine where calls go and come
             self.telemetry.traffic(step, side.name, int(side.counts[f"{side.name}/bytes"]),
                                    count=int(side.counts.get(f"{side.name}/calls", 0)))
-        return self.telemetry.end_step(step, values)
+        return self.telemetry.end_step(step, values, window=(started, now))
 
     def close_step(self, step: int, r: Roles, progress, requests: list[Request], samples: list[Sample],
                    train_metrics: dict[str, float], trained_at: int, extra: dict[str, Any] | None = None,
@@ -506,7 +506,7 @@ def finish(run: RunRecord, r: Roles) -> dict:
     (run.run_dir / rundir.SUMMARY).write_text(rundir.strict_json(summary))
     info = json.loads((run.run_dir / rundir.RUN_INFO).read_text())  # the kernel choices the whole run made
     (run.run_dir / rundir.RUN_INFO).write_text(json.dumps({**info, "kernels": model_choices()}, indent=1))
-    print_summary(run.telemetry.step_seconds, run.state.eval_before, after)
+    print_summary(run.telemetry.step_seconds, run.state.eval_before, after, run.telemetry.outside)
     console.print(f"run directory: {run.run_dir} (model/, metrics.jsonl, trace.json, traffic.jsonl, checkpoints/)")
     rundir.unlock(run.run_dir)
     return summary

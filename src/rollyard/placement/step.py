@@ -144,7 +144,9 @@ def publish(run: RunRecord, side, step: int) -> int:
         span.update(bytes=nbytes, values=sum(t.numel() for t in session.last.tensors.values()))
     run.telemetry.traffic(step, "weights", nbytes)
     run.count("sync/bytes", nbytes)
-    run.telemetry.note(step, logprob_canary(side, version))
+    with run.telemetry.span("canary", step, version=version):  # its own seconds (time/canary), not the step's gap
+        note = logprob_canary(side, version)
+    run.telemetry.note(step, note)
     if not session.check_due():
         return 0
     side.check(step, version)

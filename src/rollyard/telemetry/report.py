@@ -85,13 +85,21 @@ def fmt_accuracy(acc: float | None) -> str:
     return "no held-out eval" if acc is None else f"{acc:.1%}"
 
 
-def print_summary(step_seconds: dict[int, dict[str, float]], before: float | None, after: float | None) -> None:
+def print_summary(step_seconds: dict[int, dict[str, float]], before: float | None, after: float | None,
+                  outside: dict[int, tuple[float, float]] | None = None) -> None:
+    """The run's closing lines: each role's mean seconds a step and share of the roles' summed time; with
+    ``outside`` (step -> (wall seconds, seconds in no span of the driver's), ``Telemetry.outside``) the mean step and
+    what of it no role accounts for, as a share of the step; the held-out accuracy before and after."""
     table = Table(title="where a step's time went (mean per step)")
     table.add_column("role")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
     for role, secs, share in role_shares(step_seconds):
         table.add_row(role, f"{secs:.3f}", f"{share:.1%}")
+    if outside:
+        wall, none = mean(w for w, _ in outside.values()), mean(o for _, o in outside.values())
+        table.add_row("in no role (driver)", f"{none:.3f}", f"{none / wall:.1%} of the step" if wall > 0 else "")
+        table.add_row("step (wall)", f"{wall:.3f}", "")
     console.print(table)
     if before is not None and after is not None:
         console.print(f"held-out greedy accuracy: before RL {before:.1%} -> after RL {after:.1%} "

@@ -120,6 +120,8 @@ RUN_INFO_OPTIONAL_KEYS = {
 # Metric keys that review and the progress display rely on.
 TIME_KEY = "time/{role}"          # seconds spent in the role this step
 STEP_TIME = "time/step"           # wall-clock seconds of the whole step
+OUTSIDE_ROLES = "timeline/outside_roles"  # seconds of the step's wall time in no span of the driver's (bookkeeping, the
+# metrics row, a checkpoint's snapshot): time/step less the union of the driver's spans over the step
 STALENESS_MAX = "staleness/max"   # largest (trainer version - sample version) in the batch
 # Also per step: staleness/hist (sample counts per lag 0, 1, ...), staleness/mean, staleness/dropped
 # (groups dropped at consumption and requeued), staleness/mixed_samples (samples spanning an update).

@@ -39,6 +39,11 @@ class Telemetry:
         self._lengths = open(self.run_dir / rundir.LENGTHS, "a")
         self._pending: dict[int, dict[str, list[int]]] = {}
         self.step_seconds: dict[int, dict[str, float]] = {}
+        # this process's own spans as (start, end), and the start of each still open: a step's wall time in none of
+        # them is its timeline/outside_roles (end_step)
+        self._own: list[tuple[float, float]] = []
+        self._open: dict[int, float] = {}
+        self.outside: dict[int, tuple[float, float]] = {}  # step -> (its wall seconds, those in no span of this process)
         self.memory = PeakMemory(worker)  # memory/<role>_peak_gb: this process's peak while each role's span is open
 
     @contextmanager
@@ -47,6 +52,10 @@ class Telemetry:
         extra: dict[str, Any] = dict(fields)
         self.memory.enter(role)
         start = time.time()
+        key = id(extra)
+        if worker is None:
+            with self._lock:
+                self._open[key] = start
         try:
             yield extra
         finally:
@@ -54,6 +63,8 @@ class Telemetry:
             self.memory.exit(role)
             rec = {"role": role, "step": step, "worker": worker or self.worker, "start": start, "end": end, **extra}
             with self._lock:
+                if self._open.pop(key, None) is not None:
+                    self._own.append((start, end))
                 self._spans.write(json.dumps(rec) + "\n")
                 per = self.step_seconds.setdefault(step, {})
                 per[role] = per.get(role, 0.0) + (end - start)
@@ -87,11 +98,17 @@ class Telemetry:
         with self._lock:
             self._noted.setdefault(step, {}).update(values)
 
-    def end_step(self, step: int, values: dict[str, Any]) -> dict[str, Any]:
+    def end_step(self, step: int, values: dict[str, Any], window: tuple[float, float] | None = None) -> dict[str, Any]:
         """Write the step's ledger (every edge, zeros included) and metrics, with the alarms' values;
-        return the metrics row."""
+        return the metrics row. ``window``: the step's wall-clock ``(start, end)``, whose time in none of this
+        process's spans is the row's ``timeline/outside_roles``."""
         with self._lock:
             values = {**self._noted.pop(step, {}), **values}
+            if window is not None:
+                spans = self._own + [(t, window[1]) for t in self._open.values()]
+                values[rundir.OUTSIDE_ROLES] = max(0.0, (window[1] - window[0]) - covered(spans, *window))
+                self.outside[step] = (window[1] - window[0], values[rundir.OUTSIDE_ROLES])
+                self._own = [s for s in self._own if s[1] > window[1]]
             pending = self._pending.pop(step, {})
             for edge in rundir.EDGES:
                 nbytes, count = pending.get(edge, [0, 0])
@@ -131,6 +148,17 @@ class Telemetry:
         if self.tracking is not None:
             self.tracking.close()
         export_trace(self.run_dir)
+
+
+def covered(spans: list[tuple[float, float]], t0: float, t1: float) -> float:
+    """Seconds of ``[t0, t1]`` inside at least one of ``spans`` (``(start, end)`` pairs, overlapping or not)."""
+    total, reached = 0.0, t0
+    for a, b in sorted(spans):
+        a, b = max(a, reached), min(b, t1)
+        if b > a:
+            total += b - a
+            reached = b
+    return total
 
 
 def export_trace(run_dir: str | Path) -> Path:
