@@ -63,6 +63,27 @@ def test_colocated_canary(tmp_path, capsys, mode, stale):
     assert sum(line.startswith("ALARM step 2: logprob canary") for line in out.splitlines()) == 1
 
 
+def test_canary_every_n_syncs_still_catches_a_copy_that_stopped_taking_weights(tmp_path, capsys):
+    """``sync.canary_every=2``: the canary at the first sync, then every second (steps 0, 1, 3 of five, one sync a
+    step), each its own span; a copy stale from version 3 shows at the first canary after it (step 3). At 0: none."""
+    cfg = load_config(None, [*RUN, "sync.mode=full", "sync.canary_every=2", f"out_dir={tmp_path / 'r'}"])
+    run, r, extra = start(cfg, cfg.out_dir, False)
+    grpo.train(run, r, StaleRollout(run, r, resolve(cfg, "cpu"), extra))
+    rows = _rows(run)
+    assert ["canary/logprob_gap" in row for row in rows] == [True, True, False, True, False]
+    assert rows[1]["canary/logprob_gap"] < KERNELS < 1e-4 < rows[3]["canary/logprob_gap"]
+    assert rows[3]["alarm/logprob_canary"] == 1.0
+    spans = list(rundir.read_jsonl(Path(run.run_dir) / rundir.SPANS))
+    assert [s["step"] for s in spans if s["role"] == "canary"] == [0, 1, 3]
+    assert sum(line.startswith("ALARM step 3: logprob canary") for line in capsys.readouterr().out.splitlines()) == 1
+    cfg = load_config(None, [*RUN, "sync.mode=full", "sync.canary_every=0", f"out_dir={tmp_path / 'off'}"])
+    run, r, extra = start(cfg, cfg.out_dir, False)
+    grpo.train(run, r, StaleRollout(run, r, resolve(cfg, "cpu"), extra))
+    assert not any(k.startswith("canary/") for row in _rows(run) for k in row)
+    assert not any(s["role"] == "canary" for s in rundir.read_jsonl(Path(run.run_dir) / rundir.SPANS))
+    assert "logprob canary: off (sync.canary_every=0)" in capsys.readouterr().out
+
+
 class StaleFusedRollout(LocalRollout):
     """Mode inprocess: the engine reads the trainer's module, but from version 3 its fast path decodes with
     the fused weight copies of version 2 (a refresh that did not take; the engine claims each version)."""

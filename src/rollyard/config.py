@@ -215,6 +215,7 @@ class SyncConfig(Section):
     every: int = Field(1, ge=1, description="publish weights every N optimizer steps")
     bucket_mb: float = Field(64.0, gt=0.0, description="dist transport: broadcast bucket size in MB")
     check_every: int = Field(10, ge=0, description="checksum equality check of every rollout copy against the trainer at the first sync, then every N syncs (a copy that differs stops the run); 0: at start-up only. Cost: both sides hash the weights, about 2 s per GB on a CPU core (docs/weight-sync.md)")
+    canary_every: int = Field(1, ge=0, description="the logprob canary (sync/canary.py: the trainer and the rollout copy score a fixed 31-token probe; canary/logprob_gap, its alarm) at the first sync, then every N syncs; 0: never. Cost: an fp32 forward of the probe on the trainer and one through the rollout copy, timed as time/canary: ~0.08 s a step on SmolLM2-135M's CPU example (8% of it), ~0.12 s on Gemma-3-270M's")
 
 
 class TailConfig(Section):

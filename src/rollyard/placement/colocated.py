@@ -40,7 +40,7 @@ class LocalRollout(RolloutSide):
         cfg = run.cfg
         self.run, self.r = run, r
         s = cfg.sync
-        self.session = SyncSession(plan, r.model, s.every, s.check_every, s.bucket_mb)
+        self.session = SyncSession(plan, r.model, s.every, s.check_every, s.bucket_mb, s.canary_every)
         # mode inprocess: the engine shares the trainer's module; otherwise its own copy (rollout dtype, LoRA merged)
         model = r.model if plan.mode == "inprocess" else rollout_copy(r.model, plan.dtype)
         self.engine = roles.engine(cfg, model, r.tokenizer, version=run.state.version)  # as every side builds one

@@ -77,7 +77,7 @@ class RolloutPool(RolloutSide):
         self.queue = Queue(maxsize=self.P * (bound + 2), actor_options={"num_cpus": 0})
         self.actor = actor_class(worker or RolloutWorker)
         s = cfg.sync
-        self.session = SyncSession(run.settings.plan, r.model, s.every, s.check_every, s.bucket_mb)
+        self.session = SyncSession(run.settings.plan, r.model, s.every, s.check_every, s.bucket_mb, s.canary_every)
         self.ref, nbytes = self.session.startup(r.model, run.state.version)
         self.checksum = self.session.checksum(r.model)  # every worker must start equal to the trainer
         run.totals["sync/startup_bytes"] = nbytes

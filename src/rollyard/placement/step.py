@@ -44,6 +44,8 @@ def train(run: RunRecord, r: Roles, side) -> dict:
     cfg = run.cfg
     try:
         run.begin()
+        if not cfg.sync.canary_every:
+            run.log("logprob canary: off (sync.canary_every=0): no canary/logprob_gap, its alarm unarmed")
         with StepProgress(cfg.steps, run.state.step, cfg.progress, cfg.log.progress_every) as progress:
             for step in range(run.state.step, cfg.steps):
                 grpo_step(run, r, side, step, progress)
@@ -144,9 +146,10 @@ def publish(run: RunRecord, side, step: int) -> int:
         span.update(bytes=nbytes, values=sum(t.numel() for t in session.last.tensors.values()))
     run.telemetry.traffic(step, "weights", nbytes)
     run.count("sync/bytes", nbytes)
-    with run.telemetry.span("canary", step, version=version):  # its own seconds (time/canary), not the step's gap
-        note = logprob_canary(side, version)
-    run.telemetry.note(step, note)
+    if session.canary_due():
+        with run.telemetry.span("canary", step, version=version):  # its own seconds (time/canary), not the step's gap
+            note = logprob_canary(side, version)
+        run.telemetry.note(step, note)
     if not session.check_due():
         return 0
     side.check(step, version)

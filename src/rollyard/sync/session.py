@@ -43,8 +43,9 @@ from rollyard.types import WeightUpdate
 
 
 class SyncSession:
-    def __init__(self, plan: SyncPlan, model, every: int = 1, check_every: int = 0, bucket_mb: float = 64.0):
-        self.plan, self.every, self.check_every = plan, every, check_every
+    def __init__(self, plan: SyncPlan, model, every: int = 1, check_every: int = 0, bucket_mb: float = 64.0,
+                 canary_every: int = 1):
+        self.plan, self.every, self.check_every, self.canary_every = plan, every, check_every, canary_every
         self.publisher = make_publisher(plan.mode, plan.dtype)
         self.sender = make_sender(plan.transport, bucket_mb)
         # LoRA trains the adapter only: the base is published once, kept here for snapshots
@@ -87,6 +88,10 @@ class SyncSession:
         if not self.check_every or self.shared:
             return False
         return self.syncs == 1 or self.syncs % self.check_every == 0
+
+    def canary_due(self) -> bool:
+        """The logprob canary runs after the first publish, then every ``sync.canary_every``-th (0: never)."""
+        return bool(self.canary_every) and (self.syncs == 1 or self.syncs % self.canary_every == 0)
 
     def publish(self, model, version: int, receivers: dict) -> int:
         self.last = self.publisher.publish(model, version)
