@@ -20,6 +20,7 @@ ARGS = ["model.name=tiny", "model.context=64", "data.train_size=64", "data.eval_
 TIMED = ("time/", "tokens/per_s", "eval/seconds", "checkpoint/seconds", "alarm/step_time", "rollout/engine_cpu_s",
          "checkpoint/write_seconds",  # the background checkpoint write's own seconds
          "train/lm_head_s", "train/optimizer_s",  # seconds inside the train step (trainer/head.py's clock, AdamW)
+         "timeline/",  # timeline/outside_roles: the step's wall seconds in no span
          "memory/")  # memory/*: measured peak RSS (the allocator and thread timing move it)
 
 

@@ -19,6 +19,8 @@ from rollyard.telemetry import rundir
 from rollyard.telemetry.alarms import Alarms
 from rollyard.telemetry.memory import PeakMemory
 
+OWN_SPANS_KEPT = 4096  # this process's closed spans kept for timeline/outside_roles (end_step drops those it passed)
+
 
 class Telemetry:
     """``span(role, step)``, ``traffic(step, edge, nbytes)``, ``metrics(step, values)``."""
@@ -65,6 +67,8 @@ class Telemetry:
             with self._lock:
                 if self._open.pop(key, None) is not None:
                     self._own.append((start, end))
+                    if len(self._own) > OWN_SPANS_KEPT:  # a process whose steps end elsewhere (no window) keeps few
+                        del self._own[:OWN_SPANS_KEPT // 2]
                 self._spans.write(json.dumps(rec) + "\n")
                 per = self.step_seconds.setdefault(step, {})
                 per[role] = per.get(role, 0.0) + (end - start)
