@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from rollyard.plan import mechanisms as M
 from rollyard.plan import tools as plan_tools
 from rollyard.plan.inputs import (
+    CPU_INPROCESS_REFRESH_BW,
     CPU_SYNC,
     CROSS_NODE_FIXED_S,
     FLOOR_MECHANISMS,
@@ -293,8 +294,24 @@ def sync_times(p: PlanInputs, b: StepBytes) -> dict[str, dict[str, float]]:
 def colocated_breakdown(p: PlanInputs, b: StepBytes | None = None) -> M.SyncTime:
     """Colocated sync, term by term: no wire (the engine gets the trainer's tensors through handles
     on the same GPUs), every other term of a full sync: gather, cast/copy into buffers, the software
-    per tensor and bucket, the engine's load and copy of its 1/tp shard, pause/resume, the fixed cost."""
+    per tensor and bucket, the engine's load and copy of its 1/tp shard, pause/resume, the fixed cost.
+    On a CPU with rollyard's native engine and no LoRA: the in-process refresh (:func:`inprocess_refresh`)."""
+    if p.rollout.device == "cpu" and p.rollout.backend == "native" and not p.policy.lora:
+        return inprocess_refresh(p)
     return _sync(p, b or step_bytes(p), "full", math.inf, p.rollout.tp)
+
+
+def inprocess_refresh(p: PlanInputs) -> M.SyncTime:
+    """A colocated CPU sync in mode ``inprocess`` (the native engine's default there): nothing is sent, paused or
+    loaded; the engine reads the trainer's module and rebuilds its fused weight copies in one pass, reading the
+    trainer's weights (``sync.source_bytes_per_param``, else ``policy.bytes_per_param``) and writing the copy
+    (``policy.bytes_per_param``) at ``sync.cast_bw``, else ``inputs.CPU_INPROCESS_REFRESH_BW``."""
+    pol = p.policy
+    src = p.sync.source_bytes_per_param or pol.bytes_per_param
+    cast = pol.params * (src + pol.bytes_per_param) / (p.sync.cast_bw or CPU_INPROCESS_REFRESH_BW)
+    return M.SyncTime(fixed_s=p.sync.fixed_s or 0.0, pause_s=p.sync.pause_s or 0.0, compare_s=0.0, gather_s=0.0,
+                      cast_s=cast, send_tensor_s=0.0, bucket_s=0.0, wire_s=0.0, load_tensor_s=0.0, copy_s=0.0,
+                      buckets=0, tensors=pol.weight_tensors or 0.0, overlap=False, mechanism="copy")
 
 
 def colocated_reload_seconds(p: PlanInputs) -> float:

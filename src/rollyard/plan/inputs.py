@@ -48,6 +48,13 @@ CPU_SYNC: dict[str, dict[str, float]] = {
     "vllm": {"pause_s": 8.9e-3, "send_per_tensor_s": 12e-6, "load_per_tensor_s": 211e-6, "per_bucket_s": 4.3e-4,
              "cast_bw": 3.0e9, "load_bw": 2.2e9},
 }
+# A colocated CPU run's native engine reads the trainer's own module (sync.mode=inprocess, the colocated default): a
+# sync is the engine's refresh, each fused weight copy cast and laid out in one pass (model/fast.py refresh), bytes
+# read + written per second. bench/sync_refresh.py `woken` (the copies rebuilt after the trainer's step), 2-core AMD
+# EPYC, 2026-12-01: SmolLM2-135M's fp32 copy 1.08 GB in 0.051-0.054 s (its 113 MB LM head copy page-faulted afresh
+# each time), its bf16 copy 0.81 GB in 0.017-0.019 s. The plan prices the copy in policy.bytes_per_param at the fp32
+# rate: a bf16 copy costs ~half of that.
+CPU_INPROCESS_REFRESH_BW = 21e9
 # The same run measured the dist transport (gloo over loopback) at 3.0 GB/s: a CPU plan's sync link is
 # then e.g. network.custom = {loopback = 3e9}, network.sync_link = "loopback".
 
