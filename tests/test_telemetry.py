@@ -86,3 +86,4 @@ def test_a_step_s_time_in_no_span_is_its_outside_roles(tmp_path, monkeypatch):
         now[0] = 15.0
         assert tel.end_step(1, {}, window=(14.0, 15.0))[rundir.OUTSIDE_ROLES] == 0.0
     assert rundir.OUTSIDE_ROLES not in tel.end_step(2, {})  # no window: not measured
+    tel.close()

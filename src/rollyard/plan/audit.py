@@ -29,6 +29,7 @@ import math
 from itertools import combinations
 
 from rollyard.telemetry import rundir
+from rollyard.telemetry.telemetry import covered
 
 PASS, FAIL, NOT_CHECKED = "PASS", "FAIL", "NOT CHECKED"
 # Float rounding of epoch-second timestamps (~2.4e-7 s at 1.8e9 s) summed over a step's spans.
@@ -91,7 +92,7 @@ def time_metrics(spans: list[dict], metrics: list[dict]) -> tuple[str, str]:
                 continue
             checked += 1
             if key == step_key:
-                lo = _union_len(union.get(step, []))
+                lo = covered(union.get(step, []), -math.inf, math.inf)
                 hi = (win[step + 1][0] - win[step - 1][1]) if step - 1 in win and step + 1 in win else math.inf
                 if not (lo - TIME_EPS <= v <= hi + TIME_EPS):
                     bad.append(f"step {step} {key} = {v:.6g} s outside [{lo:.6g}, {hi:.6g}] s from the spans")
@@ -106,15 +107,6 @@ def time_metrics(spans: list[dict], metrics: list[dict]) -> tuple[str, str]:
     if not checked:
         return NOT_CHECKED, f"no time/* figures in {rundir.METRICS}"
     return PASS, f"{checked} time/* figures agree with the spans (tolerance {TIME_EPS:g} s)"
-
-
-def _union_len(iv: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for a, b in sorted(iv):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
 
 
 def tokens(metrics: list[dict], lengths: dict[int, list[int]], samples_bytes: float,
